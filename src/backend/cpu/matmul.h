@@ -1,0 +1,23 @@
+// CPU matrix products with quantized weights, the hot loop of every model.
+//   Y[m][j] = sum_k X[m][k] * W[j][k]
+// W: n rows of k elements in its storage format (row stride row_bytes(w_type, k)), read in place.
+// X: m rows of k floats (row stride k). Y: m rows, row stride ldy (>= n).
+// X is first quantized to activation_type(w_type), as llama.cpp does, so the integer dot products
+// are the same as llama.cpp's. The ISA is chosen once per call from best_isa().
+#pragma once
+#include <cstdint>
+
+#include "base/thread_pool.h"
+#include "quant/dtype.h"
+
+namespace xpert::cpu {
+
+void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
+            int64_t ldy, ThreadPool& pool);
+
+// Scalar reference of the same product: dequantize W to f32, round X through its activation type,
+// accumulate in double. Tests compare every ISA path to it.
+void matmul_reference(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m,
+                      float* y, int64_t ldy);
+
+}  // namespace xpert::cpu
