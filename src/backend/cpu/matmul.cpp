@@ -1,0 +1,185 @@
+// Driver of the CPU matmul: quantize and pack X, choose the ISA's kernel once, split the output over threads.
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "base/cpu_features.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+namespace xpert::cpu {
+
+namespace {
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+PackedLayout packed_layout(DType act, int64_t k) {
+  PackedLayout l;
+  switch (act) {
+    case DType::Q8_0:
+      l.d_offset = (size_t)k;
+      l.sum_offset = l.d_offset + 4 * (size_t)(k / quant::kQK);
+      l.row_bytes = l.sum_offset + 4 * (size_t)(k / quant::kQK);
+      break;
+    case DType::Q8_K:
+      l.d_offset = (size_t)k;
+      l.sum_offset = l.d_offset + 4 * (size_t)(k / quant::kQKK);
+      l.row_bytes = l.sum_offset + 2 * (size_t)(k / 16);
+      break;
+    default: l.row_bytes = 4 * (size_t)k; break;
+  }
+  l.row_bytes = round_up(l.row_bytes, kPackAlign);
+  return l;
+}
+
+// One X row into its packed planes. `scratch` holds the ggml-layout blocks in between.
+void pack_row(DType act, const float* x, int64_t k, const PackedLayout& l, uint8_t* out,
+              std::vector<uint8_t>& scratch) {
+  scratch.resize(std::max(row_bytes(act, k), (size_t)4 * k));
+  quantize_row_activation(act, x, scratch.data(), k);
+  switch (act) {
+    case DType::Q8_0: {
+      const auto* b = reinterpret_cast<const quant::BlockQ8_0*>(scratch.data());
+      auto* d = reinterpret_cast<float*>(out + l.d_offset);
+      auto* s = reinterpret_cast<int32_t*>(out + l.sum_offset);
+      for (int64_t i = 0; i < k / quant::kQK; ++i) {
+        std::memcpy(out + i * quant::kQK, b[i].qs, quant::kQK);
+        d[i] = f16_to_f32(b[i].d);
+        int sum = 0;
+        for (int j = 0; j < quant::kQK; ++j) sum += b[i].qs[j];
+        s[i] = sum;
+      }
+      return;
+    }
+    case DType::Q8_K: {
+      const auto* b = reinterpret_cast<const quant::BlockQ8_K*>(scratch.data());
+      auto* d = reinterpret_cast<float*>(out + l.d_offset);
+      auto* s = reinterpret_cast<int16_t*>(out + l.sum_offset);
+      for (int64_t i = 0; i < k / quant::kQKK; ++i) {
+        std::memcpy(out + i * quant::kQKK, b[i].qs, quant::kQKK);
+        d[i] = b[i].d;
+        std::memcpy(s + i * 16, b[i].bsums, sizeof b[i].bsums);
+      }
+      return;
+    }
+    default:
+      // F32 / F16 / BF16: keep f32 values rounded through the activation type (same products as ggml's).
+      dequantize_row(act, scratch.data(), reinterpret_cast<float*>(out), k);
+      return;
+  }
+}
+
+TileKernel pick_kernel(const MatmulKernels& t, DType w) {
+  switch (w) {
+    case DType::F32: return t.f32;
+    case DType::F16: return t.f16;
+    case DType::BF16: return t.bf16;
+    case DType::Q4_0: return t.q4_0;
+    case DType::Q5_0: return t.q5_0;
+    case DType::Q8_0: return t.q8_0;
+    case DType::Q4_K: return t.q4_k;
+    case DType::Q5_K: return t.q5_k;
+    case DType::Q6_K: return t.q6_k;
+    default: return nullptr;
+  }
+}
+
+const MatmulKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return matmul_kernels_avx512();
+    case Isa::avx2: return matmul_kernels_avx2();
+    case Isa::scalar: break;
+  }
+  return matmul_kernels_scalar();
+}
+
+// Cache blocking: a thread walks X in chunks that stay in L2 and, inside, its weight rows in chunks that
+// stay in L1, so each weight block is unpacked once per few X rows and each X row is reused across them.
+constexpr int64_t kXChunkRows = 64;
+constexpr int64_t kWChunkRows = 16;
+
+}  // namespace
+
+void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
+            int64_t ldy, ThreadPool& pool) {
+  XP_ASSERT(n >= 0 && m >= 0 && ldy >= n);
+  if (n == 0 || m == 0) return;
+  XP_ASSERT(k % dtype_info(w_type).block_size == 0);
+  const DType act = activation_type(w_type);
+  const PackedLayout layout = packed_layout(act, k);
+  const TileKernel kernel = pick_kernel(kernels_for(best_isa()), w_type);
+  XP_ASSERT(kernel != nullptr);
+
+  // Packed X lives in a per-caller buffer that only grows: no allocation per call at decode.
+  thread_local std::vector<uint8_t> packed_storage;
+  packed_storage.resize(layout.row_bytes * (size_t)m + kPackAlign);
+  uint8_t* packed = reinterpret_cast<uint8_t*>(
+      round_up(reinterpret_cast<uintptr_t>(packed_storage.data()), kPackAlign));
+  auto pack = [&](int64_t b, int64_t e) {
+    thread_local std::vector<uint8_t> scratch;
+    for (int64_t i = b; i < e; ++i) pack_row(act, x + i * k, k, layout, packed + i * layout.row_bytes, scratch);
+  };
+  if (m * k >= 16384) pool.parallel_for(m, pack, 1);
+  else pack(0, m);
+
+  const auto* w_bytes = static_cast<const uint8_t*>(w);
+  const size_t w_row_bytes = row_bytes(w_type, k);
+  auto compute = [&](int64_t j0, int64_t j1, int64_t i0, int64_t i1) {
+    for (int64_t xc = i0; xc < i1; xc += kXChunkRows) {
+      const int64_t nx = std::min(kXChunkRows, i1 - xc);
+      for (int64_t wc = j0; wc < j1; wc += kWChunkRows) {
+        const int64_t nw = std::min(kWChunkRows, j1 - wc);
+        kernel(k, w_bytes + wc * w_row_bytes, w_row_bytes, nw, packed + xc * layout.row_bytes, layout, nx,
+               y + xc * ldy + wc, ldy);
+      }
+    }
+  };
+  // Split the weight rows over threads (each thread reads only its share of W: what decode needs); when
+  // there are too few rows for that and many X rows, split X instead.
+  const int nth = pool.size();
+  if (nth == 1 || (n * m * k) < 65536) {
+    compute(0, n, 0, m);
+    return;
+  }
+  const bool split_m = n < 8 * nth && m >= 4 * nth;
+  pool.run([&](int ith, int nth_run) {
+    if (split_m) {
+      const int64_t per = (int64_t)round_up((size_t)((m + nth_run - 1) / nth_run), 4);
+      const int64_t b = std::min(m, ith * per), e = std::min(m, b + per);
+      if (b < e) compute(0, n, b, e);
+    } else {
+      const int64_t per = (int64_t)round_up((size_t)((n + nth_run - 1) / nth_run), 4);
+      const int64_t b = std::min(n, ith * per), e = std::min(n, b + per);
+      if (b < e) compute(b, e, 0, m);
+    }
+  });
+}
+
+void matmul_reference(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
+                      int64_t ldy) {
+  XP_ASSERT(ldy >= n);
+  const DType act = activation_type(w_type);
+  std::vector<float> x_rounded((size_t)(m * k)), w_row((size_t)k);
+  std::vector<uint8_t> x_quant(row_bytes(act, k));
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_row_activation(act, x + i * k, x_quant.data(), k);
+    dequantize_row(act, x_quant.data(), x_rounded.data() + i * k, k);
+  }
+  const size_t w_row_bytes = row_bytes(w_type, k);
+  for (int64_t j = 0; j < n; ++j) {
+    dequantize_row(w_type, static_cast<const uint8_t*>(w) + j * w_row_bytes, w_row.data(), k);
+    for (int64_t i = 0; i < m; ++i) {
+      double sum = 0;
+      const float* xr = x_rounded.data() + i * k;
+      for (int64_t l = 0; l < k; ++l) sum += (double)w_row[l] * xr[l];
+      y[i * ldy + j] = (float)sum;
+    }
+  }
+}
+
+}  // namespace xpert::cpu

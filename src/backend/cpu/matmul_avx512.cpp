@@ -1,0 +1,6 @@
+// Placeholder until the SIMD kernels land: the scalar table.
+#include "backend/cpu/matmul_kernels.h"
+
+namespace xpert::cpu {
+const MatmulKernels& matmul_kernels_avx512() { return matmul_kernels_scalar(); }
+}  // namespace xpert::cpu
