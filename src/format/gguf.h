@@ -3,7 +3,9 @@
 // numeric arrays point into the map). Every count, length and offset is checked against the file's
 // size before use, so a truncated or hostile file gives one clear Error and never a huge allocation.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,6 +17,12 @@
 #include "quant/dtype.h"
 
 namespace xpert::gguf {
+
+inline constexpr size_t kDefaultAlignment = 32;  // when general.alignment is absent
+inline constexpr size_t kMaxDims = 4;
+// Arrays of arrays are legal but rare; a bound keeps the reader's recursion (and stack) small on hostile
+// input. A top-level array is level 1.
+inline constexpr int kMaxArrayDepth = 8;
 
 enum class ValueType : uint32_t {
   U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
@@ -48,7 +56,21 @@ struct Value {
   double number_at(uint64_t idx) const;
   int64_t int_at(uint64_t idx) const;
   std::string to_display(size_t max_items = 8) const;  // for `xpert info`
+
+  // Builders, for GGUFWriter::set. Arrays copy their elements (numbers as little-endian bytes).
+  static Value of_uint(ValueType t, uint64_t v);  // U8 U16 U32 U64
+  static Value of_int(ValueType t, int64_t v);    // I8 I16 I32 I64
+  static Value of_float(ValueType t, double v);   // F32 F64
+  static Value of_bool(bool v);
+  static Value of_string(std::string v);
+  // `count` elements of a numeric (or BOOL) `elem` type, read from `data` in host (little-endian) order.
+  static Value of_numbers(ValueType elem, const void* data, uint64_t count);
+  static Value of_strings(std::vector<std::string> v);
+  static Value of_arrays(std::vector<Value> items);  // every item must itself be an ARRAY
 };
+
+// Bytes of one element of a fixed-size type (0 for STRING and ARRAY, which have no fixed size).
+size_t value_type_size(ValueType t);
 
 struct TensorInfo {
   std::string name;
@@ -107,7 +129,7 @@ class GGUFFile {
 // Writes GGUF v3. Metadata keeps insertion order; tensors are aligned to `alignment`.
 class GGUFWriter {
  public:
-  explicit GGUFWriter(size_t alignment = 32) : alignment_(alignment) {}
+  explicit GGUFWriter(size_t alignment = kDefaultAlignment) : alignment_(alignment) {}
   void set(const std::string& key, Value v);  // replaces an existing key
   void set_string(const std::string& key, const std::string& v);
   void set_u32(const std::string& key, uint32_t v);
@@ -131,6 +153,8 @@ class GGUFWriter {
     std::vector<int64_t> shape;
     std::vector<uint8_t> data;
   };
+  void serialize(const std::function<void(const void*, size_t)>& sink) const;  // the whole file, in order
+
   size_t alignment_;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;
