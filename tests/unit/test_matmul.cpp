@@ -28,7 +28,7 @@ struct Shape {
 // Real projection widths (640..2560), decode (m=1), small and odd batches, odd n; the 19 x 29 case is
 // split over X rows instead of weight rows.
 const Shape kShapes[] = {
-    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 2048, 1}, {2560, 130, 64}, {640, 19, 29},
+    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64}, {640, 19, 29},
 };
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,

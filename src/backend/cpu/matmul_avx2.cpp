@@ -1,6 +1,4 @@
-// Placeholder until the SIMD kernels land: the scalar table.
-#include "backend/cpu/matmul_kernels.h"
-
-namespace xpert::cpu {
-const MatmulKernels& matmul_kernels_avx2() { return matmul_kernels_scalar(); }
-}  // namespace xpert::cpu
+// AVX2 + FMA + F16C kernels (Haswell and later, Zen 1 and later). The code is in matmul_simd.inl.
+#define XP_SIMD_TABLE_NAME matmul_kernels_avx2
+#define XP_SIMD_ISA_LABEL "avx2"
+#include "backend/cpu/matmul_simd.inl"
