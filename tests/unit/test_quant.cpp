@@ -122,6 +122,35 @@ TEST(Quant, QuantizeMatchesGgufPy) {
   }
 }
 
+// Quantizer bytes against ggml itself: quantize_row_*_ref of libggml-base 0.25.3 (llama-cpp-python 0.3.36),
+// called through ctypes on x = lcg(7).uniform4() x 1024 with x[256..511] *= 0.01f and x[512..767] = 0.
+// For Q8_0 ggml-cpu's x86 quantize_row_q8_0 gives the same bytes on this data (no exact ties).
+TEST(Quant, QuantizeMatchesGgmlRef) {
+  const struct {
+    DType t;
+    uint64_t fnv;
+  } cases[] = {
+      {DType::Q4_0, 0x34abff492efe99b8ull}, {DType::Q5_0, 0x7b4402ca55cffb53ull},
+      {DType::Q8_0, 0x9d461dcfc27b82c2ull}, {DType::Q4_K, 0xc16f54bde140131dull},
+      {DType::Q5_K, 0x3ba1841311fd667bull}, {DType::Q6_K, 0x46093f61729e91a7ull},
+      {DType::Q8_K, 0x4888bcc92788b785ull},
+  };
+  Lcg g{7};
+  std::vector<float> x(1024);
+  for (auto& f : x) f = g.uniform4();
+  for (int i = 256; i < 512; ++i) x[i] *= 0.01f;
+  for (int i = 512; i < 768; ++i) x[i] = 0.0f;
+  for (const auto& c : cases) {
+    std::vector<uint8_t> q(row_bytes(c.t, 1024));
+    quantize_row(c.t, x.data(), q.data(), 1024);
+    EXPECT_EQ(fnv1a(q.data(), q.size()), c.fnv) << dtype_name(c.t);
+    if (c.t == DType::Q8_0) {
+      quantize_row_activation(c.t, x.data(), q.data(), 1024);
+      EXPECT_EQ(fnv1a(q.data(), q.size()), c.fnv) << "Q8_0 activation";
+    }
+  }
+}
+
 // Dequantization of random blocks against gguf-py's independent numpy decoder: random bytes from lcg(11),
 // then every f16 scale field replaced by 0x2000 | (lcg >> 53 & 0x7ff) (positive, ~2^-7) so values are finite.
 // Fixture: sum(y) and sum(y[i] * ((7i mod 31) - 15)), which catch any misplaced element or scale.
