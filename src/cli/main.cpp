@@ -1,2 +1,56 @@
 #include <cstdio>
-int main() { std::puts("xpert"); return 0; }
+#include <map>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+
+namespace xpert::cli {
+
+void ModelFlags::add(CLI::App& app, bool with_ctx) {
+  app.add_option("-m,--model", model, "model file (GGUF)")->required();
+  app.add_option("-t,--threads", threads, "CPU threads (default: physical cores)")->check(CLI::Range(0, 1024));
+  if (with_ctx) {
+    app.add_option("-c,--ctx-size", ctx, "context size in tokens (0: the model's)")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
+    app.add_option("-b,--batch-size", batch, "prompt tokens evaluated per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
+  }
+}
+
+}  // namespace xpert::cli
+
+int main(int argc, char** argv) {
+  using namespace xpert;
+  CLI::App app{"xpert — LLM inference for Mixture-of-Experts models on ordinary hardware"};
+  app.require_subcommand(1);
+  bool verbose = false, quiet = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+  app.add_flag("-q,--quiet", quiet, "errors only");
+  std::map<CLI::App*, cli::Command> commands;
+  auto sub = [&](const char* name, const char* help, cli::Command (*add)(CLI::App&)) {
+    CLI::App* s = app.add_subcommand(name, help);
+    commands[s] = add(*s);
+  };
+  sub("run", "generate text from a prompt", cli::add_run);
+  sub("info", "print a model's metadata, tensors and memory needs", cli::add_info);
+  sub("bench", "measure prompt processing and generation speed (llama-bench style)", cli::add_bench);
+  sub("devices", "list the compute devices xpert can use", cli::add_devices);
+  sub("tokenize", "print a prompt's token ids as JSON", cli::add_tokenize);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (verbose) log::set_level(log::Level::debug);
+  if (quiet) log::set_level(log::Level::error);
+  try {
+    for (auto& [s, run] : commands)
+      if (s->parsed()) return run();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "xpert: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "xpert: error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,155 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/half.h"
+
+namespace xpert::cpu {
+
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += (double)(xr[i] * xr[i]);
+    const float mean = (float)(sum / (double)n);
+    const float s = 1.0f / std::sqrt(mean + eps);
+    if (w) {
+      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * s) * w[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * s;
+    }
+  }
+}
+
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+          float freq_base, float freq_scale, RopeMode mode) {
+  const float theta_scale = std::pow(freq_base, -2.0f / (float)n_rot);
+  std::vector<float> cs(n_rot);  // cos, sin per pair
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    // Angles by repeated multiplication, as ggml builds its cache, so they round the same way.
+    float theta = (float)pos[t];
+    for (int64_t i = 0; i < n_rot; i += 2) {
+      const float th = freq_scale * theta;
+      cs[i] = std::cos(th);
+      cs[i + 1] = std::sin(th);
+      theta *= theta_scale;
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      for (int64_t i = 0; i < n_rot; i += 2) {
+        const float c = cs[i], s = cs[i + 1];
+        const int64_t a = mode == RopeMode::neox ? i / 2 : i;
+        const int64_t b = mode == RopeMode::neox ? i / 2 + n_rot / 2 : i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
+    }
+  }
+}
+
+namespace {
+
+float gelu_tanh(float x) {
+  const float k = 0.79788456080286535587989211986876f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + std::tanh(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+// gelu(h) for every f16 value h, rounded to f16: llama.cpp's CPU backend computes GELU this way.
+const std::vector<uint16_t>& gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f32_to_f16(gelu_tanh(f16_to_f32((uint16_t)i)));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void geglu(const float* gate, const float* up, float* y, int64_t n) {
+  const std::vector<uint16_t>& t = gelu_table();
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    float gl;
+    if (g <= -10.0f) {
+      gl = 0.0f;
+    } else if (g >= 10.0f) {
+      gl = g;
+    } else {
+      gl = f16_to_f32(t[f32_to_f16(g)]);
+    }
+    y[i] = gl * up[i];
+  }
+}
+
+void swiglu(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void add_bias(float* x, const float* bias, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] += bias[i];
+}
+
+void store_f16(const float* x, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(x[i]);
+}
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  const int64_t group = a.n_head / a.n_head_kv;
+  const int64_t kv_row = a.n_head_kv * a.head_dim;
+  const int64_t D = a.head_dim;
+  // One unit of work = one (token, head) pair.
+  pool.parallel_for(a.n_tokens * a.n_head, [&](int64_t begin, int64_t end) {
+    std::vector<float> qh(D), scores(a.n_kv), acc(D);
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t t = u / a.n_head, h = u % a.n_head, hk = h / group;
+      const int32_t p = a.pos[t];
+      const float* q = a.q + (t * a.n_head + h) * D;
+      // q is rounded to f16 as llama.cpp's f16 K-cache product does.
+      for (int64_t d = 0; d < D; ++d) qh[d] = f16_to_f32(f32_to_f16(q[d]));
+      const int64_t lo = a.sliding_window > 0 ? std::max<int64_t>(0, p - a.sliding_window + 1) : 0;
+      const int64_t hi = std::min<int64_t>(p, a.n_kv - 1);
+      float mx = -INFINITY;
+      for (int64_t j = lo; j <= hi; ++j) {
+        const uint16_t* k = a.k + j * kv_row + hk * D;
+        float s = 0.0f;
+        for (int64_t d = 0; d < D; ++d) s += qh[d] * f16_to_f32(k[d]);
+        s *= a.kq_scale;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0.0;
+      for (int64_t j = lo; j <= hi; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      const float inv = (float)(1.0 / sum);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = lo; j <= hi; ++j) {
+        // The weights meet an f16 V cache as f16 in llama.cpp's product.
+        const float w = f16_to_f32(f32_to_f16(scores[j] * inv));
+        const uint16_t* v = a.v + j * kv_row + hk * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * f16_to_f32(v[d]);
+      }
+      std::copy(acc.begin(), acc.end(), a.out + (t * a.n_head + h) * D);
+    }
+  });
+}
+
+}  // namespace xpert::cpu

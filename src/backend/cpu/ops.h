@@ -1,0 +1,49 @@
+// Plain CPU ops used by the model forward passes (everything except the quantized matmul, which is
+// matmul.h). Activations are f32 rows; the KV cache is f16. Precision follows llama.cpp's CPU backend
+// where it changes results: rms_norm sums in double, rope angles are built by repeated multiplication,
+// the GELU of gated FFNs goes through an f16 table, attention rounds q and the softmax weights to f16.
+#pragma once
+#include <cstdint>
+
+#include "base/thread_pool.h"
+
+namespace xpert::cpu {
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of n; y may alias x. w may be null.
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+
+enum class RopeMode { normal, neox };  // normal: pairs (2i, 2i+1); neox: pairs (i, i + n_rot/2)
+// x: rows of n_heads * head_dim, one row per token at position pos[t]; rotates the first n_rot dims.
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+          float freq_base, float freq_scale, RopeMode mode);
+
+// y = gelu_tanh(gate) * up, gelu through llama.cpp's f16 table; y may alias gate.
+void geglu(const float* gate, const float* up, float* y, int64_t n);
+// y = silu(gate) * up
+void swiglu(const float* gate, const float* up, float* y, int64_t n);
+void add(const float* a, const float* b, float* y, int64_t n);
+void scale(float* x, float s, int64_t n);
+void add_bias(float* x, const float* bias, int64_t rows, int64_t n);
+
+// One sequence's causal attention over its f16 cache.
+//   q:   [n_tokens][n_head][head_dim] (f32), token t at position pos[t]
+//   k,v: cache rows [n_ctx][n_head_kv][head_dim] (f16), positions 0..n_kv-1 valid
+//   out: [n_tokens][n_head][head_dim]
+// Keys at position p are visible to a query at position q when p <= q and, with a sliding window w > 0,
+// q - p < w. scores = q.k * kq_scale.
+struct AttentionArgs {
+  const float* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  float* out;
+  const int32_t* pos;
+  int64_t n_tokens, n_head, n_head_kv, head_dim, n_kv;
+  float kq_scale = 1.0f;
+  int32_t sliding_window = 0;
+};
+void attention(const AttentionArgs& a, ThreadPool& pool);
+
+// Copy f32 rows into f16 cache rows.
+void store_f16(const float* x, uint16_t* dst, int64_t n);
+
+}  // namespace xpert::cpu

@@ -1,0 +1,107 @@
+// llama-bench's method: random tokens, one warm-up run, then r timed runs from an empty context;
+// pp = n_prompt tokens in batches of -b, tg = n_gen tokens one at a time. Reports mean ± stddev t/s.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "base/cpu_features.h"
+#include "base/error.h"
+#include "cli/commands.h"
+#include "model/model.h"
+#include "runtime/session.h"
+
+namespace xpert::cli {
+namespace {
+
+struct Result {
+  std::string test;
+  int64_t n_prompt, n_gen;
+  std::vector<double> tps;
+  double mean() const {
+    double s = 0;
+    for (double v : tps) s += v;
+    return tps.empty() ? 0 : s / tps.size();
+  }
+  double stddev() const {
+    if (tps.size() < 2) return 0;
+    double m = mean(), s = 0;
+    for (double v : tps) s += (v - m) * (v - m);
+    return std::sqrt(s / (tps.size() - 1));
+  }
+};
+
+double run_once(Session& s, int64_t n_prompt, int64_t n_gen, std::mt19937& rng, int64_t n_vocab) {
+  std::uniform_int_distribution<int32_t> tok(0, (int32_t)n_vocab - 1);
+  s.reset();
+  std::vector<int32_t> prompt(n_prompt);
+  for (auto& t : prompt) t = tok(rng);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (n_prompt > 0) s.eval(prompt);
+  for (int64_t i = 0; i < n_gen; ++i) {
+    int32_t t = tok(rng);
+    s.eval(std::span<const int32_t>(&t, 1));
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return (double)(n_prompt + n_gen) / sec;
+}
+
+}  // namespace
+
+Command add_bench(CLI::App& app) {
+  struct Opts {
+    ModelFlags m;
+    int64_t n_prompt = 512, n_gen = 128;
+    int reps = 5;
+    std::string output = "md";
+  };
+  auto o = std::make_shared<Opts>();
+  o->m.add(app, false);
+  app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip pp)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
+  app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip tg)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
+  app.add_option("-r,--repetitions", o->reps, "timed runs per test")->check(CLI::Range(1, 1000));
+  app.add_option("-b,--batch-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
+  app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
+  return [o] {
+    auto model = Model::load(o->m.model);
+    prefetch_weights(model->file());
+    const ModelConfig& c = model->config();
+    SessionOptions so{.n_ctx = std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1), .n_threads = o->m.threads, .n_batch = o->m.batch};
+    Session s(*model, so);
+    std::mt19937 rng(1234);
+    std::vector<Result> results;
+    if (o->n_prompt > 0) results.push_back({fmt::format("pp{}", o->n_prompt), o->n_prompt, 0, {}});
+    if (o->n_gen > 0) results.push_back({fmt::format("tg{}", o->n_gen), 0, o->n_gen, {}});
+    for (Result& r : results) {
+      run_once(s, r.n_prompt, r.n_gen, rng, c.n_vocab);  // warm-up
+      for (int i = 0; i < o->reps; ++i) r.tps.push_back(run_once(s, r.n_prompt, r.n_gen, rng, c.n_vocab));
+    }
+    size_t bytes = 0;
+    int64_t params = 0;
+    for (const auto& t : model->file().tensors()) {
+      bytes += t.n_bytes;
+      params += t.n_elements();
+    }
+    const int threads = s.pool().size();
+    if (o->output == "json") {
+      nlohmann::json out = nlohmann::json::array();
+      for (const Result& r : results)
+        out.push_back({{"model", c.name}, {"arch", c.arch}, {"model_size", bytes}, {"model_n_params", params},
+                       {"backend", "CPU"}, {"isa", isa_name(best_isa())}, {"n_threads", threads},
+                       {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"avg_ts", r.mean()}, {"stddev_ts", r.stddev()},
+                       {"samples_ts", r.tps}});
+      fmt::print("{}\n", out.dump(2));
+    } else {
+      fmt::print("| model | size | params | backend | threads | test | t/s |\n");
+      fmt::print("| ----- | ---: | -----: | ------- | ------: | ---: | --: |\n");
+      for (const Result& r : results)
+        fmt::print("| {} {} | {:.2f} MiB | {:.2f} M | CPU ({}) | {} | {} | {:.2f} ± {:.2f} |\n", c.arch, c.name,
+                   bytes / 1048576.0, params / 1e6, isa_name(best_isa()), threads, r.test, r.mean(), r.stddev());
+    }
+    return 0;
+  };
+}
+
+}  // namespace xpert::cli

@@ -1,0 +1,34 @@
+// The `xpert` subcommands. Each registers its flags on a CLI11 subcommand and returns the function that
+// runs it; main() catches xpert::Error at this edge and prints one line.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+#include "format/gguf.h"
+
+namespace xpert::cli {
+
+using Command = std::function<int()>;
+
+// Flags every command that loads a model shares.
+struct ModelFlags {
+  std::string model;
+  int threads = 0;
+  int64_t ctx = 4096;
+  int64_t batch = 512;
+  void add(CLI::App& app, bool with_ctx = true);
+};
+
+Command add_run(CLI::App& app);
+Command add_info(CLI::App& app);
+Command add_bench(CLI::App& app);
+Command add_devices(CLI::App& app);
+Command add_tokenize(CLI::App& app);
+
+// Reads every weight page once so the first request does not pay the page faults; a progress bar
+// when stderr is a terminal.
+void prefetch_weights(const gguf::GGUFFile& f);
+
+}  // namespace xpert::cli

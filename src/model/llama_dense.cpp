@@ -1,0 +1,95 @@
+// The llama family of dense decoders, one forward for all; the variants are data:
+//   llama: RoPE on adjacent pairs, no biases;  qwen2: NeoX RoPE, q/k/v biases;
+//   qwen3: NeoX RoPE, per-head RMS norm of q and k.
+// SwiGLU FFN, pre-norm residual blocks, output tied to the embedding when output.weight is absent.
+#include <cmath>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "model/blocks.h"
+#include "model/loader.h"
+#include "runtime/kv_cache.h"
+
+namespace xpert {
+namespace {
+
+class LlamaDense : public Model {
+ public:
+  explicit LlamaDense(std::unique_ptr<gguf::GGUFFile> f) : Model(std::move(f)) {
+    const gguf::GGUFFile& g = *file_;
+    ModelConfig& c = config_;
+    c.arch = g.require_string("general.architecture");
+    read_common_config(g, c);
+    c.rope_neox = c.arch != "llama";
+    c.kq_scale = 1.0f / std::sqrt((float)c.head_dim);
+    const bool qk_norm = c.arch == "qwen3";
+    const bool bias = c.arch == "qwen2";
+
+    TensorTable t(g);
+    const int64_t E = c.n_embd, D = c.head_dim, F = c.n_ff;
+    const int64_t q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
+    w_.output_norm = t.require("output_norm.weight", {E});
+    w_.output = t.optional("output.weight", {E, c.n_vocab});
+    w_.layers.resize(c.n_layer);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      LayerWeights& l = w_.layers[i];
+      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
+      l.attn_norm = t.require(L("attn_norm.weight"), {E});
+      l.wq = t.require(L("attn_q.weight"), {E, q_dim});
+      l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
+      l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
+      l.wo = t.require(L("attn_output.weight"), {q_dim, E});
+      if (bias) {
+        l.bq = t.require(L("attn_q.bias"), {q_dim});
+        l.bk = t.require(L("attn_k.bias"), {kv_dim});
+        l.bv = t.require(L("attn_v.bias"), {kv_dim});
+      }
+      if (qk_norm) {
+        l.q_norm = t.require(L("attn_q_norm.weight"), {D});
+        l.k_norm = t.require(L("attn_k_norm.weight"), {D});
+      }
+      l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
+      l.ffn_gate = t.require(L("ffn_gate.weight"), {E, F});
+      l.ffn_up = t.require(L("ffn_up.weight"), {E, F});
+      l.ffn_down = t.require(L("ffn_down.weight"), {F, E});
+    }
+  }
+
+  void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
+    const ModelConfig& c = config_;
+    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd, F = c.n_ff;
+    thread_local Scratch s;
+    s.reserve(c, n);
+    for (int64_t t = 0; t < n; ++t) s.pos[t] = args.pos0 + (int32_t)t;
+    embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
+    const AttentionLayerParams p{.rope_base = c.rope_base,
+                                 .rope_scale = c.rope_scale,
+                                 .rope_mode = c.rope_neox ? cpu::RopeMode::neox : cpu::RopeMode::normal,
+                                 .q_scale = 1.0f,
+                                 .kq_scale = c.kq_scale,
+                                 .sliding_window = 0};
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const LayerWeights& l = w_.layers[il];
+      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      self_attention(c, l, p, il, args, s, pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+
+      cpu::rmsnorm(s.x.data(), l.ffn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
+      linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
+      cpu::swiglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * F);
+      linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+    }
+    output_logits(c, w_, args, s, logits, pool);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_dense(std::unique_ptr<gguf::GGUFFile> f) {
+  return std::make_unique<LlamaDense>(std::move(f));
+}
+
+}  // namespace xpert

@@ -1,0 +1,90 @@
+// A loaded model: hyper-parameters (data, not code), weights read in place from the file, and one
+// forward pass per architecture family. The runtime owns sequences and caches; a Model is immutable
+// after load and can serve any number of them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "quant/dtype.h"
+
+namespace xpert {
+
+class ThreadPool;
+class KvCache;
+
+// A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
+struct Weight {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t ne[2] = {0, 1};  // [cols (k), rows (n)]
+  size_t n_bytes = 0;
+  explicit operator bool() const { return data != nullptr; }
+  const float* f32() const { return static_cast<const float*>(data); }
+};
+
+enum class ActivationFn { silu, gelu_tanh };
+
+struct ModelConfig {
+  std::string arch;  // general.architecture
+  std::string name;
+  int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_vocab = 0;
+  int64_t n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  int64_t n_ctx_train = 0;
+  float rms_eps = 1e-6f;
+  float rope_base = 10000.0f, rope_scale = 1.0f;
+  bool rope_neox = false;
+  ActivationFn act = ActivationFn::silu;
+  // Gemma-style extras.
+  float embed_scale = 1.0f;   // multiplies the token embedding
+  float q_scale = 1.0f;       // multiplies q before the q.k product
+  float kq_scale = 1.0f;      // multiplies the q.k product
+  int32_t sliding_window = 0; // for layers marked in `layer_swa`
+  float rope_base_swa = 10000.0f;
+  std::vector<bool> layer_swa;
+};
+
+struct LayerWeights {
+  Weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
+  Weight ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
+};
+
+struct ModelWeights {
+  Weight tok_embd, output_norm, output;
+  std::vector<LayerWeights> layers;
+};
+
+// One batch of tokens of one sequence at consecutive positions.
+struct ForwardArgs {
+  std::span<const int32_t> tokens;
+  int32_t pos0 = 0;
+  KvCache* cache = nullptr;
+  int32_t seq = 0;             // cache slot
+  bool all_logits = false;     // false: logits of the last token only
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelConfig& config() const { return config_; }
+  const gguf::GGUFFile& file() const { return *file_; }
+  // logits: [n_out][n_vocab], n_out = tokens.size() if all_logits else 1.
+  virtual void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const = 0;
+
+  // Loads any supported architecture; throws Error naming what is wrong or unsupported.
+  static std::unique_ptr<Model> load(const std::string& path);
+
+ protected:
+  explicit Model(std::unique_ptr<gguf::GGUFFile> file) : file_(std::move(file)) {}
+  std::unique_ptr<gguf::GGUFFile> file_;
+  ModelConfig config_;
+  ModelWeights w_;
+};
+
+std::vector<std::string> supported_architectures();
+
+}  // namespace xpert
