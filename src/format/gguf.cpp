@@ -28,6 +28,15 @@ constexpr size_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name + n_dims 
 
 constexpr uint32_t kNumValueTypes = 13;
 
+// A count read from the file only bounds what may follow; memory is reserved for at most this many
+// entries up front (more grow as they are actually read), since an entry in memory is several times
+// larger than its smallest encoding and a hostile count would otherwise reserve many times the file size.
+constexpr uint64_t kMaxReserve = 1 << 16;
+size_t reserve_count(uint64_t n) { return (size_t)std::min(n, kMaxReserve); }
+// An item of an array of arrays costs ~15x its 12 bytes on disk once decoded; real files have none or
+// a few, so their total is bounded to keep a crafted file from turning into gigabytes of Values.
+constexpr uint64_t kMaxNestedItems = 1 << 20;
+
 // Bytes of the valid UTF-8 sequence at the start of s, or 0.
 size_t utf8_length(std::string_view s) {
   const auto b0 = (unsigned char)s[0];
@@ -71,6 +80,7 @@ class Cursor {
   Cursor(const uint8_t* data, size_t size, const std::string& file) : data_(data), size_(size), file_(file) {}
 
   size_t pos() const { return pos_; }
+  uint64_t nested_items = 0;  // items of arrays of arrays read so far
   size_t left() const { return size_ - pos_; }
   std::string where;
 
@@ -140,14 +150,18 @@ void parse_array(Cursor& c, Value& v, int depth) {
     }
   } else if (v.elem == ValueType::STRING) {
     refuse_count(kMinStringBytes);
-    v.strings.reserve((size_t)v.count);
+    v.strings.reserve(reserve_count(v.count));
     for (uint64_t k = 0; k < v.count; ++k) v.strings.emplace_back(c.read_string("array string"));
   } else {
     if (depth + 1 >= kMaxArrayDepth) {
       c.error(fmt::format("arrays nested more than {} deep are not supported", kMaxArrayDepth));
     }
     refuse_count(kMinArrayBytes);
-    v.items.reserve((size_t)v.count);
+    c.nested_items += v.count;  // cannot overflow: each item needs 12 bytes of the file
+    if (c.nested_items > kMaxNestedItems) {
+      c.error(fmt::format("more than {} items in arrays of arrays (not supported)", kMaxNestedItems));
+    }
+    v.items.reserve(reserve_count(v.count));
     for (uint64_t k = 0; k < v.count; ++k) v.items.push_back(parse_value(c, ValueType::ARRAY, depth + 1));
   }
 }
@@ -238,7 +252,7 @@ void GGUFFile::parse_all() {
          name_, n_tensors, c.left(), kMinTensorInfoBytes);
   }
 
-  kv_.reserve((size_t)n_kv);
+  kv_.reserve(reserve_count(n_kv));
   for (uint64_t k = 0; k < n_kv; ++k) {
     c.where = fmt::format("metadata entry {}", k);
     const std::string_view key = c.read_string("key");
@@ -263,7 +277,7 @@ void GGUFFile::parse_all() {
     alignment_ = (size_t)a->u;
   }
 
-  tensors_.reserve((size_t)n_tensors);
+  tensors_.reserve(reserve_count(n_tensors));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     c.where = fmt::format("tensor {}", k);
     TensorInfo t;
