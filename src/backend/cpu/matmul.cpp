@@ -52,7 +52,7 @@ void pack_row(DType act, const float* x, int64_t k, const PackedLayout& l, uint8
         d[i] = f16_to_f32(b[i].d);
         int sum = 0;
         for (int j = 0; j < quant::kQK; ++j) sum += b[i].qs[j];
-        s[i] = sum;
+        s[i] = -sum;
       }
       return;
     }

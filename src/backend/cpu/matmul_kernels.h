@@ -3,7 +3,7 @@
 // X is quantized once per call (quantize_row_activation: the integers llama.cpp's x86 build uses) and then
 // stored in planes, so the kernels load quants with aligned-ish 32-byte loads and scales without f16
 // conversion. One packed row per X row, rows kPackAlign-aligned:
-//   Q8_0 : qs int8[k] | d f32[k/32] | sum int32[k/32]   (sum of the block's quants: folds weight offsets)
+//   Q8_0 : qs int8[k] | d f32[k/32] | neg_sum int32[k/32]   (-sum of the block's quants: folds weight offsets)
 //   Q8_K : qs int8[k] | d f32[k/256] | bsums int16[k/16]
 //   F32, F16, BF16 : f32[k], the value rounded through the activation type.
 #pragma once

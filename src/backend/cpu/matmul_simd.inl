@@ -95,17 +95,18 @@ XP_INLINE void store_tile(__m256 (&acc)[NR][MR], float* y, int64_t ldy) {
 
 // ---- Q4_0 / Q5_0 / Q8_0 weights x Q8_0 activations ---------------------------------------------------
 // Weights are made unsigned (q + offset) for u8 x s8 products; sum((q + o) * a) - o * sum(a) is the signed
-// dot product, and -o * sum(a) is spread over the 8 int32 lanes of a block as the accumulator's start.
+// dot product, and -o * sum(a) is spread over the 8 int32 lanes of a block as the accumulator's start
+// (the packed X keeps -sum(a) per block for this).
 
 struct Q4_0W {
   static constexpr size_t kBytes = 18;
-  static constexpr int kLaneOffset = -1;  // offset 8 / 8 lanes
+  static constexpr int kLaneShift = 0;  // offset 8 = 8 lanes x 1
   static XP_INLINE __m256i load(const uint8_t* b) { return unpack_nibbles_32(b + 2); }
 };
 
 struct Q5_0W {
   static constexpr size_t kBytes = 22;
-  static constexpr int kLaneOffset = -2;  // offset 16 / 8 lanes
+  static constexpr int kLaneShift = 1;  // offset 16 = 8 lanes x 2
   static XP_INLINE __m256i load(const uint8_t* b) {
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
@@ -116,10 +117,10 @@ struct Q5_0W {
 struct Q8_0W {
   static constexpr size_t kBytes = 34;
 #if defined(__AVX512VNNI__)
-  static constexpr int kLaneOffset = -16;  // q ^ 0x80 = q + 128; offset 128 / 8 lanes
+  static constexpr int kLaneShift = 4;  // q ^ 0x80 = q + 128; offset 128 = 8 lanes x 16
   static XP_INLINE __m256i load(const uint8_t* b) { return _mm256_xor_si256(load256(b + 2), _mm256_set1_epi8(-128)); }
 #else
-  static constexpr int kLaneOffset = 0;  // signed weights: |w| x sign(a, w) instead (no offset)
+  static constexpr int kLaneShift = -1;  // signed weights: |w| x sign(a, w) instead (no offset)
   static XP_INLINE __m256i load(const uint8_t* b) { return load256(b + 2); }
 #endif
 };
@@ -127,7 +128,7 @@ struct Q8_0W {
 template <class W>
 XP_INLINE __m256i block_dot_q8_0(__m256i w, __m256i a, __m256i start) {
 #if !defined(__AVX512VNNI__)
-  if constexpr (W::kLaneOffset == 0) {
+  if constexpr (W::kLaneShift < 0) {
     const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
   }
@@ -151,9 +152,9 @@ void tile_q8_0_family(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRo
     }
     for (int c = 0; c < MR; ++c) {
       const __m256i a = load256(x.qs(c) + 32 * b);
-      int32_t sum_a;
-      std::memcpy(&sum_a, x.sums(c) + 4 * b, 4);
-      const __m256i start = _mm256_set1_epi32(W::kLaneOffset * sum_a);
+      // -offset * sum(a) spread over 8 lanes: -sum(a) << shift in each lane.
+      __m256i start = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x.sums(c) + 4 * b));
+      if constexpr (W::kLaneShift > 0) start = _mm256_slli_epi32(start, W::kLaneShift);
       const __m256 da = _mm256_broadcast_ss(x.d(c) + b);
       for (int r = 0; r < NR; ++r) {
         const __m256i p = block_dot_q8_0<W>(wq[r], a, start);
@@ -384,6 +385,10 @@ void run_tiles(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, con
     }
   };
   int64_t j = 0;
+#if defined(__AVX512F__)
+  // 32 vector registers hold a 4 x 4 tile of accumulators with the unpacked weights beside them.
+  for (; j + 4 <= n_w; j += 4) row_pass.template operator()<4>(j);
+#endif
   for (; j + 2 <= n_w; j += 2) row_pass.template operator()<2>(j);
   if (j < n_w) row_pass.template operator()<1>(j);
 }
