@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 if ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
   echo "fuzz.sh: libFuzzer runtime missing; installing libclang-rt-14-dev" >&2
   sudo=""; [[ $(id -u) -eq 0 ]] || sudo="sudo"
-  $sudo apt-get install -y libclang-rt-14-dev
+  $sudo apt-get install -y libclang-rt-14-dev || { $sudo apt-get update && $sudo apt-get install -y libclang-rt-14-dev; }
 fi
 
 cmake --preset fuzz >/dev/null

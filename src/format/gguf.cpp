@@ -5,13 +5,14 @@
 //   n_kv  x { string key, u32 type, value }             string = u64 length + bytes (no NUL)
 //   n_tensors x { string name, u32 n_dims, u64 dims[n_dims], u32 type, u64 offset }
 //   padding to general.alignment (default 32), then the tensor data; offsets are from its start.
+#include "format/gguf.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
 
 #include "base/error.h"
-#include "format/gguf.h"
 
 namespace xpert::gguf {
 
@@ -21,9 +22,9 @@ namespace {
 
 constexpr char kMagic[4] = {'G', 'G', 'U', 'F'};
 // The smallest encodings, used to refuse a count before anything is allocated for it.
-constexpr size_t kMinStringBytes = 8;                           // the length alone
-constexpr size_t kMinArrayBytes = 4 + 8;                        // element type + count
-constexpr size_t kMinKvBytes = 8 + 1 + 4 + 1;                   // key length + 1-byte key + type + u8
+constexpr size_t kMinStringBytes = 8;                          // the length alone
+constexpr size_t kMinArrayBytes = 4 + 8;                       // element type + count
+constexpr size_t kMinKvBytes = 8 + 1 + 4 + 1;                  // key length + 1-byte key + type + u8
 constexpr size_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name + n_dims + one dim + type + offset
 
 constexpr uint32_t kNumValueTypes = 13;
@@ -109,8 +110,8 @@ class Cursor {
   std::string_view read_string(std::string_view what) {
     const uint64_t n = read<uint64_t>(what);
     if (n > left()) {
-      error(fmt::format("{} has length {}, more than the {} bytes left in the file (truncated or corrupt)", what,
-                        n, left()));
+      error(fmt::format("{} has length {}, more than the {} bytes left in the file (truncated or corrupt)",
+                        what, n, left()));
     }
     return {reinterpret_cast<const char*>(take((size_t)n, what)), (size_t)n};
   }
@@ -134,9 +135,10 @@ void parse_array(Cursor& c, Value& v, int depth) {
   const std::string_view elem_name = value_type_name(v.elem);
   auto refuse_count = [&](size_t min_bytes) {
     if (v.count > c.left() / min_bytes) {
-      c.error(fmt::format("array of {} {} needs at least {} bytes each, but only {} bytes are left (truncated or "
-                          "corrupt)",
-                          v.count, elem_name, min_bytes, c.left()));
+      c.error(
+          fmt::format("array of {} {} needs at least {} bytes each, but only {} bytes are left (truncated or "
+                      "corrupt)",
+                      v.count, elem_name, min_bytes, c.left()));
     }
   };
   if (is_fixed_size(v.elem)) {
@@ -169,6 +171,7 @@ void parse_array(Cursor& c, Value& v, int depth) {
 Value parse_value(Cursor& c, ValueType type, int depth) {
   Value v;
   v.type = type;
+  // clang-format off
   switch (type) {
     case ValueType::U8: v.u = c.read<uint8_t>("U8 value"); break;
     case ValueType::I8: v.i = c.read<int8_t>("I8 value"); break;
@@ -187,6 +190,7 @@ Value parse_value(Cursor& c, ValueType type, int depth) {
     case ValueType::STRING: v.s = c.read_string("string value"); break;
     case ValueType::ARRAY: parse_array(c, v, depth); break;
   }
+  // clang-format on
   return v;
 }
 
@@ -226,15 +230,18 @@ void GGUFFile::parse_all() {
   c.where = "header";
   version_ = c.read<uint32_t>("version");
   if (version_ == 1) {
-    fail("{}: GGUF version 1 is not supported (expected version 2 or 3); re-convert the model with a current "
-         "llama.cpp",
-         name_);
+    fail(
+        "{}: GGUF version 1 is not supported (expected version 2 or 3); re-convert the model with a current "
+        "llama.cpp",
+        name_);
   }
   if (version_ != 2 && version_ != 3) {
     const uint32_t swapped = __builtin_bswap32(version_);
     if (swapped == 2 || swapped == 3) {
-      fail("{}: big-endian GGUF files are not supported (found version {} byte-swapped); use a little-endian file",
-           name_, swapped);
+      fail(
+          "{}: big-endian GGUF files are not supported (found version {} byte-swapped); use a little-endian "
+          "file",
+          name_, swapped);
     }
     fail("{}: unsupported GGUF version {} (expected version 2 or 3)", name_, version_);
   }
@@ -242,14 +249,18 @@ void GGUFFile::parse_all() {
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // Both lists follow the header, so each count must fit the rest of the file at its smallest encoding.
   if (n_kv > c.left() / kMinKvBytes) {
-    fail("{}: metadata count {} cannot fit in the {} bytes after the header (each entry needs at least {}); the "
-         "file is corrupt or truncated",
-         name_, n_kv, c.left(), kMinKvBytes);
+    fail(
+        "{}: metadata count {} cannot fit in the {} bytes after the header (each entry needs at least {}); "
+        "the "
+        "file is corrupt or truncated",
+        name_, n_kv, c.left(), kMinKvBytes);
   }
   if (n_tensors > c.left() / kMinTensorInfoBytes) {
-    fail("{}: tensor count {} cannot fit in the {} bytes after the header (each entry needs at least {}); the file "
-         "is corrupt or truncated",
-         name_, n_tensors, c.left(), kMinTensorInfoBytes);
+    fail(
+        "{}: tensor count {} cannot fit in the {} bytes after the header (each entry needs at least {}); the "
+        "file "
+        "is corrupt or truncated",
+        name_, n_tensors, c.left(), kMinTensorInfoBytes);
   }
 
   kv_.reserve(reserve_count(n_kv));
@@ -325,9 +336,11 @@ void GGUFFile::parse_all() {
   for (TensorInfo& t : tensors_) {
     uint64_t begin = 0, end = 0;
     if (!add_ok(data_offset_, t.offset, begin) || !add_ok(begin, t.n_bytes, end) || end > size_) {
-      fail("{}: tensor '{}': data (offset {} + {} bytes after the data section at {}) extends past the end of the "
-           "file ({} bytes); the file is truncated or corrupt",
-           name_, escape(t.name, 96), t.offset, t.n_bytes, data_offset_, size_);
+      fail(
+          "{}: tensor '{}': data (offset {} + {} bytes after the data section at {}) extends past the end of "
+          "the "
+          "file ({} bytes); the file is truncated or corrupt",
+          name_, escape(t.name, 96), t.offset, t.n_bytes, data_offset_, size_);
     }
     t.data = base_ + begin;
   }
@@ -340,8 +353,8 @@ void GGUFFile::parse_all() {
     const TensorInfo& a = *by_offset[k - 1];
     const TensorInfo& b = *by_offset[k];
     if (a.offset + a.n_bytes > b.offset) {  // both end within the file: no overflow
-      fail("{}: tensors '{}' (data bytes {}..{}) and '{}' (from {}) overlap", name_, escape(a.name, 96), a.offset,
-           a.offset + a.n_bytes, escape(b.name, 96), b.offset);
+      fail("{}: tensors '{}' (data bytes {}..{}) and '{}' (from {}) overlap", name_, escape(a.name, 96),
+           a.offset, a.offset + a.n_bytes, escape(b.name, 96), b.offset);
     }
   }
 }
@@ -382,7 +395,8 @@ std::optional<int64_t> GGUFFile::get_int(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
   if (!v->is_integer()) wrong_type(name_, key, "an integer", *v);
-  if (!fits_int64(*v)) fail("{}: metadata key '{}' is {}, too large for a signed 64-bit integer", name_, key, v->u);
+  if (!fits_int64(*v))
+    fail("{}: metadata key '{}' is {}, too large for a signed 64-bit integer", name_, key, v->u);
   return v->as_int();
 }
 
@@ -424,6 +438,7 @@ int64_t TensorInfo::n_elements() const {
 // ---- Value ----
 
 std::string_view value_type_name(ValueType t) {
+  // clang-format off
   switch (t) {
     case ValueType::U8: return "U8";
     case ValueType::I8: return "I8";
@@ -439,6 +454,7 @@ std::string_view value_type_name(ValueType t) {
     case ValueType::I64: return "I64";
     case ValueType::F64: return "F64";
   }
+  // clang-format on
   return "?";
 }
 
@@ -446,17 +462,22 @@ size_t value_type_size(ValueType t) {
   switch (t) {
     case ValueType::U8:
     case ValueType::I8:
-    case ValueType::BOOL: return 1;
+    case ValueType::BOOL:
+      return 1;
     case ValueType::U16:
-    case ValueType::I16: return 2;
+    case ValueType::I16:
+      return 2;
     case ValueType::U32:
     case ValueType::I32:
-    case ValueType::F32: return 4;
+    case ValueType::F32:
+      return 4;
     case ValueType::U64:
     case ValueType::I64:
-    case ValueType::F64: return 8;
+    case ValueType::F64:
+      return 8;
     case ValueType::STRING:
-    case ValueType::ARRAY: return 0;
+    case ValueType::ARRAY:
+      return 0;
   }
   return 0;
 }
@@ -488,6 +509,7 @@ Value element(const Value& a, uint64_t idx) {
   const uint8_t* p = a.array_data() + idx * value_type_size(a.elem);
   Value v;
   v.type = a.elem;
+  // clang-format off
   switch (a.elem) {
     case ValueType::U8:
     case ValueType::BOOL: v.u = load<uint8_t>(p); break;
@@ -503,6 +525,7 @@ Value element(const Value& a, uint64_t idx) {
     case ValueType::STRING:
     case ValueType::ARRAY: break;
   }
+  // clang-format on
   return v;
 }
 

@@ -12,7 +12,6 @@ namespace xpert::gguf {
 
 namespace {
 
-
 using Sink = std::function<void(const void*, size_t)>;
 
 class Out {
@@ -67,7 +66,8 @@ void adopt(const std::string& key, Value& v, int depth) {
     }
   } else if (v.elem == ValueType::ARRAY) {
     if (depth + 1 >= kMaxArrayDepth) {
-      fail("GGUF writer: key '{}': arrays nested more than {} deep (readers refuse them)", key, kMaxArrayDepth);
+      fail("GGUF writer: key '{}': arrays nested more than {} deep (readers refuse them)", key,
+           kMaxArrayDepth);
     }
     if (v.items.size() != v.count) {
       fail("GGUF writer: key '{}': array count {} but {} items", key, v.count, v.items.size());
@@ -85,6 +85,7 @@ void adopt(const std::string& key, Value& v, int depth) {
 
 // The value's bytes, without its type tag (the caller writes that: the kv's type or the array's elem).
 void write_value(Out& out, const Value& v) {
+  // clang-format off
   switch (v.type) {
     case ValueType::U8: out.put<uint8_t>((uint8_t)v.u); break;
     case ValueType::I8: out.put<int8_t>((int8_t)v.i); break;
@@ -110,6 +111,7 @@ void write_value(Out& out, const Value& v) {
       }
       break;
   }
+  // clang-format on
 }
 
 size_t padded(size_t n, size_t alignment) { return (n + alignment - 1) / alignment * alignment; }
@@ -171,8 +173,8 @@ void GGUFWriter::add_tensor(const std::string& name, DType type, const std::vect
     fail("GGUF writer: tensor '{}': byte size overflows", name);
   }
   if (n_bytes != expected) {
-    fail("GGUF writer: tensor '{}': got {} bytes, expected {} for {} of {} rows of {}", name, n_bytes, expected,
-         info->name, rows, shape[0]);
+    fail("GGUF writer: tensor '{}': got {} bytes, expected {} for {} of {} rows of {}", name, n_bytes,
+         expected, info->name, rows, shape[0]);
   }
   const auto* p = static_cast<const uint8_t*>(data);
   tensors_.push_back({name, type, shape, std::vector<uint8_t>(p, p + n_bytes)});

@@ -143,7 +143,7 @@ TEST(GgufRoundTrip, EveryScalarType) {
 
   EXPECT_EQ(f->version(), 3u);
   ASSERT_EQ(f->metadata().size(), 14u);
-  const char* order[] = {"u8",  "i8",  "u16",    "i16",    "u32", "i32",  "u64",
+  const char* order[] = {"u8",  "i8",  "u16", "i16",    "u32",    "i32", "u64",
                          "i64", "f32", "f64", "bool_t", "bool_f", "str", "empty"};
   for (size_t k = 0; k < 14; ++k) EXPECT_EQ(f->metadata()[k].first, order[k]);
 
@@ -245,10 +245,12 @@ TEST(GgufRoundTrip, NestedArrays) {
   GGUFWriter w;
   const int32_t a[] = {1, 2, 3};
   const float b[] = {4.5f};
-  w.set("nest.mixed", Value::of_arrays({Value::of_numbers(ValueType::I32, a, 3), Value::of_numbers(ValueType::F32, b, 1),
-                                        Value::of_strings({"x", "yz"}), Value::of_strings({})}));
-  w.set("nest.deep", Value::of_arrays({Value::of_arrays({Value::of_arrays({Value::of_numbers(ValueType::I32, a, 2)})}),
-                                       Value::of_arrays({})}));
+  w.set("nest.mixed",
+        Value::of_arrays({Value::of_numbers(ValueType::I32, a, 3), Value::of_numbers(ValueType::F32, b, 1),
+                          Value::of_strings({"x", "yz"}), Value::of_strings({})}));
+  w.set("nest.deep",
+        Value::of_arrays({Value::of_arrays({Value::of_arrays({Value::of_numbers(ValueType::I32, a, 2)})}),
+                          Value::of_arrays({})}));
   const auto bytes = w.to_bytes();
   const auto f = parse(bytes);
 
@@ -383,14 +385,14 @@ TEST(GgufRoundTrip, SetReplacesInPlaceAndGettersCheckTypes) {
 TEST(GgufWriter, RefusesBadInput) {
   GGUFWriter w;
   const auto d = pattern(64, 0);
-  EXPECT_THROW(w.add_tensor("t", DType::F32, {8}, d.data(), 31), Error);       // wrong byte count
-  EXPECT_THROW(w.add_tensor("t", DType::Q4_K, {128}, d.data(), 72), Error);    // not a whole block
-  EXPECT_THROW(w.add_tensor("t", DType::F32, {}, d.data(), 0), Error);         // no dims
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {8}, d.data(), 31), Error);     // wrong byte count
+  EXPECT_THROW(w.add_tensor("t", DType::Q4_K, {128}, d.data(), 72), Error);  // not a whole block
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {}, d.data(), 0), Error);       // no dims
   EXPECT_THROW(w.add_tensor("t", DType::F32, {1, 1, 1, 1, 1}, d.data(), 4), Error);
   EXPECT_THROW(w.add_tensor("t", DType::F32, {0}, d.data(), 0), Error);
   EXPECT_THROW(w.add_tensor("", DType::F32, {1}, d.data(), 4), Error);
   w.add_tensor("t", DType::F32, {16}, d.data(), 64);
-  EXPECT_THROW(w.add_tensor("t", DType::F32, {16}, d.data(), 64), Error);     // twice
+  EXPECT_THROW(w.add_tensor("t", DType::F32, {16}, d.data(), 64), Error);  // twice
   EXPECT_THROW(w.set("", Value::of_bool(true)), Error);
   EXPECT_THROW(Value::of_uint(ValueType::U8, 256), Error);
   EXPECT_THROW(Value::of_int(ValueType::I16, 40000), Error);
@@ -563,14 +565,31 @@ TEST(GgufHostile, HugeCounts) {
   expect_rejected(Raw().header(0, 1).str("k").u32((uint32_t)ValueType::STRING).u64(~uint64_t{0}).b,
                   {"metadata 'k'", "string value has length 18446744073709551615"});
   expect_rejected(Raw().header(0, 1).u64(uint64_t{1} << 62).zeros(16).b, {"key has length"});
-  expect_rejected(Raw().header(0, 1).str("k").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::U64)
-                      .u64(uint64_t{1} << 61).zeros(64).b,
+  expect_rejected(Raw()
+                      .header(0, 1)
+                      .str("k")
+                      .u32((uint32_t)ValueType::ARRAY)
+                      .u32((uint32_t)ValueType::U64)
+                      .u64(uint64_t{1} << 61)
+                      .zeros(64)
+                      .b,
                   {"metadata 'k'", "array of 2305843009213693952 U64", "bytes are left"});
-  expect_rejected(Raw().header(0, 1).str("k").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::STRING)
-                      .u64(1000).zeros(64).b,
+  expect_rejected(Raw()
+                      .header(0, 1)
+                      .str("k")
+                      .u32((uint32_t)ValueType::ARRAY)
+                      .u32((uint32_t)ValueType::STRING)
+                      .u64(1000)
+                      .zeros(64)
+                      .b,
                   {"array of 1000 STRING"});
-  expect_rejected(Raw().header(0, 1).str("k").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::ARRAY)
-                      .u64(~uint64_t{0}).b,
+  expect_rejected(Raw()
+                      .header(0, 1)
+                      .str("k")
+                      .u32((uint32_t)ValueType::ARRAY)
+                      .u32((uint32_t)ValueType::ARRAY)
+                      .u64(~uint64_t{0})
+                      .b,
                   {"array of 18446744073709551615 ARRAY"});
 }
 
@@ -588,7 +607,11 @@ TEST(GgufHostile, BadValueTypes) {
   expect_rejected(deep.b, {"nested more than"});
   // Many (valid, empty) nested arrays: bounded, as each decodes to a Value ~15x its size on disk.
   Raw wide;
-  wide.header(0, 1).str("k").u32((uint32_t)ValueType::ARRAY).u32((uint32_t)ValueType::ARRAY).u64((1 << 20) + 1);
+  wide.header(0, 1)
+      .str("k")
+      .u32((uint32_t)ValueType::ARRAY)
+      .u32((uint32_t)ValueType::ARRAY)
+      .u64((1 << 20) + 1);
   for (int k = 0; k < (1 << 20) + 1; ++k) wide.u32((uint32_t)ValueType::U8).u64(0);
   expect_rejected(wide.b, {"items in arrays of arrays"});
 }
@@ -604,9 +627,12 @@ TEST(GgufHostile, DuplicateKeyAndTensor) {
 }
 
 TEST(GgufHostile, BadAlignment) {
-  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 0).b, {"general.alignment", "power of two", "0"});
-  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 3).b, {"general.alignment", "power of two", "3"});
-  expect_rejected(Raw().header(0, 1).kv_str("general.alignment", "32").b, {"general.alignment", "U32", "STRING"});
+  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 0).b,
+                  {"general.alignment", "power of two", "0"});
+  expect_rejected(Raw().header(0, 1).kv_u32("general.alignment", 3).b,
+                  {"general.alignment", "power of two", "3"});
+  expect_rejected(Raw().header(0, 1).kv_str("general.alignment", "32").b,
+                  {"general.alignment", "U32", "STRING"});
   ASSERT_NO_THROW(parse(Raw().header(0, 1).kv_u32("general.alignment", 1u << 31).b));
 }
 
