@@ -28,8 +28,11 @@ void ThreadPool::worker(int ith) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < 200000; ++spin) {
+    // Spin a little (back-to-back ops at decode come within microseconds), then yield the core
+    // (another process or our own main thread may need it), then sleep.
+    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
       _mm_pause();
+      if ((spin & 255) == 255) std::this_thread::yield();
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
@@ -60,7 +63,11 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   if (sleepers_.load() > 0) cv_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  // A worker the OS descheduled must get a core to finish: yield instead of spinning hard.
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 2000) _mm_pause();
+    else std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 
