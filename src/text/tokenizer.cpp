@@ -19,25 +19,60 @@ namespace {
 uint64_t hash_bytes(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: pieces are short, so a byte loop is fast enough
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h ^ (h >> 29);
+  h ^= h >> 33;  // a final mix, so that both the low bits (slot) and the high bits (tag) are good
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 33);
 }
 
 // Token texts that end generation in llama.cpp even when the file names no id for them; they are
 // promoted to control tokens, which also means they are only split out of text with parse_special.
 constexpr std::string_view kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81"
+    "of\xe2\x96\x81"
+    "sentence\xef\xbd\x9c>",
+    "[e~[",
 };
 // End-of-turn candidates, used when tokenizer.ggml.eot_token_id is absent.
 constexpr std::string_view kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-    "_<EOT>", "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81"
+    "of\xe2\x96\x81"
+    "sentence\xef\xbd\x9c>",
+    "<end_of_utterance>",
 };
 // Fill-in-the-middle padding / repository / file separators also end generation.
 constexpr std::string_view kFimEogTexts[] = {
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",                          // pad
+    "<|fim_pad|>",  "<fim-pad>",     "<fim_pad>",  "<PAD>",  "[PAD]",                       // pad
     "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",  // rep, sep
 };
 
@@ -50,13 +85,20 @@ bool is_one_of(std::string_view s, const std::string_view (&list)[N]) {
 
 uint32_t attr_of_type(TokenType t) {
   switch (t) {
-    case TokenType::normal: return kAttrNormal;
-    case TokenType::unknown: return kAttrUnknown;
-    case TokenType::control: return kAttrControl;
-    case TokenType::user_defined: return kAttrUserDefined;
-    case TokenType::unused: return kAttrUnused;
-    case TokenType::byte: return kAttrByte;
-    case TokenType::undefined: return kAttrUndefined;
+    case TokenType::normal:
+      return kAttrNormal;
+    case TokenType::unknown:
+      return kAttrUnknown;
+    case TokenType::control:
+      return kAttrControl;
+    case TokenType::user_defined:
+      return kAttrUserDefined;
+    case TokenType::unused:
+      return kAttrUnused;
+    case TokenType::byte:
+      return kAttrByte;
+    case TokenType::undefined:
+      return kAttrUndefined;
   }
   return kAttrUndefined;
 }
@@ -172,24 +214,31 @@ Tokenizer::~Tokenizer() = default;
 
 void Tokenizer::build_index() {
   size_t size = 1;
-  while (size < 2 * static_cast<size_t>(n_vocab())) size <<= 1;
-  slots_.assign(size, kNoToken);
+  while (size < 4 * static_cast<size_t>(n_vocab())) size <<= 1;  // load <= 1/4: short probes
+  slots_.assign(size, 0);
   const size_t mask = size - 1;
   for (int32_t id = 0; id < n_vocab(); ++id) {
-    std::string_view text = token_text(id);
-    size_t i = hash_bytes(text) & mask;
-    for (; slots_[i] != kNoToken; i = (i + 1) & mask) {
-      if (token_text(slots_[i]) == text)
-        fail("duplicate token in vocabulary: '{}' has ids {} and {}", text, slots_[i], id);
+    const std::string_view text = token_text(id);
+    const uint64_t h = hash_bytes(text);
+    size_t i = h & mask;
+    for (; slots_[i] != 0; i = (i + 1) & mask) {
+      const auto other = static_cast<int32_t>(slots_[i] & 0xffffffffu) - 1;
+      if (token_text(other) == text)
+        fail("duplicate token in vocabulary: '{}' has ids {} and {}", text, other, id);
     }
-    slots_[i] = id;
+    slots_[i] = (h & ~uint64_t{0xffffffffu}) | static_cast<uint64_t>(id + 1);
   }
 }
 
 int32_t Tokenizer::lookup(std::string_view text) const {
+  const uint64_t h = hash_bytes(text);
+  const uint64_t tag = h & ~uint64_t{0xffffffffu};
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash_bytes(text) & mask; slots_[i] != kNoToken; i = (i + 1) & mask) {
-    if (token_text(slots_[i]) == text) return slots_[i];
+  for (size_t i = h & mask; slots_[i] != 0; i = (i + 1) & mask) {
+    if ((slots_[i] & ~uint64_t{0xffffffffu}) != tag) continue;
+    const auto id = static_cast<int32_t>(slots_[i] & 0xffffffffu) - 1;
+    const uint32_t begin = offsets_[id], size = offsets_[id + 1] - begin;
+    if (size == text.size() && std::memcmp(arena_.data() + begin, text.data(), size) == 0) return id;
   }
   return kNoToken;
 }
@@ -210,7 +259,8 @@ std::string_view Tokenizer::token_text(int32_t id) const {
 void Tokenizer::find_eog_tokens(int32_t eot_hint, int32_t eom_hint) {
   auto promote = [&](int32_t id) {
     if (!(attrs_[id] & kAttrControl)) {
-      log::debug("tokenizer: token {} '{}' ends generation; treating it as a control token", id, token_text(id));
+      log::debug("tokenizer: token {} '{}' ends generation; treating it as a control token", id,
+                 token_text(id));
       attrs_[id] |= kAttrControl;
     }
   };
@@ -238,7 +288,8 @@ void Tokenizer::find_eog_tokens(int32_t eot_hint, int32_t eom_hint) {
   }
   for (int32_t id = 0; id < n_vocab(); ++id) {
     std::string_view text = token_text(id);
-    if ((attrs_[id] & kAttrControl) && text.find("unused") != std::string_view::npos) attrs_[id] |= kAttrUnused;
+    if ((attrs_[id] & kAttrControl) && text.find("unused") != std::string_view::npos)
+      attrs_[id] |= kAttrUnused;
     if (is_one_of(text, kEogTexts)) promote(id), eog.push_back(id);
     // gpt-oss's channel markers are printed even without `special`.
     if (text == "<|channel|>" || text == "<|message|>" || text == "<|start|>" || text == "<|constrain|>")

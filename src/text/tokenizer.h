@@ -34,15 +34,23 @@ enum TokenAttr : uint32_t {
 };
 
 // GGUF `tokenizer.ggml.token_type` values.
-enum class TokenType : int32_t { undefined = 0, normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+enum class TokenType : int32_t {
+  undefined = 0,
+  normal = 1,
+  unknown = 2,
+  control = 3,
+  user_defined = 4,
+  unused = 5,
+  byte = 6
+};
 uint32_t attr_of_type(TokenType t);
 
 inline constexpr int32_t kNoToken = -1;
 
 // Everything a tokenizer is built from; from_gguf fills it from the file, tests build small ones.
 struct Vocab {
-  std::string model = "llama";   // tokenizer.ggml.model
-  std::string pre = "default";   // tokenizer.ggml.pre
+  std::string model = "llama";     // tokenizer.ggml.model
+  std::string pre = "default";     // tokenizer.ggml.pre
   std::vector<std::string> texts;  // [n_vocab] piece text as stored (SPM: spaces are U+2581)
   std::vector<float> scores;       // [n_vocab] SPM merge priority (higher merges first); may be empty
   std::vector<TokenType> types;    // [n_vocab]; empty means all normal
@@ -120,7 +128,9 @@ class Tokenizer {
   std::vector<uint32_t> offsets_;
   std::vector<float> scores_;
   std::vector<uint32_t> attrs_;
-  std::vector<int32_t> slots_;  // open-addressing hash table of ids, size a power of two
+  // Open-addressing hash table, a power of two in size: (hash >> 32) << 32 | (id + 1), 0 when empty.
+  // The stored hash bits reject most wrong slots without touching the texts.
+  std::vector<uint64_t> slots_;
   int32_t byte_tokens_[256];
 
   // Special tokens (control, user-defined, unknown) in llama.cpp's matching order: longest first.
@@ -133,7 +143,8 @@ class Tokenizer {
   std::vector<TrieNode> trie_;
   int32_t root_child_[256];
 
-  int32_t bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken, eom_ = kNoToken, unk_ = kNoToken, pad_ = kNoToken;
+  int32_t bos_ = kNoToken, eos_ = kNoToken, eot_ = kNoToken, eom_ = kNoToken, unk_ = kNoToken,
+          pad_ = kNoToken;
   bool add_bos_ = true, add_eos_ = false;
   std::vector<int32_t> eog_ids_;
 };

@@ -32,7 +32,7 @@ class SpmTokenizer final : public Tokenizer {
 };
 
 struct Symbol {
-  int32_t prev, next;  // neighbours in the current segmentation, -1 at the ends
+  int32_t prev, next;    // neighbours in the current segmentation, -1 at the ends
   uint32_t begin, size;  // bytes of the escaped text; size 0 once merged into the left neighbour
 };
 
@@ -60,7 +60,8 @@ void SpmTokenizer::encode_text(std::string_view raw, bool after_special, std::ve
       text += c;
     }
   }
-  if (text.size() > std::numeric_limits<uint32_t>::max() / 2) fail("text too long to tokenize ({} bytes)", raw.size());
+  if (text.size() > std::numeric_limits<uint32_t>::max() / 2)
+    fail("text too long to tokenize ({} bytes)", raw.size());
 
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
@@ -127,6 +128,8 @@ void SpmTokenizer::append_normal_piece(int32_t id, std::string& out) const {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_spm_tokenizer(Vocab&& vocab) { return std::make_unique<SpmTokenizer>(std::move(vocab)); }
+std::unique_ptr<Tokenizer> make_spm_tokenizer(Vocab&& vocab) {
+  return std::make_unique<SpmTokenizer>(std::move(vocab));
+}
 
 }  // namespace xpert

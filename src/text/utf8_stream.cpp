@@ -64,9 +64,14 @@ size_t assemble(std::string_view bytes, std::string& out) {
     if (at == bytes.size()) break;
     size_t size = 0;
     switch (scan_one(bytes.substr(at), size)) {
-      case Scan::complete: out.append(bytes.data() + at, size); break;
-      case Scan::invalid: out += kReplacement; break;
-      case Scan::incomplete: return size;
+      case Scan::complete:
+        out.append(bytes.data() + at, size);
+        break;
+      case Scan::invalid:
+        out += kReplacement;
+        break;
+      case Scan::incomplete:
+        return size;
     }
     at += size;
   }

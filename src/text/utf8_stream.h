@@ -54,9 +54,9 @@ class StopMatcher {
   explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
 
   struct Step {
-    std::string text;      // safe to show now
-    bool stopped = false;  // a stop string completed; `text` ends just before it
-    size_t stop_index = 0; // which one (index into the constructor's list), when stopped
+    std::string text;       // safe to show now
+    bool stopped = false;   // a stop string completed; `text` ends just before it
+    size_t stop_index = 0;  // which one (index into the constructor's list), when stopped
   };
   // Feed the next chunk (complete UTF-8 keeps the held-back text on character boundaries).
   // After a stop, further input is ignored.

@@ -102,7 +102,19 @@ def corpus():
     return out
 
 
-def random_cases(vocab_texts, vocab_types, seed=1234, count=6, length=300):
+LONG_TEXT_BYTES = 256 << 10
+
+
+def fnv1a_ids(ids):
+    """FNV-1a (64-bit) over the ids as little-endian int32: a checksum the C++ test recomputes."""
+    h = 0xCBF29CE484222325
+    for i in ids:
+        for b in (i & 0xFFFFFFFF).to_bytes(4, "little"):
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def random_cases(vocab_texts, vocab_types, seed=1234, count=16, length=300):
     """Strings glued from random vocabulary pieces, user-defined tokens and stray bytes: they exercise
     merge orders and score ties that hand-written text rarely reaches."""
     rng = random.Random(seed)
@@ -182,6 +194,18 @@ def main():
         entry["detok_sp1_hex"] = detokenize(ids, True).hex()
         cases.append(entry)
 
+    # One long text, stored by its recipe (every case above, each followed by a newline, repeated to
+    # 256 KiB) and by a checksum of the ids: it tests long inputs and how cases interact at their
+    # seams without growing the file.
+    joined = b"".join(bytes.fromhex(c["hex"]) + b"\n" for c in cases)
+    long_text = b""
+    while len(long_text) < LONG_TEXT_BYTES:
+        long_text += joined
+    long_cases = {}
+    for special in (False, True):
+        ids = tokenize(long_text, False, special)
+        long_cases[f"sp{int(special)}"] = {"n_ids": len(ids), "fnv1a_ids": fnv1a_ids(ids)}
+
     # Pieces: every token seen above, every control / user-defined / byte token, and a stride sample.
     sample = set(used)
     sample.update(i for i, t in enumerate(types) if t in (3, 4, 6) and (i < 1000 or i % 50 == 0 or t == 4))
@@ -202,6 +226,7 @@ def main():
         "eot": llama_cpp.llama_vocab_eot(vocab),
         "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
         "eog": eog,
+        "long_text": {"min_bytes": LONG_TEXT_BYTES, **long_cases},
         "cases": cases,
         "pieces": pieces,
     }

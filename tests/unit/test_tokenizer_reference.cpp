@@ -1,12 +1,12 @@
 // The default model's tokenizer against llama.cpp: tests/reference/fixtures/tokenizer_default.json
 // holds llama.cpp's ids, pieces and detokenizations (tests/reference/make_tokenizer_fixtures.py).
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,7 +25,8 @@ std::string source_dir() {
 
 std::string from_hex(const std::string& hex) {
   std::string out(hex.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   return out;
 }
 
@@ -90,7 +91,8 @@ TEST_F(TokenizerReference, IdsMatchLlamaCpp) {
     const std::string text = from_hex(c["hex"]);
     for (bool add_bos : {false, true}) {
       for (bool special : {false, true}) {
-        const auto want = c[fmt::format("ids_bos{}_sp{}", int(add_bos), int(special))].get<std::vector<int32_t>>();
+        const auto want =
+            c[fmt::format("ids_bos{}_sp{}", int(add_bos), int(special))].get<std::vector<int32_t>>();
         const std::vector<int32_t> got = tokenizer_->encode(text, add_bos, special);
         ++checked;
         if (got != want) {
@@ -104,6 +106,25 @@ TEST_F(TokenizerReference, IdsMatchLlamaCpp) {
   }
   EXPECT_GE(checked, 4 * 40);
   EXPECT_EQ(mismatched, 0) << "of " << checked;
+}
+
+// Every case back to back, repeated to 256 KiB; the fixture keeps only a checksum of the ids.
+TEST_F(TokenizerReference, LongTextMatchesLlamaCpp) {
+  std::string joined, text;
+  for (const auto& c : ref_["cases"]) joined += from_hex(c["hex"]) + "\n";
+  const auto& ref = ref_["long_text"];
+  while (text.size() < ref["min_bytes"].get<size_t>()) text += joined;
+  for (bool special : {false, true}) {
+    const std::vector<int32_t> ids = tokenizer_->encode(text, false, special);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int32_t id : ids) {
+      for (int k = 0; k < 4; ++k)
+        h = (h ^ ((static_cast<uint32_t>(id) >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+    }
+    const auto& want = ref[special ? "sp1" : "sp0"];
+    EXPECT_EQ(ids.size(), want["n_ids"].get<size_t>()) << "special=" << special;
+    EXPECT_EQ(fmt::format("{:016x}", h), want["fnv1a_ids"].get<std::string>()) << "special=" << special;
+  }
 }
 
 TEST_F(TokenizerReference, PiecesMatchLlamaCpp) {
@@ -163,14 +184,17 @@ TEST_F(TokenizerReference, Throughput) {
   std::string text;
   while (text.size() < (10u << 20)) text += corpus;
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t start_cpu = std::clock();
   const std::vector<int32_t> ids = tokenizer_->encode(text, false, true);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double cpu_seconds = static_cast<double>(std::clock() - start_cpu) / CLOCKS_PER_SEC;
   const double mb = static_cast<double>(text.size()) / (1 << 20);
-  std::printf("[          ] encode: %.1f MiB -> %zu tokens in %.3f s = %.1f MiB/s\n", mb, ids.size(), seconds,
-              mb / seconds);
+  std::printf("[          ] encode: %.1f MiB -> %zu tokens in %.3f s (%.3f s CPU) = %.1f MiB/s\n", mb,
+              ids.size(), seconds, cpu_seconds, mb / seconds);
   const auto start_decode = std::chrono::steady_clock::now();
   const std::string back = tokenizer_->decode(ids, true);
-  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_decode).count();
+  const double decode_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_decode).count();
   std::printf("[          ] decode: %.1f MiB/s\n", mb / decode_s);
   // Not EXPECT_EQ: printing two 10 MB strings is not useful.
   const auto diverge = std::mismatch(back.begin(), back.end(), text.begin(), text.end());

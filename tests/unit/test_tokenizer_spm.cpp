@@ -101,7 +101,8 @@ TEST(TokenizerSpm, LeadByteDecidesSymbolLength) {
   b.with_bytes();
   auto t = b.build();
   const int32_t byte0 = *t->find_token("<0x00>");
-  EXPECT_EQ(t->encode("\xe4xxxx", false, false), (std::vector<int32_t>{byte0 + 0xE4, byte0 + 'x', byte0 + 'x', xx}));
+  EXPECT_EQ(t->encode("\xe4xxxx", false, false),
+            (std::vector<int32_t>{byte0 + 0xE4, byte0 + 'x', byte0 + 'x', xx}));
   (void)x;
 }
 

@@ -10,7 +10,8 @@ namespace {
 
 const std::string kFFFD = "\xef\xbf\xbd";
 
-std::string push_all(Utf8Assembler& a, const std::vector<std::string>& chunks, std::vector<std::string>* outs = nullptr) {
+std::string push_all(Utf8Assembler& a, const std::vector<std::string>& chunks,
+                     std::vector<std::string>* outs = nullptr) {
   std::string all;
   for (const std::string& c : chunks) {
     std::string o = a.push(c);
@@ -31,15 +32,27 @@ TEST(Utf8Assembler, HoldsSplitCharactersUntilComplete) {
   // 😀 = F0 9F 98 80, fed one byte at a time, then "é" split in two.
   Utf8Assembler a;
   std::vector<std::string> outs;
-  const std::string all = push_all(a, {"a\xf0", "\x9f", "\x98", "\x80" "b\xc3", "\xa9"}, &outs);
-  EXPECT_EQ(outs, (std::vector<std::string>{"a", "", "", "\xf0\x9f\x98\x80" "b", "\xc3\xa9"}));
-  EXPECT_EQ(all, "a\xf0\x9f\x98\x80" "b\xc3\xa9");
+  const std::string all = push_all(a,
+                                   {"a\xf0", "\x9f", "\x98",
+                                    "\x80"
+                                    "b\xc3",
+                                    "\xa9"},
+                                   &outs);
+  EXPECT_EQ(outs, (std::vector<std::string>{"a", "", "",
+                                            "\xf0\x9f\x98\x80"
+                                            "b",
+                                            "\xc3\xa9"}));
+  EXPECT_EQ(all,
+            "a\xf0\x9f\x98\x80"
+            "b\xc3\xa9");
   EXPECT_EQ(a.pending_bytes(), 0u);
 }
 
 TEST(Utf8Assembler, ReplacesInvalidBytesAtOnce) {
   Utf8Assembler a;
-  EXPECT_EQ(a.push("a\x80" "b"), "a" + kFFFD + "b");         // lone continuation
+  EXPECT_EQ(a.push("a\x80"
+                   "b"),
+            "a" + kFFFD + "b");                              // lone continuation
   EXPECT_EQ(a.push("\xff\xfe"), kFFFD + kFFFD);              // never valid
   EXPECT_EQ(a.push("\xc0\xaf"), kFFFD + kFFFD);              // overlong lead C0
   EXPECT_EQ(a.push("\xed\xa0\x80"), kFFFD + kFFFD + kFFFD);  // surrogate: ED then A0 is out of range
@@ -67,8 +80,8 @@ TEST(Utf8Assembler, SanitizeKeepsValidTextUnchanged) {
 TEST(Utf8Stream, DetokenizesByteTokensIntoWholeCharacters) {
   Vocab v;
   v.texts = {"<pad>", "<eos>", "<bos>", "<unk>", "\xe2\x96\x81hi", "<ctrl>"};
-  v.types = {TokenType::control, TokenType::control, TokenType::control, TokenType::unknown, TokenType::normal,
-             TokenType::control};
+  v.types = {TokenType::control, TokenType::control, TokenType::control,
+             TokenType::unknown, TokenType::normal,  TokenType::control};
   for (int b = 0; b < 256; ++b) {
     v.texts.push_back(fmt::format("<0x{:02X}>", b));
     v.types.push_back(TokenType::byte);
