@@ -2,6 +2,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include "text/tokenizer.h"
 #include "text/utf8_stream.h"
 
@@ -74,6 +77,28 @@ TEST(Utf8Assembler, SanitizeKeepsValidTextUnchanged) {
   const std::string s = "mixed 中文 😀 \xc3\xa9\n\t";
   EXPECT_EQ(sanitize_utf8(s), s);
   EXPECT_EQ(sanitize_utf8("\xe4\xbd"), kFFFD);
+}
+
+// However the bytes are cut into chunks, the stream gives what one pass over all of them gives.
+TEST(Utf8Assembler, OutputDoesNotDependOnChunking) {
+  std::mt19937 rng(7);
+  const std::string alphabet[] = {"a", " ", "\xc3\xa9", "\xe4\xbd\xa0", "\xf0\x9f\x98\x80", "\x80", "\xff",
+                                  "\xe4", "\xf0\x9f", "\xed\xa0\x80", "\xc0"};
+  for (int round = 0; round < 500; ++round) {
+    std::string bytes;
+    const int n = std::uniform_int_distribution<int>(0, 30)(rng);
+    for (int i = 0; i < n; ++i) bytes += alphabet[rng() % std::size(alphabet)];
+    Utf8Assembler a;
+    std::string out;
+    for (size_t at = 0; at < bytes.size();) {
+      const size_t len = std::min<size_t>(bytes.size() - at, rng() % 5);
+      out += a.push(std::string_view(bytes).substr(at, len));
+      at += len;
+    }
+    out += a.flush();
+    ASSERT_EQ(out, sanitize_utf8(bytes)) << "round " << round;
+    ASSERT_EQ(sanitize_utf8(out), out);  // always valid UTF-8
+  }
 }
 
 // A tiny vocabulary whose pieces split characters: the stream must still emit whole ones.
@@ -161,6 +186,32 @@ TEST(StopMatcher, StopInsideOneChunkAndFlush) {
   auto s = m.push("a#b##");
   EXPECT_EQ(s.text, "a#b");
   EXPECT_EQ(m.flush(), "##");  // generation ended: the held text was never a stop
+}
+
+// With one stop string, any chunking releases exactly the text before its first occurrence.
+TEST(StopMatcher, OutputDoesNotDependOnChunking) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 2000; ++round) {
+    std::string text, stop;
+    const int n = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < n; ++i) text += "ab"[rng() % 2];
+    const int k = std::uniform_int_distribution<int>(1, 4)(rng);
+    for (int i = 0; i < k; ++i) stop += "ab"[rng() % 2];
+    StopMatcher m({stop});
+    std::string out;
+    bool stopped = false;
+    for (size_t at = 0; at < text.size() && !stopped;) {
+      const size_t len = std::min<size_t>(text.size() - at, 1 + rng() % 4);
+      StopMatcher::Step step = m.push(std::string_view(text).substr(at, len));
+      out += step.text;
+      stopped = step.stopped;
+      at += len;
+    }
+    if (!stopped) out += m.flush();
+    const size_t first = text.find(stop);
+    ASSERT_EQ(stopped, first != std::string::npos) << text << " / " << stop;
+    ASSERT_EQ(out, text.substr(0, first)) << text << " / " << stop;
+  }
 }
 
 TEST(StopMatcher, MultibyteStopStrings) {
