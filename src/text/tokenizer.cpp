@@ -47,27 +47,13 @@ constexpr std::string_view kEogTexts[] = {
     "<eos>",
     "<turn|>",
     "<|tool_response>",
-    "<\xef\xbd\x9c"
-    "end\xe2\x96\x81"
-    "of\xe2\x96\x81"
-    "sentence\xef\xbd\x9c>",
+    "<｜end▁of▁sentence｜>" /* DeepSeek */,
     "[e~[",
 };
 // End-of-turn candidates, used when tokenizer.ggml.eot_token_id is absent.
 constexpr std::string_view kEotTexts[] = {
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "<\xef\xbd\x9c"
-    "end\xe2\x96\x81"
-    "of\xe2\x96\x81"
-    "sentence\xef\xbd\x9c>",
+    "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>",    "<EOT>",      "_<EOT>",  "[EOT]",         "<｜end▁of▁sentence｜>" /* DeepSeek */,
     "<end_of_utterance>",
 };
 // Fill-in-the-middle padding / repository / file separators also end generation.
