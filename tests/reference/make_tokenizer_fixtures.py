@@ -210,10 +210,11 @@ def main():
     sample = set(used)
     sample.update(i for i, t in enumerate(types) if t in (3, 4, 6) and (i < 1000 or i % 50 == 0 or t == 4))
     sample.update(range(0, n_vocab, 97))
-    pieces = {}
+    pieces, sample_attrs = {}, {}
     for i in sorted(sample):
         p0, p1 = piece(i, False), piece(i, True)
         pieces[str(i)] = [p0.hex(), p1.hex()] if p0 != p1 else [p0.hex()]
+        sample_attrs[str(i)] = attrs[i]
 
     eog = [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)]
     out = {
@@ -229,6 +230,7 @@ def main():
         "long_text": {"min_bytes": LONG_TEXT_BYTES, **long_cases},
         "cases": cases,
         "pieces": pieces,
+        "attrs": sample_attrs,  # llama_token_attr bits after llama.cpp's fix-ups
     }
     with open(args.out, "w") as f:
         json.dump(out, f, separators=(",", ":"))

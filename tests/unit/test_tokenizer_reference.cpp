@@ -140,6 +140,17 @@ TEST_F(TokenizerReference, PiecesMatchLlamaCpp) {
   EXPECT_GT(checked, 1000);
 }
 
+// Attributes after llama.cpp's fix-ups ("</s>" ends generation so becomes control, "<unusedN>"
+// control tokens are marked unused).
+TEST_F(TokenizerReference, AttributesMatchLlamaCpp) {
+  int checked = 0;
+  for (const auto& [key, attr] : ref_["attrs"].items()) {
+    EXPECT_EQ(tokenizer_->token_attr(std::stoi(key)), attr.get<uint32_t>()) << "token " << key;
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000);
+}
+
 TEST_F(TokenizerReference, DecodeMatchesLlamaCpp) {
   for (const auto& c : ref_["cases"]) {
     const auto ids = c["ids_bos0_sp1"].get<std::vector<int32_t>>();
