@@ -59,9 +59,11 @@ ChatTemplate ChatTemplate::from_gguf(const gguf::GGUFFile& file) {
 
 ChatTemplate ChatTemplate::from_gguf_or_chatml(const gguf::GGUFFile& file) {
   if (file.get_string("tokenizer.chat_template")) return from_gguf(file);
-  log::warn("{}: no tokenizer.chat_template; using ChatML, which may not be the format this model was trained on",
-            file.path());
-  return chatml(token_text(file, "tokenizer.ggml.bos_token_id"), token_text(file, "tokenizer.ggml.eos_token_id"));
+  log::warn(
+      "{}: no tokenizer.chat_template; using ChatML, which may not be the format this model was trained on",
+      file.path());
+  return chatml(token_text(file, "tokenizer.ggml.bos_token_id"),
+                token_text(file, "tokenizer.ggml.eos_token_id"));
 }
 
 ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token)
@@ -85,21 +87,23 @@ void ChatTemplate::probe() {
     }
   };
   // Content parts: the text must come out, and not as a printed Python list.
-  const ojson parts = ojson::array({{{"role", "user"},
-                                     {"content", ojson::array({{{"type", "text"}, {"text", "xpert-probe-text"}}})}}});
+  const ojson parts = ojson::array(
+      {{{"role", "user"}, {"content", ojson::array({{{"type", "text"}, {"text", "xpert-probe-text"}}})}}});
   const auto with_parts = try_render(parts);
   caps_.content_parts = with_parts && with_parts->find("xpert-probe-text") != std::string::npos &&
                         with_parts->find("'type'") == std::string::npos &&
                         with_parts->find("\"type\"") == std::string::npos;
   // Tool-call arguments: an object must come out as JSON, not fail or print as a Python dict.
   auto tool_chat = [](ojson arguments) {
-    return ojson::array({{{"role", "user"}, {"content", "xpert-probe-question"}},
-                         {{"role", "assistant"},
-                          {"content", ""},
-                          {"tool_calls", ojson::array({{{"id", "call_0"},
-                                                        {"type", "function"},
-                                                        {"function", {{"name", "xpert_probe_fn"},
-                                                                      {"arguments", std::move(arguments)}}}}})}}});
+    return ojson::array(
+        {{{"role", "user"}, {"content", "xpert-probe-question"}},
+         {{"role", "assistant"},
+          {"content", ""},
+          {"tool_calls",
+           ojson::array(
+               {{{"id", "call_0"},
+                 {"type", "function"},
+                 {"function", {{"name", "xpert_probe_fn"}, {"arguments", std::move(arguments)}}}}})}}});
   };
   const auto with_object = try_render(tool_chat({{"xpert_probe_arg", "xpert-probe-value"}}));
   const bool object_ok = with_object && with_object->find("xpert-probe-value") != std::string::npos &&

@@ -40,8 +40,8 @@ class ChatTemplate {
  public:
   // What the template accepts, found once by rendering probe conversations.
   struct Capabilities {
-    bool content_parts = false;     // renders content given as [{type: text, text}] lists
-    bool object_arguments = true;   // takes tool-call arguments as a JSON object (else a string)
+    bool content_parts = false;    // renders content given as [{type: text, text}] lists
+    bool object_arguments = true;  // takes tool-call arguments as a JSON object (else a string)
   };
 
   // tokenizer.chat_template, with bos/eos token text from the vocabulary. Throws Error when the file

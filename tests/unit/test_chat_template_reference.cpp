@@ -50,7 +50,8 @@ TEST(ChatTemplateReference, MatchesJinja2ForEveryTemplateAndConversation) {
     const ChatTemplate tmpl(read_file(dir + "/templates/" + t["file"].get<std::string>()), t["bos_token"],
                             t["eos_token"]);
     EXPECT_EQ(tmpl.capabilities().content_parts, t["capabilities"]["content_parts"].get<bool>()) << name;
-    EXPECT_EQ(tmpl.capabilities().object_arguments, t["capabilities"]["object_arguments"].get<bool>()) << name;
+    EXPECT_EQ(tmpl.capabilities().object_arguments, t["capabilities"]["object_arguments"].get<bool>())
+        << name;
     for (const ojson& conv : ref["conversations"]) {
       const std::string conv_name = conv["name"];
       const ojson& want = t["results"][conv_name];
@@ -79,8 +80,8 @@ TEST(ChatTemplateReference, MatchesJinja2ForEveryTemplateAndConversation) {
       }
     }
   }
-  std::printf("chat templates: %d identical, %d errors matched, of %d template x conversation pairs\n", identical,
-              errors_matched, total);
+  std::printf("chat templates: %d identical, %d errors matched, of %d template x conversation pairs\n",
+              identical, errors_matched, total);
 }
 
 }  // namespace

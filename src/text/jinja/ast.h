@@ -14,19 +14,19 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
   enum class Kind {
-    literal,    // value
-    name,       // name
-    list,       // items
-    tuple,      // items
-    dict,       // items: key, value, key, value, ...
-    attribute,  // a.name
-    subscript,  // a[b]
-    slice,      // a[b:c:d]; absent parts are null
-    call,       // a(args)
-    filter,     // a | name(args)
-    test,       // a is [not] name(args); `negate`
-    unary,      // op a: "not", "-", "+"
-    binary,     // a op b: and or + - * / // % ** ~ == != < <= > >= in "not in"
+    literal,      // value
+    name,         // name
+    list,         // items
+    tuple,        // items
+    dict,         // items: key, value, key, value, ...
+    attribute,    // a.name
+    subscript,    // a[b]
+    slice,        // a[b:c:d]; absent parts are null
+    call,         // a(args)
+    filter,       // a | name(args)
+    test,         // a is [not] name(args); `negate`
+    unary,        // op a: "not", "-", "+"
+    binary,       // a op b: and or + - * / // % ** ~ == != < <= > >= in "not in"
     conditional,  // b if a else c (c may be null)
   };
   Kind kind = Kind::literal;
@@ -45,25 +45,25 @@ using Body = std::vector<StmtPtr>;
 
 struct Stmt {
   enum class Kind {
-    text,       // text
-    output,     // {{ expr }}
-    if_chain,   // conditions[i] -> bodies[i]; else_body
-    for_loop,   // for targets in expr [if cond] body [else else_body]
-    set,        // set targets = expr, or set target.attr = expr (attr non-empty)
-    set_block,  // set targets[0] [| filters] body endset
-    macro,      // macro name(params=defaults) body
-    call_block,  // call(params) macro(args) body endcall
+    text,          // text
+    output,        // {{ expr }}
+    if_chain,      // conditions[i] -> bodies[i]; else_body
+    for_loop,      // for targets in expr [if cond] body [else else_body]
+    set,           // set targets = expr, or set target.attr = expr (attr non-empty)
+    set_block,     // set targets[0] [| filters] body endset
+    macro,         // macro name(params=defaults) body
+    call_block,    // call(params) macro(args) body endcall
     filter_block,  // filter name(args) body endfilter; `expr` is the filter applied to a placeholder
-    do_expr,    // do expr
-    brk,        // break
-    cont,       // continue
-    generation,  // HF's {% generation %} body {% endgeneration %}: renders its body
+    do_expr,       // do expr
+    brk,           // break
+    cont,          // continue
+    generation,    // HF's {% generation %} body {% endgeneration %}: renders its body
   };
   Kind kind = Kind::text;
   int line = 0;
   std::string text;
-  ExprPtr expr;   // output / iterable / value / filter / call expression
-  ExprPtr cond;   // for-loop filter
+  ExprPtr expr;                      // output / iterable / value / filter / call expression
+  ExprPtr cond;                      // for-loop filter
   std::vector<std::string> targets;  // loop variables, set names, macro parameter names
   std::string attr;                  // set ns.attr
   std::vector<ExprPtr> defaults;     // macro parameter defaults (null where none)

@@ -1,8 +1,9 @@
 // Attribute / item access, iteration, Python methods and globals. Filters and tests: filters.cpp.
+#include "text/jinja/builtins.h"
+
 #include <algorithm>
 #include <ctime>
 
-#include "text/jinja/builtins.h"
 #include "text/jinja/interpreter.h"
 #include "text/jinja/strings.h"
 
@@ -48,7 +49,8 @@ bool string_method(const std::string& s, std::string_view name, CallArgs& args, 
   const std::string what = fmt::format("str.{}()", name);
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     args.check(what, {"chars"});
-    result = Value::string(pystr::strip(s, opt_string(args, 0, "chars", what), name != "rstrip", name != "lstrip"));
+    result = Value::string(
+        pystr::strip(s, opt_string(args, 0, "chars", what), name != "rstrip", name != "lstrip"));
   } else if (name == "split") {
     args.check(what, {"sep", "maxsplit"});
     result = string_list(pystr::split(s, opt_string(args, 0, "sep", what), opt_int(args, 1, "maxsplit", -1)));
@@ -70,8 +72,8 @@ bool string_method(const std::string& s, std::string_view name, CallArgs& args, 
                                              : pystr::capitalize(s));
   } else if (name == "replace") {
     args.check(what, {"old", "new", "count"});
-    result = Value::string(pystr::replace(s, req_string(args, 0, "old", what), req_string(args, 1, "new", what),
-                                          opt_int(args, 2, "count", -1)));
+    result = Value::string(pystr::replace(s, req_string(args, 0, "old", what),
+                                          req_string(args, 1, "new", what), opt_int(args, 2, "count", -1)));
   } else if (name == "find" || name == "rfind" || name == "index" || name == "count") {
     args.check(what, {"sub"});
     const std::string& sub = req_string(args, 0, "sub", what);
@@ -114,8 +116,8 @@ bool string_method(const std::string& s, std::string_view name, CallArgs& args, 
       start = at + 1;
     }
     result = string_list(lines);
-  } else if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" || name == "isupper" ||
-             name == "islower") {
+  } else if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" ||
+             name == "isupper" || name == "islower") {
     args.check(what, {});
     bool ok = !s.empty();
     bool cased = false;
@@ -223,7 +225,9 @@ bool list_method(const Value& l, std::string_view name, CallArgs& args, Value& r
 
 }  // namespace
 
-[[noreturn]] void undefined_error(const Value& v) { raise("{}", v.str().empty() ? "undefined value" : v.str()); }
+[[noreturn]] void undefined_error(const Value& v) {
+  raise("{}", v.str().empty() ? "undefined value" : v.str());
+}
 
 Value attribute_of(const Value& obj, std::string_view name) {
   if (obj.is_undefined()) undefined_error(obj);
@@ -248,7 +252,8 @@ Value item_of(const Value& obj, const Value& key) {
     int64_t i = key.as_int();
     if (i < 0) i += n;
     if (i >= 0 && i < n) {
-      return is_list ? obj.items()[static_cast<size_t>(i)] : Value::string(std::string(chars[static_cast<size_t>(i)]));
+      return is_list ? obj.items()[static_cast<size_t>(i)]
+                     : Value::string(std::string(chars[static_cast<size_t>(i)]));
     }
     return Value::undefined(fmt::format("{} object has no element {}", obj.type_name(), key.as_int()));
   }
@@ -291,8 +296,10 @@ Value slice_of(const Value& obj, const Value& start_v, const Value& stop_v, cons
 
 List iterate(const Value& v) {
   switch (v.type()) {
-    case Value::Type::undefined: return {};
-    case Value::Type::list: return v.items();
+    case Value::Type::undefined:
+      return {};
+    case Value::Type::list:
+      return v.items();
     case Value::Type::string: {
       List out;
       for (std::string_view ch : utf8_chars(v.str())) out.push_back(Value::string(std::string(ch)));
@@ -304,7 +311,8 @@ List iterate(const Value& v) {
       for (const auto& kv : v.entries().items()) out.push_back(Value::string(kv.first));
       return out;
     }
-    default: break;
+    default:
+      break;
   }
   raise("'{}' object is not iterable", v.type_name());
 }
@@ -362,8 +370,8 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
   vars["strftime_now"] = Value::function("strftime_now", [](Interpreter& in, CallArgs& args) {
     const Value* f = args.get(0, "format");
     if (!f || !f->is_string()) raise("strftime_now() expects a format string");
-    const std::time_t now = in.settings().now_unix ? static_cast<std::time_t>(*in.settings().now_unix)
-                                                   : std::time(nullptr);
+    const std::time_t now =
+        in.settings().now_unix ? static_cast<std::time_t>(*in.settings().now_unix) : std::time(nullptr);
     std::tm tm{};
     if (in.settings().now_unix) {
       gmtime_r(&now, &tm);

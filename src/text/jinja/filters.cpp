@@ -1,6 +1,8 @@
 // Jinja filters and tests with jinja2 3.1's semantics (and HF's `tojson`).
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "text/jinja/builtins.h"
@@ -22,7 +24,8 @@ Value lookup_path(const Value& item, const std::string& path) {
   while (true) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits =
+        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     cur = digits ? item_of(cur, Value::integer(std::stoll(part))) : item_of(cur, Value::string(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
@@ -72,18 +75,19 @@ Value to_json(const Value& input, const CallArgs& args) {
 Value indent(const Value& input, const CallArgs& args) {
   args.check("indent", {"width", "first", "blank"});
   std::string pad = "    ";
-  if (const Value* w = args.get(0, "width")) pad = w->is_string() ? w->str() : std::string(static_cast<size_t>(std::clamp<int64_t>(w->as_int(), 0, 256)), ' ');
+  if (const Value* w = args.get(0, "width"))
+    pad = w->is_string() ? w->str()
+                         : std::string(static_cast<size_t>(std::clamp<int64_t>(w->as_int(), 0, 256)), ' ');
   const bool first = flag(args, 1, "first"), blank = flag(args, 2, "blank");
   std::vector<std::string> lines;
   const std::string s = input.to_str();
-  size_t start = 0;
-  while (start < s.size()) {  // splitlines() of s + "\n"
+  // Jinja splits s + "\n" with splitlines(): every segment between newlines, the last one kept.
+  for (size_t start = 0;;) {
     const size_t at = s.find('\n', start);
     lines.push_back(s.substr(start, at == std::string::npos ? std::string::npos : at - start));
     if (at == std::string::npos) break;
     start = at + 1;
   }
-  if (lines.empty()) lines.emplace_back();
   std::string out = lines[0];
   for (size_t i = 1; i < lines.size(); ++i) {
     out += "\n";
@@ -99,7 +103,8 @@ Value to_int(const Value& input, const CallArgs& args) {
   const Value* fallback = args.get(0, "default");
   const int64_t base = args.get(1, "base") ? args.get(1, "base")->as_int() : 10;
   if (input.is_int() || input.is_bool()) return Value::integer(input.as_int());
-  if (input.is_float() && std::isfinite(input.as_double())) return Value::integer(static_cast<int64_t>(input.as_double()));
+  if (input.is_float() && std::isfinite(input.as_double()))
+    return Value::integer(static_cast<int64_t>(input.as_double()));
   if (input.is_string()) {
     std::string s = pystr::strip(input.str(), nullptr, true, true);
     s.erase(std::remove(s.begin(), s.end(), '_'), s.end());
@@ -108,7 +113,8 @@ Value to_int(const Value& input, const CallArgs& args) {
     const long long v = std::strtoll(s.c_str(), &end, static_cast<int>(base));
     if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::integer(v);
     const double d = std::strtod(s.c_str(), &end);
-    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d)) return Value::integer(static_cast<int64_t>(d));
+    if (!s.empty() && end == s.c_str() + s.size() && std::isfinite(d))
+      return Value::integer(static_cast<int64_t>(d));
   }
   return fallback ? *fallback : Value::integer(0);
 }
@@ -137,7 +143,7 @@ Value round_value(const Value& input, const CallArgs& args) {
   double r = 0;
   if (method == "common") {
     if (!input.is_float()) return Value::integer(input.as_int());  // Python: round(int, n) stays int
-    r = std::nearbyint(x);  // ties to even, as Python's round()
+    r = std::nearbyint(x);                                         // ties to even, as Python's round()
   } else if (method == "floor") {
     r = std::floor(x);
   } else if (method == "ceil") {
@@ -176,16 +182,18 @@ Value select_items(Interpreter& in, const Value& input, CallArgs& args, bool by_
 
 Value map_items(Interpreter& in, const Value& input, CallArgs& args) {
   List out;
-  const std::string attr = attribute_arg(args, 99, "map");
+  constexpr size_t kKeywordOnly = SIZE_MAX;
+  const std::string attr = attribute_arg(args, kKeywordOnly, "map");
   if (!attr.empty()) {
-    const Value* fallback = args.get(99, "default");
+    const Value* fallback = args.get(kKeywordOnly, "default");
     for (const Value& item : iterate(input)) {
       Value v = lookup_path(item, attr);
       out.push_back(v.is_undefined() && fallback ? *fallback : v);
     }
     return Value::list(std::move(out));
   }
-  if (args.positional.empty() || !args.positional[0].is_string()) raise("map: expected a filter name or attribute=");
+  if (args.positional.empty() || !args.positional[0].is_string())
+    raise("map: expected a filter name or attribute=");
   const std::string filter = args.positional[0].str();
   CallArgs rest;
   rest.positional.assign(args.positional.begin() + 1, args.positional.end());
@@ -213,9 +221,11 @@ Value dictsort(const Value& input, const CallArgs& args) {
   const Value* by = args.get(1, "by");
   const size_t pos = by && by->is_string() && by->str() == "value" ? 1 : 0;
   List items;
-  for (const auto& [k, v] : input.entries().items()) items.push_back(Value::list({Value::string(k), v}, true));
+  for (const auto& [k, v] : input.entries().items())
+    items.push_back(Value::list({Value::string(k), v}, true));
   std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-    const int c = compare(sort_key(a.items()[pos], "", case_sensitive), sort_key(b.items()[pos], "", case_sensitive));
+    const int c =
+        compare(sort_key(a.items()[pos], "", case_sensitive), sort_key(b.items()[pos], "", case_sensitive));
     return reverse ? c > 0 : c < 0;
   });
   return Value::list(std::move(items));
@@ -252,11 +262,16 @@ Value min_max(const Value& input, const CallArgs& args, bool want_max) {
 
 size_t length_of(const Value& v) {
   switch (v.type()) {
-    case Value::Type::undefined: return 0;
-    case Value::Type::string: return utf8_length(v.str());
-    case Value::Type::list: return v.items().size();
-    case Value::Type::dict: return v.entries().size();
-    default: raise("object of type '{}' has no len()", v.type_name());
+    case Value::Type::undefined:
+      return 0;
+    case Value::Type::string:
+      return utf8_length(v.str());
+    case Value::Type::list:
+      return v.items().size();
+    case Value::Type::dict:
+      return v.entries().size();
+    default:
+      raise("object of type '{}' has no len()", v.type_name());
   }
 }
 
@@ -277,7 +292,8 @@ Value apply_filter(Interpreter& in, std::string_view name, const Value& input, C
   if (name == "list") return Value::list(iterate(input));
   if (name == "map") return map_items(in, input, args);
   if (name == "select" || name == "reject") return select_items(in, input, args, false, name == "select");
-  if (name == "selectattr" || name == "rejectattr") return select_items(in, input, args, true, name == "selectattr");
+  if (name == "selectattr" || name == "rejectattr")
+    return select_items(in, input, args, true, name == "selectattr");
   if (name == "sort") return sorted(input, args);
   if (name == "dictsort") return dictsort(input, args);
   if (name == "unique") return unique(input, args);
@@ -293,9 +309,11 @@ Value apply_filter(Interpreter& in, std::string_view name, const Value& input, C
   }
   if (name == "items") {
     if (input.is_undefined()) return Value::list();
-    if (!input.is_dict() || input.is_namespace()) raise("items: expected a mapping, got {}", input.type_name());
+    if (!input.is_dict() || input.is_namespace())
+      raise("items: expected a mapping, got {}", input.type_name());
     List out;
-    for (const auto& [k, v] : input.entries().items()) out.push_back(Value::list({Value::string(k), v}, true));
+    for (const auto& [k, v] : input.entries().items())
+      out.push_back(Value::list({Value::string(k), v}, true));
     return Value::list(std::move(out));
   }
   if (name == "join") {
@@ -337,7 +355,8 @@ Value apply_filter(Interpreter& in, std::string_view name, const Value& input, C
   }
   if (name == "abs") {
     if (!input.is_number()) raise("bad operand type for abs(): '{}'", input.type_name());
-    return input.is_float() ? Value::floating(std::fabs(input.as_double())) : Value::integer(std::llabs(input.as_int()));
+    return input.is_float() ? Value::floating(std::fabs(input.as_double()))
+                            : Value::integer(std::llabs(input.as_int()));
   }
   // String filters work on str(input).
   const std::string s = input.to_str();
@@ -356,7 +375,9 @@ Value apply_filter(Interpreter& in, std::string_view name, const Value& input, C
     const Value* to = args.get(1, "new");
     const Value* count = args.get(2, "count");
     if (!from || !to) raise("replace: expected old and new strings");
-    return Value::string(pystr::replace(s, from->to_str(), to->to_str(), count && !count->is_none() ? static_cast<long>(count->as_int()) : -1));
+    return Value::string(
+        pystr::replace(s, from->to_str(), to->to_str(),
+                       count && !count->is_none() ? static_cast<long>(count->as_int()) : -1));
   }
   if (name == "wordcount") return Value::integer(static_cast<int64_t>(pystr::split(s, nullptr, -1).size()));
   raise("unsupported filter '{}'", name);
@@ -378,7 +399,8 @@ bool apply_test(Interpreter& in, std::string_view name, const Value& v, CallArgs
   if (name == "number") return v.is_number();
   if (name == "string") return v.is_string();
   if (name == "mapping") return v.is_dict() && !v.is_namespace();
-  if (name == "iterable" || name == "sequence") return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
+  if (name == "iterable" || name == "sequence")
+    return v.is_undefined() || v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace());
   if (name == "callable") return v.is_function();
   if (name == "odd" || name == "even") {
     if (!v.is_int() && !v.is_bool()) raise("test '{}' expects an integer", name);

@@ -58,8 +58,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, size_t m
   } else if (op == "*") {
     if (ints) return Value::integer(a.as_int() * b.as_int());
     if (numbers) return Value::floating(a.as_double() * b.as_double());
-    if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int(), max_bytes);
-    if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) return repeat(b, a.as_int(), max_bytes);
+    if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool()))
+      return repeat(a, b.as_int(), max_bytes);
+    if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool()))
+      return repeat(b, a.as_int(), max_bytes);
   } else if (op == "/") {
     if (numbers) {
       if (b.as_double() == 0) raise("division by zero");
@@ -68,7 +70,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, size_t m
   } else if (op == "//" || op == "%") {
     if (numbers) {
       if (b.as_double() == 0) raise("integer division or modulo by zero");
-      if (ints) return Value::integer(op == "//" ? floor_div(a.as_int(), b.as_int()) : floor_mod(a.as_int(), b.as_int()));
+      if (ints)
+        return Value::integer(op == "//" ? floor_div(a.as_int(), b.as_int())
+                                         : floor_mod(a.as_int(), b.as_int()));
       const double x = a.as_double(), y = b.as_double();
       if (op == "//") return Value::floating(std::floor(x / y));
       double r = std::fmod(x, y);
@@ -152,15 +156,22 @@ Interpreter::Flow Interpreter::exec_body(const Body& body, std::string& out) {
 Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
   try {
     switch (s.kind) {
-      case Stmt::Kind::text: append(out, s.text); break;
-      case Stmt::Kind::output: append(out, eval(*s.expr).to_str()); break;
+      case Stmt::Kind::text:
+        append(out, s.text);
+        break;
+      case Stmt::Kind::output:
+        append(out, eval(*s.expr).to_str());
+        break;
       case Stmt::Kind::if_chain:
         for (size_t i = 0; i < s.conditions.size(); ++i) {
           if (eval(*s.conditions[i]).truthy()) return exec_body(s.bodies[i], out);
         }
         return exec_body(s.else_body, out);
-      case Stmt::Kind::for_loop: return exec_for(s, out);
-      case Stmt::Kind::set: exec_set(s); break;
+      case Stmt::Kind::for_loop:
+        return exec_for(s, out);
+      case Stmt::Kind::set:
+        exec_set(s);
+        break;
       case Stmt::Kind::set_block:
       case Stmt::Kind::filter_block: {
         Value v = Value::string(render_block(s.body));
@@ -177,7 +188,9 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
         }
         break;
       }
-      case Stmt::Kind::macro: assign(s.text, make_macro(s)); break;
+      case Stmt::Kind::macro:
+        assign(s.text, make_macro(s));
+        break;
       case Stmt::Kind::call_block: {
         CallArgs args;
         Value callee = eval(*s.expr->a);
@@ -186,10 +199,15 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, std::string& out) {
         append(out, call(callee, args).to_str());
         break;
       }
-      case Stmt::Kind::do_expr: eval(*s.expr); break;
-      case Stmt::Kind::brk: return Flow::brk;
-      case Stmt::Kind::cont: return Flow::cont;
-      case Stmt::Kind::generation: return exec_body(s.body, out);
+      case Stmt::Kind::do_expr:
+        eval(*s.expr);
+        break;
+      case Stmt::Kind::brk:
+        return Flow::brk;
+      case Stmt::Kind::cont:
+        return Flow::cont;
+      case Stmt::Kind::generation:
+        return exec_body(s.body, out);
     }
   } catch (const RuntimeError& e) {
     fail("line {}: {}", s.line, e.what());
@@ -225,8 +243,10 @@ Interpreter::Flow Interpreter::exec_for(const Stmt& s, std::string& out) {
     d.set("length", Value::integer(n));
     d.set("depth", Value::integer(1));
     d.set("depth0", Value::integer(0));
-    d.set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("'loop.previtem' is undefined"));
-    d.set("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("'loop.nextitem' is undefined"));
+    d.set("previtem",
+          i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("'loop.previtem' is undefined"));
+    d.set("nextitem",
+          i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("'loop.nextitem' is undefined"));
     d.set("cycle", Value::function("loop.cycle", [i](Interpreter&, CallArgs& args) {
             if (args.positional.empty()) raise("loop.cycle() needs at least one argument");
             return args.positional[static_cast<size_t>(i) % args.positional.size()];
@@ -246,7 +266,8 @@ void Interpreter::exec_set(const Stmt& s) {
   if (!s.attr.empty()) {
     Value target = lookup(s.targets[0]);
     if (!target.is_namespace()) {
-      raise("cannot assign attribute '{}' on '{}': only namespace() objects take attributes", s.attr, s.targets[0]);
+      raise("cannot assign attribute '{}' on '{}': only namespace() objects take attributes", s.attr,
+            s.targets[0]);
     }
     target.entries().set(s.attr, std::move(v));
     return;
@@ -356,8 +377,10 @@ Value Interpreter::eval_binary(const Expr& e) {
 Value Interpreter::eval(const Expr& e) {
   try {
     switch (e.kind) {
-      case Expr::Kind::literal: return e.value;
-      case Expr::Kind::name: return lookup(e.name);
+      case Expr::Kind::literal:
+        return e.value;
+      case Expr::Kind::name:
+        return lookup(e.name);
       case Expr::Kind::list:
       case Expr::Kind::tuple: {
         List items;
@@ -368,12 +391,14 @@ Value Interpreter::eval(const Expr& e) {
         Value d = Value::dict();
         for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
           const Value key = eval(*e.items[i]);
-          if (!key.is_string()) raise("unsupported construct: dict literal keys must be strings, got {}", key.type_name());
+          if (!key.is_string())
+            raise("unsupported construct: dict literal keys must be strings, got {}", key.type_name());
           d.entries().set(key.str(), eval(*e.items[i + 1]));
         }
         return d;
       }
-      case Expr::Kind::attribute: return attribute_of(eval(*e.a), e.name);
+      case Expr::Kind::attribute:
+        return attribute_of(eval(*e.a), e.name);
       case Expr::Kind::subscript: {
         const Value obj = eval(*e.a);
         return item_of(obj, eval(*e.b));
@@ -383,7 +408,8 @@ Value Interpreter::eval(const Expr& e) {
         return slice_of(obj, e.b ? eval(*e.b) : Value::none(), e.c ? eval(*e.c) : Value::none(),
                         e.d ? eval(*e.d) : Value::none());
       }
-      case Expr::Kind::call: return eval_call(e);
+      case Expr::Kind::call:
+        return eval_call(e);
       case Expr::Kind::filter: {
         const Value input = eval(*e.a);
         CallArgs args;
@@ -404,7 +430,8 @@ Value Interpreter::eval(const Expr& e) {
         if (e.name == "+") return a.is_bool() ? Value::integer(a.as_int()) : a;
         return a.is_float() ? Value::floating(-a.as_double()) : Value::integer(-a.as_int());
       }
-      case Expr::Kind::binary: return eval_binary(e);
+      case Expr::Kind::binary:
+        return eval_binary(e);
       case Expr::Kind::conditional:
         if (eval(*e.a).truthy()) return eval(*e.b);
         return e.c ? eval(*e.c) : Value::undefined("the conditional expression has no else branch");

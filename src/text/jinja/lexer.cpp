@@ -63,7 +63,8 @@ class Lexer {
       } else if (kind != '{' && modifier != '+' && opt_.lstrip_blocks) {
         size_t k = tag;
         while (k > pos && (src_[k - 1] == ' ' || src_[k - 1] == '\t')) --k;
-        if ((k > pos && src_[k - 1] == '\n') || k == 0) data.resize(data.size() - std::min(data.size(), tag - k));
+        if ((k > pos && src_[k - 1] == '\n') || k == 0)
+          data.resize(data.size() - std::min(data.size(), tag - k));
       }
       push_text(std::move(data), pos);
       size_t body = tag + 2 + ((modifier == '-' || modifier == '+') ? 1 : 0);
@@ -76,7 +77,8 @@ class Lexer {
       } else {
         const bool is_expr = kind == '{';
         const size_t first = tokens_.size();
-        tokens_.push_back(Token{is_expr ? TokenKind::expr_begin : TokenKind::stmt_begin, "", 0, 0, line_of(tag)});
+        tokens_.push_back(
+            Token{is_expr ? TokenKind::expr_begin : TokenKind::stmt_begin, "", 0, 0, line_of(tag)});
         char end_modifier = '\0';
         pos = lex_tag(body, is_expr, end_modifier);
         strip_next = end_modifier == '-';
@@ -158,7 +160,8 @@ class Lexer {
       }
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t end = pos;
-        while (end < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[end])) || src_[end] == '_')) ++end;
+        while (end < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
+          ++end;
         tokens_.push_back(Token{TokenKind::name, src_.substr(pos, end - pos), 0, 0, line});
         pos = end;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
@@ -166,8 +169,9 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         pos = lex_string(pos, line);
       } else {
-        static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
-                                           ">",  "(",  ")",  "[",  "]",  "{",  "}", ",", ".", ":", "|", "=", ";"};
+        static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                           "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
+                                           "{",  "}",  ",",  ".",  ":",  "|",  "=", ";"};
         std::string_view rest(src_.data() + pos, src_.size() - pos);
         const char* match = nullptr;
         for (const char* op : kOps) {
@@ -188,14 +192,16 @@ class Lexer {
   size_t lex_number(size_t pos, int line) {
     auto digits = [&](size_t p) {
       while (p < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[p])) ||
-                                 (src_[p] == '_' && p + 1 < src_.size() && std::isdigit(static_cast<unsigned char>(src_[p + 1]))))) {
+                                 (src_[p] == '_' && p + 1 < src_.size() &&
+                                  std::isdigit(static_cast<unsigned char>(src_[p + 1]))))) {
         ++p;
       }
       return p;
     };
     size_t end = digits(pos);
     bool is_float = false;
-    if (end + 1 < src_.size() && src_[end] == '.' && std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
+    if (end + 1 < src_.size() && src_[end] == '.' &&
+        std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
       end = digits(end + 1);
       is_float = true;
     }
@@ -236,32 +242,64 @@ class Lexer {
       }
       const char e = src_[++i];
       auto hex = [&](int n) {
-        if (i + static_cast<size_t>(n) >= src_.size()) fail("line {}: truncated \\x/\\u escape in string", line);
+        if (i + static_cast<size_t>(n) >= src_.size())
+          fail("line {}: truncated \\x/\\u escape in string", line);
         uint32_t v = 0;
         for (int k = 1; k <= n; ++k) {
           const char h = src_[i + static_cast<size_t>(k)];
-          if (!std::isxdigit(static_cast<unsigned char>(h))) fail("line {}: bad escape in string literal", line);
-          v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
+          if (!std::isxdigit(static_cast<unsigned char>(h)))
+            fail("line {}: bad escape in string literal", line);
+          v = v * 16 + static_cast<uint32_t>(
+                           std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
         }
         i += static_cast<size_t>(n);
         append_utf8(out, v);
       };
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case '\n': break;  // line continuation
-        case 'x': hex(2); break;
-        case 'u': hex(4); break;
-        case 'U': hex(8); break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '0':
+          out += '\0';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case '\n':
+          break;  // line continuation
+        case 'x':
+          hex(2);
+          break;
+        case 'u':
+          hex(4);
+          break;
+        case 'U':
+          hex(8);
+          break;
         default:
           out += '\\';
           out += e;

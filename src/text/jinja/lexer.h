@@ -10,17 +10,17 @@
 namespace xpert::jinja {
 
 enum class TokenKind : uint8_t {
-  text,          // literal template text (whitespace control already applied)
-  expr_begin,    // {{
-  expr_end,      // }}
-  stmt_begin,    // {%
-  stmt_end,      // %}
-  name,          // identifier or keyword
-  string,        // string literal, escapes decoded
+  text,        // literal template text (whitespace control already applied)
+  expr_begin,  // {{
+  expr_end,    // }}
+  stmt_begin,  // {%
+  stmt_end,    // %}
+  name,        // identifier or keyword
+  string,      // string literal, escapes decoded
   integer,
   floating,
-  op,            // operator or punctuation: + - * / // % ** ~ == != < <= > >= ( ) [ ] { } , . : | =
-  end,           // end of the source
+  op,   // operator or punctuation: + - * / // % ** ~ == != < <= > >= ( ) [ ] { } , . : | =
+  end,  // end of the source
 };
 
 struct Token {

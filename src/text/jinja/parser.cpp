@@ -7,17 +7,28 @@ namespace {
 
 const char* kind_name(TokenKind k) {
   switch (k) {
-    case TokenKind::text: return "text";
-    case TokenKind::expr_begin: return "'{{'";
-    case TokenKind::expr_end: return "'}}'";
-    case TokenKind::stmt_begin: return "'{%'";
-    case TokenKind::stmt_end: return "'%}'";
-    case TokenKind::name: return "name";
-    case TokenKind::string: return "string";
-    case TokenKind::integer: return "integer";
-    case TokenKind::floating: return "float";
-    case TokenKind::op: return "operator";
-    case TokenKind::end: return "end of template";
+    case TokenKind::text:
+      return "text";
+    case TokenKind::expr_begin:
+      return "'{{'";
+    case TokenKind::expr_end:
+      return "'}}'";
+    case TokenKind::stmt_begin:
+      return "'{%'";
+    case TokenKind::stmt_end:
+      return "'%}'";
+    case TokenKind::name:
+      return "name";
+    case TokenKind::string:
+      return "string";
+    case TokenKind::integer:
+      return "integer";
+    case TokenKind::floating:
+      return "float";
+    case TokenKind::op:
+      return "operator";
+    case TokenKind::end:
+      return "end of template";
   }
   return "?";
 }
@@ -124,6 +135,7 @@ class Parser {
   }
 
   StmtPtr parse_statement() {
+    DepthGuard guard(*this);
     const Token& kw = peek();
     if (kw.kind != TokenKind::name) error_at(kw, "a statement name");
     const std::string name = next().text;
@@ -213,8 +225,8 @@ class Parser {
       expect_stmt_end();
       s->body = parse_body({"endgeneration"}, stop);
       expect_stmt_end();
-    } else if (name == "include" || name == "extends" || name == "block" || name == "import" || name == "from" ||
-               name == "with" || name == "autoescape" || name == "trans") {
+    } else if (name == "include" || name == "extends" || name == "block" || name == "import" ||
+               name == "from" || name == "with" || name == "autoescape" || name == "trans") {
       fail("line {}: unsupported construct: {{% {} %}}", s->line, name);
     } else {
       fail("line {}: unknown statement {{% {} %}}", s->line, name);
@@ -267,7 +279,19 @@ class Parser {
     return t;
   }
 
+  // Nesting bound, so a hostile template cannot overflow the stack: ((((...)))) or deep {% if %}s.
+  struct DepthGuard {
+    explicit DepthGuard(Parser& p) : parser(p) {
+      if (++parser.depth_ > kMaxDepth)
+        fail("line {}: nesting deeper than {} levels", parser.peek().line, kMaxDepth);
+    }
+    ~DepthGuard() { --parser.depth_; }
+    Parser& parser;
+  };
+  static constexpr int kMaxDepth = 200;
+
   ExprPtr parse_expression(bool allow_conditional = true) {
+    DepthGuard guard(*this);
     ExprPtr e = parse_or();
     while (allow_conditional && is_name("if")) {
       const int line = next().line;
@@ -307,6 +331,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    DepthGuard guard(*this);
     if (is_name("not")) {
       auto e = make(Expr::Kind::unary, next().line);
       e->name = "not";
@@ -376,6 +401,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter = true) {
+    DepthGuard guard(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token& t = next();
@@ -419,7 +445,8 @@ class Parser {
       case TokenKind::floating: {
         next();
         auto e = make(Expr::Kind::literal, t.line);
-        e->value = t.kind == TokenKind::integer ? Value::integer(t.int_value) : Value::floating(t.float_value);
+        e->value =
+            t.kind == TokenKind::integer ? Value::integer(t.int_value) : Value::floating(t.float_value);
         return e;
       }
       case TokenKind::op:
@@ -459,7 +486,8 @@ class Parser {
           return e;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     error_at(t, "an expression");
   }
@@ -512,7 +540,8 @@ class Parser {
   void parse_args(Expr& call) {
     expect_op("(");
     while (!is_op(")")) {
-      if (is_op("*") || is_op("**")) fail("line {}: unsupported construct: *args / **kwargs in a call", peek().line);
+      if (is_op("*") || is_op("**"))
+        fail("line {}: unsupported construct: *args / **kwargs in a call", peek().line);
       if (peek().kind == TokenKind::name && is_op("=", 1)) {
         std::string key = next().text;
         next();
@@ -577,6 +606,7 @@ class Parser {
 
   std::vector<Token> toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

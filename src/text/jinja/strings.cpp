@@ -19,9 +19,9 @@ bool is_space(std::string_view ch) {
     const auto c = static_cast<unsigned char>(ch[0]);
     return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
   }
-  static const char* const kSpaces[] = {"\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002",
-                                        "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008",
-                                        "\u2009", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+  static const char* const kSpaces[] = {"\u0085", "\u00a0", "\u1680", "\u2000", "\u2001", "\u2002", "\u2003",
+                                        "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a",
+                                        "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
   return std::any_of(std::begin(kSpaces), std::end(kSpaces), [&](const char* s) { return ch == s; });
 }
 
@@ -147,8 +147,8 @@ std::string jinja_title(std::string_view s) {
   std::string out;
   bool word_start = true;
   for (char c : s) {
-    const bool boundary = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == '-' ||
-                          c == '(' || c == '{' || c == '[' || c == '<';
+    const bool boundary = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f' ||
+                          c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
     if (boundary) {
       out += c;
       word_start = true;
@@ -176,12 +176,23 @@ std::string html_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;

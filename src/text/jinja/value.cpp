@@ -123,13 +123,18 @@ Value Value::function(std::string name, std::function<Value(Interpreter&, CallAr
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
       return integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float: return floating(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return floating(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List items;
       items.reserve(j.size());
@@ -141,7 +146,8 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       for (const auto& [k, e] : j.items()) d.entries().set(k, from_json(e));
       return d;
     }
-    default: fail("chat template input: unsupported JSON value (binary or discarded)");
+    default:
+      fail("chat template input: unsupported JSON value (binary or discarded)");
   }
 }
 
@@ -161,39 +167,60 @@ double Value::as_double() const {
 bool Value::same_object(const Value& o) const {
   if (type_ != o.type_) return false;
   switch (type_) {
-    case Type::list: return list_ == o.list_;
-    case Type::dict: return dict_ == o.dict_;
-    case Type::function: return fn_ == o.fn_;
-    default: return equals(*this, o);
+    case Type::list:
+      return list_ == o.list_;
+    case Type::dict:
+      return dict_ == o.dict_;
+    case Type::function:
+      return fn_ == o.fn_;
+    default:
+      return equals(*this, o);
   }
 }
 
 bool Value::truthy() const {
   switch (type_) {
     case Type::undefined:
-    case Type::none: return false;
-    case Type::boolean: return bool_;
-    case Type::integer: return int_ != 0;
-    case Type::floating: return float_ != 0;
-    case Type::string: return !str_.empty();
-    case Type::list: return !list_->empty();
-    case Type::dict: return dict_->size() != 0;
-    case Type::function: return true;
+    case Type::none:
+      return false;
+    case Type::boolean:
+      return bool_;
+    case Type::integer:
+      return int_ != 0;
+    case Type::floating:
+      return float_ != 0;
+    case Type::string:
+      return !str_.empty();
+    case Type::list:
+      return !list_->empty();
+    case Type::dict:
+      return dict_->size() != 0;
+    case Type::function:
+      return true;
   }
   return false;
 }
 
 std::string Value::type_name() const {
   switch (type_) {
-    case Type::undefined: return "Undefined";
-    case Type::none: return "NoneType";
-    case Type::boolean: return "bool";
-    case Type::integer: return "int";
-    case Type::floating: return "float";
-    case Type::string: return "str";
-    case Type::list: return tuple_ ? "tuple" : "list";
-    case Type::dict: return namespace_ ? "Namespace" : "dict";
-    case Type::function: return "function";
+    case Type::undefined:
+      return "Undefined";
+    case Type::none:
+      return "NoneType";
+    case Type::boolean:
+      return "bool";
+    case Type::integer:
+      return "int";
+    case Type::floating:
+      return "float";
+    case Type::string:
+      return "str";
+    case Type::list:
+      return tuple_ ? "tuple" : "list";
+    case Type::dict:
+      return namespace_ ? "Namespace" : "dict";
+    case Type::function:
+      return "function";
   }
   return "?";
 }
@@ -223,7 +250,8 @@ std::string format_float(double f) {
     if (n <= exp + 1) {
       out += digits + std::string(static_cast<size_t>(exp + 1 - n), '0') + ".0";
     } else {
-      out += digits.substr(0, static_cast<size_t>(exp + 1)) + "." + digits.substr(static_cast<size_t>(exp + 1));
+      out +=
+          digits.substr(0, static_cast<size_t>(exp + 1)) + "." + digits.substr(static_cast<size_t>(exp + 1));
     }
   } else {
     out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
@@ -300,13 +328,27 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
     const size_t start = i;
     const uint32_t cp = decode_utf8(s, i);
     switch (cp) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (cp < 0x20 || (ensure_ascii && cp >= 0x7f)) {
           if (cp >= 0x10000) {
@@ -343,20 +385,29 @@ size_t utf8_length(std::string_view s) {
 
 std::string Value::to_str() const {
   switch (type_) {
-    case Type::undefined: return "";
-    case Type::string: return str_;
-    default: return repr();
+    case Type::undefined:
+      return "";
+    case Type::string:
+      return str_;
+    default:
+      return repr();
   }
 }
 
 std::string Value::repr() const {
   switch (type_) {
-    case Type::undefined: return "Undefined";
-    case Type::none: return "None";
-    case Type::boolean: return bool_ ? "True" : "False";
-    case Type::integer: return std::to_string(int_);
-    case Type::floating: return format_float(float_);
-    case Type::string: return repr_string(str_);
+    case Type::undefined:
+      return "Undefined";
+    case Type::none:
+      return "None";
+    case Type::boolean:
+      return bool_ ? "True" : "False";
+    case Type::integer:
+      return std::to_string(int_);
+    case Type::floating:
+      return format_float(float_);
+    case Type::string:
+      return repr_string(str_);
     case Type::list: {
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -378,7 +429,8 @@ std::string Value::repr() const {
       out += namespace_ ? "}>" : "}";
       return out;
     }
-    case Type::function: return "<function " + fn_->name + ">";
+    case Type::function:
+      return "<function " + fn_->name + ">";
   }
   return "";
 }
@@ -396,9 +448,15 @@ void Value::dump_json(std::string& out, const JsonStyle& style, int depth) const
     for (int i = 0; i < level; ++i) out += style.indent;
   };
   switch (type_) {
-    case Type::none: out += "null"; return;
-    case Type::boolean: out += bool_ ? "true" : "false"; return;
-    case Type::integer: out += std::to_string(int_); return;
+    case Type::none:
+      out += "null";
+      return;
+    case Type::boolean:
+      out += bool_ ? "true" : "false";
+      return;
+    case Type::integer:
+      out += std::to_string(int_);
+      return;
     case Type::floating:
       if (std::isnan(float_)) {
         out += "NaN";
@@ -408,7 +466,9 @@ void Value::dump_json(std::string& out, const JsonStyle& style, int depth) const
         out += format_float(float_);
       }
       return;
-    case Type::string: json_string(out, str_, style.ensure_ascii); return;
+    case Type::string:
+      json_string(out, str_, style.ensure_ascii);
+      return;
     case Type::list: {
       if (list_->empty()) {
         out += "[]";
@@ -447,7 +507,8 @@ void Value::dump_json(std::string& out, const JsonStyle& style, int depth) const
       out += '}';
       return;
     }
-    default: break;
+    default:
+      break;
   }
   raise("Object of type {} is not JSON serializable", type_name());
 }
@@ -462,8 +523,10 @@ bool equals(const Value& a, const Value& b) {
   if (a.type() != b.type()) return false;
   switch (a.type()) {
     case Value::Type::undefined:
-    case Value::Type::none: return true;
-    case Value::Type::string: return a.str() == b.str();
+    case Value::Type::none:
+      return true;
+    case Value::Type::string:
+      return a.str() == b.str();
     case Value::Type::list: {
       if (a.is_tuple() != b.is_tuple() || a.items().size() != b.items().size()) return false;
       for (size_t i = 0; i < a.items().size(); ++i) {
@@ -479,7 +542,8 @@ bool equals(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return a.same_object(b);
+    default:
+      return a.same_object(b);
   }
 }
 
@@ -505,7 +569,8 @@ int compare(const Value& a, const Value& b) {
 
 bool contains(const Value& container, const Value& item) {
   switch (container.type()) {
-    case Value::Type::undefined: return false;
+    case Value::Type::undefined:
+      return false;
     case Value::Type::string:
       if (!item.is_string()) raise("'in <string>' requires string as left operand, not {}", item.type_name());
       return container.str().find(item.str()) != std::string::npos;
@@ -516,7 +581,8 @@ bool contains(const Value& container, const Value& item) {
       return false;
     case Value::Type::dict:
       return !container.is_namespace() && item.is_string() && container.entries().find(item.str()) != nullptr;
-    default: raise("argument of type '{}' is not iterable", container.type_name());
+    default:
+      raise("argument of type '{}' is not iterable", container.type_name());
   }
 }
 

@@ -90,8 +90,8 @@ class Value {
   bool is_function() const { return type_ == Type::function; }
 
   bool as_bool() const { return bool_; }
-  int64_t as_int() const;     // integer or boolean
-  double as_double() const;   // any number
+  int64_t as_int() const;                          // integer or boolean
+  double as_double() const;                        // any number
   const std::string& str() const { return str_; }  // string value; undefined's variable name
   List& items() const { return *list_; }
   Dict& entries() const { return *dict_; }
@@ -132,7 +132,7 @@ class Value {
 
 // Python semantics of ==, <, +, etc. Throw RuntimeError where Python raises TypeError.
 bool equals(const Value& a, const Value& b);
-int compare(const Value& a, const Value& b);  // <0, 0, >0; only numbers, strings, lists
+int compare(const Value& a, const Value& b);               // <0, 0, >0; only numbers, strings, lists
 bool contains(const Value& container, const Value& item);  // `item in container`
 
 // Python's repr of a float ("1.0", "0.1", "1e-05", "1e+20").
