@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   sub("bench", "measure prompt processing and generation speed (llama-bench style)", cli::add_bench);
   sub("devices", "list the compute devices xpert can use", cli::add_devices);
   sub("tokenize", "print a prompt's token ids as JSON", cli::add_tokenize);
+  sub("synth", "write a GGUF with a real model's shapes and random weights", cli::add_synth);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

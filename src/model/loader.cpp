@@ -30,6 +30,7 @@ Weight TensorTable::check(const gguf::TensorInfo& t, std::initializer_list<int64
   w.data = t.data;
   w.ne[0] = want.empty() ? 1 : want[0];
   w.ne[1] = want.size() > 1 ? want[1] : 1;
+  w.ne[2] = want.size() > 2 ? want[2] : 1;
   w.n_bytes = t.n_bytes;
   return w;
 }
@@ -85,13 +86,14 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c) {
     log::warn("{}: vocabulary has {} tokens, embedding has {} rows", f.path(), toks->count, c.n_vocab);
 }
 
-std::vector<std::string> supported_architectures() { return {"gemma3", "llama", "qwen2", "qwen3"}; }
+std::vector<std::string> supported_architectures() { return {"gemma3", "llama", "qwen2", "qwen3", "qwen3moe"}; }
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   auto file = gguf::GGUFFile::open(path);
   const std::string arch = file->require_string("general.architecture");
   if (arch == "gemma3") return make_gemma3(std::move(file));
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return make_llama_dense(std::move(file));
+  if (arch == "qwen3moe") return make_qwen3moe(std::move(file));
   fail("{}: architecture '{}' is not supported (supported: {})", path, arch, fmt::join(supported_architectures(), ", "));
 }
 

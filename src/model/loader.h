@@ -46,5 +46,6 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c);
 // The architecture factories (one file each).
 std::unique_ptr<Model> make_gemma3(std::unique_ptr<gguf::GGUFFile> f);
 std::unique_ptr<Model> make_llama_dense(std::unique_ptr<gguf::GGUFFile> f);
+std::unique_ptr<Model> make_qwen3moe(std::unique_ptr<gguf::GGUFFile> f);
 
 }  // namespace xpert

@@ -21,7 +21,7 @@ class KvCache;
 struct Weight {
   DType type = DType::F32;
   const void* data = nullptr;
-  int64_t ne[2] = {0, 1};  // [cols (k), rows (n)]
+  int64_t ne[3] = {0, 1, 1};  // [cols (k), rows (n), matrices (experts of a 3-D expert tensor)]
   size_t n_bytes = 0;
   explicit operator bool() const { return data != nullptr; }
   const float* f32() const { return static_cast<const float*>(data); }
@@ -46,11 +46,18 @@ struct ModelConfig {
   int32_t sliding_window = 0; // for layers marked in `layer_swa`
   float rope_base_swa = 10000.0f;
   std::vector<bool> layer_swa;
+  // Mixture of experts (qwen3moe): softmax router, top n_expert_used, SwiGLU experts of n_ff_exp.
+  int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  bool expert_weights_norm = true;    // renormalize the chosen experts' weights to sum 1
+  float expert_weights_scale = 1.0f;  // then multiply them by this
 };
 
 struct LayerWeights {
   Weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
   Weight ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
+  // MoE: router [n_embd, n_expert]; experts as one 3-D tensor each, expert e = matrix e (a slice):
+  // gate/up [n_embd, n_ff_exp, n_expert], down [n_ff_exp, n_embd, n_expert].
+  Weight ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
 };
 
 struct ModelWeights {

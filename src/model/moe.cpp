@@ -1,0 +1,193 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "base/error.h"
+
+namespace xpert {
+
+void route_top_k(const float* logits, int64_t n_tokens, const RouterParams& p, Routing& r) {
+  const int64_t E = p.n_expert, k = p.k;
+  XP_ASSERT(k >= 1 && k <= E);
+  r.n_tokens = n_tokens;
+  r.k = k;
+  r.ids.resize(n_tokens * k);
+  r.weights.resize(n_tokens * k);
+  std::vector<float> probs(E);
+  std::vector<int32_t> order(E);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    // Softmax as ggml's: exp(x - max), summed in double, scaled by the float reciprocal.
+    const float* l = logits + t * E;
+    const float mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(l[e] - mx);
+    const float inv = (float)(1.0 / sum);
+    for (int64_t e = 0; e < E; ++e) probs[e] *= inv;
+
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+    int32_t* ids = r.ids.data() + t * k;
+    float* w = r.weights.data() + t * k;
+    double wsum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      ids[j] = order[j];
+      w[j] = probs[order[j]];
+      wsum += w[j];
+    }
+    if (p.norm_weights) {
+      // llama.cpp clamps the sum to the smallest normal f16 so that it never divides by zero.
+      const float s = std::max((float)wsum, 6.103515625e-5f);
+      for (int64_t j = 0; j < k; ++j) w[j] /= s;
+    }
+    if (p.weights_scale != 0.0f && p.weights_scale != 1.0f)
+      for (int64_t j = 0; j < k; ++j) w[j] *= p.weights_scale;
+  }
+}
+
+Weight expert_matrix(const Weight& exps, int64_t e) {
+  XP_ASSERT(e >= 0 && e < exps.ne[2]);
+  const size_t bytes = row_bytes(exps.type, exps.ne[0]) * (size_t)exps.ne[1];
+  Weight w;
+  w.type = exps.type;
+  w.data = static_cast<const uint8_t*>(exps.data) + bytes * (size_t)e;
+  w.ne[0] = exps.ne[0];
+  w.ne[1] = exps.ne[1];
+  w.n_bytes = bytes;
+  return w;
+}
+
+namespace {
+
+RouterParams router_params(const ModelConfig& c) {
+  return {.n_expert = c.n_expert, .k = c.n_expert_used, .norm_weights = c.expert_weights_norm,
+          .weights_scale = c.expert_weights_scale};
+}
+
+void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);
+}
+
+// Expert e on its grouped rows [r0, r0 + m): gather x, gate and up, SwiGLU, down into s.yg.
+void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t r0, int64_t m, const float* x,
+                MoeScratch& s, ThreadPool& pool) {
+  const int64_t D = c.n_embd, F = c.n_ff_exp, k = c.n_expert_used;
+  float* xg = s.xg.data() + r0 * D;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t t = s.row_slot[r0 + i] / k;
+    std::copy(x + t * D, x + (t + 1) * D, xg + i * D);
+  }
+  float* gate = s.gate.data() + r0 * F;
+  float* up = s.up.data() + r0 * F;
+  mm(expert_matrix(lw.ffn_gate_exps, e), xg, m, gate, pool);
+  mm(expert_matrix(lw.ffn_up_exps, e), xg, m, up, pool);
+  cpu::swiglu(gate, up, gate, m * F);
+  mm(expert_matrix(lw.ffn_down_exps, e), gate, m, s.yg.data() + r0 * D, pool);
+}
+
+}  // namespace
+
+void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
+             ThreadPool& pool, MoeSchedule schedule) {
+  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used, n_rows = n * k;
+  s.logits.resize(n * E);
+  mm(lw.ffn_gate_inp, x, n, s.logits.data(), pool);
+  route_top_k(s.logits.data(), n, router_params(c), s.routing);
+
+  // Group the (token, slot) rows by expert, tokens in order within an expert (a counting sort).
+  s.offsets.assign(E + 1, 0);
+  for (int64_t i = 0; i < n_rows; ++i) ++s.offsets[s.routing.ids[i] + 1];
+  for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
+  s.row_slot.resize(n_rows);
+  s.slot_row.resize(n_rows);
+  {
+    std::vector<int32_t> fill(s.offsets.begin(), s.offsets.end() - 1);
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int32_t r = fill[s.routing.ids[i]]++;
+      s.row_slot[r] = (int32_t)i;
+      s.slot_row[i] = r;
+    }
+  }
+  s.xg.resize(n_rows * D);
+  s.gate.resize(n_rows * F);
+  s.up.resize(n_rows * F);
+  s.yg.resize(n_rows * D);
+
+  std::vector<int32_t> active;  // experts with rows, most rows first
+  int64_t max_rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = s.offsets[e + 1] - s.offsets[e];
+    if (m > 0) active.push_back((int32_t)e);
+    max_rows = std::max(max_rows, m);
+  }
+  std::stable_sort(active.begin(), active.end(), [&](int32_t a, int32_t b) {
+    return s.offsets[a + 1] - s.offsets[a] > s.offsets[b + 1] - s.offsets[b];
+  });
+
+  const int nth = pool.size();
+  if (schedule == MoeSchedule::automatic) {
+    // Whole experts per thread when there are enough of them and none dominates the batch.
+    const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
+    schedule = nth > 1 && balanced ? MoeSchedule::by_expert : MoeSchedule::by_rows;
+  }
+  if (schedule == MoeSchedule::by_expert) {
+    static ThreadPool serial(1);  // no workers: safe to share between threads
+    std::atomic<size_t> next{0};
+    pool.run([&](int, int) {
+      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
+        const int32_t e = active[i];
+        run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
+      }
+    });
+  } else {
+    for (int32_t e : active) run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+  }
+
+  // Weighted sum in slot order, as llama.cpp adds its expert views: ((w0 y0 + w1 y1) + w2 y2) + ...
+  auto combine = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = out + t * D;
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = s.routing.weights[t * k + j];
+        const float* y = s.yg.data() + (int64_t)s.slot_row[t * k + j] * D;
+        if (j == 0) {
+          for (int64_t i = 0; i < D; ++i) o[i] = w * y[i];
+        } else {
+          for (int64_t i = 0; i < D; ++i) o[i] += w * y[i];
+        }
+      }
+    }
+  };
+  if (n * k * D >= 65536) pool.parallel_for(n, combine, 1);
+  else combine(0, n);
+}
+
+void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
+  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used;
+  std::vector<float> logits(n * E), gate(F), up(F), y(D);
+  auto ref = [](const Weight& w, const float* xr, float* yr) {
+    cpu::matmul_reference(w.type, w.data, w.ne[1], w.ne[0], xr, 1, yr, w.ne[1]);
+  };
+  for (int64_t t = 0; t < n; ++t) ref(lw.ffn_gate_inp, x + t * D, logits.data() + t * E);
+  Routing r;
+  route_top_k(logits.data(), n, router_params(c), r);
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = r.ids[t * k + j];
+      ref(expert_matrix(lw.ffn_gate_exps, e), x + t * D, gate.data());
+      ref(expert_matrix(lw.ffn_up_exps, e), x + t * D, up.data());
+      for (int64_t i = 0; i < F; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      ref(expert_matrix(lw.ffn_down_exps, e), gate.data(), y.data());
+      for (int64_t i = 0; i < D; ++i) o[i] += r.weights[t * k + j] * y[i];
+    }
+  }
+}
+
+}  // namespace xpert

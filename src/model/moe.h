@@ -1,0 +1,62 @@
+// The routed-experts FFN of a Mixture-of-Experts layer, as llama.cpp's build_moe_ffn computes it for
+// qwen3moe: router logits -> softmax over all experts -> top-k -> the k probabilities renormalized to
+// sum 1 (optionally scaled) -> SwiGLU experts -> weighted sum in rank order.
+//
+// A batch runs grouped by expert: the rows routed to an expert are gathered, multiplied by that
+// expert's weights once (m = rows routed to it), and the weighted results summed per token. An expert
+// is always addressed as a slice ("matrix e of the layer's 3-D tensor"), never the whole tensor, so a
+// placement can later put experts one by one on different devices.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "model/model.h"
+
+namespace xpert {
+
+// Top-k choice of each token: slot j of token t is expert ids[t*k + j] with weight weights[t*k + j],
+// slots in descending probability (ties: the lower expert index first).
+struct Routing {
+  int64_t n_tokens = 0, k = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+struct RouterParams {
+  int64_t n_expert = 0, k = 0;
+  bool norm_weights = true;   // divide the k probabilities by their sum
+  float weights_scale = 1.0f; // then multiply by this
+};
+
+// logits: [n_tokens][n_expert].
+void route_top_k(const float* logits, int64_t n_tokens, const RouterParams& p, Routing& r);
+
+// Expert e of a 3-D expert tensor [k, n, n_expert] as a 2-D weight [k, n] (a view into the same bytes).
+Weight expert_matrix(const Weight& exps, int64_t e);
+
+// How the experts of one batch share the threads. by_expert: each thread runs whole experts (taken
+// from a shared queue) with a single-threaded matmul, no synchronization between experts: the choice
+// when many experts get few rows each (decode). by_rows: experts one after another, each matmul split
+// over all threads: the choice when a few experts get most rows. automatic picks per batch.
+enum class MoeSchedule { automatic, by_expert, by_rows };
+
+// Reusable buffers of one MoE evaluation.
+struct MoeScratch {
+  std::vector<float> logits;         // [n][n_expert]
+  Routing routing;
+  std::vector<int32_t> offsets;      // [n_expert + 1]: expert e's rows are [offsets[e], offsets[e+1])
+  std::vector<int32_t> row_slot;     // grouped row -> slot (t*k + j)
+  std::vector<int32_t> slot_row;     // slot -> grouped row
+  std::vector<float> xg, gate, up, yg;  // grouped rows: [n*k][n_embd], [n*k][n_ff_exp] x2, [n*k][n_embd]
+};
+
+// x: [n][n_embd] (the normalized FFN input) -> out: [n][n_embd]. Uses c.n_embd, n_expert,
+// n_expert_used, n_ff_exp, expert_weights_norm/scale and lw.ffn_gate_inp, ffn_{gate,up,down}_exps.
+void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
+             ThreadPool& pool, MoeSchedule schedule = MoeSchedule::automatic);
+
+// The obvious version for tests: token by token, slot by slot, with cpu::matmul_reference.
+void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out);
+
+}  // namespace xpert

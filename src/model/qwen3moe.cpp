@@ -1,0 +1,96 @@
+// qwen3moe (Qwen3-30B-A3B, Qwen3-235B-A22B): qwen3's attention (NeoX RoPE, per-head RMS norm of q and k)
+// with a routed-experts FFN in every layer (softmax router, top-k renormalized, SwiGLU experts), no
+// shared expert. Tensor names, shapes and keys are llama.cpp's, so hub GGUFs load unchanged.
+#include <cmath>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "model/blocks.h"
+#include "model/loader.h"
+#include "model/moe.h"
+#include "runtime/kv_cache.h"
+
+namespace xpert {
+namespace {
+
+class Qwen3Moe : public Model {
+ public:
+  explicit Qwen3Moe(std::unique_ptr<gguf::GGUFFile> f) : Model(std::move(f)) {
+    const gguf::GGUFFile& g = *file_;
+    ModelConfig& c = config_;
+    c.arch = "qwen3moe";
+    read_common_config(g, c);
+    c.rope_neox = true;
+    c.kq_scale = 1.0f / std::sqrt((float)c.head_dim);
+    ArchKeys k(g, c.arch);
+    c.n_expert = k.require_int("expert_count");
+    c.n_expert_used = k.require_int("expert_used_count");
+    // As llama.cpp: without the key, the dense FFN length is split over the used experts.
+    c.n_ff_exp = k.get_int("expert_feed_forward_length", c.n_expert_used > 0 ? c.n_ff / c.n_expert_used : 0);
+    c.expert_weights_norm = true;  // llama.cpp always renormalizes for this architecture
+    c.expert_weights_scale = (float)k.get_float("expert_weights_scale", 1.0);
+    if (c.n_expert <= 0 || c.n_expert > 4096) fail("{}: expert_count = {} is not valid", g.path(), c.n_expert);
+    if (c.n_expert_used <= 0 || c.n_expert_used > c.n_expert)
+      fail("{}: expert_used_count = {} is not valid (expected 1..{})", g.path(), c.n_expert_used, c.n_expert);
+    if (c.n_ff_exp <= 0 || c.n_ff_exp > (1 << 20))
+      fail("{}: expert_feed_forward_length = {} is not valid", g.path(), c.n_ff_exp);
+
+    TensorTable t(g);
+    const int64_t E = c.n_embd, D = c.head_dim, F = c.n_ff_exp, X = c.n_expert;
+    const int64_t q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
+    w_.output_norm = t.require("output_norm.weight", {E});
+    w_.output = t.optional("output.weight", {E, c.n_vocab});
+    w_.layers.resize(c.n_layer);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      LayerWeights& l = w_.layers[i];
+      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
+      l.attn_norm = t.require(L("attn_norm.weight"), {E});
+      l.wq = t.require(L("attn_q.weight"), {E, q_dim});
+      l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
+      l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
+      l.wo = t.require(L("attn_output.weight"), {q_dim, E});
+      l.q_norm = t.require(L("attn_q_norm.weight"), {D});
+      l.k_norm = t.require(L("attn_k_norm.weight"), {D});
+      l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
+      l.ffn_gate_inp = t.require(L("ffn_gate_inp.weight"), {E, X});
+      l.ffn_gate_exps = t.require(L("ffn_gate_exps.weight"), {E, F, X});
+      l.ffn_up_exps = t.require(L("ffn_up_exps.weight"), {E, F, X});
+      l.ffn_down_exps = t.require(L("ffn_down_exps.weight"), {F, E, X});
+      // 1-expert files pass the shape check with the trailing 1 dropped; the slices still need it.
+      l.ffn_gate_exps.ne[2] = l.ffn_up_exps.ne[2] = l.ffn_down_exps.ne[2] = X;
+    }
+  }
+
+  void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
+    const ModelConfig& c = config_;
+    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd;
+    thread_local Scratch s;
+    thread_local MoeScratch ms;
+    begin_forward(c, args, s);
+    embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
+    const AttentionLayerParams p{.rope_base = c.rope_base,
+                                 .rope_scale = c.rope_scale,
+                                 .rope_mode = cpu::RopeMode::neox,
+                                 .q_scale = 1.0f,
+                                 .kq_scale = c.kq_scale,
+                                 .sliding_window = 0};
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const LayerWeights& l = w_.layers[il];
+      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      self_attention(c, l, p, il, args, s, pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+
+      cpu::rmsnorm(s.x.data(), l.ffn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      moe_ffn(c, l, s.cur.data(), n, s.out.data(), ms, pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+    }
+    output_logits(c, w_, args, s, logits, pool);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3moe(std::unique_ptr<gguf::GGUFFile> f) { return std::make_unique<Qwen3Moe>(std::move(f)); }
+
+}  // namespace xpert
