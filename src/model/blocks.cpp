@@ -37,6 +37,34 @@ void Scratch::reserve(const ModelConfig& c, int64_t n) {
   pos.resize(n);
 }
 
+void begin_forward(const ModelConfig& c, const ForwardArgs& args, Scratch& s) {
+  const int64_t n = (int64_t)args.tokens.size();
+  if (n == 0) fail("empty batch");
+  s.reserve(c, n);
+  s.segments.clear();
+  if (args.segments.empty()) {
+    s.segments.push_back({.seq = args.seq, .pos0 = args.pos0, .n_tokens = (int32_t)n, .all_logits = args.all_logits});
+  } else {
+    s.segments.assign(args.segments.begin(), args.segments.end());
+  }
+  s.out_rows.clear();
+  int64_t row = 0;
+  for (const BatchSegment& g : s.segments) {
+    if (g.n_tokens <= 0 || g.pos0 < 0) fail("bad batch segment: {} tokens at position {}", g.n_tokens, g.pos0);
+    if (args.cache) {
+      if (g.seq < 0 || g.seq >= args.cache->n_seq()) fail("sequence slot {} out of range (0..{})", g.seq, args.cache->n_seq() - 1);
+      if (g.pos0 + g.n_tokens > args.cache->n_ctx())
+        fail("context is full: position {} + {} tokens exceeds {}", g.pos0, g.n_tokens, args.cache->n_ctx());
+    }
+    for (int32_t t = 0; t < g.n_tokens; ++t) {
+      s.pos[row + t] = g.pos0 + t;
+      if (g.all_logits || t == g.n_tokens - 1) s.out_rows.push_back(row + t);
+    }
+    row += g.n_tokens;
+  }
+  if (row != n) fail("batch segments cover {} tokens, the batch has {}", row, n);
+}
+
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
                     const ForwardArgs& args, Scratch& s, ThreadPool& pool) {
   const int64_t n = (int64_t)args.tokens.size();
@@ -54,24 +82,28 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
   if (p.q_scale != 1.0f) cpu::scale(s.q.data(), p.q_scale, n * q_dim);
 
   KvCache& kv = *args.cache;
-  uint16_t* kc = kv.k(il, args.seq);
-  uint16_t* vc = kv.v(il, args.seq);
-  cpu::store_f16(s.k.data(), kc + (int64_t)args.pos0 * kv_dim, n * kv_dim);
-  cpu::store_f16(s.v.data(), vc + (int64_t)args.pos0 * kv_dim, n * kv_dim);
-
-  cpu::AttentionArgs a{.q = s.q.data(), .k = kc, .v = vc, .out = s.att.data(), .pos = s.pos.data(),
-                       .n_tokens = n, .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = D,
-                       .n_kv = args.pos0 + n, .kq_scale = p.kq_scale, .sliding_window = p.sliding_window};
-  cpu::attention(a, pool);
+  int64_t row = 0;
+  for (const BatchSegment& g : s.segments) {
+    uint16_t* kc = kv.k(il, g.seq);
+    uint16_t* vc = kv.v(il, g.seq);
+    cpu::store_f16(s.k.data() + row * kv_dim, kc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
+    cpu::store_f16(s.v.data() + row * kv_dim, vc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
+    cpu::AttentionArgs a{.q = s.q.data() + row * q_dim, .k = kc, .v = vc, .out = s.att.data() + row * q_dim,
+                         .pos = s.pos.data() + row, .n_tokens = g.n_tokens, .n_head = c.n_head,
+                         .n_head_kv = c.n_head_kv, .head_dim = D, .n_kv = g.pos0 + g.n_tokens,
+                         .kq_scale = p.kq_scale, .sliding_window = p.sliding_window};
+    cpu::attention(a, pool);
+    row += g.n_tokens;
+  }
   linear(lw.wo, s.att.data(), n, s.out.data(), pool);
 }
 
 void output_logits(const ModelConfig& c, const ModelWeights& w, const ForwardArgs& args, Scratch& s,
                    std::vector<float>& logits, ThreadPool& pool) {
-  const int64_t n = (int64_t)args.tokens.size();
-  const int64_t first = args.all_logits ? 0 : n - 1, n_out = n - first;
-  float* x = s.x.data() + first * c.n_embd;
-  cpu::rmsnorm(x, w.output_norm.f32(), s.cur.data(), n_out, c.n_embd, c.rms_eps);
+  const int64_t n_out = (int64_t)s.out_rows.size();
+  for (int64_t i = 0; i < n_out; ++i)
+    cpu::rmsnorm(s.x.data() + s.out_rows[i] * c.n_embd, w.output_norm.f32(), s.cur.data() + i * c.n_embd, 1, c.n_embd,
+                 c.rms_eps);
   logits.resize(n_out * c.n_vocab);
   const Weight& out = w.output ? w.output : w.tok_embd;
   linear(out, s.cur.data(), n_out, logits.data(), pool);

@@ -26,12 +26,18 @@ struct AttentionLayerParams {
   int32_t sliding_window = 0;
 };
 
-// Reusable activation buffers for one forward pass.
+// Reusable activation buffers for one forward pass, and the batch's layout.
 struct Scratch {
   std::vector<float> x, cur, q, k, v, att, ff_gate, ff_up, out;
-  std::vector<int32_t> pos;
+  std::vector<int32_t> pos;            // per token
+  std::vector<BatchSegment> segments;  // the batch as runs of one sequence (one run for a single sequence)
+  std::vector<int64_t> out_rows;       // token rows that produce logits, in order
   void reserve(const ModelConfig& c, int64_t n_tokens);
 };
+
+// Sizes the buffers for the batch and fills pos / segments / out_rows; call first in every forward.
+// Throws Error for a batch that does not fit the cache or has out-of-range slots.
+void begin_forward(const ModelConfig& c, const ForwardArgs& args, Scratch& s);
 
 // cur [n][n_embd] (already normalized) -> s.out [n][n_embd]. Stores this batch's K/V in the cache.
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,

@@ -68,8 +68,7 @@ class Gemma3 : public Model {
     const ModelConfig& c = config_;
     const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd, F = c.n_ff;
     thread_local Scratch s;
-    s.reserve(c, n);
-    for (int64_t t = 0; t < n; ++t) s.pos[t] = args.pos0 + (int32_t)t;
+    begin_forward(c, args, s);
     embed(w_.tok_embd, args.tokens, c.embed_scale, s.x.data());
 
     for (int64_t il = 0; il < c.n_layer; ++il) {

@@ -60,8 +60,7 @@ class LlamaDense : public Model {
     const ModelConfig& c = config_;
     const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd, F = c.n_ff;
     thread_local Scratch s;
-    s.reserve(c, n);
-    for (int64_t t = 0; t < n; ++t) s.pos[t] = args.pos0 + (int32_t)t;
+    begin_forward(c, args, s);
     embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
     const AttentionLayerParams p{.rope_base = c.rope_base,
                                  .rope_scale = c.rope_scale,

@@ -65,13 +65,24 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// One batch of tokens of one sequence at consecutive positions.
+// A run of consecutive tokens of one sequence inside a batch.
+struct BatchSegment {
+  int32_t seq = 0;          // cache slot
+  int32_t pos0 = 0;         // position of its first token
+  int32_t n_tokens = 0;
+  bool all_logits = false;  // false: logits of its last token only
+};
+
+// One batch. Either one sequence (tokens at pos0.. of slot `seq`), or, when `segments` is not empty,
+// several sequences back to back in `tokens` (continuous batching); then pos0/seq/all_logits are unused.
+// Logits come out in batch order: for each segment, its last token's row or all its rows.
 struct ForwardArgs {
   std::span<const int32_t> tokens;
   int32_t pos0 = 0;
   KvCache* cache = nullptr;
   int32_t seq = 0;             // cache slot
   bool all_logits = false;     // false: logits of the last token only
+  std::span<const BatchSegment> segments = {};
 };
 
 class Model {

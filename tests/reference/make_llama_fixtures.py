@@ -55,16 +55,26 @@ def main():
         llm.eval(ids)
         logits = last_logits()
         top = np.argsort(-logits, kind="stable")[:5]
-        gen = []
+        gen, top2 = [], []
         for _ in range(a.n_gen):
-            tok = int(np.argmax(last_logits()))
+            step = last_logits()
+            best = np.argsort(-step, kind="stable")[:5]
+            tok = int(best[0])
             if llama_cpp.llama_vocab_is_eog(vocab, tok):
                 break
             gen.append(tok)
+            # The best five and their gap to the chosen one: a divergence at a near-tie is rounding, not a bug.
+            top2.append([[int(b), round(float(step[best[0]] - step[b]), 4)] for b in best[1:]])
             llm.eval([tok])
         text_out = llm.detokenize(gen).decode("utf-8", errors="replace")
+        # Up to the first near-tie (an alternative within 0.5 logits) another engine may part from this text.
+        ties = [i for i, alts in enumerate(top2) if min(g for _, g in alts) < 0.5] + [len(gen)]
+        until_tie = llm.detokenize(gen[: ties[0]]).decode("utf-8", errors="replace")
         cases.append({"name": name, "prompt": text, "prompt_ids": ids, "top5_ids": [int(t) for t in top],
-                      "top5_logits": [float(logits[t]) for t in top], "greedy_ids": gen, "greedy_text": text_out})
+                      "top5_logits": [float(logits[t]) for t in top], "greedy_ids": gen, "greedy_alternatives": top2,
+                      "greedy_text": text_out,
+                      "greedy_text_16": llm.detokenize(gen[:16]).decode("utf-8", errors="replace"),
+                      "first_near_tie": ties[0], "greedy_text_until_tie": until_tie})
         print(f"{name}: {len(ids)} prompt tokens, {len(gen)} generated: {text_out[:60]!r}", file=sys.stderr)
     out = {"model": pathlib.Path(a.model).name, "llama_cpp_python": llama_cpp.__version__, "n_ctx": 2048,
            "flash_attn": False, "cases": cases}

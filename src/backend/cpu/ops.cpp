@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/ops_f16.h"
 #include "base/half.h"
 
 namespace xpert::cpu {
@@ -114,6 +115,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t group = a.n_head / a.n_head_kv;
   const int64_t kv_row = a.n_head_kv * a.head_dim;
   const int64_t D = a.head_dim;
+  const F16Kernels& f16 = f16_kernels();
   // One unit of work = one (token, head) pair.
   pool.parallel_for(a.n_tokens * a.n_head, [&](int64_t begin, int64_t end) {
     std::vector<float> qh(D), scores(a.n_kv), acc(D);
@@ -127,10 +129,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int64_t hi = std::min<int64_t>(p, a.n_kv - 1);
       float mx = -INFINITY;
       for (int64_t j = lo; j <= hi; ++j) {
-        const uint16_t* k = a.k + j * kv_row + hk * D;
-        float s = 0.0f;
-        for (int64_t d = 0; d < D; ++d) s += qh[d] * f16_to_f32(k[d]);
-        s *= a.kq_scale;
+        const float s = f16.dot(qh.data(), a.k + j * kv_row + hk * D, D) * a.kq_scale;
         scores[j] = s;
         mx = std::max(mx, s);
       }
@@ -144,8 +143,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       for (int64_t j = lo; j <= hi; ++j) {
         // The weights meet an f16 V cache as f16 in llama.cpp's product.
         const float w = f16_to_f32(f32_to_f16(scores[j] * inv));
-        const uint16_t* v = a.v + j * kv_row + hk * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += w * f16_to_f32(v[d]);
+        f16.axpy(w, a.v + j * kv_row + hk * D, acc.data(), D);
       }
       std::copy(acc.begin(), acc.end(), a.out + (t * a.n_head + h) * D);
     }

@@ -1,0 +1,103 @@
+"""The xpert binary end to end: output on stdout only, one clear error line for bad input, no crash."""
+import json, pathlib, struct
+
+import pytest
+
+from conftest import ROOT
+
+FIXTURE = json.loads((ROOT / "tests/reference/fixtures/default_greedy.json").read_text())
+
+
+def case(name):
+    return next(c for c in FIXTURE["cases"] if c["name"] == name)
+
+
+def test_run_prints_what_llama_cpp_prints(xpert, model):
+    """Identical text, or identical up to llama.cpp's first near-tie (see tests/unit/test_models.cpp)."""
+    c = case("capital")
+    r = xpert("run", "-m", model, "-p", c["prompt"], "-n", 16, "--temp", 0, "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    if out != c["greedy_text_16"] + "\n":
+        assert c["first_near_tie"] < 16, (out, c["greedy_text_16"])
+        assert out.startswith(c["greedy_text_until_tie"]), (out, c["greedy_text_until_tie"])
+
+
+def test_info_lists_metadata_and_tensors(xpert, model):
+    r = xpert("info", "-m", model)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert "general.architecture" in out and "gemma3" in out
+    assert "token_embd.weight" in out and "Q8_0" in out
+    assert "memory: weights" in out
+
+
+def test_bench_json(xpert, model):
+    r = xpert("bench", "-m", model, "-p", 16, "-n", 4, "-r", 2, "-o", "json", "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = json.loads(r.stdout)
+    assert [(x["n_prompt"], x["n_gen"]) for x in rows] == [(16, 0), (0, 4)]
+    assert all(x["avg_ts"] > 0 and len(x["samples_ts"]) == 2 for x in rows)
+
+
+def test_tokenize_matches_llama_cpp(xpert, model):
+    c = case("chinese")
+    r = xpert("tokenize", "-m", model, "-p", c["prompt"])
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout) == c["prompt_ids"]
+
+
+def gguf_bytes(kv=b"", n_tensors=0, n_kv=0, version=3):
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + kv
+
+
+BAD_FILES = {
+    "empty": b"",
+    "bad_magic": b"GGUX" + bytes(20),
+    "version_1": gguf_bytes(version=1),
+    "truncated_header": b"GGUF\x03\x00",
+    "huge_kv_count": gguf_bytes(n_kv=1 << 62),
+    "huge_tensor_count": gguf_bytes(n_tensors=1 << 60),
+    "huge_string": gguf_bytes(struct.pack("<Q", 1 << 60) + b"abc", n_kv=1),
+    "random": bytes((i * 2654435761) % 251 for i in range(4096)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+@pytest.mark.parametrize("command", ["run", "info"])
+def test_bad_files_give_one_error_line(xpert, tmp_path, name, command):
+    f = tmp_path / f"{name}.gguf"
+    f.write_bytes(BAD_FILES[name])
+    args = ["-p", "hi", "-n", 1] if command == "run" else []
+    r = xpert(command, "-m", f, *args)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    err = r.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("xpert: error:"), err
+    assert r.stdout == b""
+
+
+def test_truncated_real_model(xpert, model, tmp_path):
+    data = model.read_bytes()
+    for cut in (1000, len(data) // 2, len(data) - 7):
+        f = tmp_path / "cut.gguf"
+        f.write_bytes(data[:cut])
+        r = xpert("info", "-m", f)
+        assert r.returncode == 1 and r.stderr.decode().startswith("xpert: error:"), (cut, r.stderr)
+
+
+def test_missing_file_and_directory(xpert, tmp_path):
+    for p in (tmp_path / "nope.gguf", tmp_path):
+        r = xpert("info", "-m", p)
+        assert r.returncode == 1 and b"xpert: error:" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["run", "-p", "x"], ["run", "-m"], ["bench", "-m", "x", "-r", "0"],
+                                  ["frobnicate"], ["run", "-m", "x", "-p", "y", "-n", "-3"]])
+def test_bad_flags_exit_nonzero(xpert, args):
+    r = xpert(*args)
+    assert r.returncode > 0 and r.stderr, (r.returncode, r.stdout, r.stderr)
+
+
+def test_context_too_small_is_an_error(xpert, model):
+    r = xpert("run", "-m", model, "-p", "word " * 50, "-n", 4, "-c", 16)
+    assert r.returncode == 1 and b"context" in r.stderr
