@@ -88,7 +88,7 @@ class Gemma3 : public Model {
       cpu::rmsnorm(s.x.data(), l.ffn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
       linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
       linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
-      cpu::geglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * F);
+      cpu::geglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * F, &pool);
       linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
       cpu::rmsnorm(s.out.data(), l.ffn_post_norm.f32(), s.out.data(), n, E, c.rms_eps);
       cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);

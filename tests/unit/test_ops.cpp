@@ -38,6 +38,29 @@ TEST(Ops, F16KernelsMatchScalarOnEveryIsa) {
   }
 }
 
+TEST(Ops, F16HelpersAvx2MatchScalar) {
+  if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2";
+  for (int64_t n : {1, 9, 64, 1000}) {
+    auto x = randn(n, 11, 30.0f);
+    auto a = x, b = x;
+    round_f16_scalar(a.data(), n);
+    round_f16_avx2(b.data(), n);
+    EXPECT_EQ(a, b);
+    std::vector<float> ya(n), yb(n);
+    const float mx = *std::max_element(x.begin(), x.end());
+    const double sa = exp_sum_scalar(x.data(), mx, ya.data(), n), sb = exp_sum_avx2(x.data(), mx, yb.data(), n);
+    EXPECT_NEAR(sa, sb, 1e-6 * sa);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(ya[i], yb[i], 4e-7f * std::max(ya[i], 1e-30f) + 1e-37f);
+    auto up = randn(n, 12);
+    std::vector<uint16_t> table(65536);
+    for (uint32_t i = 0; i < 65536; ++i) table[i] = (uint16_t)(i ^ 0x1234);  // any table: both must look up the same
+    for (auto& t : table) if (((t >> 10) & 0x1f) == 0x1f) t = 0;             // no inf/nan entries
+    geglu_scalar(x.data(), up.data(), ya.data(), n, table.data());
+    geglu_avx2(x.data(), up.data(), yb.data(), n, table.data());
+    EXPECT_EQ(ya, yb);
+  }
+}
+
 TEST(Ops, RmsNorm) {
   const int64_t n = 640;
   auto x = randn(2 * n, 3, 50.0f), w = randn(n, 4);

@@ -71,20 +71,11 @@ const std::vector<uint16_t>& gelu_table() {
 
 }  // namespace
 
-void geglu(const float* gate, const float* up, float* y, int64_t n) {
-  const std::vector<uint16_t>& t = gelu_table();
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    float gl;
-    if (g <= -10.0f) {
-      gl = 0.0f;
-    } else if (g >= 10.0f) {
-      gl = g;
-    } else {
-      gl = f16_to_f32(t[f32_to_f16(g)]);
-    }
-    y[i] = gl * up[i];
-  }
+void geglu(const float* gate, const float* up, float* y, int64_t n, ThreadPool* pool) {
+  const uint16_t* t = gelu_table().data();
+  const auto& k = f16_kernels();
+  if (!pool || n < 4096) return k.geglu(gate, up, y, n, t);
+  pool->parallel_for(n, [&](int64_t b, int64_t e) { k.geglu(gate + b, up + b, y + b, e - b, t); }, 64);
 }
 
 void swiglu(const float* gate, const float* up, float* y, int64_t n) {
@@ -124,7 +115,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int32_t p = a.pos[t];
       const float* q = a.q + (t * a.n_head + h) * D;
       // q is rounded to f16 as llama.cpp's f16 K-cache product does.
-      for (int64_t d = 0; d < D; ++d) qh[d] = f16_to_f32(f32_to_f16(q[d]));
+      std::copy(q, q + D, qh.begin());
+      f16.round_f16(qh.data(), D);
       const int64_t lo = a.sliding_window > 0 ? std::max<int64_t>(0, p - a.sliding_window + 1) : 0;
       const int64_t hi = std::min<int64_t>(p, a.n_kv - 1);
       float mx = -INFINITY;
@@ -133,18 +125,14 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
         scores[j] = s;
         mx = std::max(mx, s);
       }
-      double sum = 0.0;
-      for (int64_t j = lo; j <= hi; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
-      }
-      const float inv = (float)(1.0 / sum);
+      const int64_t n_keys = hi - lo + 1;
+      float* sc = scores.data() + lo;
+      const float inv = (float)(1.0 / f16.exp_sum(sc, mx, sc, n_keys));
+      for (int64_t j = 0; j < n_keys; ++j) sc[j] *= inv;
+      // The weights meet an f16 V cache as f16 in llama.cpp's product.
+      f16.round_f16(sc, n_keys);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = lo; j <= hi; ++j) {
-        // The weights meet an f16 V cache as f16 in llama.cpp's product.
-        const float w = f16_to_f32(f32_to_f16(scores[j] * inv));
-        f16.axpy(w, a.v + j * kv_row + hk * D, acc.data(), D);
-      }
+      for (int64_t j = lo; j <= hi; ++j) f16.axpy(scores[j], a.v + j * kv_row + hk * D, acc.data(), D);
       std::copy(acc.begin(), acc.end(), a.out + (t * a.n_head + h) * D);
     }
   });

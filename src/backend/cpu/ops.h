@@ -17,8 +17,8 @@ enum class RopeMode { normal, neox };  // normal: pairs (2i, 2i+1); neox: pairs 
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
           float freq_base, float freq_scale, RopeMode mode);
 
-// y = gelu_tanh(gate) * up, gelu through llama.cpp's f16 table; y may alias gate.
-void geglu(const float* gate, const float* up, float* y, int64_t n);
+// y = gelu_tanh(gate) * up, gelu through llama.cpp's f16 table; y may alias gate. Parallel when a pool is given.
+void geglu(const float* gate, const float* up, float* y, int64_t n, ThreadPool* pool = nullptr);
 // y = silu(gate) * up
 void swiglu(const float* gate, const float* up, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n);
