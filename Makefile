@@ -19,13 +19,19 @@ build-ci: deps
 	cmake --preset ci >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+PORT ?= 8080
+
 run: build
-	@echo "--- xpert run -m $(MODEL) -p \"$(PROMPT)\" -n 64 --temp 0"
-	$(XPERT) run -m $(MODEL) -p "$(PROMPT)" -n 64 --temp 0
+	@echo "--- xpert serve -m $(MODEL) on http://127.0.0.1:$(PORT) (chat page: open that address in a browser)"
+	@echo "--- query it from another terminal:"
+	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"max_tokens\": 64}'"
+	exec $(XPERT) serve -m $(MODEL) --port $(PORT)
 
 test: build-ci
 	cd $(BUILD) && ctest --output-on-failure -j 2
 	python3 -m pytest -q tests/cli
+	python3 -m pytest -q tests/server
 	scripts/fuzz.sh 20
 
 bench: build

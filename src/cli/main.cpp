@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   sub("devices", "list the compute devices xpert can use", cli::add_devices);
   sub("tokenize", "print a prompt's token ids as JSON", cli::add_tokenize);
   sub("synth", "write a GGUF with a real model's shapes and random weights", cli::add_synth);
+  sub("serve", "serve an OpenAI-compatible HTTP API with continuous batching", cli::add_serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,79 @@
+// `xpert serve`: the OpenAI-compatible server (src/server) over the batching engine (src/runtime/engine).
+#include <pthread.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+#include "text/builtin_templates.h"
+#include "text/tokenizer.h"
+
+namespace xpert::cli {
+
+Command add_serve(CLI::App& app) {
+  struct Opts {
+    ModelFlags m;
+    server::ServeOptions http;
+    int parallel = 4;
+    int queue = 64;
+  };
+  auto o = std::make_shared<Opts>();
+  o->m.batch = 128;  // prefill chunk per step: small, so a long prompt does not stall the running streams
+  o->m.add(app);
+  app.add_option("--host", o->http.host, "address to listen on (default 127.0.0.1: this machine only)");
+  app.add_option("--port", o->http.port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--parallel", o->parallel, "sequences generated at once (slots); -c is per slot")->check(CLI::Range(1, 256));
+  app.add_option("--api-key", o->http.api_key, "require 'Authorization: Bearer KEY' on /v1 requests");
+  app.add_option("--queue", o->queue, "requests that may wait for a slot before new ones get 503")->check(CLI::Range(0, 4096));
+  app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
+      ->check(CLI::Range((size_t)1024, (size_t)1 << 30));
+  return [o] {
+    // SIGINT / SIGTERM are taken by one thread with sigwait, so stopping is not done in a signal handler.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a client that closes mid-write is an error return, not a signal
+
+    o->http.n_http_threads = o->parallel + o->queue + 8;
+    server::Server srv(o->http);
+    srv.start();
+    log::info("listening on http://{}:{} (loading {})", o->http.host, srv.port(), o->m.model);
+    std::thread signals([&srv, set] {
+      int sig = 0;
+      sigwait(&set, &sig);
+      log::info("signal {}: stopping", sig);
+      srv.stop();
+    });
+    signals.detach();
+
+    auto model = Model::load(o->m.model);
+    prefetch_weights(model->file());
+    auto tok = Tokenizer::from_gguf(model->file());
+    const ChatTemplate tmpl = chat_template_for(model->file());
+    Engine engine(*model, *tok,
+                  {.n_parallel = o->parallel, .n_ctx = o->m.ctx, .n_threads = o->m.threads, .prefill_chunk = o->m.batch,
+                   .max_queue = o->queue});
+    const std::filesystem::path path(o->m.model);
+    server::ServedModel served{.model = model.get(), .tokenizer = tok.get(), .chat_template = &tmpl, .engine = &engine,
+                               .id = path.stem().string(), .aliases = {path.filename().string(), o->m.model}};
+    if (!model->config().name.empty()) served.aliases.push_back(model->config().name);
+    srv.set_ready(served);
+    log::info("ready: model '{}' on http://{}:{} ({} slots of {} tokens)", served.id, o->http.host, srv.port(), o->parallel,
+              engine.n_ctx());
+    // The port line on stdout lets scripts that pass --port 0 find the server.
+    std::printf("xpert serve: listening on http://%s:%d\n", o->http.host.c_str(), srv.port());
+    std::fflush(stdout);
+    srv.wait();
+    return 0;
+  };
+}
+
+}  // namespace xpert::cli

@@ -1,0 +1,145 @@
+// The serving engine: one thread owns the model and runs continuous batching over `n_parallel` cache
+// slots. Callers (HTTP threads, tests) submit a tokenized request and get a Job, a thread-safe channel
+// that delivers text as it is generated; cancelling a Job frees its slot at the next step.
+//
+// Each step builds one batch: the next token of every generating slot, plus a chunk of at most one
+// slot's prompt (FIFO), so a long prompt never stalls the streams already running. One
+// Model::forward per step, with one BatchSegment per slot.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "model/model.h"
+#include "runtime/kv_cache.h"
+#include "sample/sampler.h"
+
+namespace xpert {
+
+class Tokenizer;
+
+struct EngineOptions {
+  int n_parallel = 4;            // cache slots = sequences generated at once
+  int64_t n_ctx = 4096;          // per slot; 0: the model's trained context
+  int n_threads = 0;             // 0: physical cores
+  int64_t prefill_chunk = 128;   // prompt tokens of one slot per step
+  int max_queue = 64;            // requests waiting for a slot; past it submit() throws QueueFull
+};
+
+struct GenerateParams {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 0;           // 0: until end of generation or the slot's context is full
+  std::vector<std::string> stop;    // stop strings (not part of the output)
+  int top_logprobs = -1;            // < 0: no logprobs; else report this many alternatives per token
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  std::string piece;  // raw bytes of the token (may be a partial UTF-8 character)
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;  // the best alternatives: piece, logprob
+};
+
+enum class Finish { none, stop, length, cancelled, error };
+const char* finish_name(Finish f);  // "stop", "length", ...
+
+// The channel of one request. The engine appends; the consumer takes what has arrived.
+class Job {
+ public:
+  struct Update {
+    std::string text;
+    std::vector<TokenLogprob> logprobs;
+    Finish finish = Finish::none;  // set in the last update
+    std::string error;
+  };
+  // Waits up to `timeout` for output; moves everything new into `out` (replacing it). False when nothing
+  // new arrived in time.
+  bool wait(Update& out, std::chrono::milliseconds timeout);
+  // Blocks until the end; everything concatenated.
+  Update wait_all();
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  int64_t n_prompt() const { return n_prompt_; }
+  int64_t n_generated() const { return n_generated_.load(); }
+
+ private:
+  friend class Engine;
+  void push(std::string text, TokenLogprob* lp);
+  void finish(Finish f, std::string error = {});
+
+  GenerateParams params_;
+  int64_t n_prompt_ = 0;
+  std::atomic<int64_t> n_generated_{0};
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Update pending_;
+  bool has_news_ = false, done_ = false;
+};
+
+// submit() when every slot is busy and the queue is full.
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptions& opts);
+  ~Engine();  // finishes every job with an error and joins the engine thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Throws Error for an empty prompt or one that does not fit a slot's context, QueueFull past capacity.
+  std::shared_ptr<Job> submit(GenerateParams params);
+
+  int64_t n_ctx() const { return cache_.n_ctx(); }
+  int n_parallel() const { return opts_.n_parallel; }
+
+  struct Stats {
+    int busy_slots = 0, queue_depth = 0;
+    uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+    double forward_seconds = 0;
+    double tokens_per_second = 0;  // generated tokens over the last 10 s
+  };
+  Stats stats() const;
+
+ private:
+  struct Slot;
+  void loop();
+  void step(std::vector<Slot*>& active);
+  void sample_and_emit(Slot& s, std::span<const float> logits);
+  void release(Slot& s, Finish f, std::string error = {});
+
+  const Model& model_;
+  const Tokenizer& tok_;
+  EngineOptions opts_;
+  ThreadPool pool_;
+  KvCache cache_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  uint64_t admitted_ = 0;
+
+  std::atomic<int> busy_{0};
+  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, steps_{0};
+  std::atomic<double> forward_seconds_{0};
+  std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
+  std::vector<float> logits_;
+  std::thread thread_;
+};
+
+}  // namespace xpert

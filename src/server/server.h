@@ -1,0 +1,56 @@
+// `xpert serve`'s HTTP side: an OpenAI-compatible API over cpp-httplib. HTTP threads parse, check,
+// render the chat template, tokenize, submit to the Engine and stream its output; they never touch
+// the model. The server listens before the model is loaded so /health can answer 503 meanwhile.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace xpert {
+class Model;
+class Tokenizer;
+class ChatTemplate;
+class Engine;
+}  // namespace xpert
+
+namespace xpert::server {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;                 // empty: no authentication
+  size_t max_body_bytes = 1 << 20;
+  int n_http_threads = 80;             // must cover the slots plus the queue plus a few for /health
+};
+
+struct ServedModel {
+  const Model* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+  Engine* engine = nullptr;
+  std::string id;                      // the name /v1/models lists (the file stem)
+  std::vector<std::string> aliases;    // other names a request may use (file name, general.name)
+};
+
+class Server {
+ public:
+  explicit Server(const ServeOptions& opts);
+  ~Server();
+  // Binds (throws Error when it cannot) and serves on a background thread; /v1 answers 503 until ready.
+  void start();
+  void set_ready(const ServedModel& m);
+  // Ends in-flight streams and stops listening; wait() then returns.
+  void stop();
+  void wait();
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The chat page served at GET /.
+extern const char* const kWebChatHtml;
+
+}  // namespace xpert::server
