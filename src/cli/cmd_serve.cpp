@@ -28,9 +28,11 @@ Command add_serve(CLI::App& app) {
   o->m.add(app);
   app.add_option("--host", o->http.host, "address to listen on (default 127.0.0.1: this machine only)");
   app.add_option("--port", o->http.port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
-  app.add_option("--parallel", o->parallel, "sequences generated at once (slots); -c is per slot")->check(CLI::Range(1, 256));
+  app.add_option("--parallel", o->parallel, "sequences generated at once (slots); -c is per slot")
+      ->check(CLI::Range(1, 256));
   app.add_option("--api-key", o->http.api_key, "require 'Authorization: Bearer KEY' on /v1 requests");
-  app.add_option("--queue", o->queue, "requests that may wait for a slot before new ones get 503")->check(CLI::Range(0, 4096));
+  app.add_option("--queue", o->queue, "requests that may wait for a slot before new ones get 503")
+      ->check(CLI::Range(0, 4096));
   app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
       ->check(CLI::Range((size_t)1024, (size_t)1 << 30));
   return [o] {
@@ -59,15 +61,22 @@ Command add_serve(CLI::App& app) {
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
     Engine engine(*model, *tok,
-                  {.n_parallel = o->parallel, .n_ctx = o->m.ctx, .n_threads = o->m.threads, .prefill_chunk = o->m.batch,
+                  {.n_parallel = o->parallel,
+                   .n_ctx = o->m.ctx,
+                   .n_threads = o->m.threads,
+                   .prefill_chunk = o->m.batch,
                    .max_queue = o->queue});
     const std::filesystem::path path(o->m.model);
-    server::ServedModel served{.model = model.get(), .tokenizer = tok.get(), .chat_template = &tmpl, .engine = &engine,
-                               .id = path.stem().string(), .aliases = {path.filename().string(), o->m.model}};
+    server::ServedModel served{.model = model.get(),
+                               .tokenizer = tok.get(),
+                               .chat_template = &tmpl,
+                               .engine = &engine,
+                               .id = path.stem().string(),
+                               .aliases = {path.filename().string(), o->m.model}};
     if (!model->config().name.empty()) served.aliases.push_back(model->config().name);
     srv.set_ready(served);
-    log::info("ready: model '{}' on http://{}:{} ({} slots of {} tokens)", served.id, o->http.host, srv.port(), o->parallel,
-              engine.n_ctx());
+    log::info("ready: model '{}' on http://{}:{} ({} slots of {} tokens)", served.id, o->http.host,
+              srv.port(), o->parallel, engine.n_ctx());
     // The port line on stdout lets scripts that pass --port 0 find the server.
     std::printf("xpert serve: listening on http://%s:%d\n", o->http.host.c_str(), srv.port());
     std::fflush(stdout);

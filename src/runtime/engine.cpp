@@ -11,11 +11,16 @@ namespace xpert {
 
 const char* finish_name(Finish f) {
   switch (f) {
-    case Finish::stop: return "stop";
-    case Finish::length: return "length";
-    case Finish::cancelled: return "cancelled";
-    case Finish::error: return "error";
-    case Finish::none: break;
+    case Finish::stop:
+      return "stop";
+    case Finish::length:
+      return "length";
+    case Finish::cancelled:
+      return "cancelled";
+    case Finish::error:
+      return "error";
+    case Finish::none:
+      break;
   }
   return "none";
 }
@@ -65,9 +70,9 @@ struct Engine::Slot {
   int index = 0;
   State state = State::idle;
   std::shared_ptr<Job> job;
-  uint64_t order = 0;       // admission number: the oldest prefilling slot goes first
-  int64_t n_past = 0;       // tokens in this slot's cache
-  int32_t next_token = 0;   // sampled, to be fed in the next step
+  uint64_t order = 0;      // admission number: the oldest prefilling slot goes first
+  int64_t n_past = 0;      // tokens in this slot's cache
+  int32_t next_token = 0;  // sampled, to be fed in the next step
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Utf8Stream> utf8;
   std::unique_ptr<StopMatcher> stops;
@@ -89,8 +94,8 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->index = i;
   }
-  log::info("engine: {} slots of {} tokens ({:.1f} MiB KV cache), {} threads, prefill chunk {}", opts_.n_parallel,
-            cache_.n_ctx(), cache_.bytes() / 1048576.0, pool_.size(), opts_.prefill_chunk);
+  log::info("engine: {} slots of {} tokens ({:.1f} MiB KV cache), {} threads, prefill chunk {}",
+            opts_.n_parallel, cache_.n_ctx(), cache_.bytes() / 1048576.0, pool_.size(), opts_.prefill_chunk);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -110,7 +115,8 @@ std::shared_ptr<Job> Engine::submit(GenerateParams params) {
     fail("the prompt has {} tokens; the context of a slot holds {} (at least one more is needed to generate)",
          params.prompt.size(), cache_.n_ctx());
   for (int32_t t : params.prompt)
-    if (t < 0 || t >= model_.config().n_vocab) fail("token id {} is out of range [0, {})", t, model_.config().n_vocab);
+    if (t < 0 || t >= model_.config().n_vocab)
+      fail("token id {} is out of range [0, {})", t, model_.config().n_vocab);
   auto job = std::make_shared<Job>();
   job->n_prompt_ = (int64_t)params.prompt.size();
   job->params_ = std::move(params);
@@ -119,8 +125,9 @@ std::shared_ptr<Job> Engine::submit(GenerateParams params) {
     if (stop_) fail("the server is shutting down");
     const int free_slots = opts_.n_parallel - busy_.load();
     if ((int)queue_.size() >= opts_.max_queue + std::max(0, free_slots))
-      throw QueueFull(fmt::format("the server is at capacity: {} slots busy and {} requests queued; retry later",
-                                  busy_.load(), queue_.size()));
+      throw QueueFull(
+          fmt::format("the server is at capacity: {} slots busy and {} requests queued; retry later",
+                      busy_.load(), queue_.size()));
     queue_.push_back(job);
   }
   cv_.notify_all();
@@ -218,7 +225,8 @@ void Engine::step(std::vector<Slot*>& active) {
   if (prefill) {
     const auto& prompt = prefill->job->params_.prompt;
     n_prefill = std::min<int64_t>(opts_.prefill_chunk, (int64_t)prompt.size() - prefill->n_past);
-    tokens.insert(tokens.end(), prompt.begin() + prefill->n_past, prompt.begin() + prefill->n_past + n_prefill);
+    tokens.insert(tokens.end(), prompt.begin() + prefill->n_past,
+                  prompt.begin() + prefill->n_past + n_prefill);
     segs.push_back({.seq = prefill->index, .pos0 = (int32_t)prefill->n_past, .n_tokens = (int32_t)n_prefill});
     active.push_back(prefill);
   }

@@ -28,19 +28,19 @@ namespace xpert {
 class Tokenizer;
 
 struct EngineOptions {
-  int n_parallel = 4;            // cache slots = sequences generated at once
-  int64_t n_ctx = 4096;          // per slot; 0: the model's trained context
-  int n_threads = 0;             // 0: physical cores
-  int64_t prefill_chunk = 128;   // prompt tokens of one slot per step
-  int max_queue = 64;            // requests waiting for a slot; past it submit() throws QueueFull
+  int n_parallel = 4;           // cache slots = sequences generated at once
+  int64_t n_ctx = 4096;         // per slot; 0: the model's trained context
+  int n_threads = 0;            // 0: physical cores
+  int64_t prefill_chunk = 128;  // prompt tokens of one slot per step
+  int max_queue = 64;           // requests waiting for a slot; past it submit() throws QueueFull
 };
 
 struct GenerateParams {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int64_t max_tokens = 0;           // 0: until end of generation or the slot's context is full
-  std::vector<std::string> stop;    // stop strings (not part of the output)
-  int top_logprobs = -1;            // < 0: no logprobs; else report this many alternatives per token
+  int64_t max_tokens = 0;         // 0: until end of generation or the slot's context is full
+  std::vector<std::string> stop;  // stop strings (not part of the output)
+  int top_logprobs = -1;          // < 0: no logprobs; else report this many alternatives per token
 };
 
 struct TokenLogprob {

@@ -14,11 +14,16 @@ constexpr size_t kMaxStops = 4;  // OpenAI's limit
 
 const char* default_type(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "invalid_request_error";
-    case 429: return "rate_limit_error";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -28,9 +33,12 @@ bool too_deep(const std::string& s) {
   bool in_string = false, escaped = false;
   for (char c : s) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -66,7 +74,8 @@ double number(const ojson& body, const char* name, double lo, double hi, double 
   if (!v) return def;
   if (!v->is_number()) bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
   const double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
+  if (!std::isfinite(d) || d < lo || d > hi)
+    bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
   return d;
 }
 
@@ -76,7 +85,8 @@ int64_t integer(const ojson& body, const char* name, int64_t lo, int64_t hi, int
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (d != std::floor(d)) bad(name, fmt::format("'{}' must be an integer, got {}", name, d));
-    if (d < (double)lo || d > (double)hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
+    if (d < (double)lo || d > (double)hi)
+      bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
     return (int64_t)d;
   }
   if (!v->is_number_integer() && !v->is_number_unsigned())
@@ -107,10 +117,12 @@ void check_messages(const ojson& body) {
     if (!m.is_object()) bad(at, fmt::format("'{}' must be an object, got {}", at, type_name(m)));
     auto role = m.find("role");
     if (role == m.end()) bad(at + ".role", fmt::format("'{}.role' is required", at));
-    if (!role->is_string()) bad(at + ".role", fmt::format("'{}.role' must be a string, got {}", at, type_name(*role)));
+    if (!role->is_string())
+      bad(at + ".role", fmt::format("'{}.role' must be a string, got {}", at, type_name(*role)));
     const std::string r = role->get<std::string>();
     if (r != "system" && r != "user" && r != "assistant" && r != "tool" && r != "developer")
-      bad(at + ".role", fmt::format("'{}.role' is '{}'; expected one of system, developer, user, assistant, tool", at, r));
+      bad(at + ".role",
+          fmt::format("'{}.role' is '{}'; expected one of system, developer, user, assistant, tool", at, r));
     auto content = m.find("content");
     const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
     if (content == m.end() || content->is_null()) {
@@ -119,17 +131,21 @@ void check_messages(const ojson& body) {
     }
     if (content->is_string()) continue;
     if (!content->is_array())
-      bad(at + ".content", fmt::format("'{}.content' must be a string or an array of text parts, got {}", at, type_name(*content)));
+      bad(at + ".content", fmt::format("'{}.content' must be a string or an array of text parts, got {}", at,
+                                       type_name(*content)));
     for (size_t j = 0; j < content->size(); ++j) {
       const ojson& part = (*content)[j];
       const std::string pat = fmt::format("{}.content[{}]", at, j);
       if (!part.is_object()) bad(pat, fmt::format("'{}' must be an object, got {}", pat, type_name(part)));
       auto type = part.find("type");
-      if (type == part.end() || !type->is_string()) bad(pat + ".type", fmt::format("'{}.type' must be a string", pat));
+      if (type == part.end() || !type->is_string())
+        bad(pat + ".type", fmt::format("'{}.type' must be a string", pat));
       if (*type != "text")
-        bad(pat + ".type", fmt::format("'{}.type' is '{}'; this server takes text parts only", pat, type->get<std::string>()));
+        bad(pat + ".type", fmt::format("'{}.type' is '{}'; this server takes text parts only", pat,
+                                       type->get<std::string>()));
       auto text = part.find("text");
-      if (text == part.end() || !text->is_string()) bad(pat + ".text", fmt::format("'{}.text' must be a string", pat));
+      if (text == part.end() || !text->is_string())
+        bad(pat + ".text", fmt::format("'{}.text' must be a string", pat));
     }
   }
 }
@@ -138,8 +154,10 @@ std::vector<std::string> parse_stop(const ojson& body) {
   const ojson* v = field(body, "stop");
   if (!v) return {};
   if (v->is_string()) return {v->get<std::string>()};
-  if (!v->is_array()) bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*v)));
-  if (v->size() > kMaxStops) bad("stop", fmt::format("'stop' has {} entries; at most {} are allowed", v->size(), kMaxStops));
+  if (!v->is_array())
+    bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*v)));
+  if (v->size() > kMaxStops)
+    bad("stop", fmt::format("'stop' has {} entries; at most {} are allowed", v->size(), kMaxStops));
   std::vector<std::string> out;
   for (const ojson& s : *v) {
     if (!s.is_string()) bad("stop", fmt::format("'stop' entries must be strings, got {}", type_name(s)));
@@ -150,16 +168,19 @@ std::vector<std::string> parse_stop(const ojson& body) {
 
 void parse_prompt(const ojson& body, CompletionRequest& r) {
   auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required: a string or an array of token ids");
+  if (it == body.end() || it->is_null())
+    bad("prompt", "'prompt' is required: a string or an array of token ids");
   const ojson& p = *it;
   if (p.is_string()) {
     r.prompt_text = p.get<std::string>();
     return;
   }
-  if (!p.is_array()) bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}", type_name(p)));
+  if (!p.is_array())
+    bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}", type_name(p)));
   if (p.empty()) bad("prompt", "'prompt' must not be empty");
   if (p[0].is_string() || p[0].is_array()) {
-    if (p.size() > 1) bad("prompt", "several prompts in one request are not supported; send one request per prompt");
+    if (p.size() > 1)
+      bad("prompt", "several prompts in one request are not supported; send one request per prompt");
     if (p[0].is_string()) {
       r.prompt_text = p[0].get<std::string>();
       return;
@@ -170,7 +191,8 @@ void parse_prompt(const ojson& body, CompletionRequest& r) {
     if (!t.is_number_integer() && !t.is_number_unsigned())
       bad("prompt", fmt::format("'prompt' token ids must be integers, got {}", type_name(t)));
     const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX ? -1 : t.get<int64_t>();
-    if (id < 0 || id > INT32_MAX) bad("prompt", fmt::format("'prompt' token id {} is out of range", t.dump()));
+    if (id < 0 || id > INT32_MAX)
+      bad("prompt", fmt::format("'prompt' token id {} is out of range", t.dump()));
     r.prompt_tokens.push_back((int32_t)id);
   }
   r.prompt_is_tokens = true;
@@ -178,13 +200,18 @@ void parse_prompt(const ojson& body, CompletionRequest& r) {
 
 }  // namespace
 
-ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string code_, std::string type_)
-    : std::runtime_error(message), status(status_), type(std::move(type_)), param(std::move(param_)), code(std::move(code_)) {}
+ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string code_,
+                   std::string type_)
+    : std::runtime_error(message),
+      status(status_),
+      type(std::move(type_)),
+      param(std::move(param_)),
+      code(std::move(code_)) {}
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
-std::string error_body(int status, const std::string& message, const std::string& param, const std::string& code,
-                       const std::string& type) {
+std::string error_body(int status, const std::string& message, const std::string& param,
+                       const std::string& code, const std::string& type) {
   ojson e = ojson::object();
   e["message"] = message;
   e["type"] = type.empty() ? default_type(status) : type;
@@ -198,7 +225,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   ojson body = ojson::parse(text, nullptr, false);
   if (body.is_discarded())
     bad("", "could not parse the JSON body of the request: it is not valid JSON (or not valid UTF-8)");
-  if (!body.is_object()) bad("", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
+  if (!body.is_object())
+    bad("", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
 
   CompletionRequest r;
   r.chat = chat;
@@ -222,7 +250,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       bad("best_of", "'best_of' other than 1 is not supported");
   }
 
-  if (integer(body, "n", 1, 128, 1) != 1) bad("n", "'n' greater than 1 is not supported; send one request per choice");
+  if (integer(body, "n", 1, 128, 1) != 1)
+    bad("n", "'n' greater than 1 is not supported; send one request per choice");
 
   SamplingParams& sp = r.gen.sampling;
   sp.temperature = (float)number(body, "temperature", 0, 2, sp.temperature);
@@ -233,7 +262,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
   sp.frequency_penalty = (float)number(body, "frequency_penalty", -2, 2, sp.frequency_penalty);
   sp.repeat_penalty = (float)number(body, "repeat_penalty", 0, 10, sp.repeat_penalty);
   if (field(body, "seed")) {
-    const int64_t seed = integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 0);
+    const int64_t seed =
+        integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 0);
     sp.seed = (uint64_t)seed;
     if (sp.seed == 0xFFFFFFFF) sp.seed = 0xFFFFFFFE;  // 0xFFFFFFFF means "random" to the sampler
   }
@@ -251,14 +281,16 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     r.gen.top_logprobs = r.logprobs ? (int)top : -1;
   } else {
     const ojson* lp = field(body, "logprobs");
-    if (lp && lp->is_boolean()) bad("logprobs", "'logprobs' of /v1/completions is an integer (0 to 5), got a boolean");
+    if (lp && lp->is_boolean())
+      bad("logprobs", "'logprobs' of /v1/completions is an integer (0 to 5), got a boolean");
     r.gen.top_logprobs = lp ? (int)integer(body, "logprobs", 0, 5, 0) : -1;
     r.logprobs = lp != nullptr;
   }
 
   r.stream = boolean(body, "stream", false);
   if (const ojson* so = field(body, "stream_options")) {
-    if (!so->is_object()) bad("stream_options", fmt::format("'stream_options' must be an object, got {}", type_name(*so)));
+    if (!so->is_object())
+      bad("stream_options", fmt::format("'stream_options' must be an object, got {}", type_name(*so)));
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = boolean(*so, "include_usage", false);
   }

@@ -24,8 +24,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-const char* const kRoutes[] = {"/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
-                               "/apply-template"};
+const char* const kRoutes[] = {
+    "/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/apply-template"};
 
 std::string endpoint_label(const std::string& path) {
   for (const char* r : kRoutes)
@@ -47,7 +47,8 @@ std::string random_id(const char* prefix) {
 }
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // OpenAI's `bytes` field: the UTF-8 bytes of a token as integers.
@@ -95,7 +96,8 @@ struct Server::Impl {
 std::vector<int32_t> Server::Impl::tokenize(const std::string& text) const {
   const Tokenizer& tok = *m.tokenizer;
   std::vector<int32_t> ids = tok.encode(text, false, true);
-  if (tok.add_bos() && tok.bos() != kNoToken && (ids.empty() || ids.front() != tok.bos())) ids.insert(ids.begin(), tok.bos());
+  if (tok.add_bos() && tok.bos() != kNoToken && (ids.empty() || ids.front() != tok.bos()))
+    ids.insert(ids.begin(), tok.bos());
   return ids;
 }
 
@@ -103,8 +105,8 @@ void Server::Impl::check_model(const std::string& name) const {
   if (name.empty() || name == m.id) return;
   for (const std::string& a : m.aliases)
     if (name == a) return;
-  throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, m.id), "model",
-                 "model_not_found");
+  throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", name, m.id),
+                 "model", "model_not_found");
 }
 
 void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -123,18 +125,22 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
     prompt = std::move(r.prompt_tokens);
     for (int32_t t : prompt)
       if (t >= m.tokenizer->n_vocab())
-        throw ApiError(400, fmt::format("'prompt' token id {} is out of range [0, {})", t, m.tokenizer->n_vocab()), "prompt");
+        throw ApiError(400,
+                       fmt::format("'prompt' token id {} is out of range [0, {})", t, m.tokenizer->n_vocab()),
+                       "prompt");
   } else {
     prompt = tokenize(r.prompt_text);
   }
   if (prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
   const int64_t n_ctx = m.engine->n_ctx();
   if ((int64_t)prompt.size() >= n_ctx)
-    throw ApiError(400,
-                   fmt::format("This model's context per slot is {} tokens; the prompt has {} tokens, which leaves no room "
-                               "to generate. Shorten the prompt or start the server with a larger -c.",
-                               n_ctx, prompt.size()),
-                   chat ? "messages" : "prompt", "context_length_exceeded");
+    throw ApiError(
+        400,
+        fmt::format(
+            "This model's context per slot is {} tokens; the prompt has {} tokens, which leaves no room "
+            "to generate. Shorten the prompt or start the server with a larger -c.",
+            n_ctx, prompt.size()),
+        chat ? "messages" : "prompt", "context_length_exceeded");
 
   r.gen.prompt = std::move(prompt);
   const int64_t n_prompt = (int64_t)r.gen.prompt.size();
@@ -157,21 +163,28 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
 
   auto usage = [job, n_prompt] {
     const int64_t n_gen = job->n_generated();
-    return ojson{{"prompt_tokens", n_prompt}, {"completion_tokens", n_gen}, {"total_tokens", n_prompt + n_gen}};
+    return ojson{
+        {"prompt_tokens", n_prompt}, {"completion_tokens", n_gen}, {"total_tokens", n_prompt + n_gen}};
   };
   // Logprobs in OpenAI's chat shape ({content: [...]}) or completions shape (parallel arrays).
-  auto logprobs_json = [chat, want_logprobs](const std::vector<TokenLogprob>& lps, size_t text_offset0) -> ojson {
+  auto logprobs_json = [chat, want_logprobs](const std::vector<TokenLogprob>& lps,
+                                             size_t text_offset0) -> ojson {
     if (!want_logprobs) return nullptr;
     if (chat) {
       ojson content = ojson::array();
       for (const TokenLogprob& lp : lps) {
         ojson top = ojson::array();
-        for (auto& [piece, l] : lp.top) top.push_back({{"token", piece}, {"logprob", l}, {"bytes", bytes_of(piece)}});
-        content.push_back({{"token", lp.piece}, {"logprob", lp.logprob}, {"bytes", bytes_of(lp.piece)}, {"top_logprobs", top}});
+        for (auto& [piece, l] : lp.top)
+          top.push_back({{"token", piece}, {"logprob", l}, {"bytes", bytes_of(piece)}});
+        content.push_back({{"token", lp.piece},
+                           {"logprob", lp.logprob},
+                           {"bytes", bytes_of(lp.piece)},
+                           {"top_logprobs", top}});
       }
       return ojson{{"content", content}, {"refusal", nullptr}};
     }
-    ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
+    ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(),
+          offsets = ojson::array();
     size_t off = text_offset0;
     for (const TokenLogprob& lp : lps) {
       tokens.push_back(lp.piece);
@@ -182,7 +195,10 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
       offsets.push_back(off);
       off += lp.piece.size();
     }
-    return ojson{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+    return ojson{{"tokens", tokens},
+                 {"token_logprobs", token_logprobs},
+                 {"top_logprobs", top},
+                 {"text_offset", offsets}};
   };
 
   if (!r.stream) {
@@ -204,12 +220,18 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
     if (all.finish == Finish::error) throw ApiError(500, "generation failed: " + all.error);
     ojson choice = ojson::object();
     choice["index"] = 0;
-    if (chat) choice["message"] = {{"role", "assistant"}, {"content", all.text}, {"refusal", nullptr}};
-    else choice["text"] = all.text;
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", all.text}, {"refusal", nullptr}};
+    else
+      choice["text"] = all.text;
     choice["logprobs"] = logprobs_json(all.logprobs, 0);
     choice["finish_reason"] = finish_name(all.finish);
-    ojson out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", model_name}, {"system_fingerprint", "xpert"}, {"choices", ojson::array({choice})},
+    ojson out = {{"id", id},
+                 {"object", chat ? "chat.completion" : "text_completion"},
+                 {"created", created},
+                 {"model", model_name},
+                 {"system_fingerprint", "xpert"},
+                 {"choices", ojson::array({choice})},
                  {"usage", usage()}};
     res.set_content(dump(out), "application/json");
     return;
@@ -220,7 +242,8 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, chat, id, created, model_name, include_usage, usage, logprobs_json](size_t, httplib::DataSink& sink) {
+      [this, job, chat, id, created, model_name, include_usage, usage, logprobs_json](
+          size_t, httplib::DataSink& sink) {
         auto send = [&](const std::string& s) {
           if (!sink.write(s.data(), s.size())) {
             job->cancel();  // the client left: free its slot now
@@ -231,16 +254,23 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
         auto chunk = [&](ojson delta_or_text, ojson logprobs, ojson finish) {
           ojson choice = ojson::object();
           choice["index"] = 0;
-          if (chat) choice["delta"] = std::move(delta_or_text);
-          else choice["text"] = std::move(delta_or_text);
+          if (chat)
+            choice["delta"] = std::move(delta_or_text);
+          else
+            choice["text"] = std::move(delta_or_text);
           choice["logprobs"] = std::move(logprobs);
           choice["finish_reason"] = std::move(finish);
-          ojson c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                     {"model", model_name}, {"system_fingerprint", "xpert"}, {"choices", ojson::array({choice})}};
+          ojson c = {{"id", id},
+                     {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", created},
+                     {"model", model_name},
+                     {"system_fingerprint", "xpert"},
+                     {"choices", ojson::array({choice})}};
           if (include_usage) c["usage"] = nullptr;
           return "data: " + dump(c) + "\n\n";
         };
-        if (chat && !send(chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) return false;
+        if (chat && !send(chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))
+          return false;
         size_t text_offset = 0;
         auto last_write = Clock::now();
         Job::Update u;
@@ -268,10 +298,15 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
           if (u.finish == Finish::error) {
             send("data: " + error_body(500, "generation failed: " + u.error) + "\n\n");
           } else if (u.finish != Finish::cancelled) {
-            if (!send(chunk(chat ? ojson::object() : ojson(""), nullptr, finish_name(u.finish)))) return false;
+            if (!send(chunk(chat ? ojson::object() : ojson(""), nullptr, finish_name(u.finish))))
+              return false;
             if (include_usage) {
-              ojson c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                         {"model", model_name}, {"system_fingerprint", "xpert"}, {"choices", ojson::array()},
+              ojson c = {{"id", id},
+                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                         {"created", created},
+                         {"model", model_name},
+                         {"system_fingerprint", "xpert"},
+                         {"choices", ojson::array()},
                          {"usage", usage()}};
               if (!send("data: " + dump(c) + "\n\n")) return false;
             }
@@ -286,7 +321,9 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
 
 std::string Server::Impl::metrics_text() {
   std::string out;
-  out += "# HELP xpert_requests_total HTTP requests by endpoint and status code.\n# TYPE xpert_requests_total counter\n";
+  out +=
+      "# HELP xpert_requests_total HTTP requests by endpoint and status code.\n# TYPE xpert_requests_total "
+      "counter\n";
   {
     std::lock_guard lk(metrics.mu);
     for (auto& [k, n] : metrics.requests)
@@ -299,8 +336,10 @@ std::string Server::Impl::metrics_text() {
   };
   metric("xpert_prompt_tokens_total", "counter", "Prompt tokens evaluated.", s.prompt_tokens);
   metric("xpert_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
-  metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.", s.tokens_per_second);
-  metric("xpert_forward_seconds_total", "counter", "Time spent in batched forward passes.", s.forward_seconds);
+  metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
+         s.tokens_per_second);
+  metric("xpert_forward_seconds_total", "counter", "Time spent in batched forward passes.",
+         s.forward_seconds);
   metric("xpert_engine_steps_total", "counter", "Batched forward passes.", s.steps);
   metric("xpert_queue_depth", "gauge", "Requests waiting for a slot.", s.queue_depth);
   metric("xpert_busy_slots", "gauge", "Slots prefilling or generating.", s.busy_slots);
@@ -323,8 +362,8 @@ void Server::Impl::routes() {
     if (!opts.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       if (auth.empty()) {
-        send_error(res, 401, "Missing API key: send the header 'Authorization: Bearer <key>'", "", "invalid_api_key",
-                   "invalid_request_error");
+        send_error(res, 401, "Missing API key: send the header 'Authorization: Bearer <key>'", "",
+                   "invalid_api_key", "invalid_request_error");
         return HR::Handled;
       }
       if (auth != "Bearer " + opts.api_key) {
@@ -334,7 +373,8 @@ void Server::Impl::routes() {
     }
     if (!ready.load()) {
       res.set_header("Retry-After", "1");
-      send_error(res, 503, "the model is still loading; retry when /health returns 200", "", "model_loading", "server_error");
+      send_error(res, 503, "the model is still loading; retry when /health returns 200", "", "model_loading",
+                 "server_error");
       return HR::Handled;
     }
     return HR::Unhandled;
@@ -356,27 +396,37 @@ void Server::Impl::routes() {
     };
   };
 
-  http.Get("/", [](const Request&, Response& res) { res.set_content(kWebChatHtml, "text/html; charset=utf-8"); });
+  http.Get("/",
+           [](const Request&, Response& res) { res.set_content(kWebChatHtml, "text/html; charset=utf-8"); });
   http.Get("/health", [this](const Request&, Response& res) {
     if (ready.load()) {
       res.set_content(R"({"status":"ok"})", "application/json");
     } else {
       res.status = 503;
       res.set_header("Retry-After", "1");
-      res.set_content(error_body(503, "the model is still loading", "", "model_loading", "server_error"), "application/json");
+      res.set_content(error_body(503, "the model is still loading", "", "model_loading", "server_error"),
+                      "application/json");
     }
   });
   http.Get("/metrics", [this](const Request&, Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
   });
   http.Get("/v1/models", [this](const Request&, Response& res) {
-    ojson model = {{"id", m.id}, {"object", "model"}, {"created", 0}, {"owned_by", "xpert"},
-                   {"meta", {{"n_ctx_per_slot", m.engine->n_ctx()}, {"n_parallel", m.engine->n_parallel()},
-                             {"arch", m.model->config().arch}, {"n_vocab", m.model->config().n_vocab}}}};
+    ojson model = {{"id", m.id},
+                   {"object", "model"},
+                   {"created", 0},
+                   {"owned_by", "xpert"},
+                   {"meta",
+                    {{"n_ctx_per_slot", m.engine->n_ctx()},
+                     {"n_parallel", m.engine->n_parallel()},
+                     {"arch", m.model->config().arch},
+                     {"n_vocab", m.model->config().n_vocab}}}};
     res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model})}}), "application/json");
   });
-  http.Post("/v1/chat/completions", guarded([this](const Request& q, Response& s) { chat_or_completion(q, s, true); }));
-  http.Post("/v1/completions", guarded([this](const Request& q, Response& s) { chat_or_completion(q, s, false); }));
+  http.Post("/v1/chat/completions",
+            guarded([this](const Request& q, Response& s) { chat_or_completion(q, s, true); }));
+  http.Post("/v1/completions",
+            guarded([this](const Request& q, Response& s) { chat_or_completion(q, s, false); }));
   // The prompt a chat request renders to (as llama.cpp's server has it): for debugging templates.
   http.Post("/apply-template", guarded([this](const Request& q, Response& s) {
               CompletionRequest r = parse_completion_request(q.body, true);
@@ -384,7 +434,8 @@ void Server::Impl::routes() {
               try {
                 text = m.chat_template->render(r.messages, render_options(r));
               } catch (const Error& e) {
-                throw ApiError(400, fmt::format("the chat template rejected the messages: {}", e.what()), "messages");
+                throw ApiError(400, fmt::format("the chat template rejected the messages: {}", e.what()),
+                               "messages");
               }
               s.set_content(dump(ojson{{"prompt", text}}), "application/json");
             }));
@@ -394,8 +445,13 @@ void Server::Impl::routes() {
     const char* path;
     bool get;
   };
-  const Route known[] = {{"/", true}, {"/health", true}, {"/metrics", true}, {"/v1/models", true},
-                         {"/v1/chat/completions", false}, {"/v1/completions", false}, {"/apply-template", false}};
+  const Route known[] = {{"/", true},
+                         {"/health", true},
+                         {"/metrics", true},
+                         {"/v1/models", true},
+                         {"/v1/chat/completions", false},
+                         {"/v1/completions", false},
+                         {"/apply-template", false}};
   for (const Route& r : known) {
     const std::string allowed = r.get ? "GET" : "POST";
     auto h = [allowed](const Request& req, Response& res) {
@@ -403,8 +459,10 @@ void Server::Impl::routes() {
       send_error(res, 405, fmt::format("{} is not allowed on {}; use {}", req.method, req.path, allowed), "",
                  "method_not_allowed");
     };
-    if (r.get) http.Post(r.path, h);
-    else http.Get(r.path, h);
+    if (r.get)
+      http.Post(r.path, h);
+    else
+      http.Get(r.path, h);
     http.Put(r.path, h);
     http.Patch(r.path, h);
     http.Delete(r.path, h);
@@ -417,7 +475,9 @@ void Server::Impl::routes() {
         send_error(res, 404, fmt::format("Unknown route: {} {}", req.method, req.path), "", "not_found");
         break;
       case 413:
-        send_error(res, 413, fmt::format("the request body is larger than the limit of {} bytes (--max-body)", opts.max_body_bytes),
+        send_error(res, 413,
+                   fmt::format("the request body is larger than the limit of {} bytes (--max-body)",
+                               opts.max_body_bytes),
                    "", "request_too_large");
         break;
       case 400:
@@ -459,8 +519,8 @@ void Server::start() {
     if (impl_->bound_port <= 0) fail("cannot listen on {} (any port)", impl_->opts.host);
   } else {
     if (!impl_->http.bind_to_port(impl_->opts.host, impl_->opts.port))
-      fail("cannot listen on {}:{}: the address is in use or not available (try another --port)", impl_->opts.host,
-           impl_->opts.port);
+      fail("cannot listen on {}:{}: the address is in use or not available (try another --port)",
+           impl_->opts.host, impl_->opts.port);
     impl_->bound_port = impl_->opts.port;
   }
   impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });

@@ -19,9 +19,9 @@ namespace xpert::server {
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;                 // empty: no authentication
+  std::string api_key;  // empty: no authentication
   size_t max_body_bytes = 1 << 20;
-  int n_http_threads = 80;             // must cover the slots plus the queue plus a few for /health
+  int n_http_threads = 80;  // must cover the slots plus the queue plus a few for /health
 };
 
 struct ServedModel {
@@ -29,8 +29,8 @@ struct ServedModel {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
   Engine* engine = nullptr;
-  std::string id;                      // the name /v1/models lists (the file stem)
-  std::vector<std::string> aliases;    // other names a request may use (file name, general.name)
+  std::string id;                    // the name /v1/models lists (the file stem)
+  std::vector<std::string> aliases;  // other names a request may use (file name, general.name)
 };
 
 class Server {

@@ -109,12 +109,15 @@ TEST_F(EngineTest, ContextFullIsLength) {
   g.sampling.seed = 3;
   auto job = engine.submit(g);
   const Job::Update u = job->wait_all();
-  if (u.finish == Finish::length) EXPECT_EQ(job->n_prompt() + job->n_generated(), 40);
-  else EXPECT_EQ(u.finish, Finish::stop);
+  if (u.finish == Finish::length)
+    EXPECT_EQ(job->n_prompt() + job->n_generated(), 40);
+  else
+    EXPECT_EQ(u.finish, Finish::stop);
 }
 
 TEST_F(EngineTest, BoundedQueue) {
-  Engine engine(*model, *tok, {.n_parallel = 1, .n_ctx = 256, .n_threads = 1, .prefill_chunk = 8, .max_queue = 1});
+  Engine engine(*model, *tok,
+                {.n_parallel = 1, .n_ctx = 256, .n_threads = 1, .prefill_chunk = 8, .max_queue = 1});
   auto a = engine.submit(greedy(3, 200));
   auto b = engine.submit(greedy(3, 200));
   EXPECT_THROW(engine.submit(greedy(3, 200)), QueueFull);
