@@ -40,21 +40,13 @@ class Gemma3 : public Model {
     }
 
     TensorTable t(g);
-    const int64_t E = c.n_embd, D = c.head_dim, F = c.n_ff;
-    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
-    w_.output_norm = t.require("output_norm.weight", {E});
-    w_.output = t.optional("output.weight", {E, c.n_vocab});
+    const int64_t E = c.n_embd, F = c.n_ff;
+    require_io_weights(t, c, w_);
     w_.layers.resize(c.n_layer);
     for (int64_t i = 0; i < c.n_layer; ++i) {
       LayerWeights& l = w_.layers[i];
       auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      l.attn_norm = t.require(L("attn_norm.weight"), {E});
-      l.wq = t.require(L("attn_q.weight"), {E, c.n_head * D});
-      l.wk = t.require(L("attn_k.weight"), {E, c.n_head_kv * D});
-      l.wv = t.require(L("attn_v.weight"), {E, c.n_head_kv * D});
-      l.wo = t.require(L("attn_output.weight"), {c.n_head * D, E});
-      l.q_norm = t.require(L("attn_q_norm.weight"), {D});
-      l.k_norm = t.require(L("attn_k_norm.weight"), {D});
+      require_attention(t, c, i, {.qk_norm = true}, l);
       l.attn_post_norm = t.require(L("post_attention_norm.weight"), {E});
       l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
       l.ffn_gate = t.require(L("ffn_gate.weight"), {E, F});

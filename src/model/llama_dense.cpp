@@ -26,29 +26,13 @@ class LlamaDense : public Model {
     const bool bias = c.arch == "qwen2";
 
     TensorTable t(g);
-    const int64_t E = c.n_embd, D = c.head_dim, F = c.n_ff;
-    const int64_t q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
-    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
-    w_.output_norm = t.require("output_norm.weight", {E});
-    w_.output = t.optional("output.weight", {E, c.n_vocab});
+    const int64_t E = c.n_embd, F = c.n_ff;
+    require_io_weights(t, c, w_);
     w_.layers.resize(c.n_layer);
     for (int64_t i = 0; i < c.n_layer; ++i) {
       LayerWeights& l = w_.layers[i];
       auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      l.attn_norm = t.require(L("attn_norm.weight"), {E});
-      l.wq = t.require(L("attn_q.weight"), {E, q_dim});
-      l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
-      l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
-      l.wo = t.require(L("attn_output.weight"), {q_dim, E});
-      if (bias) {
-        l.bq = t.require(L("attn_q.bias"), {q_dim});
-        l.bk = t.require(L("attn_k.bias"), {kv_dim});
-        l.bv = t.require(L("attn_v.bias"), {kv_dim});
-      }
-      if (qk_norm) {
-        l.q_norm = t.require(L("attn_q_norm.weight"), {D});
-        l.k_norm = t.require(L("attn_k_norm.weight"), {D});
-      }
+      require_attention(t, c, i, {.bias = bias, .qk_norm = qk_norm}, l);
       l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
       l.ffn_gate = t.require(L("ffn_gate.weight"), {E, F});
       l.ffn_up = t.require(L("ffn_up.weight"), {E, F});

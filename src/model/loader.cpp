@@ -46,6 +46,31 @@ Weight TensorTable::optional(const std::string& name, std::initializer_list<int6
   return t ? check(*t, shape) : Weight{};
 }
 
+void require_io_weights(const TensorTable& t, const ModelConfig& c, ModelWeights& w) {
+  w.tok_embd = t.require("token_embd.weight", {c.n_embd, c.n_vocab});
+  w.output_norm = t.require("output_norm.weight", {c.n_embd});
+  w.output = t.optional("output.weight", {c.n_embd, c.n_vocab});
+}
+
+void require_attention(const TensorTable& t, const ModelConfig& c, int64_t il, AttentionTensors what, LayerWeights& l) {
+  const int64_t E = c.n_embd, D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+  auto L = [&](const char* s) { return TensorTable::layer(il, s); };
+  l.attn_norm = t.require(L("attn_norm.weight"), {E});
+  l.wq = t.require(L("attn_q.weight"), {E, q_dim});
+  l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
+  l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
+  l.wo = t.require(L("attn_output.weight"), {q_dim, E});
+  if (what.bias) {
+    l.bq = t.require(L("attn_q.bias"), {q_dim});
+    l.bk = t.require(L("attn_k.bias"), {kv_dim});
+    l.bv = t.require(L("attn_v.bias"), {kv_dim});
+  }
+  if (what.qk_norm) {
+    l.q_norm = t.require(L("attn_q_norm.weight"), {D});
+    l.k_norm = t.require(L("attn_k_norm.weight"), {D});
+  }
+}
+
 void read_common_config(const gguf::GGUFFile& f, ModelConfig& c) {
   ArchKeys k(f, c.arch);
   c.name = f.get_string("general.name").value_or(c.arch);

@@ -40,6 +40,14 @@ class TensorTable {
   const gguf::GGUFFile& f_;
 };
 
+// The tensors every decoder shares: embedding, final norm, output (optional: tied to the embedding).
+void require_io_weights(const TensorTable& t, const ModelConfig& c, ModelWeights& w);
+// A layer's attention block: norm, q/k/v/o projections, and optionally q/k/v biases and per-head q/k norms.
+struct AttentionTensors {
+  bool bias = false, qk_norm = false;
+};
+void require_attention(const TensorTable& t, const ModelConfig& c, int64_t il, AttentionTensors what, LayerWeights& l);
+
 // Fills the fields every llama-like architecture shares (sizes, heads, rope, eps, vocab).
 void read_common_config(const gguf::GGUFFile& f, ModelConfig& c);
 
