@@ -71,12 +71,12 @@ void require_attention(const TensorTable& t, const ModelConfig& c, int64_t il, A
   }
 }
 
-void read_common_config(const gguf::GGUFFile& f, ModelConfig& c) {
+void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff) {
   ArchKeys k(f, c.arch);
   c.name = f.get_string("general.name").value_or(c.arch);
   c.n_layer = k.require_int("block_count");
   c.n_embd = k.require_int("embedding_length");
-  c.n_ff = k.require_int("feed_forward_length");
+  c.n_ff = require_ff ? k.require_int("feed_forward_length") : k.get_int("feed_forward_length", 0);
   c.n_head = k.require_int("attention.head_count");
   c.n_head_kv = k.get_int("attention.head_count_kv", c.n_head);
   c.n_ctx_train = k.get_int("context_length", 2048);
@@ -95,7 +95,7 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c) {
   auto bad = [&](const char* what, int64_t v) { fail("{}: {} = {} is not valid", f.path(), what, v); };
   if (c.n_layer <= 0 || c.n_layer > 4096) bad("block_count", c.n_layer);
   if (c.n_embd <= 0 || c.n_embd > (1 << 20)) bad("embedding_length", c.n_embd);
-  if (c.n_ff <= 0 || c.n_ff > (1 << 22)) bad("feed_forward_length", c.n_ff);
+  if ((require_ff && c.n_ff <= 0) || c.n_ff < 0 || c.n_ff > (1 << 22)) bad("feed_forward_length", c.n_ff);
   if (c.n_head <= 0 || c.n_head > 4096) bad("attention.head_count", c.n_head);
   if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) bad("attention.head_count_kv", c.n_head_kv);
   if (c.head_dim <= 0 || c.head_dim > 4096 || c.head_dim % 2) bad("attention.key_length", c.head_dim);
@@ -111,7 +111,7 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c) {
     log::warn("{}: vocabulary has {} tokens, embedding has {} rows", f.path(), toks->count, c.n_vocab);
 }
 
-std::vector<std::string> supported_architectures() { return {"gemma3", "llama", "qwen2", "qwen3", "qwen3moe"}; }
+std::vector<std::string> supported_architectures() { return {"gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe"}; }
 
 std::unique_ptr<Model> Model::load(const std::string& path) {
   auto file = gguf::GGUFFile::open(path);
@@ -119,6 +119,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   if (arch == "gemma3") return make_gemma3(std::move(file));
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return make_llama_dense(std::move(file));
   if (arch == "qwen3moe") return make_qwen3moe(std::move(file));
+  if (arch == "qwen35" || arch == "qwen35moe") return make_qwen35(std::move(file));
   fail("{}: architecture '{}' is not supported (supported: {})", path, arch, fmt::join(supported_architectures(), ", "));
 }
 

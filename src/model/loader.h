@@ -49,11 +49,13 @@ struct AttentionTensors {
 void require_attention(const TensorTable& t, const ModelConfig& c, int64_t il, AttentionTensors what, LayerWeights& l);
 
 // Fills the fields every llama-like architecture shares (sizes, heads, rope, eps, vocab).
-void read_common_config(const gguf::GGUFFile& f, ModelConfig& c);
+// Without require_ff, a missing feed_forward_length leaves n_ff = 0 (MoE-only files).
+void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff = true);
 
 // The architecture factories (one file each).
 std::unique_ptr<Model> make_gemma3(std::unique_ptr<gguf::GGUFFile> f);
 std::unique_ptr<Model> make_llama_dense(std::unique_ptr<gguf::GGUFFile> f);
 std::unique_ptr<Model> make_qwen3moe(std::unique_ptr<gguf::GGUFFile> f);
+std::unique_ptr<Model> make_qwen35(std::unique_ptr<gguf::GGUFFile> f);  // qwen35 and qwen35moe
 
 }  // namespace xpert

@@ -16,6 +16,7 @@ namespace xpert {
 
 class ThreadPool;
 class KvCache;
+class RecurrentState;
 
 // A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
 struct Weight {
@@ -50,6 +51,16 @@ struct ModelConfig {
   int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
   bool expert_weights_norm = true;    // renormalize the chosen experts' weights to sum 1
   float expert_weights_scale = 1.0f;  // then multiply them by this
+  int64_t n_ff_shexp = 0;             // shared expert (qwen35moe), sigmoid-gated; 0: none
+  // Hybrid recurrent models (qwen35, qwen35moe): layers marked in `layer_recurrent` are Gated DeltaNet
+  // layers with a per-sequence state instead of a KV cache (see model/gated_delta_net.h).
+  std::vector<bool> layer_recurrent;
+  int64_t ssm_d_conv = 0, ssm_d_inner = 0, ssm_d_state = 0, ssm_n_group = 0, ssm_dt_rank = 0;
+  bool has_recurrent_layers() const {
+    for (bool r : layer_recurrent)
+      if (r) return true;
+    return false;
+  }
 };
 
 struct LayerWeights {
@@ -58,6 +69,12 @@ struct LayerWeights {
   // MoE: router [n_embd, n_expert]; experts as one 3-D tensor each, expert e = matrix e (a slice):
   // gate/up [n_embd, n_ff_exp, n_expert], down [n_ff_exp, n_embd, n_expert].
   Weight ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+  // Shared expert (qwen35moe): gate [n_embd] (one sigmoid gate per token), SwiGLU of n_ff_shexp.
+  Weight ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
+  // Gated DeltaNet (recurrent layers): qkv [n_embd, conv_dim], gate (z) [n_embd, value_dim],
+  // conv1d [d_conv, conv_dim], dt bias / a [n_v_heads], beta / alpha [n_embd, n_v_heads],
+  // norm [head_v_dim], out [value_dim, n_embd].
+  Weight ssm_qkv, ssm_gate, ssm_conv1d, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
 };
 
 struct ModelWeights {
@@ -83,6 +100,7 @@ struct ForwardArgs {
   int32_t seq = 0;             // cache slot
   bool all_logits = false;     // false: logits of the last token only
   std::span<const BatchSegment> segments = {};
+  RecurrentState* state = nullptr;  // per-slot recurrent state; required by models with recurrent layers
 };
 
 class Model {

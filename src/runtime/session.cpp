@@ -17,7 +17,14 @@ Session::Session(const Model& model, const SessionOptions& opts)
     : model_(model),
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
-      cache_(model.config(), resolve_ctx(model, opts.n_ctx)) {}
+      cache_(model.config(), resolve_ctx(model, opts.n_ctx)) {
+  if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config());
+}
+
+void Session::reset() {
+  n_past_ = 0;
+  if (state_) state_->reset();
+}
 
 const std::vector<float>& Session::eval(std::span<const int32_t> tokens) {
   if (tokens.empty()) fail("nothing to evaluate");
@@ -26,7 +33,8 @@ const std::vector<float>& Session::eval(std::span<const int32_t> tokens) {
   const int64_t chunk = std::max<int64_t>(1, opts_.n_batch);
   for (size_t i = 0; i < tokens.size(); i += chunk) {
     const size_t n = std::min<size_t>(chunk, tokens.size() - i);
-    ForwardArgs a{.tokens = tokens.subspan(i, n), .pos0 = (int32_t)n_past_, .cache = &cache_, .seq = 0, .all_logits = false};
+    ForwardArgs a{.tokens = tokens.subspan(i, n), .pos0 = (int32_t)n_past_, .cache = &cache_, .seq = 0, .all_logits = false,
+                  .state = state_.get()};
     model_.forward(a, logits_, pool_);
     n_past_ += n;
   }

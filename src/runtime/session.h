@@ -1,4 +1,5 @@
-// One sequence being evaluated: the model, its KV cache, the thread pool and the position reached.
+// One sequence being evaluated: the model, its KV cache (and recurrent state, for hybrid models), the
+// thread pool and the position reached.
 // eval() appends tokens (prefilled in chunks of n_batch) and returns the logits of the last one.
 #pragma once
 #include <memory>
@@ -8,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
+#include "runtime/recurrent_state.h"
 
 namespace xpert {
 
@@ -23,7 +25,7 @@ class Session {
   const std::vector<float>& eval(std::span<const int32_t> tokens);
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return cache_.n_ctx(); }
-  void reset() { n_past_ = 0; }
+  void reset();
   ThreadPool& pool() { return pool_; }
   const Model& model() const { return model_; }
 
@@ -32,6 +34,7 @@ class Session {
   SessionOptions opts_;
   ThreadPool pool_;
   KvCache cache_;
+  std::unique_ptr<RecurrentState> state_;  // hybrid models only
   int64_t n_past_ = 0;
   std::vector<float> logits_;
 };

@@ -1,0 +1,333 @@
+// qwen35 (Qwen3.5 / 3.6 dense) and qwen35moe (Qwen3.5-35B-A3B and larger): hybrid stacks where most
+// layers are Gated DeltaNet (linear attention with a per-sequence recurrent state, gated_delta_net.h)
+// and every full_attention_interval-th layer is full attention with QK-norm, partial NeoX RoPE and a
+// sigmoid output gate. Each layer: x += mixer(rmsnorm(x)); x += ffn(rmsnorm(x)); the FFN is SwiGLU
+// (qwen35) or routed experts plus a sigmoid-gated shared expert (qwen35moe). The two variants differ
+// only in the FFN, which is data here. Tensor names, shapes and keys are llama.cpp's.
+#include <cmath>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "model/blocks.h"
+#include "model/gated_delta_net.h"
+#include "model/loader.h"
+#include "model/moe.h"
+#include "runtime/kv_cache.h"
+#include "runtime/recurrent_state.h"
+
+namespace xpert {
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+struct Qwen35Scratch {
+  std::vector<float> qg, gate;            // attention: [n][n_head][2 * head_dim], [n][n_head * head_dim]
+  std::vector<float> qkv, z, alpha, beta, y;  // recurrent layers' projections and mixer output
+  std::vector<float> sh_gate, sh_up, sh_out, sh_g;  // shared expert
+  GdnScratch gdn;
+  MoeScratch moe;
+};
+
+class Qwen35 : public Model {
+ public:
+  explicit Qwen35(std::unique_ptr<gguf::GGUFFile> f) : Model(std::move(f)) {
+    const gguf::GGUFFile& g = *file_;
+    ModelConfig& c = config_;
+    c.arch = g.require_string("general.architecture");
+    moe_ = c.arch == "qwen35moe";
+    read_common_config(g, c, /*require_ff=*/!moe_);
+    c.rope_neox = true;
+    c.kq_scale = 1.0f / std::sqrt((float)c.head_dim);
+    ArchKeys k(g, c.arch);
+    auto bad = [&](const char* what, int64_t v) { fail("{}: {}.{} = {} is not valid", g.path(), c.arch, what, v); };
+
+    // Gated DeltaNet sizes.
+    c.ssm_d_conv = k.require_int("ssm.conv_kernel");
+    c.ssm_d_inner = k.require_int("ssm.inner_size");
+    c.ssm_d_state = k.require_int("ssm.state_size");
+    c.ssm_dt_rank = k.require_int("ssm.time_step_rank");
+    c.ssm_n_group = k.require_int("ssm.group_count");
+    if (c.ssm_d_conv < 1 || c.ssm_d_conv > 64) bad("ssm.conv_kernel", c.ssm_d_conv);
+    if (c.ssm_d_state <= 0 || c.ssm_d_state > 4096) bad("ssm.state_size", c.ssm_d_state);
+    if (c.ssm_dt_rank <= 0 || c.ssm_dt_rank > 4096) bad("ssm.time_step_rank", c.ssm_dt_rank);
+    if (c.ssm_n_group <= 0 || c.ssm_dt_rank % c.ssm_n_group) bad("ssm.group_count", c.ssm_n_group);
+    if (c.ssm_d_inner <= 0 || c.ssm_d_inner % c.ssm_dt_rank) bad("ssm.inner_size", c.ssm_d_inner);
+    if (c.ssm_d_inner / c.ssm_dt_rank != c.ssm_d_state)
+      fail("{}: value head size {} != key head size {} (ssm.inner_size / ssm.time_step_rank vs ssm.state_size) "
+           "is not supported",
+           g.path(), c.ssm_d_inner / c.ssm_dt_rank, c.ssm_d_state);
+
+    // Which layers are recurrent: an explicit per-layer array, else every interval-th layer is attention.
+    c.layer_recurrent.assign(c.n_layer, false);
+    if (const gguf::Value* rl = k.find("attention.recurrent_layers")) {
+      if (rl->type != gguf::ValueType::ARRAY || (int64_t)rl->count < c.n_layer)
+        fail("{}: {}.attention.recurrent_layers must be an array of at least {} entries", g.path(), c.arch, c.n_layer);
+      for (int64_t i = 0; i < c.n_layer; ++i) c.layer_recurrent[i] = rl->int_at(i) != 0;
+    } else {
+      const int64_t interval = k.get_int("full_attention_interval", 4);
+      if (interval <= 0) bad("full_attention_interval", interval);
+      for (int64_t i = 0; i < c.n_layer; ++i) c.layer_recurrent[i] = (i + 1) % interval != 0;
+    }
+    check_rope_sections(k);
+
+    if (moe_) {
+      c.n_expert = k.require_int("expert_count");
+      c.n_expert_used = k.require_int("expert_used_count");
+      if (c.n_expert <= 0 || c.n_expert > 4096) bad("expert_count", c.n_expert);
+      if (c.n_expert_used <= 0 || c.n_expert_used > c.n_expert) bad("expert_used_count", c.n_expert_used);
+      c.n_ff_exp = k.get_int("expert_feed_forward_length", c.n_ff / c.n_expert_used);
+      c.n_ff_shexp = k.get_int("expert_shared_feed_forward_length", c.n_ff);
+      if (c.n_ff_exp <= 0 || c.n_ff_exp > (1 << 20)) bad("expert_feed_forward_length", c.n_ff_exp);
+      if (c.n_ff_shexp < 0 || c.n_ff_shexp > (1 << 22)) bad("expert_shared_feed_forward_length", c.n_ff_shexp);
+      c.expert_weights_norm = true;  // llama.cpp renormalizes the top-k weights for this architecture
+      c.expert_weights_scale = (float)k.get_float("expert_weights_scale", 1.0);
+      if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 means unscaled
+    }
+    load_tensors();
+  }
+
+  void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
+    const ModelConfig& c = config_;
+    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd;
+    thread_local Scratch s;
+    thread_local Qwen35Scratch q;
+    if (!args.cache) fail("{}: forward needs a KV cache", c.arch);
+    begin_forward(c, args, s);
+    begin_recurrent(args, s);
+    embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const LayerWeights& l = w_.layers[il];
+      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      if (c.layer_recurrent[il]) delta_net_layer(l, il, args, s, q, pool);
+      else gated_attention(l, il, args, s, q, pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+
+      cpu::rmsnorm(s.x.data(), l.attn_post_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      ffn(l, n, s, q, pool);
+      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+    }
+    output_logits(c, w_, args, s, logits, pool);
+    for (const BatchSegment& g : s.segments) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);
+  }
+
+ private:
+  // IMRoPE (interleaved multi-section RoPE) on text positions rotates every pair at the token's
+  // position, i.e. plain NeoX RoPE over n_rot dims, as long as every pair falls in the t/h/w sections
+  // (pairs of the 4th section would take position 0, which the text path does not support).
+  void check_rope_sections(const ArchKeys& k) const {
+    const ModelConfig& c = config_;
+    const gguf::Value* v = k.find("rope.dimension_sections");
+    if (!v) fail("{}: key {}.rope.dimension_sections is missing", file_->path(), c.arch);
+    if (v->type != gguf::ValueType::ARRAY || v->count < 3 || v->count > 4)
+      fail("{}: {}.rope.dimension_sections must be an array of 4 integers", file_->path(), c.arch);
+    int64_t sec[4] = {0, 0, 0, 0};
+    for (uint64_t i = 0; i < v->count; ++i) sec[i] = v->int_at(i);
+    const int64_t total = sec[0] + sec[1] + sec[2] + sec[3];
+    if (total <= 0 || total > c.n_rot / 2)
+      fail("{}: rope.dimension_sections sum to {}, expected 1..{}", file_->path(), total, c.n_rot / 2);
+    for (int64_t i = 0; i < c.n_rot / 2; ++i) {
+      const int64_t sector = i % total;
+      const bool thw = (sector % 3 == 0 && sector < 3 * sec[0]) || (sector % 3 == 1 && sector < 3 * sec[1]) ||
+                       (sector % 3 == 2 && sector < 3 * sec[2]);
+      if (!thw)
+        fail("{}: rope.dimension_sections [{}, {}, {}, {}] put rotary pair {} in the extra section, which xpert "
+             "does not support",
+             file_->path(), sec[0], sec[1], sec[2], sec[3], i);
+    }
+  }
+
+  void load_tensors() {
+    const ModelConfig& c = config_;
+    const gguf::GGUFFile& g = *file_;
+    TensorTable t(g);
+    const GdnShape gs = gdn_shape(c);
+    const int64_t E = c.n_embd, D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
+    w_.output_norm = t.require("output_norm.weight", {E});
+    w_.output = t.optional("output.weight", {E, c.n_vocab});
+    w_.layers.resize(c.n_layer);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      LayerWeights& l = w_.layers[i];
+      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
+      l.attn_norm = t.require(L("attn_norm.weight"), {E});
+      l.attn_post_norm = t.require(L("post_attention_norm.weight"), {E});
+      if (c.layer_recurrent[i]) {
+        const int64_t Hv = gs.n_v_heads;
+        l.ssm_qkv = t.require(L("attn_qkv.weight"), {E, gs.conv_dim()});
+        l.ssm_gate = t.require(L("attn_gate.weight"), {E, gs.value_dim()});
+        l.ssm_conv1d = t.require(L("ssm_conv1d.weight"), {gs.d_conv, gs.conv_dim()});
+        if (l.ssm_conv1d.type != DType::F32)
+          fail("{}: tensor '{}' must be F32 (it is {})", g.path(), L("ssm_conv1d.weight"),
+               dtype_info(l.ssm_conv1d.type).name);
+        l.ssm_dt = t.require(L("ssm_dt.bias"), {Hv});
+        l.ssm_a = t.require(L("ssm_a"), {Hv});
+        l.ssm_beta = t.require(L("ssm_beta.weight"), {E, Hv});
+        l.ssm_alpha = t.require(L("ssm_alpha.weight"), {E, Hv});
+        l.ssm_norm = t.require(L("ssm_norm.weight"), {gs.head_v_dim});
+        l.ssm_out = t.require(L("ssm_out.weight"), {gs.value_dim(), E});
+      } else {
+        l.wq = t.require(L("attn_q.weight"), {E, 2 * q_dim});  // q and its output gate, per head
+        l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
+        l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
+        l.wo = t.require(L("attn_output.weight"), {q_dim, E});
+        l.q_norm = t.require(L("attn_q_norm.weight"), {D});
+        l.k_norm = t.require(L("attn_k_norm.weight"), {D});
+      }
+      if (moe_) {
+        const int64_t F = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
+        l.ffn_gate_inp = t.require(L("ffn_gate_inp.weight"), {E, X});
+        l.ffn_gate_exps = t.require(L("ffn_gate_exps.weight"), {E, F, X});
+        l.ffn_up_exps = t.require(L("ffn_up_exps.weight"), {E, F, X});
+        l.ffn_down_exps = t.require(L("ffn_down_exps.weight"), {F, E, X});
+        l.ffn_gate_exps.ne[2] = l.ffn_up_exps.ne[2] = l.ffn_down_exps.ne[2] = X;
+        if (Fs > 0) {
+          l.ffn_gate_inp_shexp = t.optional(L("ffn_gate_inp_shexp.weight"), {E});
+          l.ffn_gate_shexp = t.optional(L("ffn_gate_shexp.weight"), {E, Fs});
+          l.ffn_up_shexp = t.optional(L("ffn_up_shexp.weight"), {E, Fs});
+          l.ffn_down_shexp = t.optional(L("ffn_down_shexp.weight"), {Fs, E});
+          const int n_sh = !!l.ffn_gate_inp_shexp + !!l.ffn_gate_shexp + !!l.ffn_up_shexp + !!l.ffn_down_shexp;
+          if (n_sh != 0 && n_sh != 4)
+            fail("{}: layer {} has only some of the shared expert's tensors (ffn_gate_inp_shexp, ffn_gate_shexp, "
+                 "ffn_up_shexp, ffn_down_shexp)",
+                 g.path(), i);
+        }
+      } else {
+        l.ffn_gate = t.require(L("ffn_gate.weight"), {E, c.n_ff});
+        l.ffn_up = t.require(L("ffn_up.weight"), {E, c.n_ff});
+        l.ffn_down = t.require(L("ffn_down.weight"), {c.n_ff, E});
+      }
+    }
+  }
+
+  // Checks the batch against the slots' recurrent states before anything changes; clears slots that
+  // start over at position 0.
+  void begin_recurrent(const ForwardArgs& args, const Scratch& s) const {
+    RecurrentState* st = args.state;
+    if (!st) fail("{}: this model has recurrent layers; forward needs a RecurrentState", config_.arch);
+    for (size_t i = 0; i < s.segments.size(); ++i) {
+      const BatchSegment& g = s.segments[i];
+      if (g.seq < 0 || g.seq >= st->n_seq()) fail("sequence slot {} out of range (0..{})", g.seq, st->n_seq() - 1);
+      for (size_t j = 0; j < i; ++j)
+        if (s.segments[j].seq == g.seq) fail("sequence slot {} appears twice in one batch", g.seq);
+      if (g.pos0 != 0 && st->n_pos(g.seq) != g.pos0)
+        fail("slot {}: the recurrent state is at position {}, the batch continues at {}; recurrent layers "
+             "cannot rewind (restart the sequence at position 0)",
+             g.seq, st->n_pos(g.seq), g.pos0);
+    }
+    for (const BatchSegment& g : s.segments)
+      if (g.pos0 == 0) st->reset(g.seq);
+  }
+
+  // cur [n][n_embd] -> s.out [n][n_embd], each segment through its own slot's state.
+  void delta_net_layer(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s, Qwen35Scratch& q,
+                       ThreadPool& pool) const {
+    const int64_t n = (int64_t)args.tokens.size();
+    const GdnShape gs = args.state->shape();
+    const int64_t CD = gs.conv_dim(), VD = gs.value_dim(), Hv = gs.n_v_heads;
+    q.qkv.resize(n * CD);
+    q.z.resize(n * VD);
+    q.alpha.resize(n * Hv);
+    q.beta.resize(n * Hv);
+    q.y.resize(n * VD);
+    linear(l.ssm_qkv, s.cur.data(), n, q.qkv.data(), pool);
+    linear(l.ssm_gate, s.cur.data(), n, q.z.data(), pool);
+    linear(l.ssm_alpha, s.cur.data(), n, q.alpha.data(), pool);
+    linear(l.ssm_beta, s.cur.data(), n, q.beta.data(), pool);
+    const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(), .dt_bias = l.ssm_dt.f32(), .a = l.ssm_a.f32(), .norm = l.ssm_norm.f32()};
+    int64_t row = 0;
+    for (const BatchSegment& g : s.segments) {
+      const GdnLayerInputs in{.qkv = q.qkv.data() + row * CD,
+                              .z = q.z.data() + row * VD,
+                              .alpha = q.alpha.data() + row * Hv,
+                              .beta = q.beta.data() + row * Hv,
+                              .n_tokens = g.n_tokens};
+      gated_delta_net(gs, p, in, args.state->conv(il, g.seq), args.state->ssm(il, g.seq), q.y.data() + row * VD, q.gdn,
+                      pool);
+      row += g.n_tokens;
+    }
+    linear(l.ssm_out, q.y.data(), n, s.out.data(), pool);
+  }
+
+  // Full attention with QK-norm, partial NeoX RoPE, and the output gated by sigmoid(gate), where q and
+  // gate come interleaved per head from one projection.
+  void gated_attention(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s, Qwen35Scratch& q,
+                       ThreadPool& pool) const {
+    const ModelConfig& c = config_;
+    const int64_t n = (int64_t)args.tokens.size();
+    const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+    q.qg.resize(n * 2 * q_dim);
+    q.gate.resize(n * q_dim);
+    linear(l.wq, s.cur.data(), n, q.qg.data(), pool);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        const float* src = q.qg.data() + (t * c.n_head + h) * 2 * D;
+        std::copy(src, src + D, s.q.data() + (t * c.n_head + h) * D);
+        std::copy(src + D, src + 2 * D, q.gate.data() + (t * c.n_head + h) * D);
+      }
+    linear(l.wk, s.cur.data(), n, s.k.data(), pool);
+    linear(l.wv, s.cur.data(), n, s.v.data(), pool);
+    cpu::rmsnorm(s.q.data(), l.q_norm.f32(), s.q.data(), n * c.n_head, D, c.rms_eps);
+    cpu::rmsnorm(s.k.data(), l.k_norm.f32(), s.k.data(), n * c.n_head_kv, D, c.rms_eps);
+    cpu::rope(s.q.data(), s.pos.data(), n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale, cpu::RopeMode::neox);
+    cpu::rope(s.k.data(), s.pos.data(), n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale, cpu::RopeMode::neox);
+
+    KvCache& kv = *args.cache;
+    int64_t row = 0;
+    for (const BatchSegment& g : s.segments) {
+      uint16_t* kc = kv.k(il, g.seq);
+      uint16_t* vc = kv.v(il, g.seq);
+      cpu::store_f16(s.k.data() + row * kv_dim, kc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
+      cpu::store_f16(s.v.data() + row * kv_dim, vc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
+      cpu::AttentionArgs a{.q = s.q.data() + row * q_dim, .k = kc, .v = vc, .out = s.att.data() + row * q_dim,
+                           .pos = s.pos.data() + row, .n_tokens = g.n_tokens, .n_head = c.n_head,
+                           .n_head_kv = c.n_head_kv, .head_dim = D, .n_kv = g.pos0 + g.n_tokens,
+                           .kq_scale = c.kq_scale, .sliding_window = 0};
+      cpu::attention(a, pool);
+      row += g.n_tokens;
+    }
+    for (int64_t i = 0; i < n * q_dim; ++i) s.att[i] *= sigmoid(q.gate[i]);
+    linear(l.wo, s.att.data(), n, s.out.data(), pool);
+  }
+
+  // cur [n][n_embd] -> s.out: SwiGLU, or routed experts + sigmoid(x . g_sh) * shared expert.
+  void ffn(const LayerWeights& l, int64_t n, Scratch& s, Qwen35Scratch& q, ThreadPool& pool) const {
+    const ModelConfig& c = config_;
+    const int64_t E = c.n_embd;
+    if (!moe_) {
+      linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
+      linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
+      cpu::swiglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * c.n_ff);
+      linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
+      return;
+    }
+    moe_ffn(c, l, s.cur.data(), n, s.out.data(), q.moe, pool);
+    if (!l.ffn_up_shexp) return;
+    const int64_t Fs = c.n_ff_shexp;
+    q.sh_gate.resize(n * Fs);
+    q.sh_up.resize(n * Fs);
+    q.sh_out.resize(n * E);
+    q.sh_g.resize(n);
+    linear(l.ffn_gate_shexp, s.cur.data(), n, q.sh_gate.data(), pool);
+    linear(l.ffn_up_shexp, s.cur.data(), n, q.sh_up.data(), pool);
+    cpu::swiglu(q.sh_gate.data(), q.sh_up.data(), q.sh_gate.data(), n * Fs);
+    linear(l.ffn_down_shexp, q.sh_gate.data(), n, q.sh_out.data(), pool);
+    Weight gate_vec = l.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
+    gate_vec.ne[0] = E;
+    gate_vec.ne[1] = 1;
+    linear(gate_vec, s.cur.data(), n, q.sh_g.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      const float gt = sigmoid(q.sh_g[t]);
+      float* o = s.out.data() + t * E;
+      const float* sh = q.sh_out.data() + t * E;
+      for (int64_t i = 0; i < E; ++i) o[i] += sh[i] * gt;
+    }
+  }
+
+  bool moe_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen35(std::unique_ptr<gguf::GGUFFile> f) { return std::make_unique<Qwen35>(std::move(f)); }
+
+}  // namespace xpert

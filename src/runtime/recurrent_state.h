@@ -1,0 +1,42 @@
+// Per-sequence state of a hybrid model's recurrent (Gated DeltaNet) layers: for each sequence slot and
+// recurrent layer, the conv state [d_conv-1][conv_dim] and the delta-rule state
+// [n_v_heads][head_k_dim][head_v_dim], fp32. Unlike the KV cache it cannot be rolled back, so each slot
+// also records the position it has reached: a batch must continue a slot exactly there, or restart it
+// at position 0 (which clears it).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/gated_delta_net.h"
+#include "model/model.h"
+
+namespace xpert {
+
+// The GDN shape of a model's recurrent layers, from its config.
+GdnShape gdn_shape(const ModelConfig& c);
+
+class RecurrentState {
+ public:
+  RecurrentState(const ModelConfig& c, int n_seq = 1);
+  int n_seq() const { return n_seq_; }
+  const GdnShape& shape() const { return shape_; }
+  float* conv(int64_t layer, int seq) { return data_.data() + offset(layer, seq); }
+  float* ssm(int64_t layer, int seq) { return conv(layer, seq) + shape_.conv_state_size(); }
+  int64_t n_pos(int seq) const { return n_pos_[seq]; }  // tokens the slot's state has absorbed
+  void set_n_pos(int seq, int64_t n) { n_pos_[seq] = n; }
+  void reset(int seq);  // zero state, position 0
+  void reset();
+  size_t bytes() const { return data_.size() * sizeof(float); }
+
+ private:
+  size_t offset(int64_t layer, int seq) const;
+  GdnShape shape_;
+  int n_seq_;
+  std::vector<int32_t> layer_index_;  // model layer -> index among recurrent layers, -1 for attention
+  int64_t n_recurrent_ = 0;
+  size_t slot_floats_ = 0;  // per layer and slot
+  std::vector<float> data_;
+  std::vector<int64_t> n_pos_;
+};
+
+}  // namespace xpert
