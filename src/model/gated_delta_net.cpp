@@ -198,7 +198,8 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
   sc.beta.resize(T * Hv);
   causal_conv1d_silu(in.qkv, T, CD, p.conv1d, s.d_conv, conv_state, sc.conv_out.data());
   // q and k are the first 2 * key_dim channels of each row: normalize them per head in place.
-  for (int64_t t = 0; t < T; ++t) l2_norm_rows(sc.conv_out.data() + t * CD, 2 * s.n_k_heads, s.head_k_dim, s.eps);
+  for (int64_t t = 0; t < T; ++t)
+    l2_norm_rows(sc.conv_out.data() + t * CD, 2 * s.n_k_heads, s.head_k_dim, s.eps);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < Hv; ++h) {
       sc.g[t * Hv + h] = softplus(in.alpha[t * Hv + h] + p.dt_bias[h]) * p.a[h];
@@ -216,8 +217,10 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
                         .v_stride = CD};
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  if (form == DeltaRuleForm::chunked) delta_rule_chunked(s, a, pool);
-  else delta_rule_recurrent(s, a, pool);
+  if (form == DeltaRuleForm::chunked)
+    delta_rule_chunked(s, a, pool);
+  else
+    delta_rule_recurrent(s, a, pool);
   // Gated RMS norm per head: rmsnorm(o) * w * silu(z).
   cpu::rmsnorm(out, p.norm, out, T * Hv, dv, s.eps);
   for (int64_t i = 0; i < T * Hv * dv; ++i) out[i] *= silu(in.z[i]);

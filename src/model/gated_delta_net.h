@@ -20,10 +20,10 @@
 namespace xpert {
 
 struct GdnShape {
-  int64_t d_conv = 4;                           // conv kernel length
-  int64_t n_k_heads = 0, n_v_heads = 0;         // ssm.group_count, ssm.time_step_rank
-  int64_t head_k_dim = 0, head_v_dim = 0;       // ssm.state_size, ssm.inner_size / n_v_heads
-  float eps = 1e-6f;                            // of the L2 norms and the gated RMS norm
+  int64_t d_conv = 4;                      // conv kernel length
+  int64_t n_k_heads = 0, n_v_heads = 0;    // ssm.group_count, ssm.time_step_rank
+  int64_t head_k_dim = 0, head_v_dim = 0;  // ssm.state_size, ssm.inner_size / n_v_heads
+  float eps = 1e-6f;                       // of the L2 norms and the gated RMS norm
   int64_t key_dim() const { return n_k_heads * head_k_dim; }
   int64_t value_dim() const { return n_v_heads * head_v_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels: q | k | v

@@ -21,7 +21,7 @@ namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 struct Qwen35Scratch {
-  std::vector<float> qg, gate;            // attention: [n][n_head][2 * head_dim], [n][n_head * head_dim]
+  std::vector<float> qg, gate;                // attention: [n][n_head][2 * head_dim], [n][n_head * head_dim]
   std::vector<float> qkv, z, alpha, beta, y;  // recurrent layers' projections and mixer output
   std::vector<float> sh_gate, sh_up, sh_out, sh_g;  // shared expert
   GdnScratch gdn;
@@ -39,7 +39,9 @@ class Qwen35 : public Model {
     c.rope_neox = true;
     c.kq_scale = 1.0f / std::sqrt((float)c.head_dim);
     ArchKeys k(g, c.arch);
-    auto bad = [&](const char* what, int64_t v) { fail("{}: {}.{} = {} is not valid", g.path(), c.arch, what, v); };
+    auto bad = [&](const char* what, int64_t v) {
+      fail("{}: {}.{} = {} is not valid", g.path(), c.arch, what, v);
+    };
 
     // Gated DeltaNet sizes.
     c.ssm_d_conv = k.require_int("ssm.conv_kernel");
@@ -53,15 +55,18 @@ class Qwen35 : public Model {
     if (c.ssm_n_group <= 0 || c.ssm_dt_rank % c.ssm_n_group) bad("ssm.group_count", c.ssm_n_group);
     if (c.ssm_d_inner <= 0 || c.ssm_d_inner % c.ssm_dt_rank) bad("ssm.inner_size", c.ssm_d_inner);
     if (c.ssm_d_inner / c.ssm_dt_rank != c.ssm_d_state)
-      fail("{}: value head size {} != key head size {} (ssm.inner_size / ssm.time_step_rank vs ssm.state_size) "
-           "is not supported",
-           g.path(), c.ssm_d_inner / c.ssm_dt_rank, c.ssm_d_state);
+      fail(
+          "{}: value head size {} != key head size {} (ssm.inner_size / ssm.time_step_rank vs "
+          "ssm.state_size) "
+          "is not supported",
+          g.path(), c.ssm_d_inner / c.ssm_dt_rank, c.ssm_d_state);
 
     // Which layers are recurrent: an explicit per-layer array, else every interval-th layer is attention.
     c.layer_recurrent.assign(c.n_layer, false);
     if (const gguf::Value* rl = k.find("attention.recurrent_layers")) {
       if (rl->type != gguf::ValueType::ARRAY || (int64_t)rl->count < c.n_layer)
-        fail("{}: {}.attention.recurrent_layers must be an array of at least {} entries", g.path(), c.arch, c.n_layer);
+        fail("{}: {}.attention.recurrent_layers must be an array of at least {} entries", g.path(), c.arch,
+             c.n_layer);
       for (int64_t i = 0; i < c.n_layer; ++i) c.layer_recurrent[i] = rl->int_at(i) != 0;
     } else {
       const int64_t interval = k.get_int("full_attention_interval", 4);
@@ -78,7 +83,8 @@ class Qwen35 : public Model {
       c.n_ff_exp = k.get_int("expert_feed_forward_length", c.n_ff / c.n_expert_used);
       c.n_ff_shexp = k.get_int("expert_shared_feed_forward_length", c.n_ff);
       if (c.n_ff_exp <= 0 || c.n_ff_exp > (1 << 20)) bad("expert_feed_forward_length", c.n_ff_exp);
-      if (c.n_ff_shexp < 0 || c.n_ff_shexp > (1 << 22)) bad("expert_shared_feed_forward_length", c.n_ff_shexp);
+      if (c.n_ff_shexp < 0 || c.n_ff_shexp > (1 << 22))
+        bad("expert_shared_feed_forward_length", c.n_ff_shexp);
       c.expert_weights_norm = true;  // llama.cpp renormalizes the top-k weights for this architecture
       c.expert_weights_scale = (float)k.get_float("expert_weights_scale", 1.0);
       if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 means unscaled
@@ -98,8 +104,10 @@ class Qwen35 : public Model {
     for (int64_t il = 0; il < c.n_layer; ++il) {
       const LayerWeights& l = w_.layers[il];
       cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      if (c.layer_recurrent[il]) delta_net_layer(l, il, args, s, q, pool);
-      else gated_attention(l, il, args, s, q, pool);
+      if (c.layer_recurrent[il])
+        delta_net_layer(l, il, args, s, q, pool);
+      else
+        gated_attention(l, il, args, s, q, pool);
       cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
 
       cpu::rmsnorm(s.x.data(), l.attn_post_norm.f32(), s.cur.data(), n, E, c.rms_eps);
@@ -130,9 +138,11 @@ class Qwen35 : public Model {
       const bool thw = (sector % 3 == 0 && sector < 3 * sec[0]) || (sector % 3 == 1 && sector < 3 * sec[1]) ||
                        (sector % 3 == 2 && sector < 3 * sec[2]);
       if (!thw)
-        fail("{}: rope.dimension_sections [{}, {}, {}, {}] put rotary pair {} in the extra section, which xpert "
-             "does not support",
-             file_->path(), sec[0], sec[1], sec[2], sec[3], i);
+        fail(
+            "{}: rope.dimension_sections [{}, {}, {}, {}] put rotary pair {} in the extra section, which "
+            "xpert "
+            "does not support",
+            file_->path(), sec[0], sec[1], sec[2], sec[3], i);
     }
   }
 
@@ -185,11 +195,14 @@ class Qwen35 : public Model {
           l.ffn_gate_shexp = t.optional(L("ffn_gate_shexp.weight"), {E, Fs});
           l.ffn_up_shexp = t.optional(L("ffn_up_shexp.weight"), {E, Fs});
           l.ffn_down_shexp = t.optional(L("ffn_down_shexp.weight"), {Fs, E});
-          const int n_sh = !!l.ffn_gate_inp_shexp + !!l.ffn_gate_shexp + !!l.ffn_up_shexp + !!l.ffn_down_shexp;
+          const int n_sh =
+              !!l.ffn_gate_inp_shexp + !!l.ffn_gate_shexp + !!l.ffn_up_shexp + !!l.ffn_down_shexp;
           if (n_sh != 0 && n_sh != 4)
-            fail("{}: layer {} has only some of the shared expert's tensors (ffn_gate_inp_shexp, ffn_gate_shexp, "
-                 "ffn_up_shexp, ffn_down_shexp)",
-                 g.path(), i);
+            fail(
+                "{}: layer {} has only some of the shared expert's tensors (ffn_gate_inp_shexp, "
+                "ffn_gate_shexp, "
+                "ffn_up_shexp, ffn_down_shexp)",
+                g.path(), i);
         }
       } else {
         l.ffn_gate = t.require(L("ffn_gate.weight"), {E, c.n_ff});
@@ -206,21 +219,23 @@ class Qwen35 : public Model {
     if (!st) fail("{}: this model has recurrent layers; forward needs a RecurrentState", config_.arch);
     for (size_t i = 0; i < s.segments.size(); ++i) {
       const BatchSegment& g = s.segments[i];
-      if (g.seq < 0 || g.seq >= st->n_seq()) fail("sequence slot {} out of range (0..{})", g.seq, st->n_seq() - 1);
+      if (g.seq < 0 || g.seq >= st->n_seq())
+        fail("sequence slot {} out of range (0..{})", g.seq, st->n_seq() - 1);
       for (size_t j = 0; j < i; ++j)
         if (s.segments[j].seq == g.seq) fail("sequence slot {} appears twice in one batch", g.seq);
       if (g.pos0 != 0 && st->n_pos(g.seq) != g.pos0)
-        fail("slot {}: the recurrent state is at position {}, the batch continues at {}; recurrent layers "
-             "cannot rewind (restart the sequence at position 0)",
-             g.seq, st->n_pos(g.seq), g.pos0);
+        fail(
+            "slot {}: the recurrent state is at position {}, the batch continues at {}; recurrent layers "
+            "cannot rewind (restart the sequence at position 0)",
+            g.seq, st->n_pos(g.seq), g.pos0);
     }
     for (const BatchSegment& g : s.segments)
       if (g.pos0 == 0) st->reset(g.seq);
   }
 
   // cur [n][n_embd] -> s.out [n][n_embd], each segment through its own slot's state.
-  void delta_net_layer(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s, Qwen35Scratch& q,
-                       ThreadPool& pool) const {
+  void delta_net_layer(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s,
+                       Qwen35Scratch& q, ThreadPool& pool) const {
     const int64_t n = (int64_t)args.tokens.size();
     const GdnShape gs = args.state->shape();
     const int64_t CD = gs.conv_dim(), VD = gs.value_dim(), Hv = gs.n_v_heads;
@@ -233,7 +248,10 @@ class Qwen35 : public Model {
     linear(l.ssm_gate, s.cur.data(), n, q.z.data(), pool);
     linear(l.ssm_alpha, s.cur.data(), n, q.alpha.data(), pool);
     linear(l.ssm_beta, s.cur.data(), n, q.beta.data(), pool);
-    const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(), .dt_bias = l.ssm_dt.f32(), .a = l.ssm_a.f32(), .norm = l.ssm_norm.f32()};
+    const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
+                           .dt_bias = l.ssm_dt.f32(),
+                           .a = l.ssm_a.f32(),
+                           .norm = l.ssm_norm.f32()};
     int64_t row = 0;
     for (const BatchSegment& g : s.segments) {
       const GdnLayerInputs in{.qkv = q.qkv.data() + row * CD,
@@ -241,8 +259,8 @@ class Qwen35 : public Model {
                               .alpha = q.alpha.data() + row * Hv,
                               .beta = q.beta.data() + row * Hv,
                               .n_tokens = g.n_tokens};
-      gated_delta_net(gs, p, in, args.state->conv(il, g.seq), args.state->ssm(il, g.seq), q.y.data() + row * VD, q.gdn,
-                      pool);
+      gated_delta_net(gs, p, in, args.state->conv(il, g.seq), args.state->ssm(il, g.seq),
+                      q.y.data() + row * VD, q.gdn, pool);
       row += g.n_tokens;
     }
     linear(l.ssm_out, q.y.data(), n, s.out.data(), pool);
@@ -250,8 +268,8 @@ class Qwen35 : public Model {
 
   // Full attention with QK-norm, partial NeoX RoPE, and the output gated by sigmoid(gate), where q and
   // gate come interleaved per head from one projection.
-  void gated_attention(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s, Qwen35Scratch& q,
-                       ThreadPool& pool) const {
+  void gated_attention(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s,
+                       Qwen35Scratch& q, ThreadPool& pool) const {
     const ModelConfig& c = config_;
     const int64_t n = (int64_t)args.tokens.size();
     const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
@@ -268,8 +286,10 @@ class Qwen35 : public Model {
     linear(l.wv, s.cur.data(), n, s.v.data(), pool);
     cpu::rmsnorm(s.q.data(), l.q_norm.f32(), s.q.data(), n * c.n_head, D, c.rms_eps);
     cpu::rmsnorm(s.k.data(), l.k_norm.f32(), s.k.data(), n * c.n_head_kv, D, c.rms_eps);
-    cpu::rope(s.q.data(), s.pos.data(), n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale, cpu::RopeMode::neox);
-    cpu::rope(s.k.data(), s.pos.data(), n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale, cpu::RopeMode::neox);
+    cpu::rope(s.q.data(), s.pos.data(), n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale,
+              cpu::RopeMode::neox);
+    cpu::rope(s.k.data(), s.pos.data(), n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale,
+              cpu::RopeMode::neox);
 
     KvCache& kv = *args.cache;
     int64_t row = 0;
@@ -278,10 +298,18 @@ class Qwen35 : public Model {
       uint16_t* vc = kv.v(il, g.seq);
       cpu::store_f16(s.k.data() + row * kv_dim, kc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
       cpu::store_f16(s.v.data() + row * kv_dim, vc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
-      cpu::AttentionArgs a{.q = s.q.data() + row * q_dim, .k = kc, .v = vc, .out = s.att.data() + row * q_dim,
-                           .pos = s.pos.data() + row, .n_tokens = g.n_tokens, .n_head = c.n_head,
-                           .n_head_kv = c.n_head_kv, .head_dim = D, .n_kv = g.pos0 + g.n_tokens,
-                           .kq_scale = c.kq_scale, .sliding_window = 0};
+      cpu::AttentionArgs a{.q = s.q.data() + row * q_dim,
+                           .k = kc,
+                           .v = vc,
+                           .out = s.att.data() + row * q_dim,
+                           .pos = s.pos.data() + row,
+                           .n_tokens = g.n_tokens,
+                           .n_head = c.n_head,
+                           .n_head_kv = c.n_head_kv,
+                           .head_dim = D,
+                           .n_kv = g.pos0 + g.n_tokens,
+                           .kq_scale = c.kq_scale,
+                           .sliding_window = 0};
       cpu::attention(a, pool);
       row += g.n_tokens;
     }
@@ -328,6 +356,8 @@ class Qwen35 : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen35(std::unique_ptr<gguf::GGUFFile> f) { return std::make_unique<Qwen35>(std::move(f)); }
+std::unique_ptr<Model> make_qwen35(std::unique_ptr<gguf::GGUFFile> f) {
+  return std::make_unique<Qwen35>(std::move(f));
+}
 
 }  // namespace xpert

@@ -24,7 +24,8 @@ RecurrentState::RecurrentState(const ModelConfig& c, int n_seq) : shape_(gdn_sha
     if (c.layer_recurrent[il]) layer_index_[il] = (int32_t)n_recurrent_++;
   slot_floats_ = (size_t)(shape_.conv_state_size() + shape_.ssm_state_size());
   const double bytes = 4.0 * (double)n_recurrent_ * n_seq * slot_floats_;
-  if (bytes > 64.0 * (1ull << 30)) fail("recurrent state of {:.1f} GiB for {} sequences is too large", bytes / (1ull << 30), n_seq);
+  if (bytes > 64.0 * (1ull << 30))
+    fail("recurrent state of {:.1f} GiB for {} sequences is too large", bytes / (1ull << 30), n_seq);
   data_.assign((size_t)n_recurrent_ * n_seq * slot_floats_, 0.0f);
   n_pos_.assign(n_seq, 0);
 }

@@ -31,7 +31,8 @@ Inputs random_inputs(const GdnShape& s, int64_t T, uint32_t seed) {
   for (auto& x : in.k) x = n01(rng);
   for (auto& x : in.v) x = n01(rng);
   // Decays as the model makes them: softplus(alpha + dt_bias) * -exp(A_log), mostly near 0, some strong.
-  for (auto& x : in.g) x = -std::log1p(std::exp(n01(rng) * 2.0f - 1.0f)) * (0.1f + 4.0f * u01(rng) * u01(rng));
+  for (auto& x : in.g)
+    x = -std::log1p(std::exp(n01(rng) * 2.0f - 1.0f)) * (0.1f + 4.0f * u01(rng) * u01(rng));
   for (auto& x : in.beta) x = 1.0f / (1.0f + std::exp(-n01(rng)));
   l2_norm_rows(in.q.data(), T * s.n_k_heads, s.head_k_dim, 1e-6f);
   l2_norm_rows(in.k.data(), T * s.n_k_heads, s.head_k_dim, 1e-6f);
@@ -39,7 +40,8 @@ Inputs random_inputs(const GdnShape& s, int64_t T, uint32_t seed) {
 }
 
 // The recurrence as transformers' torch_recurrent_gated_delta_rule writes it, in double.
-void reference(const GdnShape& s, const Inputs& in, int64_t T, std::vector<double>& S, std::vector<double>& out) {
+void reference(const GdnShape& s, const Inputs& in, int64_t T, std::vector<double>& S,
+               std::vector<double>& out) {
   const int64_t Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k_dim, dv = s.head_v_dim;
   out.assign(T * Hv * dv, 0.0);
   for (int64_t h = 0; h < Hv; ++h) {
@@ -98,7 +100,8 @@ class GdnForms : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GdnForms, RecurrentAndChunkedMatchReference) {
   const Case c = GetParam();
-  const GdnShape s{.n_k_heads = c.n_k_heads, .n_v_heads = c.n_v_heads, .head_k_dim = c.dim, .head_v_dim = c.dim};
+  const GdnShape s{
+      .n_k_heads = c.n_k_heads, .n_v_heads = c.n_v_heads, .head_k_dim = c.dim, .head_v_dim = c.dim};
   const Inputs in = random_inputs(s, c.T, 1234 + (uint32_t)c.T);
   ThreadPool pool(2);
   // A non-zero start state, as after an earlier prompt.
@@ -127,8 +130,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GdnForms,
                                            Case{16, 16, 128, 200}, Case{8, 16, 128, 65}, Case{2, 4, 32, 130}),
                          [](const auto& info) {
                            return "k" + std::to_string(info.param.n_k_heads) + "v" +
-                                  std::to_string(info.param.n_v_heads) + "d" + std::to_string(info.param.dim) + "T" +
-                                  std::to_string(info.param.T);
+                                  std::to_string(info.param.n_v_heads) + "d" +
+                                  std::to_string(info.param.dim) + "T" + std::to_string(info.param.T);
                          });
 
 // Prefill 100 then 37 more == 137 at once == 137 one by one; and the chunk size does not matter.
@@ -144,12 +147,14 @@ TEST(GdnForms, StateCarriesAcrossCalls) {
   delta_rule_chunked(s, args_at(s, in, 0, T, st_all.data(), out_all.data()), pool);
   delta_rule_chunked(s, args_at(s, in, 0, 100, st_split.data(), out_split.data()), pool);
   delta_rule_chunked(s, args_at(s, in, 100, 37, st_split.data(), out_split.data()), pool);
-  for (int64_t t = 0; t < T; ++t) delta_rule_recurrent(s, args_at(s, in, t, 1, st_one.data(), out_one.data()), pool);
+  for (int64_t t = 0; t < T; ++t)
+    delta_rule_recurrent(s, args_at(s, in, t, 1, st_one.data(), out_one.data()), pool);
   delta_rule_chunked(s, args_at(s, in, 0, T, st_c16.data(), out_c16.data()), pool, 16);
 
   std::vector<double> ref_state(s.ssm_state_size(), 0.0), ref_out;
   reference(s, in, T, ref_state, ref_out);
-  const double tol_out = 2e-5 * std::max(1.0, max_abs(ref_out)), tol_st = 2e-5 * std::max(1.0, max_abs(ref_state));
+  const double tol_out = 2e-5 * std::max(1.0, max_abs(ref_out)),
+               tol_st = 2e-5 * std::max(1.0, max_abs(ref_state));
   for (const auto* o : {&out_all, &out_split, &out_one, &out_c16}) EXPECT_LT(max_diff(*o, ref_out), tol_out);
   for (const auto* st : {&st_all, &st_split, &st_one, &st_c16}) EXPECT_LT(max_diff(*st, ref_state), tol_st);
   EXPECT_LT(max_diff(out_all, out_split), tol_out);
@@ -184,7 +189,8 @@ TEST(GdnConv, StateCarriesAcrossCalls) {
   }
   // One token at a time.
   std::vector<float> state((K - 1) * C, 0.0f), out(T * C);
-  for (int64_t t = 0; t < T; ++t) causal_conv1d_silu(x.data() + t * C, 1, C, w.data(), K, state.data(), out.data() + t * C);
+  for (int64_t t = 0; t < T; ++t)
+    causal_conv1d_silu(x.data() + t * C, 1, C, w.data(), K, state.data(), out.data() + t * C);
   EXPECT_LT(max_diff(out, ref), 1e-5);
 }
 

@@ -4,11 +4,10 @@
 // their own recurrent state; loader errors name the tensor.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -48,12 +47,20 @@ TEST_P(Qwen35Tiny, LogitsMatchLlamaCpp) {
   KvCache batch_cache(model->config(), 64), step_cache(model->config(), 64);
   RecurrentState batch_state(model->config()), step_state(model->config());
   std::vector<float> all, one;
-  model->forward({.tokens = tokens, .pos0 = 0, .cache = &batch_cache, .seq = 0, .all_logits = true, .state = &batch_state},
+  model->forward({.tokens = tokens,
+                  .pos0 = 0,
+                  .cache = &batch_cache,
+                  .seq = 0,
+                  .all_logits = true,
+                  .state = &batch_state},
                  all, pool);
   ASSERT_EQ((int64_t)all.size(), (int64_t)tokens.size() * V);
   double worst = 0;
   for (size_t t = 0; t < tokens.size(); ++t) {
-    model->forward({.tokens = std::span(tokens).subspan(t, 1), .pos0 = (int32_t)t, .cache = &step_cache, .seq = 0,
+    model->forward({.tokens = std::span(tokens).subspan(t, 1),
+                    .pos0 = (int32_t)t,
+                    .cache = &step_cache,
+                    .seq = 0,
                     .state = &step_state},
                    one, pool);
     const std::vector<float> ref = m["logits"][t].get<std::vector<float>>();
@@ -70,8 +77,8 @@ TEST_P(Qwen35Tiny, LogitsMatchLlamaCpp) {
     EXPECT_EQ(argmax(std::span(all).subspan(t * V, V)), argmax(ref)) << GetParam() << " position " << t;
     EXPECT_EQ(argmax(one), argmax(ref)) << GetParam() << " position " << t;
   }
-  std::printf("%s: max |xpert - llama.cpp| / max|logit| = %.2e over %zu positions\n", GetParam().c_str(), worst,
-              tokens.size());
+  std::printf("%s: max |xpert - llama.cpp| / max|logit| = %.2e over %zu positions\n", GetParam().c_str(),
+              worst, tokens.size());
 }
 
 // Continuous batching: two sequences in one batch give the logits each gives alone, each through its
@@ -92,15 +99,19 @@ TEST_P(Qwen35Tiny, MixedBatchEqualsSeparateSequences) {
   ASSERT_EQ((int64_t)mixed.size(), (1 + 14) * V);
   const std::vector<int32_t> step = {5, 6};
   std::vector<float> mixed_step, mixed_step2;
-  const std::vector<BatchSegment> decode = {{.seq = 0, .pos0 = 10, .n_tokens = 1}, {.seq = 1, .pos0 = 14, .n_tokens = 1}};
+  const std::vector<BatchSegment> decode = {{.seq = 0, .pos0 = 10, .n_tokens = 1},
+                                            {.seq = 1, .pos0 = 14, .n_tokens = 1}};
   model->forward({.tokens = step, .cache = &cache, .segments = decode, .state = &state}, mixed_step, pool);
   // Slots in the other order, one more step each.
-  const std::vector<BatchSegment> decode2 = {{.seq = 1, .pos0 = 15, .n_tokens = 1}, {.seq = 0, .pos0 = 11, .n_tokens = 1}};
+  const std::vector<BatchSegment> decode2 = {{.seq = 1, .pos0 = 15, .n_tokens = 1},
+                                             {.seq = 0, .pos0 = 11, .n_tokens = 1}};
   model->forward({.tokens = step, .cache = &cache, .segments = decode2, .state = &state}, mixed_step2, pool);
 
   std::vector<int32_t> seq0(tokens.begin(), tokens.begin() + 10), seq1(tokens.begin() + 10, tokens.end());
   auto run = [&](std::span<const int32_t> t, int32_t pos0, bool all_logits) {
-    model->forward({.tokens = t, .pos0 = pos0, .cache = &alone, .all_logits = all_logits, .state = &alone_state}, a, pool);
+    model->forward(
+        {.tokens = t, .pos0 = pos0, .cache = &alone, .all_logits = all_logits, .state = &alone_state}, a,
+        pool);
   };
   run(seq0, 0, false);
   for (int64_t i = 0; i < V; ++i) EXPECT_NEAR(a[i], mixed[i], 1e-4);
@@ -138,12 +149,16 @@ TEST_P(Qwen35Tiny, SessionChunksResetAndRewind) {
   KvCache cache(model->config(), 64);
   RecurrentState state(model->config());
   std::vector<float> logits;
-  model->forward({.tokens = std::span(tokens).subspan(0, 8), .pos0 = 0, .cache = &cache, .state = &state}, logits, pool);
+  model->forward({.tokens = std::span(tokens).subspan(0, 8), .pos0 = 0, .cache = &cache, .state = &state},
+                 logits, pool);
   EXPECT_EQ(state.n_pos(0), 8);
-  EXPECT_THROW(model->forward({.tokens = std::span(tokens).subspan(4, 4), .pos0 = 4, .cache = &cache, .state = &state},
-                              logits, pool),
-               Error);
-  EXPECT_THROW(model->forward({.tokens = std::span(tokens).subspan(0, 4), .pos0 = 0, .cache = &cache}, logits, pool), Error);
+  EXPECT_THROW(
+      model->forward({.tokens = std::span(tokens).subspan(4, 4), .pos0 = 4, .cache = &cache, .state = &state},
+                     logits, pool),
+      Error);
+  EXPECT_THROW(
+      model->forward({.tokens = std::span(tokens).subspan(0, 4), .pos0 = 0, .cache = &cache}, logits, pool),
+      Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Qwen35Tiny, ::testing::Values("qwen35", "qwen35moe"));
@@ -154,8 +169,10 @@ std::string load_error(const std::string& drop, const std::vector<int64_t>& resh
   gguf::GGUFWriter w(f->alignment());
   for (const auto& [k, v] : f->metadata()) w.set(k, v);
   for (const gguf::TensorInfo& t : f->tensors()) {
-    if (t.name != drop) w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
-    else if (!reshape.empty()) w.add_tensor(t.name, t.type, reshape, t.data, t.n_bytes);
+    if (t.name != drop)
+      w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+    else if (!reshape.empty())
+      w.add_tensor(t.name, t.type, reshape, t.data, t.n_bytes);
   }
   const std::string path = testing::TempDir() + "qwen35_broken.gguf";
   w.write(path);
@@ -168,7 +185,8 @@ std::string load_error(const std::string& drop, const std::vector<int64_t>& resh
 }
 
 TEST(Qwen35Loader, MissingAndMisshapedTensorsAreNamed) {
-  EXPECT_NE(load_error("blk.0.ssm_conv1d.weight").find("'blk.0.ssm_conv1d.weight' is missing"), std::string::npos);
+  EXPECT_NE(load_error("blk.0.ssm_conv1d.weight").find("'blk.0.ssm_conv1d.weight' is missing"),
+            std::string::npos);
   EXPECT_NE(load_error("blk.2.attn_q.weight").find("'blk.2.attn_q.weight' is missing"), std::string::npos);
   // ssm_a [4] given as [2, 2]: same bytes, wrong shape.
   const std::string e = load_error("blk.1.ssm_a", {2, 2});
