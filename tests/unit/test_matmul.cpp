@@ -26,9 +26,11 @@ struct Shape {
 };
 
 // Real projection widths (640..2560), decode (m=1), small and odd batches, odd n; the 19 x 29 case is
-// split over X rows instead of weight rows.
+// split over X rows instead of weight rows. k=640 at m=1 is the output projection's shape; k=96 and 160
+// give an odd block count (a lone last block in the two-blocks-per-vector decode kernels).
 const Shape kShapes[] = {
     {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64}, {640, 19, 29},
+    {640, 1027, 1}, {96, 9, 1}, {96, 9, 2}, {160, 70, 1},
 };
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
