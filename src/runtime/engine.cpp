@@ -89,6 +89,7 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
       cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel)) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
+  if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel);
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);
   for (int i = 0; i < opts_.n_parallel; ++i) {
     slots_.push_back(std::make_unique<Slot>());
@@ -233,7 +234,7 @@ void Engine::step(std::vector<Slot*>& active) {
   if (segs.empty()) return;
 
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs}, logits_, pool_);
+  model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs, .state = state_.get()}, logits_, pool_);
   const auto t1 = std::chrono::steady_clock::now();
   forward_seconds_.store(forward_seconds_.load() + std::chrono::duration<double>(t1 - t0).count());
   steps_.fetch_add(1);

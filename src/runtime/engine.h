@@ -21,6 +21,7 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
+#include "runtime/recurrent_state.h"
 #include "sample/sampler.h"
 
 namespace xpert {
@@ -126,6 +127,7 @@ class Engine {
   EngineOptions opts_;
   ThreadPool pool_;
   KvCache cache_;
+  std::unique_ptr<RecurrentState> state_;  // hybrid models: one recurrent state per slot
   std::vector<std::unique_ptr<Slot>> slots_;
 
   mutable std::mutex mu_;

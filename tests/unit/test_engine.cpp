@@ -150,3 +150,31 @@ TEST_F(EngineTest, StopStringEndsTheText) {
 
 }  // namespace
 }  // namespace xpert
+
+namespace xpert {
+namespace {
+
+// A hybrid model (Gated DeltaNet + attention): each slot carries its own recurrent state, and a slot
+// reused by a new request starts from a clean one.
+TEST_F(EngineTest, HybridModelConcurrentEqualsOneAtATime) {
+  const char* dir = std::getenv("XPERT_SOURCE_DIR");
+  model = Model::load(std::string(dir ? dir : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/tiny_qwen35moe.gguf");
+  tok = Tokenizer::from_gguf(model->file());
+  const int n = 5;
+  std::vector<std::vector<int32_t>> alone(n);
+  {
+    Engine engine(*model, *tok, {.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8});
+    for (int i = 0; i < n; ++i) alone[i] = ids(engine.submit(greedy(i))->wait_all());
+  }
+  Engine engine(*model, *tok, {.n_parallel = 2, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8});
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < n; ++i) jobs.push_back(engine.submit(greedy(i)));
+  for (int i = 0; i < n; ++i) {
+    const Job::Update u = jobs[i]->wait_all();
+    EXPECT_FALSE(ids(u).empty()) << "request " << i << ": " << u.error;
+    EXPECT_EQ(ids(u), alone[i]) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace xpert
