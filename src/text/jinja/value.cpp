@@ -8,6 +8,8 @@ namespace xpert::jinja {
 
 // ---- Dict and CallArgs ----
 
+size_t Dict::size() const { return items_.size(); }
+
 const Value* Dict::find(std::string_view key) const {
   for (const auto& [k, v] : items_) {
     if (k == key) return &v;

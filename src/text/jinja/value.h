@@ -38,7 +38,7 @@ class Dict {
   Value* find(std::string_view key);
   void set(const std::string& key, Value v);
   bool erase(std::string_view key);
-  size_t size() const { return items_.size(); }
+  size_t size() const;  // out of line: Value is incomplete here (clang rejects pair<string, Value>)
   const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
 
  private:
