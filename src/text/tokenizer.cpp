@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "format/gguf.h"
+#include "text/pretokenize.h"
 #include "text/tokenizer_models.h"
 
 namespace xpert {
@@ -127,6 +128,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GGUFFile& file) {
     v.bos = 1, v.eos = 2, v.unk = 0;
     v.add_bos = true, v.add_eos = false, v.add_space_prefix = true;
   }
+  if (v.model == "gpt2") {  // llama.cpp's defaults for byte-level BPE vocabularies
+    const gguf::Value* merges = file.find("tokenizer.ggml.merges");
+    if (!merges || merges->type != gguf::ValueType::ARRAY || merges->elem != gguf::ValueType::STRING)
+      fail("{}: tokenizer.ggml.merges is missing or not an array of strings", file.path());
+    v.merges = merges->strings;
+    v.bos = 11, v.eos = 11, v.unk = kNoToken;
+    const PreTokenizerSpec* pre = find_pre_tokenizer(v.pre);
+    v.add_bos = pre && pre->add_bos, v.add_eos = false, v.add_space_prefix = false;
+  }
   // An id the file gives but the vocabulary does not have keeps the default, as in llama.cpp.
   auto read_id = [&](const char* key, int32_t& id) {
     std::optional<int64_t> value = file.get_int(key);
@@ -151,8 +161,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GGUFFile& file) {
 
 std::unique_ptr<Tokenizer> Tokenizer::create(Vocab vocab) {
   if (vocab.model == "llama") return make_spm_tokenizer(std::move(vocab));
-  if (vocab.model == "gpt2") fail("tokenizer model 'gpt2' (byte-level BPE) is not supported yet");
-  fail("tokenizer model '{}' is not supported (supported: 'llama')", vocab.model);
+  if (vocab.model == "gpt2") return make_bpe_tokenizer(std::move(vocab));
+  fail("tokenizer model '{}' is not supported (supported: 'llama', 'gpt2')", vocab.model);
 }
 
 Tokenizer::Tokenizer(Vocab&& v) : model_(std::move(v.model)) {

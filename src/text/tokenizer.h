@@ -54,6 +54,7 @@ struct Vocab {
   std::vector<std::string> texts;  // [n_vocab] piece text as stored (SPM: spaces are U+2581)
   std::vector<float> scores;       // [n_vocab] SPM merge priority (higher merges first); may be empty
   std::vector<TokenType> types;    // [n_vocab]; empty means all normal
+  std::vector<std::string> merges; // gpt2: BPE merges "left right", best (rank 0) first
   int32_t bos = kNoToken, eos = kNoToken, unk = kNoToken, pad = kNoToken;
   int32_t eot = kNoToken, eom = kNoToken;  // explicit ids; found by text when absent
   bool add_bos = true, add_eos = false, add_space_prefix = true;

@@ -8,5 +8,7 @@ namespace xpert {
 
 // tokenizer.ggml.model = "llama": SentencePiece-style (score-ordered bigram merges, byte fallback).
 std::unique_ptr<Tokenizer> make_spm_tokenizer(Vocab&& vocab);
+// tokenizer.ggml.model = "gpt2": byte-level BPE (ranked merges, pre-tokenizer regexes by `pre`).
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(Vocab&& vocab);
 
 }  // namespace xpert
