@@ -28,6 +28,8 @@ Command add_devices(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_synth(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_chat(CLI::App& app);
+Command add_template(CLI::App& app);
 
 // Reads every weight page once so the first request does not pay the page faults; a progress bar
 // when stderr is a terminal.

@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   sub("tokenize", "print a prompt's token ids as JSON", cli::add_tokenize);
   sub("synth", "write a GGUF with a real model's shapes and random weights", cli::add_synth);
   sub("serve", "serve an OpenAI-compatible HTTP API with continuous batching", cli::add_serve);
+  sub("chat", "chat with a model in the terminal, using its chat template", cli::add_chat);
+  sub("template", "print the prompt a chat template renders for a messages file", cli::add_template);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

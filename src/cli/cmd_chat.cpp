@@ -1,0 +1,156 @@
+// `xpert chat`: a multi-turn conversation in the terminal, and `xpert template`: a rendered prompt.
+//
+// Each turn re-renders the whole conversation with the model's chat template and tokenizes it; the
+// tokens already in the KV cache that the new prompt starts with are kept and only the rest is
+// evaluated. Usually that is everything after the previous reply; when the template renders the
+// reply differently from the tokens generated (or the model has recurrent state), the session starts
+// over, because Session has no way yet to cut its cache back to a shorter prefix.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+#include "model/model.h"
+#include "runtime/session.h"
+#include "sample/sampler.h"
+#include "text/builtin_templates.h"
+#include "text/tokenizer.h"
+#include "text/utf8_stream.h"
+
+namespace xpert::cli {
+
+namespace {
+
+void write(std::string_view s, FILE* f = stdout) {
+  std::fwrite(s.data(), 1, s.size(), f);
+  std::fflush(f);
+}
+
+// The prompt's ids. Templates usually write the BOS text themselves; then no second BOS is added.
+std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt) {
+  bool add_bos = tok.add_bos();
+  if (add_bos && tok.bos() != kNoToken && prompt.starts_with(tok.token_text(tok.bos()))) add_bos = false;
+  return tok.encode(prompt, add_bos, true);
+}
+
+}  // namespace
+
+Command add_chat(CLI::App& app) {
+  struct Opts {
+    ModelFlags m;
+    int64_t n_predict = 512;
+    SamplingParams sp;
+    std::string system;
+  };
+  auto o = std::make_shared<Opts>();
+  o->m.add(app);
+  app.add_option("-n,--n-predict", o->n_predict, "most tokens per reply")
+      ->check(CLI::Range((int64_t)1, (int64_t)1 << 24));
+  app.add_option("--temp", o->sp.temperature, "temperature; 0 is greedy");
+  app.add_option("--top-k", o->sp.top_k, "top-k (0: off)");
+  app.add_option("--top-p", o->sp.top_p, "top-p (1: off)");
+  app.add_option("--min-p", o->sp.min_p, "min-p (0: off)");
+  app.add_option("-s,--seed", o->sp.seed, "sampling seed");
+  app.add_option("--system", o->system, "system message");
+  return [o] {
+    auto model = Model::load(o->m.model);
+    prefetch_weights(model->file());
+    auto tok = Tokenizer::from_gguf(model->file());
+    const ChatTemplate tmpl = chat_template_for(model->file());
+    Session s(*model, {.n_ctx = o->m.ctx, .n_threads = o->m.threads, .n_batch = o->m.batch});
+    Sampler sampler(o->sp);
+    const bool interactive = isatty(STDIN_FILENO);
+
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!o->system.empty()) messages.push_back({{"role", "system"}, {"content", o->system}});
+    std::vector<int32_t> evaluated;  // what the KV cache holds, position by position
+    int64_t n_reused = 0, n_evaluated = 0;
+    std::string line;
+    for (;;) {
+      if (interactive) write("> ", stderr);
+      if (!std::getline(std::cin, line) || line == "/exit") break;
+      if (line.empty()) continue;
+      messages.push_back({{"role", "user"}, {"content", line}});
+      ChatRenderOptions render;
+      render.add_generation_prompt = true;
+      const std::vector<int32_t> prompt = tokenize_prompt(*tok, tmpl.render(messages, render));
+      if ((int64_t)prompt.size() >= s.n_ctx())
+        fail("the conversation has {} tokens; the context (-c) holds {}", prompt.size(), s.n_ctx());
+
+      size_t keep = 0;
+      while (keep < evaluated.size() && keep < prompt.size() && evaluated[keep] == prompt[keep]) ++keep;
+      if (keep < evaluated.size() || keep == prompt.size()) {
+        log::debug("chat: the prompt diverges from the cache at token {} of {}; evaluating it all again",
+                   keep, evaluated.size());
+        s.reset();
+        keep = 0;
+      }
+      const std::vector<float>* logits = &s.eval(std::span(prompt).subspan(keep));
+      evaluated = prompt;
+      n_reused += keep, n_evaluated += prompt.size() - keep;
+
+      Utf8Stream out(*tok);
+      std::string reply;
+      for (int64_t n = 0; n < o->n_predict && s.n_past() < s.n_ctx(); ++n) {
+        const int32_t id = sampler.sample(*logits);
+        if (tok->is_eog(id)) break;
+        sampler.accept(id);
+        const std::string text = out.push(id);
+        reply += text;
+        write(text);
+        logits = &s.eval(std::span<const int32_t>(&id, 1));
+        evaluated.push_back(id);
+      }
+      const std::string rest = out.flush();
+      reply += rest;
+      write(rest);
+      write("\n");
+      messages.push_back({{"role", "assistant"}, {"content", reply}});
+    }
+    log::info("chat: {} prompt tokens reused from the cache, {} evaluated", n_reused, n_evaluated);
+    return 0;
+  };
+}
+
+Command add_template(CLI::App& app) {
+  struct Opts {
+    std::string model, messages;
+    bool add_generation_prompt = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("-m,--model", o->model, "model file (GGUF)")->required();
+  app.add_option("--messages", o->messages,
+                 "JSON file: an array of messages, or {\"messages\": [...], \"tools\": [...]}")
+      ->required();
+  app.add_flag("--add-generation-prompt", o->add_generation_prompt, "end with the assistant turn's opening");
+  return [o] {
+    std::ifstream in(o->messages);
+    if (!in) fail("cannot open {}", o->messages);
+    std::ostringstream text;
+    text << in.rdbuf();
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(text.str(), nullptr, false);
+    if (j.is_discarded()) fail("{}: not valid JSON", o->messages);
+    ChatRenderOptions opts;
+    opts.add_generation_prompt = o->add_generation_prompt;
+    nlohmann::ordered_json messages = j;
+    if (j.is_object()) {
+      if (!j.contains("messages")) fail("{}: an object must have \"messages\"", o->messages);
+      messages = j["messages"];
+      if (j.contains("tools")) opts.tools = j["tools"];
+    }
+    if (!messages.is_array()) fail("{}: expected an array of messages", o->messages);
+    auto file = gguf::GGUFFile::open(o->model);
+    const ChatTemplate tmpl = chat_template_for(*file);
+    write(tmpl.render(messages, opts));
+    return 0;
+  };
+}
+
+}  // namespace xpert::cli
