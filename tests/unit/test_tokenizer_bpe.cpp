@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "base/error.h"
@@ -127,6 +128,36 @@ TEST(BpeTokenizer, EveryByteRoundTrips) {
   EXPECT_EQ(t->decode(t->encode(ascii, false, false), false), ascii);
   // Invalid UTF-8 becomes U+FFFD, as llama.cpp reads it.
   EXPECT_EQ(t->decode(t->encode("a\x80z", false, false), false), "a\xEF\xBF\xBDz");
+}
+
+// Random bytes (mostly ill-formed UTF-8): no crash, and the text comes back as llama.cpp reads it.
+TEST(BpeTokenizer, RandomBytesRoundTripAsReplaced) {
+  const Tokenizer* t = tokenizer("tiny_qwen2");
+  if (!t) GTEST_SKIP();
+  std::mt19937 rng(42);
+  const std::string pool[] = {"a",
+                              " ",
+                              "\n",
+                              "\t",
+                              "1",
+                              "'s",
+                              "\xC3\xA9",
+                              "\xE4\xBD\xA0",
+                              "\xF0\x9F\x98\x80",
+                              "\x80",
+                              "\xC3",
+                              "\xFF",
+                              "<|im_end|>",
+                              "\xE2\x80\x8D",
+                              "\xCC\x81"};
+  for (int i = 0; i < 2000; ++i) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 40);
+    for (int k = 0; k < n; ++k) text += pool[rng() % std::size(pool)];
+    std::string expected;
+    if (!replace_invalid_utf8(text, expected)) expected = text;
+    EXPECT_EQ(t->decode(t->encode(text, false, true), true), expected) << i;
+  }
 }
 
 TEST(BpeTokenizer, LongWordsUseTheHeapPathAndAgree) {
