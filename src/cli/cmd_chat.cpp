@@ -3,8 +3,8 @@
 // Each turn re-renders the whole conversation with the model's chat template and tokenizes it; the
 // tokens already in the KV cache that the new prompt starts with are kept and only the rest is
 // evaluated. Usually that is everything after the previous reply; when the template renders the
-// reply differently from the tokens generated (or the model has recurrent state), the session starts
-// over, because Session has no way yet to cut its cache back to a shorter prefix.
+// reply differently from the tokens generated, the cache is cut back to the common prefix
+// (Session::truncate). Models with recurrent state cannot be cut back yet and start over.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -86,10 +86,10 @@ Command add_chat(CLI::App& app) {
 
       size_t keep = 0;
       while (keep < evaluated.size() && keep < prompt.size() && evaluated[keep] == prompt[keep]) ++keep;
-      if (keep < evaluated.size() || keep == prompt.size()) {
-        log::debug("chat: the prompt diverges from the cache at token {} of {}; evaluating it all again",
-                   keep, evaluated.size());
-        s.reset();
+      if (keep == prompt.size()) --keep;  // at least one token to evaluate, for its logits
+      if (keep < (size_t)s.n_past() && !s.truncate((int64_t)keep)) {
+        log::debug("chat: the prompt diverges from the cache at token {} of {} and the model's state cannot be "
+                   "cut back; evaluating it all again", keep, s.n_past());
         keep = 0;
       }
       const std::vector<float>* logits = &s.eval(std::span(prompt).subspan(keep));

@@ -41,4 +41,15 @@ const std::vector<float>& Session::eval(std::span<const int32_t> tokens) {
   return logits_;
 }
 
+bool Session::truncate(int64_t n) {
+  if (n < 0 || n > n_past_) fail("cannot keep {} tokens of {}", n, n_past_);
+  if (n == n_past_) return true;
+  if (state_) {
+    reset();
+    return n == 0;
+  }
+  n_past_ = n;  // rows past n are overwritten by the next eval
+  return true;
+}
+
 }  // namespace xpert

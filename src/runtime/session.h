@@ -26,6 +26,10 @@ class Session {
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return cache_.n_ctx(); }
   void reset();
+  // Keeps the first n tokens and drops the rest, so the next eval() continues at position n. The KV
+  // cache can always be cut; a recurrent state cannot be rolled back, so for hybrid models a cut below
+  // n_past() starts over (returns false: the caller must evaluate from 0). Checkpoints will lift this.
+  bool truncate(int64_t n);
   ThreadPool& pool() { return pool_; }
   const Model& model() const { return model_; }
 

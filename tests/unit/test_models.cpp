@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
@@ -153,6 +154,35 @@ TEST(DefaultModel, GreedyMatchesLlamaCpp) {
   EXPECT_LT(rms, kLogitRms);
   std::printf("[          ] %zu of %zu greedy tokens identical to llama.cpp before a near-tie; top-5 logit RMS diff %.3f\n",
               matched, total, rms);
+}
+
+}  // namespace
+}  // namespace xpert
+
+namespace xpert {
+namespace {
+
+// Cutting a session back and continuing gives what a fresh session gives for the same tokens; a hybrid
+// model (recurrent state) starts over instead.
+TEST(Session, TruncateThenContinueEqualsFresh) {
+  const std::string dir = source_dir() + "/tests/reference/fixtures/";
+  for (const char* file : {"tiny_qwen3.gguf", "tiny_qwen35.gguf"}) {
+    auto model = Model::load(dir + file);
+    const bool hybrid = model->config().has_recurrent_layers();
+    const std::vector<int32_t> a = {1, 17, 42, 99, 5, 300, 7, 7}, b = {128, 250, 64};
+    Session s(*model, {.n_ctx = 64, .n_threads = 2});
+    s.eval(a);
+    const bool kept = s.truncate(5);
+    EXPECT_EQ(kept, !hybrid) << file;
+    std::vector<int32_t> rest(a.begin(), a.begin() + 5);
+    rest.insert(rest.end(), b.begin(), b.end());
+    const std::vector<float> got = kept ? s.eval(b) : s.eval(rest);
+    Session fresh(*model, {.n_ctx = 64, .n_threads = 2});
+    const std::vector<float> want = fresh.eval(rest);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3) << file << " " << i;
+    EXPECT_THROW(s.truncate(1000), Error);
+  }
 }
 
 }  // namespace
