@@ -100,8 +100,9 @@ void bench_default_model(ThreadPool& pool) {
             }
         },
         2.0);
-    std::printf("default model projections, m=%3d: %7.2f ms per pass, %7.1f tok/s, %6.1f GFLOP/s (cpu %.2f)\n",
-                (int)m, s * 1e3, (double)m / s, flop / s / 1e9, g_cpu_utilization);
+    std::printf(
+        "default model projections, m=%3d: %7.2f ms per pass, %7.1f tok/s, %6.1f GFLOP/s (cpu %.2f)\n",
+        (int)m, s * 1e3, (double)m / s, flop / s / 1e9, g_cpu_utilization);
   }
 }
 
@@ -125,8 +126,8 @@ int main(int argc, char** argv) {
     }
   }
   if (types.empty())
-    types = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-             DType::F16,  DType::BF16, DType::F32};
+    types = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+             DType::Q6_K, DType::F16,  DType::BF16, DType::F32};
   std::printf("isa %s, %d threads, cpu: %s\n", isa_name(best_isa()), threads, cpu_features_string().c_str());
   std::printf("%-5s | decode m=1: k=4096, 96 MB of W   | k=640, 200 KB of W | prefill m=512, k=n=2560\n",
               "type");
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
         seconds_per_run([&] { cpu::matmul(t, w.data(), n, k, x.data(), m, y.data(), n, pool); }, 1.0);
     const double gflops = 2.0 * (double)n * k * m / s_pre / 1e9;
     std::printf(
-        "%-5s | %6.1f GB/s (%5.2f ms, cpu %.2f) | %6.1f GB/s (cpu %.2f) | %6.1f GFLOP/s (%6.2f ms, %6.0f tok/s, "
+        "%-5s | %6.1f GB/s (%5.2f ms, cpu %.2f) | %6.1f GB/s (cpu %.2f) | %6.1f GFLOP/s (%6.2f ms, %6.0f "
+        "tok/s, "
         "cpu %.2f)\n",
         std::string(dtype_name(t)).c_str(), gbs, s_dec * 1e3, cpu_dec, gbs_hot, cpu_hot, gflops, s_pre * 1e3,
         (double)m / s_pre, g_cpu_utilization);

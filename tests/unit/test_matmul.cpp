@@ -29,8 +29,8 @@ struct Shape {
 // split over X rows instead of weight rows. k=640 at m=1 is the output projection's shape; k=96 and 160
 // give an odd block count (a lone last block in the two-blocks-per-vector decode kernels).
 const Shape kShapes[] = {
-    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64}, {640, 19, 29},
-    {640, 1027, 1}, {96, 9, 1}, {96, 9, 2}, {160, 70, 1},
+    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64},
+    {640, 19, 29}, {640, 1027, 1}, {96, 9, 1},     {96, 9, 2},     {160, 70, 1},
 };
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
@@ -51,7 +51,8 @@ TEST(Matmul, EveryIsaMatchesReference) {
       const std::vector<float> w_f32 = random_values((size_t)(s.n * s.k), 1000 + s.k + s.n);
       const size_t w_row_bytes = row_bytes(wt, s.k);
       std::vector<uint8_t> w(w_row_bytes * s.n);
-      for (int64_t j = 0; j < s.n; ++j) quantize_row(wt, w_f32.data() + j * s.k, w.data() + j * w_row_bytes, s.k);
+      for (int64_t j = 0; j < s.n; ++j)
+        quantize_row(wt, w_f32.data() + j * s.k, w.data() + j * w_row_bytes, s.k);
       const std::vector<float> x = random_values((size_t)(s.m * s.k), 7 + s.m);
       const int64_t ldy = s.n + 3;  // a padded output stride
       std::vector<float> ref((size_t)(s.m * ldy), 0.0f);
