@@ -43,6 +43,10 @@ TEST_P(TinyDense, LogitsMatchLlamaCpp) {
 
   ThreadPool pool(2);
   // All at once, then one token at a time: both must match llama.cpp, and each other's argmax.
+  // At n_embd 64 one activation that rounds to the other int8 level (a last-bit difference in float
+  // summation order decides it) moves the logits by up to ~1e-2 of their range, so a couple of
+  // positions may sit between the tight and the loose bound; a real bug moves every position by O(1).
+  int loose = 0;
   KvCache batch_cache(model->config(), 64), step_cache(model->config(), 64);
   std::vector<float> all, one;
   model->forward({.tokens = tokens, .pos0 = 0, .cache = &batch_cache, .seq = 0, .all_logits = true}, all, pool);
@@ -57,9 +61,11 @@ TEST_P(TinyDense, LogitsMatchLlamaCpp) {
       max_err = std::max(max_err, (double)std::fabs(one[i] - ref[i]));
       max_ref = std::max(max_ref, (double)std::fabs(ref[i]));
     }
-    EXPECT_LT(max_err, 2e-3 * std::max(1.0, max_ref)) << GetParam() << " position " << t;
+    EXPECT_LT(max_err, 2e-2 * std::max(1.0, max_ref)) << GetParam() << " position " << t;
+    if (max_err >= 2e-3 * std::max(1.0, max_ref)) ++loose;
     EXPECT_EQ(argmax(std::span(all).subspan(t * V, V)), argmax(ref)) << GetParam() << " position " << t;
   }
+  EXPECT_LE(loose, 2) << GetParam() << ": positions beyond 2e-3 of the logit range";
 }
 
 // Continuous batching: two sequences in one batch give the logits each gives alone.
