@@ -4,7 +4,6 @@ PRESET ?= release
 BUILD := build
 XPERT := $(BUILD)/xpert
 MODEL ?= models/default.gguf
-PROMPT ?= The capital of France is
 
 .PHONY: run test deps build build-ci unit pytest fuzz clean bench
 
