@@ -70,9 +70,10 @@ struct Engine::Slot {
   int index = 0;
   State state = State::idle;
   std::shared_ptr<Job> job;
-  uint64_t order = 0;      // admission number: the oldest prefilling slot goes first
+  uint64_t order = 0;      // admission number (from 1): the oldest prefilling slot goes first; LRU
   int64_t n_past = 0;      // tokens in this slot's cache
   int32_t next_token = 0;  // sampled, to be fed in the next step
+  std::vector<int32_t> tokens;  // the tokens in this slot's KV rows [0, tokens.size()), kept when idle
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Utf8Stream> utf8;
   std::unique_ptr<StopMatcher> stops;
@@ -139,6 +140,7 @@ Engine::Stats Engine::stats() const {
   Stats s;
   s.busy_slots = busy_.load();
   s.prompt_tokens = prompt_tokens_.load();
+  s.prompt_tokens_cached = cached_tokens_.load();
   s.generated_tokens = generated_tokens_.load();
   s.steps = steps_.load();
   s.forward_seconds = forward_seconds_.load();
@@ -160,8 +162,31 @@ void Engine::release(Slot& s, Finish f, std::string error) {
   s.stops.reset();
   s.state = Slot::State::idle;
   s.n_past = 0;
+  if (f == Finish::error) s.tokens.clear();  // a failed forward may have left the rows half-written
   busy_.fetch_sub(1);  // before finish(): whoever sees the end sees the slot free
   if (job) job->finish(f, std::move(error));
+}
+
+// The free slot whose cached tokens share the longest prefix with `prompt` (ties: least recently used);
+// `n_reuse` gets the prefix length to keep, leaving at least the last prompt token to evaluate for logits.
+Engine::Slot* Engine::pick_slot(const std::vector<int32_t>& prompt, int64_t& n_reuse) const {
+  const bool can_reuse = !model_.config().has_recurrent_layers();
+  Slot* best = nullptr;
+  int64_t best_n = -1;
+  for (const auto& slot : slots_) {
+    if (slot->state != Slot::State::idle) continue;
+    int64_t n = 0;
+    if (can_reuse) {
+      const size_t lim = std::min(slot->tokens.size(), prompt.size() - 1);
+      while ((size_t)n < lim && slot->tokens[n] == prompt[n]) ++n;
+    }
+    if (n > best_n || (n == best_n && slot->order < best->order)) {
+      best = slot.get();
+      best_n = n;
+    }
+  }
+  n_reuse = std::max<int64_t>(0, best_n);
+  return best;
 }
 
 void Engine::loop() {
@@ -172,20 +197,25 @@ void Engine::loop() {
       cv_.wait(lk, [&] { return stop_ || !queue_.empty() || busy_.load() > 0; });
       if (stop_) break;
       // Admit queued requests into free slots; drop the ones whose client already left.
-      for (auto& slot : slots_) {
-        if (slot->state != Slot::State::idle) continue;
+      while (true) {
         while (!queue_.empty() && queue_.front()->cancelled()) {
           queue_.front()->finish(Finish::cancelled);
           queue_.pop_front();
         }
         if (queue_.empty()) break;
-        Slot& s = *slot;
+        int64_t n_reuse = 0;
+        Slot* picked = pick_slot(queue_.front()->params_.prompt, n_reuse);
+        if (!picked) break;
+        Slot& s = *picked;
         s.job = std::move(queue_.front());
         queue_.pop_front();
         const GenerateParams& p = s.job->params_;
         s.state = Slot::State::prefill;
-        s.order = admitted_++;
-        s.n_past = 0;
+        s.order = ++admitted_;
+        s.n_past = n_reuse;  // rows past it are overwritten by the prefill
+        s.tokens.resize(n_reuse);
+        s.job->n_cached_.store(n_reuse);
+        cached_tokens_.fetch_add(n_reuse);
         s.sampler = std::make_unique<Sampler>(p.sampling);
         for (int32_t t : p.prompt) s.sampler->accept(t);
         s.utf8 = std::make_unique<Utf8Stream>(tok_);
@@ -244,6 +274,12 @@ void Engine::step(std::vector<Slot*>& active) {
   int n_generated = 0;
   for (size_t i = 0; i < active.size(); ++i) {
     Slot& s = *active[i];
+    if (s.state == Slot::State::generate) {
+      s.tokens.push_back(s.next_token);
+    } else {
+      const auto& prompt = s.job->params_.prompt;
+      s.tokens.insert(s.tokens.end(), prompt.begin() + s.n_past, prompt.begin() + s.n_past + segs[i].n_tokens);
+    }
     s.n_past += segs[i].n_tokens;
     if (s.state == Slot::State::prefill) {
       if (s.n_past < (int64_t)s.job->params_.prompt.size()) continue;  // more prompt to go

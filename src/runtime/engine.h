@@ -2,6 +2,10 @@
 // slots. Callers (HTTP threads, tests) submit a tokenized request and get a Job, a thread-safe channel
 // that delivers text as it is generated; cancelling a Job frees its slot at the next step.
 //
+// A slot remembers the tokens its KV rows hold after a request ends; a new request goes to the free slot
+// sharing the longest prefix with its prompt and prefills from there (dense models only: the recurrent
+// state of hybrid models cannot be rolled back, so they always start at 0).
+//
 // Each step builds one batch: the next token of every generating slot, plus a chunk of at most one
 // slot's prompt (FIFO), so a long prompt never stalls the streams already running. One
 // Model::forward per step, with one BatchSegment per slot.
@@ -72,6 +76,8 @@ class Job {
   bool cancelled() const { return cancelled_.load(); }
   int64_t n_prompt() const { return n_prompt_; }
   int64_t n_generated() const { return n_generated_.load(); }
+  // Prompt tokens whose KV rows were reused from the slot's previous request (set at admission).
+  int64_t n_cached() const { return n_cached_.load(); }
 
  private:
   friend class Engine;
@@ -81,6 +87,7 @@ class Job {
   GenerateParams params_;
   int64_t n_prompt_ = 0;
   std::atomic<int64_t> n_generated_{0};
+  std::atomic<int64_t> n_cached_{0};
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -110,6 +117,7 @@ class Engine {
   struct Stats {
     int busy_slots = 0, queue_depth = 0;
     uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+    uint64_t prompt_tokens_cached = 0;  // prompt tokens reused from a slot's cache, not evaluated
     double forward_seconds = 0;
     double tokens_per_second = 0;  // generated tokens over the last 10 s
   };
@@ -121,6 +129,7 @@ class Engine {
   void step(std::vector<Slot*>& active);
   void sample_and_emit(Slot& s, std::span<const float> logits);
   void release(Slot& s, Finish f, std::string error = {});
+  Slot* pick_slot(const std::vector<int32_t>& prompt, int64_t& n_reuse) const;
 
   const Model& model_;
   const Tokenizer& tok_;
@@ -137,7 +146,7 @@ class Engine {
   uint64_t admitted_ = 0;
 
   std::atomic<int> busy_{0};
-  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, steps_{0};
+  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, steps_{0}, cached_tokens_{0};
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
   std::vector<float> logits_;

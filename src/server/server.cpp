@@ -163,8 +163,10 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
 
   auto usage = [job, n_prompt] {
     const int64_t n_gen = job->n_generated();
-    return ojson{
-        {"prompt_tokens", n_prompt}, {"completion_tokens", n_gen}, {"total_tokens", n_prompt + n_gen}};
+    return ojson{{"prompt_tokens", n_prompt},
+                 {"completion_tokens", n_gen},
+                 {"total_tokens", n_prompt + n_gen},
+                 {"prompt_tokens_details", ojson{{"cached_tokens", job->n_cached()}}}};
   };
   // Logprobs in OpenAI's chat shape ({content: [...]}) or completions shape (parallel arrays).
   auto logprobs_json = [chat, want_logprobs](const std::vector<TokenLogprob>& lps,
@@ -335,6 +337,8 @@ std::string Server::Impl::metrics_text() {
     out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, value);
   };
   metric("xpert_prompt_tokens_total", "counter", "Prompt tokens evaluated.", s.prompt_tokens);
+  metric("xpert_prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's KV cache.",
+         s.prompt_tokens_cached);
   metric("xpert_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
   metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.tokens_per_second);

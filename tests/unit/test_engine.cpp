@@ -148,11 +148,83 @@ TEST_F(EngineTest, StopStringEndsTheText) {
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(g.stop[0])));
 }
 
+// Prefix reuse: a request extending the previous prompt + reply prefills only the new tokens, and its
+// greedy tokens equal those of a fresh engine.
+TEST_F(EngineTest, ReusesPromptPlusReply) {
+  const EngineOptions o{.n_parallel = 2, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8};
+  Engine engine(*model, *tok, o);
+  GenerateParams a = greedy(3);
+  auto ja = engine.submit(a);
+  const Job::Update ua = ja->wait_all();
+  EXPECT_EQ(ja->n_cached(), 0);
+  GenerateParams b = a;
+  const std::vector<int32_t> reply = ids(ua);
+  b.prompt.insert(b.prompt.end(), reply.begin(), reply.end());
+  for (int k = 0; k < 5; ++k) b.prompt.push_back(7 + k * 13);
+  auto jb = engine.submit(b);
+  const Job::Update ub = jb->wait_all();
+  // The last reply token is fed back only when generation went on past it (not at max_tokens).
+  const int64_t fed = (int64_t)a.prompt.size() + (int64_t)reply.size() - (ua.finish == Finish::length ? 1 : 0);
+  EXPECT_GT(jb->n_cached(), 0);
+  EXPECT_EQ(jb->n_cached(), fed);
+  EXPECT_GE(engine.stats().prompt_tokens_cached, (uint64_t)fed);
+  Engine fresh(*model, *tok, o);
+  auto jf = fresh.submit(b);
+  EXPECT_EQ(ids(ub), ids(jf->wait_all()));
+  EXPECT_EQ(jf->n_cached(), 0);
+}
+
+// A prompt sharing only part of a previous one reuses exactly the common prefix (from the slot that
+// holds it), and still gives the tokens of a fresh engine.
+TEST_F(EngineTest, ReusesTheCommonPrefix) {
+  const EngineOptions o{.n_parallel = 2, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8};
+  Engine engine(*model, *tok, o);
+  engine.submit(greedy(1))->wait_all();  // shares only token 0 with the prompts below
+  engine.submit(greedy(3))->wait_all();
+  GenerateParams b = greedy(3);
+  b.prompt.resize(10);
+  for (int k = 0; k < 9; ++k) b.prompt.push_back(310 + k);  // differs from prompt(3) at position 10
+  ASSERT_NE(b.prompt[10], prompt(3)[10]);
+  auto jb = engine.submit(b);
+  const Job::Update ub = jb->wait_all();
+  EXPECT_EQ(jb->n_cached(), 10);
+  // The same prompt again: everything but the last token is reused.
+  auto jc = engine.submit(b);
+  EXPECT_EQ(ids(jc->wait_all()), ids(ub));
+  EXPECT_EQ(jc->n_cached(), (int64_t)b.prompt.size() - 1);
+  Engine fresh(*model, *tok, o);
+  EXPECT_EQ(ids(fresh.submit(b)->wait_all()), ids(ub));
+}
+
 }  // namespace
 }  // namespace xpert
 
 namespace xpert {
 namespace {
+
+// Hybrid models never reuse a prefix (the recurrent state cannot be rolled back) and stay correct.
+TEST_F(EngineTest, HybridModelNeverReuses) {
+  const char* dir = std::getenv("XPERT_SOURCE_DIR");
+  model = Model::load(std::string(dir ? dir : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/tiny_qwen35moe.gguf");
+  tok = Tokenizer::from_gguf(model->file());
+  const EngineOptions o{.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8};
+  Engine engine(*model, *tok, o);
+  GenerateParams a = greedy(2);
+  const Job::Update ua = engine.submit(a)->wait_all();
+  GenerateParams b = a;
+  const std::vector<int32_t> reply = ids(ua);
+  b.prompt.insert(b.prompt.end(), reply.begin(), reply.end());
+  b.prompt.push_back(42);
+  auto jb = engine.submit(b);
+  const Job::Update ub = jb->wait_all();
+  EXPECT_EQ(jb->n_cached(), 0);
+  auto ja2 = engine.submit(a);  // the identical prompt again
+  EXPECT_EQ(ids(ja2->wait_all()), reply);
+  EXPECT_EQ(ja2->n_cached(), 0);
+  EXPECT_EQ(engine.stats().prompt_tokens_cached, 0u);
+  Engine fresh(*model, *tok, o);
+  EXPECT_EQ(ids(fresh.submit(b)->wait_all()), ids(ub));
+}
 
 // A hybrid model (Gated DeltaNet + attention): each slot carries its own recurrent state, and a slot
 // reused by a new request starts from a clean one.
