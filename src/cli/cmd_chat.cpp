@@ -53,11 +53,7 @@ Command add_chat(CLI::App& app) {
   o->m.add(app);
   app.add_option("-n,--n-predict", o->n_predict, "most tokens per reply")
       ->check(CLI::Range((int64_t)1, (int64_t)1 << 24));
-  app.add_option("--temp", o->sp.temperature, "temperature; 0 is greedy");
-  app.add_option("--top-k", o->sp.top_k, "top-k (0: off)");
-  app.add_option("--top-p", o->sp.top_p, "top-p (1: off)");
-  app.add_option("--min-p", o->sp.min_p, "min-p (0: off)");
-  app.add_option("-s,--seed", o->sp.seed, "sampling seed");
+  add_sampling_flags(app, o->sp);
   app.add_option("--system", o->system, "system message");
   return [o] {
     auto model = Model::load(o->m.model);

@@ -27,12 +27,7 @@ Command add_run(CLI::App& app) {
   o->m.add(app);
   app.add_option("-p,--prompt", o->prompt, "prompt text")->required();
   app.add_option("-n,--n-predict", o->n_predict, "tokens to generate")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
-  app.add_option("--temp", o->sp.temperature, "temperature; 0 is greedy");
-  app.add_option("--top-k", o->sp.top_k, "top-k (0: off)");
-  app.add_option("--top-p", o->sp.top_p, "top-p (1: off)");
-  app.add_option("--min-p", o->sp.min_p, "min-p (0: off)");
-  app.add_option("--repeat-penalty", o->sp.repeat_penalty, "repetition penalty (1: off)");
-  app.add_option("-s,--seed", o->sp.seed, "sampling seed");
+  add_sampling_flags(app, o->sp);
   app.add_flag("--no-special", o->no_special, "treat special-token text in the prompt as plain text");
   return [o] {
     auto model = Model::load(o->m.model);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "format/gguf.h"
+#include "sample/sampler.h"
 
 namespace xpert::cli {
 
@@ -20,6 +21,9 @@ struct ModelFlags {
   int64_t batch = 512;
   void add(CLI::App& app, bool with_ctx = true);
 };
+
+// --temp --top-k --top-p --min-p --repeat-penalty --seed, shared by the commands that sample.
+void add_sampling_flags(CLI::App& app, SamplingParams& sp);
 
 Command add_run(CLI::App& app);
 Command add_info(CLI::App& app);

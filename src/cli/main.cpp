@@ -16,6 +16,15 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   }
 }
 
+void add_sampling_flags(CLI::App& app, SamplingParams& sp) {
+  app.add_option("--temp", sp.temperature, "temperature; 0 is greedy");
+  app.add_option("--top-k", sp.top_k, "top-k (0: off)");
+  app.add_option("--top-p", sp.top_p, "top-p (1: off)");
+  app.add_option("--min-p", sp.min_p, "min-p (0: off)");
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)");
+  app.add_option("-s,--seed", sp.seed, "sampling seed");
+}
+
 }  // namespace xpert::cli
 
 int main(int argc, char** argv) {
