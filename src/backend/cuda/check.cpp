@@ -1,5 +1,7 @@
 #include "backend/cuda/check.h"
 
+#include "base/error.h"
+
 namespace xpert::cuda {
 
 void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line) {

@@ -2,8 +2,7 @@
 // the call, the file and line, and CUDA's own message, so a broken GPU never turns into silent garbage.
 #pragma once
 #include <cuda_runtime.h>
-
-#include "base/error.h"
+// No base/error.h here: .cu files include this, and nvcc's host pass cannot compile fmt (v9, C++20).
 
 namespace xpert::cuda {
 
