@@ -3,8 +3,6 @@
 
 #include "cli/commands.h"
 #include "model/model.h"
-#include "base/cpu_features.h"
-#include "base/thread_pool.h"
 #include "runtime/kv_cache.h"
 
 namespace xpert::cli {
@@ -36,15 +34,6 @@ Command add_info(CLI::App& app) {
                c.n_ctx_train);
     fmt::print("memory: weights {:.1f} MiB (mapped, read in place) + KV cache {:.1f} MiB at -c {} (f16)\n",
                weight_bytes / 1048576.0, kv / 1048576.0, n_ctx);
-    return 0;
-  };
-}
-
-Command add_devices(CLI::App& app) {
-  return [] {
-    fmt::print("cpu      {} cores, ISA {} ({})\n", ThreadPool::default_threads(), isa_name(best_isa()), cpu_features_string());
-    fmt::print("cuda     not built into this binary\n");
-    fmt::print("opencl   not built into this binary\n");
     return 0;
   };
 }

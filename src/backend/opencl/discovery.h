@@ -1,0 +1,52 @@
+// OpenCL device discovery: every device of every platform, numbered in that order (`opencl:N`), with what
+// the expert kernels need to know (subgroups, memory shared with the host, Intel extensions), and the
+// reasons a machine shows no GPU, worded as what to do about it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/opencl/cl_api.h"
+
+namespace xpert::opencl {
+
+struct DeviceInfo {
+  int index = 0;  // N of opencl:N
+  cl_platform_id platform = nullptr;
+  cl_device_id device = nullptr;
+  std::string platform_name, platform_version;
+  std::string name, vendor, driver_version, device_version, opencl_c_version;
+  cl_device_type type = 0;
+  uint64_t global_mem_bytes = 0, max_alloc_bytes = 0, local_mem_bytes = 0;
+  uint32_t compute_units = 0, clock_mhz = 0;
+  size_t max_work_group_size = 0;
+  uint32_t max_sub_groups = 0;            // CL_DEVICE_MAX_NUM_SUB_GROUPS (0: no subgroups)
+  std::vector<size_t> sub_group_sizes;    // the sizes a kernel may require (Intel), or the warp/wavefront width
+  bool host_unified_memory = false;       // the device reads host memory directly (iGPU, CPU)
+  uint64_t usm_host_caps = 0;             // CL_DEVICE_HOST_MEM_CAPABILITIES_INTEL (0: none)
+  bool correctly_rounded_divide = false;  // CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT
+  bool fp16 = false;                      // cl_khr_fp16
+  bool intel_subgroups = false, intel_required_subgroup_size = false, khr_subgroups = false;
+  bool intel_usm = false, intel_subgroup_mma = false;
+  std::string extensions;
+
+  bool is_gpu() const { return (type & CL_DEVICE_TYPE_GPU) != 0; }
+  bool is_cpu() const { return (type & CL_DEVICE_TYPE_CPU) != 0; }
+  const char* type_name() const;
+  // Whether weights can stay in host memory and be read in place.
+  bool shares_host_memory() const { return host_unified_memory || is_cpu(); }
+  bool has_sub_group_size(size_t n) const;
+};
+
+// All devices; throws Error with what to install when there is no loader or no platform.
+std::vector<DeviceInfo> list_devices();
+
+// The device opencl:index; throws Error listing how many there are when out of range.
+DeviceInfo device_info(int index);
+
+// Why no GPU is visible, as advice (empty when a GPU device is listed): /dev/dri/renderD* that this user
+// cannot open (join the render group), render nodes but no GPU driver (install intel-opencl-icd), no
+// render nodes at all.
+std::string no_gpu_advice(const std::vector<DeviceInfo>& devices);
+
+}  // namespace xpert::opencl
