@@ -1,0 +1,54 @@
+// Attention over the f16 KV cache on a CUDA device, with cpu::attention's meaning (backend/op_types.h):
+// cache rows [n_ctx][n_head_kv][head_dim], positions index rows, a query at position p sees keys
+// lo..min(p, n_kv-1) (lo = p - sliding_window + 1 with a window), GQA (query head h reads kv head
+// h / (n_head / n_head_kv)), scores q.k * kq_scale. Every pointer is device memory, pos included, and
+// every call is asynchronous on `stream`.
+//
+// Kernels (head_dim 64, 128, 256; any other head_dim takes a plain warp-per-row kernel):
+//   prefill - flash attention: 64 queries x one head per block, K/V tiles through shared memory
+//             (cp.async, two stages), online softmax, f16 tensor cores (mma.sync m16n8k16).
+//   decode  - flash decoding: one query per sequence, the keys split over many warps (each streams
+//             its share through a private cp.async ring and keeps all query heads of one kv head, the
+//             scores computed transposed so 8 heads fill an n8 tile), then a combine kernel. The grid
+//             depends only on the shapes and `max_kv`, never on positions, so a decode step can be
+//             captured in a CUDA graph and replayed at any depth.
+// Precision as the CPU: q is rounded to f16, products accumulate in f32, the softmax weights meet V as
+// f16 (unnormalized here, normalized on the CPU: results agree to a few f16 ulps of the output).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/op_types.h"
+
+namespace xpert::cuda {
+
+// Workspace `attention` needs (bytes; 0 for prefill shapes). Give at least this much, 256-byte aligned.
+size_t attention_workspace_bytes(const AttentionArgs& a);
+// One sequence, any number of tokens (n_tokens == 1 takes the decode kernel).
+void attention(const AttentionArgs& a, void* workspace, cudaStream_t stream);
+
+// One decode step of several sequences: one query row each, each in its own cache slot.
+struct DecodeAttentionArgs {
+  const float* q;        // [n_seq][n_head][head_dim]
+  const uint16_t* k;     // slot 0's K rows; slot s starts at k + s * slot_stride
+  const uint16_t* v;     // slot 0's V rows; slot s starts at v + s * slot_stride
+  int64_t slot_stride;   // f16 elements from one slot to the next (0 with one sequence)
+  const int32_t* slots;  // [n_seq] the slot of each sequence; null: sequence i uses slot i
+  const int32_t* pos;    // [n_seq] query positions: keys 0..pos are visible (window permitting)
+  float* out;            // [n_seq][n_head][head_dim]
+  int64_t n_seq, n_head, n_head_kv, head_dim;
+  int64_t max_kv;  // keys are clamped below it, and it sizes the split grid: n_ctx will do
+  float kq_scale = 1.0f;
+  int32_t sliding_window = 0;
+  int32_t min_keys_per_split = 128;  // a warp streams at least this many keys before another joins
+};
+size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
+void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);
+
+// The plain kernel (one warp per query row and head), for any head_dim up to 512: the fallback, and a
+// second opinion in tests.
+void attention_simple(const AttentionArgs& a, cudaStream_t stream);
+
+}  // namespace xpert::cuda

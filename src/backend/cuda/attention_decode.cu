@@ -1,0 +1,366 @@
+// Flash decoding over the f16 KV cache: one query row per sequence, the visible keys split over many
+// warps, partial (max, sum, unnormalized output) per warp, then a combine kernel. See attention.h.
+//
+// One warp = one split of one (sequence, kv head, group of up to 8 query heads). It streams its keys
+// 16 at a time through a private 3-stage cp.async ring (K and V rows of that kv head) and computes
+//   S^T = K Q^T   (m16 = keys, n8 = query heads, k = head_dim)   A = K from shared memory (ldmatrix),
+//                                                                 B = q, held in registers all along
+//   O^T += V^T P^T (m16 = head dims, n8 = heads, k16 = keys)      A = V (ldmatrix.trans), B = P^T from
+//                                                                 S^T's accumulators via movmatrix
+// so the 8 query heads of Qwen3's and Qwen3.5's GQA groups fill the n8 side exactly and nothing is padded.
+// The grid is one wave of resident warps; the number of active splits is computed on the device from
+// the position, so a fixed grid serves every depth; surplus warps exit at once.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/ops_internal.h"
+
+namespace xpert::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kStages = 3;
+constexpr int kStepKeys = 16;
+constexpr int kMaxSplits = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeParams {
+  const float* q;
+  const __half* k;
+  const __half* v;
+  int64_t slot_stride;
+  const int32_t* slots;
+  const int32_t* pos;
+  float* out;
+  float* part_o;       // [n_seq][n_head][max_splits][D]
+  float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
+  int64_t row_stride;  // n_head_kv * D
+  int n_head, group, n_hchunk, max_splits, min_keys, max_kv, window;
+  float scale_log2;  // kq_scale * log2(e)
+};
+
+struct SplitRange {
+  int lo, nk, n_active, per;
+};
+
+// The keys of sequence `seq` and how they are split; the decode and combine kernels agree through it.
+__device__ __forceinline__ SplitRange split_range(const DecodeParams& p, int seq) {
+  const int pos = p.pos[seq];
+  const int hi = min(pos, p.max_kv - 1);
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int nk = max(0, hi - lo + 1);
+  const int n = max(1, min((nk + p.min_keys - 1) / p.min_keys, p.max_splits));
+  const int per = ((nk + n - 1) / n + kStepKeys - 1) / kStepKeys * kStepKeys;
+  return {lo, nk, n, per};
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  // Warp-major, so that a few active splits land on different blocks (SMs), not on one block's warps.
+  const int split = warp * gridDim.x + blockIdx.x;
+  const int seq = blockIdx.z;
+  const int hk = blockIdx.y / p.n_hchunk, hc = blockIdx.y % p.n_hchunk;
+  const int h0 = hk * p.group + hc * 8;
+  const int nh = min(8, p.group - hc * 8);
+  const SplitRange r = split_range(p, seq);
+  if (split >= r.n_active) return;
+  const int kb = r.lo + split * r.per;
+  const int ke = min(kb + r.per, r.lo + r.nk);
+  const int n_steps = ke > kb ? (ke - kb + kStepKeys - 1) / kStepKeys : 0;
+
+  // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
+  uint32_t qb[D / 16][2];
+  {
+    const bool valid = gid < nh;
+    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * D;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const float2 x0 =
+          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 2 * tig) : make_float2(0, 0);
+      const float2 x1 =
+          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 8 + 2 * tig) : make_float2(0, 0);
+      qb[ks][0] = pack_half2(x0.x, x0.y);
+      qb[ks][1] = pack_half2(x1.x, x1.y);
+    }
+  }
+
+  constexpr int kChunks = D / 8;                      // 16-byte chunks per row
+  constexpr int kStageBytes = 2 * kStepKeys * D * 2;  // K then V, 16 rows each
+  const uint32_t ring = smem_addr(smem_raw) + warp * kStages * kStageBytes;
+  const int64_t slot = p.slots ? p.slots[seq] : seq;
+  const __half* kg = p.k + slot * p.slot_stride + (int64_t)hk * D;
+  const __half* vg = p.v + slot * p.slot_stride + (int64_t)hk * D;
+
+  auto load_step = [&](int step) {
+    const uint32_t ks = ring + (step % kStages) * kStageBytes, vs = ks + kStepKeys * D * 2;
+    const int key0 = kb + step * kStepKeys;
+#pragma unroll
+    for (int it = 0; it < kStepKeys * kChunks / 32; ++it) {
+      const int i = lane + 32 * it;
+      const int row = i / kChunks, ch = i % kChunks;
+      const bool valid = key0 + row < ke;
+      const int64_t off = (int64_t)(valid ? key0 + row : kb) * p.row_stride + ch * 8;
+      const uint32_t so = swizzle<D>(row, ch) * 16;
+      cp_async16(ks + so, kg + off, valid);
+      cp_async16(vs + so, vg + off, valid);
+    }
+  };
+
+  float o[D / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2tig, 2tig+1
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_steps) load_step(s);
+    cp_async_commit();
+  }
+  for (int step = 0; step < n_steps; ++step) {
+    if (step + kStages - 1 < n_steps) load_step(step + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const uint32_t ks = ring + (step % kStages) * kStageBytes, vs = ks + kStepKeys * D * 2;
+
+    // S^T: keys gid, gid+8 (rows) x heads 2tig, 2tig+1 (columns).
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, ks + swizzle<D>((lane % 8) + 8 * ((lane / 8) % 2), 2 * kk + lane / 16) * 16);
+      mma_f16(s, a[0], a[1], a[2], a[3], qb[kk][0], qb[kk][1]);
+    }
+    const int key_a = kb + step * kStepKeys + gid;
+    const bool va = key_a < ke, vb = key_a + 8 < ke;
+    s[0] = va ? s[0] * p.scale_log2 : -INFINITY;
+    s[1] = va ? s[1] * p.scale_log2 : -INFINITY;
+    s[2] = vb ? s[2] * p.scale_log2 : -INFINITY;
+    s[3] = vb ? s[3] * p.scale_log2 : -INFINITY;
+
+    // Online softmax per head (column): the max over the 16 keys lives in the 8 lanes of one tig.
+    float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], off));
+    float alpha[2], base[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float mn = fmaxf(m[j], mx[j]);
+      base[j] = mn == -INFINITY ? 0.0f : mn;
+      alpha[j] = exp2f(m[j] - base[j]);
+      m[j] = mn;
+    }
+    const float p0 = exp2f(s[0] - base[0]), p1 = exp2f(s[1] - base[1]);
+    const float p2 = exp2f(s[2] - base[0]), p3 = exp2f(s[3] - base[1]);
+    l[0] = l[0] * alpha[0] + (p0 + p2);
+    l[1] = l[1] * alpha[1] + (p1 + p3);
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      o[mt][0] *= alpha[0];
+      o[mt][1] *= alpha[1];
+      o[mt][2] *= alpha[0];
+      o[mt][3] *= alpha[1];
+    }
+    // P^T as the B operand: keys 2tig, 2tig+1 (+8) of head gid.
+    const uint32_t b0 = movmatrix_trans(pack_half2(p0, p1)), b1 = movmatrix_trans(pack_half2(p2, p3));
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, vs + swizzle<D>((lane % 8) + 8 * (lane / 16), 2 * mt + (lane / 8) % 2) * 16);
+      mma_f16(o[mt], a[0], a[1], a[2], a[3], b0, b1);
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int hj = 2 * tig + j;
+    if (hj >= nh) continue;
+    const int64_t idx = ((int64_t)seq * p.n_head + h0 + hj) * p.max_splits + split;
+    if (gid == 0) p.part_ml[idx] = make_float2(m[j], l[j]);
+    float* po = p.part_o + idx * D;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      po[16 * mt + gid] = o[mt][j];
+      po[16 * mt + gid + 8] = o[mt][2 + j];
+    }
+  }
+}
+
+// out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s over the active splits of one (sequence, head).
+// Block (head, sequence, 32 dims): 8 warps take every 8th split, a lane one dim, then a shared sum.
+constexpr int kCombineWarps = 8;
+__global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParams p, int D) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float red[kCombineWarps];
+  __shared__ float part[kCombineWarps][32];
+  const int h = blockIdx.x, seq = blockIdx.y, d = blockIdx.z * 32 + threadIdx.x % 32;
+  const int tid = threadIdx.x, warp = tid / 32, nt = blockDim.x;
+  const SplitRange r = split_range(p, seq);
+  const int64_t base = ((int64_t)seq * p.n_head + h) * p.max_splits;
+
+  auto block_reduce = [&](float v, bool is_max) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(0xffffffffu, v, off);
+      v = is_max ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads();
+    if (tid % 32 == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int i = 1; i < kCombineWarps; ++i) v = is_max ? fmaxf(v, red[i]) : v + red[i];
+    return v;
+  };
+
+  float mx = -INFINITY;
+  for (int s = tid; s < r.n_active; s += nt) mx = fmaxf(mx, p.part_ml[base + s].x);
+  const float M = block_reduce(mx, true);
+  float sum = 0.0f;
+  for (int s = tid; s < r.n_active; s += nt) {
+    const float2 ml = p.part_ml[base + s];
+    const float ws = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+    w[s] = ws;
+    sum += ws * ml.y;
+  }
+  const float L = block_reduce(sum, false);  // its barriers also publish w[]
+  float acc = 0.0f;
+  if (d < D)
+    for (int s = warp; s < r.n_active; s += kCombineWarps) acc += w[s] * p.part_o[(base + s) * D + d];
+  part[warp][tid % 32] = acc;
+  __syncthreads();
+  if (warp == 0 && d < D) {
+    float o = 0.0f;
+    for (int i = 0; i < kCombineWarps; ++i) o += part[i][tid];
+    p.out[((int64_t)seq * p.n_head + h) * D + d] = L > 0.0f ? o / L : 0.0f;
+  }
+}
+
+struct DecodePlan {
+  int n_hchunk, max_splits, warps;
+  size_t smem_bytes, ml_bytes, o_bytes;
+};
+
+const void* decode_kernel_ptr(int64_t D) {
+  return D == 64    ? (const void*)decode_kernel<64>
+         : D == 128 ? (const void*)decode_kernel<128>
+                    : (const void*)decode_kernel<256>;
+}
+
+// Warps per block (as many as shared memory allows, up to 4) and resident blocks per SM, per head_dim.
+struct DecodeConfig {
+  int warps = 0, blocks_per_sm = 0;
+  size_t smem_bytes = 0;
+};
+DecodeConfig decode_config(int64_t D) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, DecodeConfig> cache;
+  int dev = 0;
+  XPERT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  DecodeConfig& c = cache[{dev, D}];
+  if (c.warps) return c;
+  const size_t per_warp = (size_t)kStages * 2 * kStepKeys * D * 2;
+  c.warps = (int)std::clamp<size_t>((size_t)max_smem_optin() / per_warp, 1, 4);
+  c.smem_bytes = per_warp * c.warps;
+  set_smem_limit(decode_kernel_ptr(D), c.smem_bytes);
+  XPERT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.blocks_per_sm, decode_kernel_ptr(D),
+                                                                 32 * c.warps, c.smem_bytes));
+  if (c.blocks_per_sm < 1)
+    detail::fail_rt("cuda attention_decode: the kernel does not fit an SM (head_dim ", D, ")");
+  return c;
+}
+
+DecodePlan plan(const DecodeAttentionArgs& a) {
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
+    detail::fail_rt("cuda attention_decode: head_dim ", a.head_dim, " is not supported (64, 128, 256)");
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0)
+    detail::fail_rt("cuda attention_decode: n_head ", a.n_head, " is not a multiple of n_head_kv ",
+                    a.n_head_kv);
+  if (a.max_kv <= 0 || a.max_kv > INT32_MAX)
+    detail::fail_rt("cuda attention_decode: max_kv ", a.max_kv, " out of range");
+  const DecodeConfig cfg = decode_config(a.head_dim);
+  DecodePlan pl{};
+  const int64_t group = a.n_head / a.n_head_kv;
+  pl.n_hchunk = (int)((group + 7) / 8);
+  const int min_keys = std::max(a.min_keys_per_split, kStepKeys);
+  // One wave of resident warps shared by the batch's (sequence, kv head, head chunk) units; never more
+  // splits than the keys can feed.
+  const int64_t units = std::max<int64_t>(1, a.n_seq * a.n_head_kv * pl.n_hchunk);
+  int64_t splits = (int64_t)sm_count() * cfg.blocks_per_sm * cfg.warps / units;
+  splits = std::min<int64_t>(splits, (a.max_kv + min_keys - 1) / min_keys);
+  pl.max_splits = (int)std::clamp<int64_t>(splits, 1, kMaxSplits);
+  pl.warps = cfg.warps;
+  pl.smem_bytes = cfg.smem_bytes;
+  const size_t rows = (size_t)a.n_seq * a.n_head * pl.max_splits;
+  pl.ml_bytes = align_up(rows * sizeof(float2), 256);
+  pl.o_bytes = align_up(rows * a.head_dim * sizeof(float), 256);
+  return pl;
+}
+
+template <int D>
+void launch(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodeParams& p, cudaStream_t stream) {
+  const dim3 grid((pl.max_splits + pl.warps - 1) / pl.warps, (unsigned)(a.n_head_kv * pl.n_hchunk),
+                  (unsigned)a.n_seq);
+  decode_kernel<D><<<grid, 32 * pl.warps, pl.smem_bytes, stream>>>(p);
+  XPERT_CUDA_CHECK_LAUNCH();
+  combine_kernel<<<dim3((unsigned)a.n_head, (unsigned)a.n_seq, D / 32), 32 * kCombineWarps, 0, stream>>>(p,
+                                                                                                         D);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a) {
+  const DecodePlan pl = plan(a);
+  return pl.ml_bytes + pl.o_bytes;
+}
+
+void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream) {
+  if (a.n_seq <= 0) return;
+  const DecodePlan pl = plan(a);
+  if (!workspace) detail::fail_rt("cuda attention_decode: no workspace");
+  DecodeParams p{};
+  p.q = a.q;
+  p.k = reinterpret_cast<const __half*>(a.k);
+  p.v = reinterpret_cast<const __half*>(a.v);
+  p.slot_stride = a.slot_stride;
+  p.slots = a.slots;
+  p.pos = a.pos;
+  p.out = a.out;
+  p.part_ml = static_cast<float2*>(workspace);
+  p.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
+  p.row_stride = a.n_head_kv * a.head_dim;
+  p.n_head = (int)a.n_head;
+  p.group = (int)(a.n_head / a.n_head_kv);
+  p.n_hchunk = pl.n_hchunk;
+  p.max_splits = pl.max_splits;
+  p.min_keys = std::max(a.min_keys_per_split, kStepKeys);
+  p.max_kv = (int)a.max_kv;
+  p.window = a.sliding_window;
+  p.scale_log2 = a.kq_scale * kLog2e;
+  switch (a.head_dim) {
+    case 64:
+      return launch<64>(a, pl, p, stream);
+    case 128:
+      return launch<128>(a, pl, p, stream);
+    default:
+      return launch<256>(a, pl, p, stream);
+  }
+}
+
+}  // namespace xpert::cuda

@@ -1,0 +1,272 @@
+// Gated DeltaNet pieces (conv, norms, gates), the recurrent delta rule and the whole mixer. gdn.h.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/gdn.h"
+#include "backend/cuda/ops_internal.h"
+
+namespace xpert::cuda {
+namespace {
+
+using detail::grid_for;
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// One thread per (token, channel): the window's rows are the carried state, then x. Products and sums
+// rounded one by one in the CPU's order.
+__global__ void conv_kernel(const float* x, int64_t T, int64_t C, const float* w, int K, const float* state,
+                            float* out) {
+  const int64_t ns = K - 1;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * C;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / C, c = i % C;
+    float o = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      const int64_t r = t + j;
+      const float src = r < ns ? state[r * C + c] : x[(r - ns) * C + c];
+      o = __fadd_rn(o, __fmul_rn(src, w[c * K + j]));
+    }
+    out[i] = silu(o);
+  }
+}
+
+// The state's next rows, per channel in ascending order (row r reads row r + T >= r first: in place is safe).
+__global__ void conv_state_kernel(const float* x, int64_t T, int64_t C, int K, float* state) {
+  const int64_t ns = K - 1;
+  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
+       c += (int64_t)gridDim.x * blockDim.x)
+    for (int64_t r = 0; r < ns; ++r) {
+      const int64_t src = r + T;  // row of the window (state rows then x rows)
+      state[r * C + c] = src < ns ? state[src * C + c] : x[(src - ns) * C + c];
+    }
+}
+
+// One warp per (token, head); the sum of squares in double, as cpu::rmsnorm (l2 = rmsnorm(eps/n)/sqrt(n)).
+__global__ void l2_norm_kernel(float* x, int64_t n_tokens, int64_t n_heads, int head_dim,
+                               int64_t token_stride, float eps_n, float inv_sqrt_n) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= n_tokens * n_heads) return;
+  float* xr = x + (row / n_heads) * token_stride + (row % n_heads) * head_dim;
+  double sum = 0.0;
+  for (int i = lane; i < head_dim; i += 32) sum += (double)(xr[i] * xr[i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float s = 1.0f / sqrtf((float)(sum / (double)head_dim) + eps_n);
+  for (int i = lane; i < head_dim; i += 32) xr[i] = __fmul_rn(__fmul_rn(xr[i], s), inv_sqrt_n);
+}
+
+__global__ void gates_kernel(const float* alpha, const float* beta_in, const float* dt_bias, const float* a,
+                             float* g, float* beta, int64_t n_tokens, int64_t n_v_heads) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tokens * n_v_heads;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t h = i % n_v_heads;
+    const float x = alpha[i] + dt_bias[h];
+    const float sp = x > 20.0f ? x : logf(1.0f + expf(x));  // ggml's softplus threshold
+    g[i] = sp * a[h];
+    beta[i] = 1.0f / (1.0f + expf(-beta_in[i]));
+  }
+}
+
+__global__ void gated_norm_kernel(float* x, const float* z, const float* w, int64_t rows, int n, float eps) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float* xr = x + row * n;
+  const float* zr = z + row * n;
+  double sum = 0.0;
+  for (int i = lane; i < n; i += 32) sum += (double)(xr[i] * xr[i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+  for (int i = lane; i < n; i += 32) xr[i] = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], s), w[i]), silu(zr[i]));
+}
+
+// Recurrent delta rule. Block (32, R) for value head blockIdx.y and state columns blockIdx.x * 32 + x;
+// thread (x, y) holds rows y*32 .. y*32+31 of its column in registers for all T tokens.
+struct RecurrentParams {
+  const float *q, *k, *v, *g, *beta;
+  float* state;
+  float* out;
+  int64_t n_tokens, qk_stride, v_stride;
+  int Hk, Hv, dk, dv;
+  float scale;
+};
+
+constexpr int kMaxRowGroups = 8;  // head_k_dim <= 256
+
+__global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(RecurrentParams p) {
+  __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
+  __shared__ float red_kv[kMaxRowGroups][32], red_o[kMaxRowGroups][32];
+  const int x = threadIdx.x, y = threadIdx.y, R = blockDim.y, tid = y * 32 + x;
+  const int h = blockIdx.y, kh = h % p.Hk, j = blockIdx.x * 32 + x;
+  const bool col = j < p.dv;
+  float* S = p.state + (int64_t)h * p.dk * p.dv;
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = y * 32 + i;
+    s[i] = col && row < p.dk ? S[(int64_t)row * p.dv + j] : 0.0f;
+  }
+  for (int64_t t = 0; t < p.n_tokens; ++t) {
+    const float* kt = p.k + t * p.qk_stride + (int64_t)kh * p.dk;
+    const float* qt = p.q + t * p.qk_stride + (int64_t)kh * p.dk;
+    for (int i = tid; i < 32 * R; i += 32 * R) {
+      ks[i] = i < p.dk ? kt[i] : 0.0f;
+      qs[i] = i < p.dk ? qt[i] : 0.0f;
+    }
+    const float decay = expf(p.g[t * p.Hv + h]), beta = p.beta[t * p.Hv + h];
+    const float vj = col ? p.v[t * p.v_stride + (int64_t)h * p.dv + j] : 0.0f;
+    __syncthreads();
+    // S *= decay; kv = S^T k (this thread's rows)
+    float kv = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] *= decay;
+      kv += s[i] * ks[y * 32 + i];
+    }
+    red_kv[y][x] = kv;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int r = 0; r < R; ++r) tot += red_kv[r][x];
+    const float delta = (vj - tot) * beta;
+    // S += k delta^T; o = S^T q
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] += ks[y * 32 + i] * delta;
+      o += s[i] * qs[y * 32 + i];
+    }
+    red_o[y][x] = o;
+    __syncthreads();
+    if (y == 0 && col) {
+      float ot = 0.0f;
+      for (int r = 0; r < R; ++r) ot += red_o[r][x];
+      p.out[(t * p.Hv + h) * p.dv + j] = ot * p.scale;
+    }
+    __syncthreads();  // ks, qs, red_* are refilled for the next token
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int row = y * 32 + i;
+    if (col && row < p.dk) S[(int64_t)row * p.dv + j] = s[i];
+  }
+}
+
+}  // namespace
+
+void causal_conv1d_silu(const float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t d_conv,
+                        float* conv_state, float* out, cudaStream_t stream) {
+  if (n_tokens <= 0 || channels <= 0) return;
+  if (d_conv < 1 || d_conv > 64)
+    detail::fail_rt("cuda causal_conv1d: d_conv ", d_conv, " out of range (1..64)");
+  conv_kernel<<<grid_for(n_tokens * channels, kThreads), kThreads, 0, stream>>>(x, n_tokens, channels, w,
+                                                                                (int)d_conv, conv_state, out);
+  XPERT_CUDA_CHECK_LAUNCH();
+  if (d_conv > 1) {
+    conv_state_kernel<<<grid_for(channels, kThreads), kThreads, 0, stream>>>(x, n_tokens, channels,
+                                                                             (int)d_conv, conv_state);
+    XPERT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void l2_norm_heads(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t token_stride,
+                   float eps, cudaStream_t stream) {
+  const int64_t rows = n_tokens * n_heads;
+  if (rows <= 0 || head_dim <= 0) return;
+  const float eps_n = eps / (float)head_dim, inv = 1.0f / std::sqrt((float)head_dim);
+  l2_norm_kernel<<<(unsigned)((rows + 7) / 8), kThreads, 0, stream>>>(x, n_tokens, n_heads, (int)head_dim,
+                                                                      token_stride, eps_n, inv);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, const float* a, float* g,
+               float* beta, int64_t n_tokens, int64_t n_v_heads, cudaStream_t stream) {
+  const int64_t n = n_tokens * n_v_heads;
+  if (n <= 0) return;
+  gates_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(alpha, beta_in, dt_bias, a, g, beta, n_tokens,
+                                                               n_v_heads);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
+                        cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return;
+  gated_norm_kernel<<<(unsigned)((rows + 7) / 8), kThreads, 0, stream>>>(x, z, w, rows, (int)n, eps);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return;
+  if (s.head_k_dim <= 0 || s.head_k_dim > 32 * kMaxRowGroups || s.head_v_dim <= 0 || s.n_k_heads <= 0 ||
+      s.n_v_heads <= 0)
+    detail::fail_rt("cuda delta_rule: head_k_dim ", s.head_k_dim, " (at most ", 32 * kMaxRowGroups,
+                    ") or head counts out of range");
+  RecurrentParams p{};
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.g = a.g;
+  p.beta = a.beta;
+  p.state = a.state;
+  p.out = a.out;
+  p.n_tokens = a.n_tokens;
+  p.qk_stride = a.qk_stride ? a.qk_stride : s.key_dim();
+  p.v_stride = a.v_stride ? a.v_stride : s.value_dim();
+  p.Hk = (int)s.n_k_heads;
+  p.Hv = (int)s.n_v_heads;
+  p.dk = (int)s.head_k_dim;
+  p.dv = (int)s.head_v_dim;
+  p.scale = 1.0f / std::sqrt((float)s.head_k_dim);
+  const dim3 grid((unsigned)((s.head_v_dim + 31) / 32), (unsigned)s.n_v_heads);
+  const dim3 block(32, (unsigned)((s.head_k_dim + 31) / 32));
+  recurrent_kernel<<<grid, block, 0, stream>>>(p);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+size_t gated_delta_net_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
+  const size_t T = (size_t)std::max<int64_t>(n_tokens, 0);
+  return detail::align_up(T * s.conv_dim() * sizeof(float), 256) +
+         2 * detail::align_up(T * s.n_v_heads * sizeof(float), 256) +
+         delta_rule_chunked_workspace_bytes(s, n_tokens);
+}
+
+void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                     float* ssm_state, float* out, void* workspace, cudaStream_t stream, DeltaRuleForm form) {
+  const int64_t T = in.n_tokens, CD = s.conv_dim(), Hv = s.n_v_heads;
+  if (T <= 0) return;
+  char* ws = static_cast<char*>(workspace);
+  float* conv_out = reinterpret_cast<float*>(ws);
+  ws += detail::align_up((size_t)T * CD * sizeof(float), 256);
+  float* g = reinterpret_cast<float*>(ws);
+  ws += detail::align_up((size_t)T * Hv * sizeof(float), 256);
+  float* beta = reinterpret_cast<float*>(ws);
+  ws += detail::align_up((size_t)T * Hv * sizeof(float), 256);
+
+  causal_conv1d_silu(in.qkv, T, CD, p.conv1d, s.d_conv, conv_state, conv_out, stream);
+  // q and k are the first 2 * key_dim channels of each row: n_k_heads heads each.
+  l2_norm_heads(conv_out, T, 2 * s.n_k_heads, s.head_k_dim, CD, s.eps, stream);
+  gdn_gates(in.alpha, in.beta, p.dt_bias, p.a, g, beta, T, Hv, stream);
+  const DeltaRuleArgs a{.q = conv_out,
+                        .k = conv_out + s.key_dim(),
+                        .v = conv_out + 2 * s.key_dim(),
+                        .g = g,
+                        .beta = beta,
+                        .state = ssm_state,
+                        .out = out,
+                        .n_tokens = T,
+                        .qk_stride = CD,
+                        .v_stride = CD};
+  if (form == DeltaRuleForm::automatic)
+    form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
+  if (form == DeltaRuleForm::chunked)
+    delta_rule_chunked(s, a, ws, stream);
+  else
+    delta_rule_recurrent(s, a, stream);
+  gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream);
+}
+
+}  // namespace xpert::cuda

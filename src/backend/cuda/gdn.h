@@ -1,0 +1,55 @@
+// Gated DeltaNet on a CUDA device, with the meaning of model/gated_delta_net.h (same shapes, layouts and
+// argument structs; every pointer in them device memory). Asynchronous on `stream`.
+//
+// The delta rule has the CPU's two forms:
+//   recurrent - token by token (decode). One block per (value head, 32 state columns); the state slice
+//               lives in registers for the whole call, so T tokens cost one state read and one write.
+//   chunked   - prefill, chunks of 64 tokens in the WY / UT form of delta_rule_chunked. A first kernel
+//               does everything that does not need the state for all chunks at once (decayed K K^T and
+//               Q K^T, the triangular solve, u = T (beta v), w = T (beta e^G k)); a second walks the
+//               chunks in order per (value head, 32 state columns), where the state is column-separable:
+//               v_new = u - w S, o = e^G q S + (Q K^T) v_new, S = e^G_last S + (decayed K)^T v_new.
+//               llama.cpp's GPU kernels run this token by token.
+// All f32 (no tensor cores): results agree with the CPU's to float rounding.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/gated_delta_net.h"
+
+namespace xpert::cuda {
+
+// out[t][c] = silu(sum_j window[t + j][c] * w[c][j]) over the conv state rows then x's; conv_state then
+// holds the last d_conv-1 rows of the window. x, out: [T][C]; conv_state: [d_conv-1][C]; w: [C][d_conv].
+void causal_conv1d_silu(const float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t d_conv,
+                        float* conv_state, float* out, cudaStream_t stream);
+
+// x / sqrt(sum(x^2) + eps) per head, in place: head h of token t at x + t * token_stride + h * head_dim.
+void l2_norm_heads(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t token_stride,
+                   float eps, cudaStream_t stream);
+
+// g = softplus(alpha + dt_bias) * a, beta = sigmoid(beta_in); [T][n_v_heads] each.
+void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, const float* a, float* g,
+               float* beta, int64_t n_tokens, int64_t n_v_heads, cudaStream_t stream);
+
+// x = rmsnorm(x) * w * silu(z) for rows of n (w: [n]).
+void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
+                        cudaStream_t stream);
+
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream);
+// Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);
+// delta_rule_chunked runs the recurrent form otherwise.
+bool delta_rule_chunked_supported(const GdnShape& s);
+size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens);
+void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream);
+
+// The whole mixer for one sequence up to the output projection, as xpert::gated_delta_net: in.* and
+// p.* device pointers, out [T][value_dim]. automatic = chunked from kChunkedMinTokens tokens.
+size_t gated_delta_net_workspace_bytes(const GdnShape& s, int64_t n_tokens);
+void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                     float* ssm_state, float* out, void* workspace, cudaStream_t stream,
+                     DeltaRuleForm form = DeltaRuleForm::automatic);
+
+}  // namespace xpert::cuda

@@ -1,0 +1,352 @@
+// The chunked (WY / UT) delta rule for prefill; gdn.h says how the work is split, and
+// model/gated_delta_net.cpp's delta_rule_chunked is the same algorithm on the CPU (same order of
+// operations where it matters). Chunks of 64 tokens; a short last chunk is padded with k = q = v = 0,
+// g = 0, beta = 0, which leaves every real row and the state unchanged.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/gdn.h"
+#include "backend/cuda/ops_internal.h"
+
+namespace xpert::cuda {
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int kMaxDim = 128;
+
+struct ChunkParams {
+  const float *q, *k, *v, *g, *beta;
+  float* state;
+  float* out;
+  float* ws_u;   // [n_chunks][Hv][64][dv]
+  float* ws_w;   // [n_chunks][Hv][64][DK]
+  float* ws_qk;  // [n_chunks][Hv][64][64]
+  float* ws_g;   // [n_chunks][Hv][64] cumulative log decay
+  int64_t n_tokens, qk_stride, v_stride;
+  int Hk, Hv, dv;
+  float scale;
+};
+
+// Per (chunk, value head): decayed K K^T -> A, Q K^T -> ws_qk, T = (I - A)^-1 by forward substitution,
+// u = T (beta v), w = T (beta e^G k).
+template <int DK>
+__global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
+  constexpr int P = kMaxDim + 1;  // row pitch of the k and q / v tiles
+  extern __shared__ __align__(16) float sm[];
+  float* Ks = sm;               // [64][P]
+  float* QV = Ks + kChunk * P;  // [64][P]: q, later v
+  float* A = QV + kChunk * P;   // [64][65]
+  float* G = A + kChunk * 65;   // [64]
+  float* B = G + kChunk;        // [64]
+  float* old = B + kChunk;      // [64]
+  const int tid = threadIdx.x, c = blockIdx.x, h = blockIdx.y, kh = h % p.Hk, dv = p.dv;
+  const int64_t t0 = (int64_t)c * kChunk;
+  const int L = (int)std::min<int64_t>(kChunk, p.n_tokens - t0);
+  const int64_t base = (int64_t)c * p.Hv + h;
+
+  if (tid < kChunk) {
+    G[tid] = tid < L ? p.g[(t0 + tid) * p.Hv + h] : 0.0f;
+    B[tid] = tid < L ? p.beta[(t0 + tid) * p.Hv + h] : 0.0f;
+  }
+  for (int i = tid; i < kChunk * DK; i += 256) {
+    const int r = i / DK, d = i % DK;
+    Ks[r * P + d] = r < L ? p.k[(t0 + r) * p.qk_stride + (int64_t)kh * DK + d] : 0.0f;
+    QV[r * P + d] = r < L ? p.q[(t0 + r) * p.qk_stride + (int64_t)kh * DK + d] : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // cumulative sum in order, as the CPU
+    float cum = 0.0f;
+    for (int i = 0; i < kChunk; ++i) G[i] = cum += G[i];
+  }
+  __syncthreads();
+
+  // A (strictly lower) and the decayed q.k scores (lower with the diagonal); 4x4 outputs per thread,
+  // rows ty + 16a, columns tx + 16b (conflict-free with the odd pitch).
+  {
+    const int ty = tid / 16, tx = tid % 16;
+    float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll 4
+    for (int d = 0; d < DK; ++d) {
+      float ki[4], qi[4], kj[4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        ki[a] = Ks[(ty + 16 * a) * P + d];
+        qi[a] = QV[(ty + 16 * a) * P + d];
+        kj[a] = Ks[(tx + 16 * a) * P + d];
+      }
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          kk[a][b] += ki[a] * kj[b];
+          qk[a][b] += qi[a] * kj[b];
+        }
+    }
+    float* wqk = p.ws_qk + base * kChunk * kChunk;
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int i = ty + 16 * a, j = tx + 16 * b;
+        const float d = j <= i ? expf(G[i] - G[j]) : 0.0f;
+        A[i * 65 + j] = j < i ? -B[i] * kk[a][b] * d : 0.0f;
+        wqk[i * kChunk + j] = j <= i ? qk[a][b] * d : 0.0f;
+      }
+  }
+  __syncthreads();
+
+  // Forward substitution, row by row: A[i][j] = old_i[j] + sum_{j<m<i} old_i[m] A[m][j] (rows m < i final).
+  for (int i = 1; i < L; ++i) {
+    if (tid < i) old[tid] = A[i * 65 + tid];
+    __syncthreads();
+    if (tid < i) {
+      float acc = old[tid];
+      for (int m = tid + 1; m < i; ++m) acc += old[m] * A[m * 65 + tid];
+      A[i * 65 + tid] = acc;
+    }
+    __syncthreads();
+  }
+
+  for (int i = tid; i < kChunk * dv; i += 256) {
+    const int r = i / dv, d = i % dv;
+    QV[r * P + d] = r < L ? p.v[(t0 + r) * p.v_stride + (int64_t)h * dv + d] : 0.0f;
+  }
+  if (tid < kChunk) p.ws_g[base * kChunk + tid] = G[tid];
+  __syncthreads();
+
+  // u = T (B v), w = T (B e^G k), T = A + I: rows ty + 16a, columns tx + 16b.
+  {
+    const int ty = tid / 16, tx = tid % 16;
+    constexpr int NB = kMaxDim / 16;
+    float u[4][NB] = {}, w[4][DK / 16] = {};
+    for (int j = 0; j < kChunk; ++j) {
+      const float bj = B[j], egj = expf(G[j]);
+      float cu[4], cw[4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const int i = ty + 16 * a;
+        const float t = j == i ? 1.0f : A[i * 65 + j];  // 0 above the diagonal
+        cu[a] = t * bj;
+        cw[a] = (t * bj) * egj;
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int d = tx + 16 * b;
+        if (d < dv) {
+          const float vj = QV[j * P + d];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) u[a][b] += cu[a] * vj;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < DK / 16; ++b) {
+        const float kj = Ks[j * P + tx + 16 * b];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) w[a][b] += cw[a] * kj;
+      }
+    }
+    float* wu = p.ws_u + base * kChunk * dv;
+    float* ww = p.ws_w + base * kChunk * DK;
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int i = ty + 16 * a;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        if (tx + 16 * b < dv) wu[i * dv + tx + 16 * b] = u[a][b];
+#pragma unroll
+      for (int b = 0; b < DK / 16; ++b) ww[i * DK + tx + 16 * b] = w[a][b];
+    }
+  }
+}
+
+// Per (value head, 32 state columns), the chunks in order. The state slice S [DK][32] stays in shared
+// memory; R holds w, then q, then k of the current chunk.
+template <int DK>
+__global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
+  constexpr int RP = DK + 4;  // float4-aligned rows, read as broadcasts
+  extern __shared__ __align__(16) float sm[];
+  float* R = sm;                    // [64][RP]
+  float* Ss = R + kChunk * RP;      // [DK][32]
+  float* Vn = Ss + DK * 32;         // [64][33]
+  float* QK = Vn + kChunk * 33;     // [64][64]
+  float* G = QK + kChunk * kChunk;  // [64]
+  float* eG = G + kChunk;           // [64]
+  float* ed = eG + kChunk;          // [64]
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
+  const int h = blockIdx.y, kh = h % p.Hk, dv = p.dv, j = blockIdx.x * 32 + tx;
+  float* S = p.state + (int64_t)h * DK * dv;
+  for (int r = ty; r < DK; r += 8) Ss[r * 32 + tx] = S[(int64_t)r * dv + j];
+  const int64_t n_chunks = (p.n_tokens + kChunk - 1) / kChunk;
+
+  auto load_rows = [&](const float* src, int64_t stride, int rows) {  // rows x DK into R, zero past `rows`
+    for (int i = tid; i < kChunk * DK; i += 256) {
+      const int r = i / DK, d = i % DK;
+      R[r * RP + d] = r < rows ? src[r * stride + d] : 0.0f;
+    }
+  };
+
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t t0 = c * kChunk;
+    const int L = (int)std::min<int64_t>(kChunk, p.n_tokens - t0);
+    const int64_t base = c * p.Hv + h;
+    if (tid < kChunk) G[tid] = p.ws_g[base * kChunk + tid];
+    load_rows(p.ws_w + base * kChunk * DK, DK, kChunk);
+    __syncthreads();
+    if (tid < kChunk) {
+      eG[tid] = expf(G[tid]);
+      ed[tid] = expf(G[L - 1] - G[tid]);
+    }
+
+    // v_new = u - w S: rows ty + 8a.
+    float acc[8];
+    const float* u = p.ws_u + base * kChunk * dv;
+#pragma unroll
+    for (int a = 0; a < 8; ++a) acc[a] = u[(ty + 8 * a) * dv + j];
+#pragma unroll 2
+    for (int r = 0; r < DK; r += 4) {
+      const float s0 = Ss[r * 32 + tx], s1 = Ss[(r + 1) * 32 + tx], s2 = Ss[(r + 2) * 32 + tx],
+                  s3 = Ss[(r + 3) * 32 + tx];
+#pragma unroll
+      for (int a = 0; a < 8; ++a) {
+        const float4 w = *reinterpret_cast<const float4*>(&R[(ty + 8 * a) * RP + r]);
+        acc[a] += -w.x * s0;
+        acc[a] += -w.y * s1;
+        acc[a] += -w.z * s2;
+        acc[a] += -w.w * s3;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 8; ++a) Vn[(ty + 8 * a) * 33 + tx] = acc[a];
+    __syncthreads();
+
+    // o = scale (e^G q S + QK v_new)
+    load_rows(p.q + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
+    for (int i = tid; i < kChunk * kChunk; i += 256) QK[i] = p.ws_qk[base * kChunk * kChunk + i];
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
+#pragma unroll 2
+    for (int r = 0; r < DK; r += 4) {
+      const float s0 = Ss[r * 32 + tx], s1 = Ss[(r + 1) * 32 + tx], s2 = Ss[(r + 2) * 32 + tx],
+                  s3 = Ss[(r + 3) * 32 + tx];
+#pragma unroll
+      for (int a = 0; a < 8; ++a) {
+        const float e = eG[ty + 8 * a];
+        const float4 q = *reinterpret_cast<const float4*>(&R[(ty + 8 * a) * RP + r]);
+        acc[a] += (q.x * e) * s0;
+        acc[a] += (q.y * e) * s1;
+        acc[a] += (q.z * e) * s2;
+        acc[a] += (q.w * e) * s3;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      const int i = ty + 8 * a;
+      for (int m = 0; m <= i; ++m) acc[a] += QK[i * kChunk + m] * Vn[m * 33 + tx];
+      if (i < L) p.out[((t0 + i) * p.Hv + h) * dv + j] = acc[a] * p.scale;
+    }
+    __syncthreads();
+
+    // S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i^T: rows ty * DK/8 + a.
+    load_rows(p.k + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
+    __syncthreads();
+    constexpr int RPT = DK / 8;  // state rows per thread
+    const float e_last = eG[L - 1];
+    float sr[RPT];
+#pragma unroll
+    for (int a = 0; a < RPT; ++a) sr[a] = Ss[(ty * RPT + a) * 32 + tx] * e_last;
+    for (int i = 0; i < L; ++i) {
+      const float vn = Vn[i * 33 + tx], e = ed[i];
+#pragma unroll
+      for (int a = 0; a < RPT; a += 4) {
+        const float4 k = *reinterpret_cast<const float4*>(&R[i * RP + ty * RPT + a]);
+        sr[a] += (k.x * e) * vn;
+        sr[a + 1] += (k.y * e) * vn;
+        sr[a + 2] += (k.z * e) * vn;
+        sr[a + 3] += (k.w * e) * vn;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < RPT; ++a) Ss[(ty * RPT + a) * 32 + tx] = sr[a];
+    __syncthreads();
+  }
+  for (int r = ty; r < DK; r += 8) S[(int64_t)r * dv + j] = Ss[r * 32 + tx];
+}
+
+template <int DK>
+constexpr size_t prep_smem_bytes() {
+  return (size_t)(2 * kChunk * (kMaxDim + 1) + kChunk * 65 + 3 * kChunk) * sizeof(float);
+}
+template <int DK>
+constexpr size_t scan_smem_bytes() {
+  return (size_t)(kChunk * (DK + 4) + DK * 32 + kChunk * 33 + kChunk * kChunk + 3 * kChunk) * sizeof(float);
+}
+
+struct ChunkLayout {
+  size_t u, w, qk, g;  // bytes of each part
+};
+ChunkLayout layout(const GdnShape& s, int64_t n_tokens) {
+  const size_t chunks = (size_t)((std::max<int64_t>(n_tokens, 0) + kChunk - 1) / kChunk);
+  const size_t rows = chunks * s.n_v_heads * kChunk;
+  return {detail::align_up(rows * s.head_v_dim * sizeof(float), 256),
+          detail::align_up(rows * s.head_k_dim * sizeof(float), 256),
+          detail::align_up(rows * kChunk * sizeof(float), 256), detail::align_up(rows * sizeof(float), 256)};
+}
+
+template <int DK>
+void launch(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream) {
+  const ChunkLayout lay = layout(s, a.n_tokens);
+  char* ws = static_cast<char*>(workspace);
+  ChunkParams p{};
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.g = a.g;
+  p.beta = a.beta;
+  p.state = a.state;
+  p.out = a.out;
+  p.ws_u = reinterpret_cast<float*>(ws);
+  p.ws_w = reinterpret_cast<float*>(ws + lay.u);
+  p.ws_qk = reinterpret_cast<float*>(ws + lay.u + lay.w);
+  p.ws_g = reinterpret_cast<float*>(ws + lay.u + lay.w + lay.qk);
+  p.n_tokens = a.n_tokens;
+  p.qk_stride = a.qk_stride ? a.qk_stride : s.key_dim();
+  p.v_stride = a.v_stride ? a.v_stride : s.value_dim();
+  p.Hk = (int)s.n_k_heads;
+  p.Hv = (int)s.n_v_heads;
+  p.dv = (int)s.head_v_dim;
+  p.scale = 1.0f / std::sqrt((float)s.head_k_dim);
+  const unsigned n_chunks = (unsigned)((a.n_tokens + kChunk - 1) / kChunk);
+  constexpr size_t prep_smem = prep_smem_bytes<DK>(), scan_smem = scan_smem_bytes<DK>();
+  detail::set_smem_limit((const void*)chunk_prep_kernel<DK>, prep_smem);
+  detail::set_smem_limit((const void*)chunk_scan_kernel<DK>, scan_smem);
+  chunk_prep_kernel<DK><<<dim3(n_chunks, (unsigned)s.n_v_heads), 256, prep_smem, stream>>>(p);
+  XPERT_CUDA_CHECK_LAUNCH();
+  chunk_scan_kernel<DK>
+      <<<dim3((unsigned)(s.head_v_dim / 32), (unsigned)s.n_v_heads), dim3(32, 8), scan_smem, stream>>>(p);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool delta_rule_chunked_supported(const GdnShape& s) {
+  return (s.head_k_dim == 64 || s.head_k_dim == 128) && s.head_v_dim > 0 && s.head_v_dim <= kMaxDim &&
+         s.head_v_dim % 32 == 0 && s.n_k_heads > 0 && s.n_v_heads > 0;
+}
+
+size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
+  if (!delta_rule_chunked_supported(s)) return 0;
+  const ChunkLayout lay = layout(s, n_tokens);
+  return lay.u + lay.w + lay.qk + lay.g;
+}
+
+void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream) {
+  if (a.n_tokens <= 0) return;
+  if (!delta_rule_chunked_supported(s)) return delta_rule_recurrent(s, a, stream);
+  if (!workspace) detail::fail_rt("cuda delta_rule_chunked: no workspace");
+  if (s.head_k_dim == 64) return launch<64>(s, a, workspace, stream);
+  return launch<128>(s, a, workspace, stream);
+}
+
+}  // namespace xpert::cuda

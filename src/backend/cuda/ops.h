@@ -1,0 +1,56 @@
+// Elementwise and normalization ops on a CUDA device, with cpu::ops' meaning (backend/cpu/ops.h): f32
+// rows, the KV cache in f16. Every pointer is device memory (positions and row indices included), every
+// call is asynchronous on `stream` and checks its launch. Precision as the CPU where it changes
+// results: rms sums in double, RoPE angles by repeated multiplication, GELU rounded through f16.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/op_types.h"
+
+namespace xpert::cuda {
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for rows of n; w may be null; y may alias x.
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             cudaStream_t stream);
+// The same over strided rows: row r of x at x + r * x_stride, of y at y + r * y_stride. Per-head q/k norms
+// are rows = n_tokens * n_heads of n = head_dim; Qwen3.5's q, interleaved with its gate per head, is
+// x_stride = 2 * head_dim (normalized and packed into y in one pass).
+void rmsnorm_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride,
+                     int64_t rows, int64_t n, float eps, cudaStream_t stream);
+
+// x: rows of n_heads * head_dim, one per token at position pos[t]; rotates the first n_rot dims of each head.
+void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+          float freq_base, float freq_scale, RopeMode mode, cudaStream_t stream);
+
+void swiglu(const float* gate, const float* up, float* y, int64_t n, cudaStream_t stream);  // silu(gate) * up
+void geglu(const float* gate, const float* up, float* y, int64_t n,
+           cudaStream_t stream);  // gelu_tanh(gate) * up
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+void add_bias(float* x, const float* bias, int64_t rows, int64_t n, cudaStream_t stream);
+// x[i] *= sigmoid(gate[i])
+void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
+// Rows of n: x[r][i] *= sigmoid(gate[r * gate_stride + i]) (Qwen3.5's attention output gate read in
+// place from the interleaved q|gate projection: gate = qg + head_dim, gate_stride = 2 * head_dim).
+void mul_sigmoid_strided(float* x, const float* gate, int64_t gate_stride, int64_t rows, int64_t n,
+                         cudaStream_t stream);
+// y[r][i] += s[r][i] * sigmoid(g[r]) for rows of n (the shared expert's gate).
+void add_sigmoid_scaled(float* y, const float* s, const float* g, int64_t rows, int64_t n,
+                        cudaStream_t stream);
+// src rows of 2 * width -> a (first half of each row), b (second half).
+void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b, cudaStream_t stream);
+// y[i] = x[rows[i]] for n_rows rows of width.
+void gather_rows(const float* x, const int64_t* rows, int64_t n_rows, int64_t width, float* y,
+                 cudaStream_t stream);
+
+// f32 -> f16, round to nearest even.
+void store_f16(const float* x, uint16_t* dst, int64_t n, cudaStream_t stream);
+// KV rows into the cache: token t's row of `row` values goes to row pos[t] of slot slots[t]
+// (cache + slots[t] * slot_stride + pos[t] * row). slots may be null (slot 0). Positions on the device, so a
+// decode step can be captured once and replayed.
+void store_kv_f16(const float* x, int64_t n_tokens, int64_t row, uint16_t* cache, int64_t slot_stride,
+                  const int32_t* slots, const int32_t* pos, cudaStream_t stream);
+
+}  // namespace xpert::cuda
