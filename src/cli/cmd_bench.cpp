@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "backend/backend.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
 #include "cli/commands.h"
@@ -65,7 +66,7 @@ Command add_bench(CLI::App& app) {
   app.add_option("-b,--batch-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [o] {
-    auto model = Model::load(o->m.model);
+    auto model = load_model(o->m);
     prefetch_weights(model->file());
     const ModelConfig& c = model->config();
     SessionOptions so{.n_ctx = std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1), .n_threads = o->m.threads, .n_batch = o->m.batch};
@@ -85,11 +86,14 @@ Command add_bench(CLI::App& app) {
       params += t.n_elements();
     }
     const int threads = s.pool().size();
+    const std::string backend = model->n_offloaded()
+                                    ? fmt::format("{} ngl={}", model->offload_device()->name(), model->n_offloaded())
+                                    : fmt::format("CPU ({})", isa_name(best_isa()));
     if (o->output == "json") {
       nlohmann::json out = nlohmann::json::array();
       for (const Result& r : results)
         out.push_back({{"model", c.name}, {"arch", c.arch}, {"model_size", bytes}, {"model_n_params", params},
-                       {"backend", "CPU"}, {"isa", isa_name(best_isa())}, {"n_threads", threads},
+                       {"backend", backend}, {"isa", isa_name(best_isa())}, {"n_threads", threads},
                        {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"avg_ts", r.mean()}, {"stddev_ts", r.stddev()},
                        {"samples_ts", r.tps}});
       fmt::print("{}\n", out.dump(2));
@@ -97,8 +101,8 @@ Command add_bench(CLI::App& app) {
       fmt::print("| model | size | params | backend | threads | test | t/s |\n");
       fmt::print("| ----- | ---: | -----: | ------- | ------: | ---: | --: |\n");
       for (const Result& r : results)
-        fmt::print("| {} {} | {:.2f} MiB | {:.2f} M | CPU ({}) | {} | {} | {:.2f} ± {:.2f} |\n", c.arch, c.name,
-                   bytes / 1048576.0, params / 1e6, isa_name(best_isa()), threads, r.test, r.mean(), r.stddev());
+        fmt::print("| {} {} | {:.2f} MiB | {:.2f} M | {} | {} | {} | {:.2f} ± {:.2f} |\n", c.arch, c.name,
+                   bytes / 1048576.0, params / 1e6, backend, threads, r.test, r.mean(), r.stddev());
     }
     return 0;
   };

@@ -56,7 +56,7 @@ Command add_chat(CLI::App& app) {
   add_sampling_flags(app, o->sp);
   app.add_option("--system", o->system, "system message");
   return [o] {
-    auto model = Model::load(o->m.model);
+    auto model = load_model(o->m);
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());

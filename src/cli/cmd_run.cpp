@@ -30,7 +30,7 @@ Command add_run(CLI::App& app) {
   add_sampling_flags(app, o->sp);
   app.add_flag("--no-special", o->no_special, "treat special-token text in the prompt as plain text");
   return [o] {
-    auto model = Model::load(o->m.model);
+    auto model = load_model(o->m);
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     Session s(*model, {.n_ctx = o->m.ctx, .n_threads = o->m.threads, .n_batch = o->m.batch});

@@ -4,9 +4,11 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "format/gguf.h"
+#include "model/model.h"
 #include "sample/sampler.h"
 
 namespace xpert::cli {
@@ -19,8 +21,13 @@ struct ModelFlags {
   int threads = 0;
   int64_t ctx = 4096;
   int64_t batch = 512;
+  std::string device;         // --device
+  int64_t n_gpu_layers = -1;  // -ngl
   void add(CLI::App& app, bool with_ctx = true);
 };
+
+// Model::load, then placed on the devices the flags name.
+std::unique_ptr<Model> load_model(const ModelFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --seed, shared by the commands that sample.
 void add_sampling_flags(CLI::App& app, SamplingParams& sp);

@@ -1,6 +1,9 @@
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
+#include "backend/devices.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
@@ -14,6 +17,15 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
     app.add_option("-c,--ctx-size", ctx, "context size in tokens (0: the model's)")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
     app.add_option("-b,--batch-size", batch, "prompt tokens evaluated per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   }
+  app.add_option("--device", device, "where the layers run: cpu or cuda:N (default: cuda:0 when there is a GPU)");
+  app.add_option("--n-gpu-layers", n_gpu_layers, "-ngl: the last N layers on the GPU (default: all when there is one)")
+      ->check(CLI::Range((int64_t)-1, (int64_t)1 << 20));
+}
+
+std::unique_ptr<Model> load_model(const ModelFlags& f) {
+  std::unique_ptr<Model> m = Model::load(f.model);
+  place_model(*m, {.device = f.device, .n_gpu_layers = f.n_gpu_layers});
+  return m;
 }
 
 void add_sampling_flags(CLI::App& app, SamplingParams& sp) {
@@ -48,8 +60,14 @@ int main(int argc, char** argv) {
   sub("serve", "serve an OpenAI-compatible HTTP API with continuous batching", cli::add_serve);
   sub("chat", "chat with a model in the terminal, using its chat template", cli::add_chat);
   sub("template", "print the prompt a chat template renders for a messages file", cli::add_template);
+  // llama.cpp's multi-letter short flags, which CLI11 does not take.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& a : args)
+    if (a == "-ngl") a = "--n-gpu-layers";
+  std::vector<char*> argv2;
+  for (std::string& a : args) argv2.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse((int)argv2.size(), argv2.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

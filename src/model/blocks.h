@@ -1,50 +1,75 @@
-// Building blocks shared by the architecture files: linear layers, embedding lookup, and the
-// self-attention block (projections, optional biases and QK-norm, RoPE, KV-cache store, attention,
-// output projection). Each architecture's forward reads top to bottom by calling these.
+// Building blocks shared by the architecture files: the pass over a batch (Exec: which backend runs
+// each layer, the activations on it, the batch's layout), the self-attention block (projections,
+// optional biases and QK-norm, RoPE, KV-cache store, attention, output projection) and the output head.
+// Each architecture's forward reads top to bottom by calling these and the Backend ops; nothing here
+// knows which device runs it.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "backend/backend.h"
 #include "model/model.h"
 
 namespace xpert {
 
 class KvCache;
 
-// y[m][w.ne[1]] = x[m][w.ne[0]] . w^T
-void linear(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool);
-// x[t][n_embd] = row tokens[t] of the embedding, times scale.
-void embed(const Weight& tok_embd, std::span<const int32_t> tokens, float scale, float* x);
-
 struct AttentionLayerParams {
   float rope_base = 10000.0f, rope_scale = 1.0f;
-  cpu::RopeMode rope_mode = cpu::RopeMode::normal;
+  RopeMode rope_mode = RopeMode::normal;
   float q_scale = 1.0f;   // applied to q after RoPE (Gemma)
   float kq_scale = 1.0f;  // applied to q.k
   int32_t sliding_window = 0;
 };
 
-// Reusable activation buffers for one forward pass, and the batch's layout.
-struct Scratch {
-  std::vector<float> x, cur, q, k, v, att, ff_gate, ff_up, out;
-  std::vector<int32_t> pos;            // per token
-  std::vector<BatchSegment> segments;  // the batch as runs of one sequence (one run for a single sequence)
-  std::vector<int64_t> out_rows;       // token rows that produce logits, in order
-  void reserve(const ModelConfig& c, int64_t n_tokens);
+// The activations of a pass on one backend, in its memory.
+struct Activations {
+  float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
+  float *ff_gate = nullptr, *ff_up = nullptr, *out = nullptr;
+  int32_t* pos = nullptr;  // per token
 };
 
-// Sizes the buffers for the batch and fills pos / segments / out_rows; call first in every forward.
-// Throws Error for a batch that does not fit the cache or has out-of-range slots.
-void begin_forward(const ModelConfig& c, const ForwardArgs& args, Scratch& s);
+// One forward pass. The constructor checks the batch against the caches (throws Error for a batch that
+// does not fit or has out-of-range slots) and embeds the tokens; enter(il) makes layer il's backend
+// current, moving the residual stream there when the device changes.
+class Exec {
+ public:
+  Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embed_scale = 1.0f);
+  Backend& enter(int64_t il);
+  Backend& b() const { return *b_; }
+  Activations& a() { return *a_; }
+  Arena& arena() const { return b_->scratch(); }  // per-layer temporaries: mark() / release()
+  int64_t n() const { return n_; }
+  const ForwardArgs& args() const { return args_; }
+  const std::vector<BatchSegment>& segments() const { return segments_; }
+  const std::vector<int64_t>& out_rows() const { return out_rows_; }
+  // Final norm and output projection of the rows that need logits, copied to the host.
+  void output_logits(std::vector<float>& logits);
 
-// cur [n][n_embd] (already normalized) -> s.out [n][n_embd]. Stores this batch's K/V in the cache.
+ private:
+  struct OnDevice {
+    Backend* b = nullptr;
+    Activations a;
+  };
+  OnDevice& on(Backend& b);
+
+  const Model& m_;
+  const ForwardArgs& args_;
+  int64_t n_ = 0;
+  std::vector<BatchSegment> segments_;
+  std::vector<int64_t> out_rows_;
+  std::vector<int32_t> pos_;
+  std::vector<OnDevice> devs_;  // at most two: the CPU and the offload device
+  Backend* b_ = nullptr;
+  Activations* a_ = nullptr;
+};
+
+// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    const ForwardArgs& args, Scratch& s, ThreadPool& pool);
+                    Exec& ex);
 
-// Final norm and output projection of the rows that need logits.
-void output_logits(const ModelConfig& c, const ModelWeights& w, const ForwardArgs& args, Scratch& s,
-                   std::vector<float>& logits, ThreadPool& pool);
+// For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
+void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex);
 
 }  // namespace xpert

@@ -58,34 +58,33 @@ class Gemma3 : public Model {
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
     const ModelConfig& c = config_;
-    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd, F = c.n_ff;
-    thread_local Scratch s;
-    begin_forward(c, args, s);
-    embed(w_.tok_embd, args.tokens, c.embed_scale, s.x.data());
-
+    Exec ex(*this, args, pool, c.embed_scale);
+    const int64_t n = ex.n(), E = c.n_embd, F = c.n_ff;
     for (int64_t il = 0; il < c.n_layer; ++il) {
-      const LayerWeights& l = w_.layers[il];
+      Backend& b = ex.enter(il);
+      Activations& a = ex.a();
+      const LayerWeights& l = layer(il);
       const bool swa = c.layer_swa[il];
       AttentionLayerParams p{.rope_base = swa ? c.rope_base_swa : c.rope_base,
                              .rope_scale = swa ? 1.0f : c.rope_scale,
-                             .rope_mode = cpu::RopeMode::neox,
+                             .rope_mode = RopeMode::neox,
                              .q_scale = c.q_scale,
                              .kq_scale = 1.0f,
                              .sliding_window = swa ? c.sliding_window : 0};
-      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      self_attention(c, l, p, il, args, s, pool);
-      cpu::rmsnorm(s.out.data(), l.attn_post_norm.f32(), s.out.data(), n, E, c.rms_eps);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);  // x = sa_out
+      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
+      self_attention(c, l, p, il, ex);
+      b.rmsnorm(a.out, l.attn_post_norm.f32(), a.out, n, E, c.rms_eps);
+      b.add(a.out, a.x, a.x, n * E);  // x = sa_out
 
-      cpu::rmsnorm(s.x.data(), l.ffn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
-      linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
-      cpu::geglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * F, &pool);
-      linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
-      cpu::rmsnorm(s.out.data(), l.ffn_post_norm.f32(), s.out.data(), n, E, c.rms_eps);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+      b.rmsnorm(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
+      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
+      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      b.geglu(a.ff_gate, a.ff_up, a.ff_gate, n * F);
+      b.matmul(l.ffn_down, a.ff_gate, n, a.out);
+      b.rmsnorm(a.out, l.ffn_post_norm.f32(), a.out, n, E, c.rms_eps);
+      b.add(a.out, a.x, a.x, n * E);
     }
-    output_logits(c, w_, args, s, logits, pool);
+    ex.output_logits(logits);
   }
 };
 

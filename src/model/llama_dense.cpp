@@ -42,30 +42,30 @@ class LlamaDense : public Model {
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
     const ModelConfig& c = config_;
-    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd, F = c.n_ff;
-    thread_local Scratch s;
-    begin_forward(c, args, s);
-    embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
+    Exec ex(*this, args, pool);
+    const int64_t n = ex.n(), E = c.n_embd, F = c.n_ff;
     const AttentionLayerParams p{.rope_base = c.rope_base,
                                  .rope_scale = c.rope_scale,
-                                 .rope_mode = c.rope_neox ? cpu::RopeMode::neox : cpu::RopeMode::normal,
+                                 .rope_mode = c.rope_neox ? RopeMode::neox : RopeMode::normal,
                                  .q_scale = 1.0f,
                                  .kq_scale = c.kq_scale,
                                  .sliding_window = 0};
     for (int64_t il = 0; il < c.n_layer; ++il) {
-      const LayerWeights& l = w_.layers[il];
-      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      self_attention(c, l, p, il, args, s, pool);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+      Backend& b = ex.enter(il);
+      Activations& a = ex.a();
+      const LayerWeights& l = layer(il);
+      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
+      self_attention(c, l, p, il, ex);
+      b.add(a.out, a.x, a.x, n * E);
 
-      cpu::rmsnorm(s.x.data(), l.ffn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
-      linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
-      cpu::swiglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * F);
-      linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+      b.rmsnorm(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
+      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
+      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * F);
+      b.matmul(l.ffn_down, a.ff_gate, n, a.out);
+      b.add(a.out, a.x, a.x, n * E);
     }
-    output_logits(c, w_, args, s, logits, pool);
+    ex.output_logits(logits);
   }
 };
 

@@ -17,6 +17,8 @@ namespace xpert {
 class ThreadPool;
 class KvCache;
 class RecurrentState;
+class Backend;
+class DeviceBuffer;
 
 // A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
 struct Weight {
@@ -103,9 +105,12 @@ struct ForwardArgs {
   RecurrentState* state = nullptr;  // per-slot recurrent state; required by models with recurrent layers
 };
 
+// Calls fn(name, weight) for every tensor of a layer that is present.
+void for_each_weight(LayerWeights& l, const std::function<void(const char*, Weight&)>& fn);
+
 class Model {
  public:
-  virtual ~Model() = default;
+  virtual ~Model();
   const ModelConfig& config() const { return config_; }
   const gguf::GGUFFile& file() const { return *file_; }
   // logits: [n_out][n_vocab], n_out = tokens.size() if all_logits else 1.
@@ -114,11 +119,34 @@ class Model {
   // Loads any supported architecture; throws Error naming what is wrong or unsupported.
   static std::unique_ptr<Model> load(const std::string& path);
 
+  // Moves the last n_layers layers (llama.cpp's -ngl; more than n_layer means all) to `dev`: their
+  // weights are copied into its memory once, and their forward runs there. The output head goes along
+  // when the last layer does. Call before creating caches (they follow layer_devices()). Returns the
+  // bytes uploaded.
+  size_t offload(std::shared_ptr<Backend> dev, int64_t n_layers);
+  int64_t n_offloaded() const { return n_offloaded_; }
+  Backend* offload_device() const { return dev_.get(); }
+  // Per layer: the backend it runs on, null for the CPU.
+  std::vector<Backend*> layer_devices() const;
+  Backend* layer_device(int64_t il) const { return il >= config_.n_layer - n_offloaded_ ? dev_.get() : nullptr; }
+  // The weights of layer il as seen by its device (device copies for offloaded layers).
+  const LayerWeights& layer(int64_t il) const { return layer_device(il) ? dev_layers_[il] : w_.layers[il]; }
+  // Output norm and head on the device of the last layer.
+  const ModelWeights& io_weights() const { return n_offloaded_ == config_.n_layer ? dev_io_ : w_; }
+  const ModelWeights& host_weights() const { return w_; }
+
  protected:
-  explicit Model(std::unique_ptr<gguf::GGUFFile> file) : file_(std::move(file)) {}
+  explicit Model(std::unique_ptr<gguf::GGUFFile> file);
   std::unique_ptr<gguf::GGUFFile> file_;
   ModelConfig config_;
   ModelWeights w_;
+
+ private:
+  std::shared_ptr<Backend> dev_;
+  int64_t n_offloaded_ = 0;
+  std::vector<LayerWeights> dev_layers_;  // offloaded layers' weights, pointing into dev_mem_
+  ModelWeights dev_io_;                   // output_norm / output on dev_ (layers unused)
+  std::vector<DeviceBuffer> dev_mem_;
 };
 
 std::vector<std::string> supported_architectures();

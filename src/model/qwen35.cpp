@@ -18,16 +18,6 @@
 namespace xpert {
 namespace {
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-struct Qwen35Scratch {
-  std::vector<float> qg, gate;                // attention: [n][n_head][2 * head_dim], [n][n_head * head_dim]
-  std::vector<float> qkv, z, alpha, beta, y;  // recurrent layers' projections and mixer output
-  std::vector<float> sh_gate, sh_up, sh_out, sh_g;  // shared expert
-  GdnScratch gdn;
-  MoeScratch moe;
-};
-
 class Qwen35 : public Model {
  public:
   explicit Qwen35(std::unique_ptr<gguf::GGUFFile> f) : Model(std::move(f)) {
@@ -94,28 +84,27 @@ class Qwen35 : public Model {
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
     const ModelConfig& c = config_;
-    const int64_t n = (int64_t)args.tokens.size(), E = c.n_embd;
-    thread_local Scratch s;
-    thread_local Qwen35Scratch q;
     if (!args.cache) fail("{}: forward needs a KV cache", c.arch);
-    begin_forward(c, args, s);
-    begin_recurrent(args, s);
-    embed(w_.tok_embd, args.tokens, 1.0f, s.x.data());
+    Exec ex(*this, args, pool);
+    const int64_t n = ex.n(), E = c.n_embd;
+    begin_recurrent(ex);
     for (int64_t il = 0; il < c.n_layer; ++il) {
-      const LayerWeights& l = w_.layers[il];
-      cpu::rmsnorm(s.x.data(), l.attn_norm.f32(), s.cur.data(), n, E, c.rms_eps);
+      Backend& b = ex.enter(il);
+      Activations& a = ex.a();
+      const LayerWeights& l = layer(il);
+      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       if (c.layer_recurrent[il])
-        delta_net_layer(l, il, args, s, q, pool);
+        delta_net_layer(l, il, ex);
       else
-        gated_attention(l, il, args, s, q, pool);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+        gated_attention(l, il, ex);
+      b.add(a.out, a.x, a.x, n * E);
 
-      cpu::rmsnorm(s.x.data(), l.attn_post_norm.f32(), s.cur.data(), n, E, c.rms_eps);
-      ffn(l, n, s, q, pool);
-      cpu::add(s.out.data(), s.x.data(), s.x.data(), n * E);
+      b.rmsnorm(a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);
+      ffn(l, ex);
+      b.add(a.out, a.x, a.x, n * E);
     }
-    output_logits(c, w_, args, s, logits, pool);
-    for (const BatchSegment& g : s.segments) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);
+    ex.output_logits(logits);
+    for (const BatchSegment& g : ex.segments()) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);
   }
 
  private:
@@ -214,141 +203,125 @@ class Qwen35 : public Model {
 
   // Checks the batch against the slots' recurrent states before anything changes; clears slots that
   // start over at position 0.
-  void begin_recurrent(const ForwardArgs& args, const Scratch& s) const {
-    RecurrentState* st = args.state;
+  void begin_recurrent(const Exec& ex) const {
+    RecurrentState* st = ex.args().state;
     if (!st) fail("{}: this model has recurrent layers; forward needs a RecurrentState", config_.arch);
-    for (size_t i = 0; i < s.segments.size(); ++i) {
-      const BatchSegment& g = s.segments[i];
+    const std::vector<BatchSegment>& segs = ex.segments();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const BatchSegment& g = segs[i];
       if (g.seq < 0 || g.seq >= st->n_seq())
         fail("sequence slot {} out of range (0..{})", g.seq, st->n_seq() - 1);
       for (size_t j = 0; j < i; ++j)
-        if (s.segments[j].seq == g.seq) fail("sequence slot {} appears twice in one batch", g.seq);
+        if (segs[j].seq == g.seq) fail("sequence slot {} appears twice in one batch", g.seq);
       if (g.pos0 != 0 && st->n_pos(g.seq) != g.pos0)
         fail(
             "slot {}: the recurrent state is at position {}, the batch continues at {}; recurrent layers "
             "cannot rewind (restart the sequence at position 0)",
             g.seq, st->n_pos(g.seq), g.pos0);
     }
-    for (const BatchSegment& g : s.segments)
+    for (const BatchSegment& g : segs)
       if (g.pos0 == 0) st->reset(g.seq);
   }
 
-  // cur [n][n_embd] -> s.out [n][n_embd], each segment through its own slot's state.
-  void delta_net_layer(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s,
-                       Qwen35Scratch& q, ThreadPool& pool) const {
-    const int64_t n = (int64_t)args.tokens.size();
-    const GdnShape gs = args.state->shape();
+  // a.cur [n][n_embd] -> a.out [n][n_embd], each segment through its own slot's state.
+  void delta_net_layer(const LayerWeights& l, int64_t il, Exec& ex) const {
+    const int64_t n = ex.n();
+    RecurrentState& st = *ex.args().state;
+    const GdnShape gs = st.shape();
     const int64_t CD = gs.conv_dim(), VD = gs.value_dim(), Hv = gs.n_v_heads;
-    q.qkv.resize(n * CD);
-    q.z.resize(n * VD);
-    q.alpha.resize(n * Hv);
-    q.beta.resize(n * Hv);
-    q.y.resize(n * VD);
-    linear(l.ssm_qkv, s.cur.data(), n, q.qkv.data(), pool);
-    linear(l.ssm_gate, s.cur.data(), n, q.z.data(), pool);
-    linear(l.ssm_alpha, s.cur.data(), n, q.alpha.data(), pool);
-    linear(l.ssm_beta, s.cur.data(), n, q.beta.data(), pool);
+    Backend& b = ex.b();
+    Activations& a = ex.a();
+    Arena& ar = ex.arena();
+    const size_t mark = ar.mark();
+    float* qkv = ar.take<float>(n * CD);
+    float* z = ar.take<float>(n * VD);
+    float* alpha = ar.take<float>(n * Hv);
+    float* beta = ar.take<float>(n * Hv);
+    float* y = ar.take<float>(n * VD);
+    b.matmul(l.ssm_qkv, a.cur, n, qkv);
+    b.matmul(l.ssm_gate, a.cur, n, z);
+    b.matmul(l.ssm_alpha, a.cur, n, alpha);
+    b.matmul(l.ssm_beta, a.cur, n, beta);
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
                            .norm = l.ssm_norm.f32()};
     int64_t row = 0;
-    for (const BatchSegment& g : s.segments) {
-      const GdnLayerInputs in{.qkv = q.qkv.data() + row * CD,
-                              .z = q.z.data() + row * VD,
-                              .alpha = q.alpha.data() + row * Hv,
-                              .beta = q.beta.data() + row * Hv,
+    for (const BatchSegment& g : ex.segments()) {
+      const GdnLayerInputs in{.qkv = qkv + row * CD,
+                              .z = z + row * VD,
+                              .alpha = alpha + row * Hv,
+                              .beta = beta + row * Hv,
                               .n_tokens = g.n_tokens};
-      gated_delta_net(gs, p, in, args.state->conv(il, g.seq), args.state->ssm(il, g.seq),
-                      q.y.data() + row * VD, q.gdn, pool);
+      b.gated_delta_net(gs, p, in, st.conv(il, g.seq), st.ssm(il, g.seq), y + row * VD);
       row += g.n_tokens;
     }
-    linear(l.ssm_out, q.y.data(), n, s.out.data(), pool);
+    b.matmul(l.ssm_out, y, n, a.out);
+    ar.release(mark);
   }
 
   // Full attention with QK-norm, partial NeoX RoPE, and the output gated by sigmoid(gate), where q and
   // gate come interleaved per head from one projection.
-  void gated_attention(const LayerWeights& l, int64_t il, const ForwardArgs& args, Scratch& s,
-                       Qwen35Scratch& q, ThreadPool& pool) const {
+  void gated_attention(const LayerWeights& l, int64_t il, Exec& ex) const {
     const ModelConfig& c = config_;
-    const int64_t n = (int64_t)args.tokens.size();
-    const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
-    q.qg.resize(n * 2 * q_dim);
-    q.gate.resize(n * q_dim);
-    linear(l.wq, s.cur.data(), n, q.qg.data(), pool);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        const float* src = q.qg.data() + (t * c.n_head + h) * 2 * D;
-        std::copy(src, src + D, s.q.data() + (t * c.n_head + h) * D);
-        std::copy(src + D, src + 2 * D, q.gate.data() + (t * c.n_head + h) * D);
-      }
-    linear(l.wk, s.cur.data(), n, s.k.data(), pool);
-    linear(l.wv, s.cur.data(), n, s.v.data(), pool);
-    cpu::rmsnorm(s.q.data(), l.q_norm.f32(), s.q.data(), n * c.n_head, D, c.rms_eps);
-    cpu::rmsnorm(s.k.data(), l.k_norm.f32(), s.k.data(), n * c.n_head_kv, D, c.rms_eps);
-    cpu::rope(s.q.data(), s.pos.data(), n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale,
-              cpu::RopeMode::neox);
-    cpu::rope(s.k.data(), s.pos.data(), n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale,
-              cpu::RopeMode::neox);
-
-    KvCache& kv = *args.cache;
-    int64_t row = 0;
-    for (const BatchSegment& g : s.segments) {
-      uint16_t* kc = kv.k(il, g.seq);
-      uint16_t* vc = kv.v(il, g.seq);
-      cpu::store_f16(s.k.data() + row * kv_dim, kc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
-      cpu::store_f16(s.v.data() + row * kv_dim, vc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
-      cpu::AttentionArgs a{.q = s.q.data() + row * q_dim,
-                           .k = kc,
-                           .v = vc,
-                           .out = s.att.data() + row * q_dim,
-                           .pos = s.pos.data() + row,
-                           .n_tokens = g.n_tokens,
-                           .n_head = c.n_head,
-                           .n_head_kv = c.n_head_kv,
-                           .head_dim = D,
-                           .n_kv = g.pos0 + g.n_tokens,
-                           .kq_scale = c.kq_scale,
-                           .sliding_window = 0};
-      cpu::attention(a, pool);
-      row += g.n_tokens;
-    }
-    for (int64_t i = 0; i < n * q_dim; ++i) s.att[i] *= sigmoid(q.gate[i]);
-    linear(l.wo, s.att.data(), n, s.out.data(), pool);
+    const int64_t n = ex.n();
+    const int64_t D = c.head_dim, q_dim = c.n_head * D;
+    Backend& b = ex.b();
+    Activations& a = ex.a();
+    Arena& ar = ex.arena();
+    const size_t mark = ar.mark();
+    float* qg = ar.take<float>(n * 2 * q_dim);
+    float* gate = ar.take<float>(n * q_dim);
+    b.matmul(l.wq, a.cur, n, qg);
+    b.deinterleave(qg, n * c.n_head, D, a.q, gate);
+    b.matmul(l.wk, a.cur, n, a.k);
+    b.matmul(l.wv, a.cur, n, a.v);
+    b.rmsnorm(a.q, l.q_norm.f32(), a.q, n * c.n_head, D, c.rms_eps);
+    b.rmsnorm(a.k, l.k_norm.f32(), a.k, n * c.n_head_kv, D, c.rms_eps);
+    b.rope(a.q, a.pos, n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
+    b.rope(a.k, a.pos, n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
+    const AttentionLayerParams p{.rope_base = c.rope_base,
+                                 .rope_scale = c.rope_scale,
+                                 .rope_mode = RopeMode::neox,
+                                 .q_scale = 1.0f,
+                                 .kq_scale = c.kq_scale,
+                                 .sliding_window = 0};
+    attend_segments(c, p, il, ex);
+    b.mul_sigmoid(a.att, gate, n * q_dim);
+    b.matmul(l.wo, a.att, n, a.out);
+    ar.release(mark);
   }
 
-  // cur [n][n_embd] -> s.out: SwiGLU, or routed experts + sigmoid(x . g_sh) * shared expert.
-  void ffn(const LayerWeights& l, int64_t n, Scratch& s, Qwen35Scratch& q, ThreadPool& pool) const {
+  // a.cur [n][n_embd] -> a.out: SwiGLU, or routed experts + sigmoid(x . g_sh) * shared expert.
+  void ffn(const LayerWeights& l, Exec& ex) const {
     const ModelConfig& c = config_;
-    const int64_t E = c.n_embd;
+    const int64_t n = ex.n(), E = c.n_embd;
+    Backend& b = ex.b();
+    Activations& a = ex.a();
     if (!moe_) {
-      linear(l.ffn_gate, s.cur.data(), n, s.ff_gate.data(), pool);
-      linear(l.ffn_up, s.cur.data(), n, s.ff_up.data(), pool);
-      cpu::swiglu(s.ff_gate.data(), s.ff_up.data(), s.ff_gate.data(), n * c.n_ff);
-      linear(l.ffn_down, s.ff_gate.data(), n, s.out.data(), pool);
+      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
+      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * c.n_ff);
+      b.matmul(l.ffn_down, a.ff_gate, n, a.out);
       return;
     }
-    moe_ffn(c, l, s.cur.data(), n, s.out.data(), q.moe, pool);
+    b.moe_ffn(c, l, a.cur, n, a.out);
     if (!l.ffn_up_shexp) return;
     const int64_t Fs = c.n_ff_shexp;
-    q.sh_gate.resize(n * Fs);
-    q.sh_up.resize(n * Fs);
-    q.sh_out.resize(n * E);
-    q.sh_g.resize(n);
-    linear(l.ffn_gate_shexp, s.cur.data(), n, q.sh_gate.data(), pool);
-    linear(l.ffn_up_shexp, s.cur.data(), n, q.sh_up.data(), pool);
-    cpu::swiglu(q.sh_gate.data(), q.sh_up.data(), q.sh_gate.data(), n * Fs);
-    linear(l.ffn_down_shexp, q.sh_gate.data(), n, q.sh_out.data(), pool);
+    Arena& ar = ex.arena();
+    const size_t mark = ar.mark();
+    float* sh_out = ar.take<float>(n * E);
+    float* sh_g = ar.take<float>(n);
+    b.matmul(l.ffn_gate_shexp, a.cur, n, a.ff_gate);
+    b.matmul(l.ffn_up_shexp, a.cur, n, a.ff_up);
+    b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * Fs);
+    b.matmul(l.ffn_down_shexp, a.ff_gate, n, sh_out);
     Weight gate_vec = l.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
     gate_vec.ne[0] = E;
     gate_vec.ne[1] = 1;
-    linear(gate_vec, s.cur.data(), n, q.sh_g.data(), pool);
-    for (int64_t t = 0; t < n; ++t) {
-      const float gt = sigmoid(q.sh_g[t]);
-      float* o = s.out.data() + t * E;
-      const float* sh = q.sh_out.data() + t * E;
-      for (int64_t i = 0; i < E; ++i) o[i] += sh[i] * gt;
-    }
+    b.matmul(gate_vec, a.cur, n, sh_g);
+    b.add_sigmoid_scaled(a.out, sh_out, sh_g, n, E);
+    ar.release(mark);
   }
 
   bool moe_ = false;

@@ -88,9 +88,9 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       tok_(tokenizer),
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
-      cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel)) {
+      cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel), model.layer_devices()) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
-  if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel);
+  if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel, model.layer_devices());
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);
   for (int i = 0; i < opts_.n_parallel; ++i) {
     slots_.push_back(std::make_unique<Slot>());

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/op_types.h"
 #include "base/thread_pool.h"
 
 namespace xpert::cpu {
@@ -12,7 +13,7 @@ namespace xpert::cpu {
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of n; y may alias x. w may be null.
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
 
-enum class RopeMode { normal, neox };  // normal: pairs (2i, 2i+1); neox: pairs (i, i + n_rot/2)
+using xpert::RopeMode;  // op_types.h
 // x: rows of n_heads * head_dim, one row per token at position pos[t]; rotates the first n_rot dims.
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
           float freq_base, float freq_scale, RopeMode mode);
@@ -25,22 +26,8 @@ void add(const float* a, const float* b, float* y, int64_t n);
 void scale(float* x, float s, int64_t n);
 void add_bias(float* x, const float* bias, int64_t rows, int64_t n);
 
-// One sequence's causal attention over its f16 cache.
-//   q:   [n_tokens][n_head][head_dim] (f32), token t at position pos[t]
-//   k,v: cache rows [n_ctx][n_head_kv][head_dim] (f16), positions 0..n_kv-1 valid
-//   out: [n_tokens][n_head][head_dim]
-// Keys at position p are visible to a query at position q when p <= q and, with a sliding window w > 0,
-// q - p < w. scores = q.k * kq_scale.
-struct AttentionArgs {
-  const float* q;
-  const uint16_t* k;
-  const uint16_t* v;
-  float* out;
-  const int32_t* pos;
-  int64_t n_tokens, n_head, n_head_kv, head_dim, n_kv;
-  float kq_scale = 1.0f;
-  int32_t sliding_window = 0;
-};
+// One sequence's causal attention over its f16 cache (see op_types.h).
+using xpert::AttentionArgs;
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
 // Copy f32 rows into f16 cache rows.

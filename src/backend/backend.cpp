@@ -1,0 +1,105 @@
+#include "backend/backend.h"
+
+#include <algorithm>
+#include <charconv>
+#include <vector>
+
+#include "base/error.h"
+
+namespace xpert {
+
+DeviceId DeviceId::parse(const std::string& s) {
+  const size_t colon = s.find(':');
+  const std::string kind = s.substr(0, colon);
+  DeviceId d;
+  if (kind == "cpu") d.kind = DeviceKind::cpu;
+  else if (kind == "cuda") d.kind = DeviceKind::cuda;
+  else if (kind == "opencl") d.kind = DeviceKind::opencl;
+  else fail("unknown device '{}' (expected cpu, cuda:N or opencl:N)", s);
+  if (colon != std::string::npos) {
+    const char* b = s.data() + colon + 1;
+    const char* e = s.data() + s.size();
+    auto [p, ec] = std::from_chars(b, e, d.index);
+    if (ec != std::errc() || p != e || b == e || d.index < 0) fail("bad device index in '{}'", s);
+    if (d.kind == DeviceKind::cpu && d.index != 0) fail("there is one CPU device: 'cpu' (got '{}')", s);
+  }
+  return d;
+}
+
+std::string DeviceId::str() const {
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda:" + std::to_string(index);
+    case DeviceKind::opencl: return "opencl:" + std::to_string(index);
+  }
+  return "?";
+}
+
+Backend::~Backend() = default;  // scratch_ is already gone (drop_scratch)
+
+Arena& Backend::scratch() {
+  if (!scratch_) scratch_ = std::make_unique<Arena>(*this);
+  return *scratch_;
+}
+
+void Backend::drop_scratch() { scratch_.reset(); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    b_ = o.b_;
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::release() {
+  if (p_) b_->dealloc(p_);
+  p_ = nullptr;
+  n_ = 0;
+}
+
+namespace {
+constexpr size_t kAlign = 256;  // what GPUs want for vector loads; also a cache line multiple on CPUs
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+void* Arena::take_bytes(size_t bytes) {
+  bytes = round_up(std::max<size_t>(bytes, 1));
+  if (spill_.empty() && used_ + bytes <= buf_.size()) {
+    void* p = static_cast<uint8_t*>(buf_.data()) + used_;
+    used_ += bytes;
+    peak_ = std::max(peak_, used_);
+    return p;
+  }
+  // Out of room: a separate chunk for this pass (the main buffer keeps its addresses); reset() grows the
+  // main buffer to the pass's peak so the next pass needs no spill.
+  used_ += bytes;
+  peak_ = std::max(peak_, used_);
+  spill_.emplace_back(b_, bytes);
+  return spill_.back().data();
+}
+
+void Arena::reset() {
+  if (!spill_.empty()) {
+    spill_.clear();
+    buf_ = DeviceBuffer();  // free first: a GPU may not hold both
+    buf_ = DeviceBuffer(b_, round_up(peak_ + peak_ / 8));
+  }
+  used_ = 0;
+}
+
+void copy_between(Backend& from, const void* src, Backend& to, void* dst, size_t bytes) {
+  if (&from == &to) return to.copy(dst, src, bytes);
+  if (from.is_host()) return to.copy_from_host(dst, src, bytes);
+  if (to.is_host()) return from.copy_to_host(dst, src, bytes);
+  std::vector<uint8_t> staging(bytes);
+  from.copy_to_host(staging.data(), src, bytes);
+  to.copy_from_host(dst, staging.data(), bytes);
+  to.synchronize();  // `staging` goes away
+}
+
+}  // namespace xpert

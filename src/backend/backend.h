@@ -1,0 +1,143 @@
+// The device interface. A model's forward is written once against these ops; each backend (cpu/,
+// cuda/, later opencl/) implements them on its own memory. Pointers passed to an op live in that
+// backend's memory (host memory for the CPU, device memory for a GPU); weights are Weight views whose
+// data is in that memory too (see Model::offload). Ops on a GPU are asynchronous on the backend's
+// stream; copies to the host wait for them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/op_types.h"
+
+namespace xpert {
+
+struct Weight;
+struct ModelConfig;
+struct LayerWeights;
+struct GdnShape;
+struct GdnLayerParams;
+struct GdnLayerInputs;
+
+enum class DeviceKind { cpu, cuda, opencl };
+
+// "cpu", "cuda:0", "opencl:1"; `cuda` alone means cuda:0. Throws Error for anything else.
+struct DeviceId {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+  static DeviceId parse(const std::string& s);
+  std::string str() const;
+};
+
+class Arena;
+
+class Backend {
+ public:
+  virtual ~Backend();
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H200)"
+  virtual DeviceKind kind() const = 0;
+  bool is_host() const { return kind() == DeviceKind::cpu; }
+
+  // Memory. alloc throws Error when the device is out of memory; every copy is ordered after the ops
+  // already issued; copy_to_host returns when the bytes are there.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void dealloc(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this device
+  virtual void synchronize() {}
+  // Bytes free for new allocations (a GPU's free memory; the CPU says 0 = unknown).
+  virtual size_t free_memory() const { return 0; }
+
+  // y[m][w.ne[1]] (row stride ldy, 0: w.ne[1]) = x[m][w.ne[0]] . w^T
+  virtual void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy = 0) = 0;
+  // y = x / rms(x) * w per row of n; w may be null; y may alias x.
+  virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
+  // x: rows of n_heads * head_dim per token at position pos[t] (pos in this backend's memory).
+  virtual void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                    int64_t n_rot, float freq_base, float freq_scale, RopeMode mode) = 0;
+  virtual void swiglu(const float* gate, const float* up, float* y, int64_t n) = 0;  // silu(gate) * up
+  virtual void geglu(const float* gate, const float* up, float* y, int64_t n) = 0;   // gelu_tanh(gate) * up
+  virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  virtual void add_bias(float* x, const float* bias, int64_t rows, int64_t n) = 0;
+  virtual void mul_sigmoid(float* x, const float* gate, int64_t n) = 0;  // x *= sigmoid(gate)
+  // y[r] += s[r] * sigmoid(g[r]) for rows of n (g: one gate per row).
+  virtual void add_sigmoid_scaled(float* y, const float* s, const float* g, int64_t rows, int64_t n) = 0;
+  // src rows of 2*width -> a (first half of each row), b (second half).
+  virtual void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) = 0;
+  // y[i] = x[rows[i]] for rows of width; `rows` is a host array.
+  virtual void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) = 0;
+  // f32 -> f16 (KV cache rows).
+  virtual void store_f16(const float* x, uint16_t* dst, int64_t n) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+
+  // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
+  virtual void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) = 0;
+  // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
+  virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                               float* conv_state, float* ssm_state, float* out) = 0;
+
+  // Scratch memory for forward passes on this backend (kept between passes).
+  Arena& scratch();
+
+ protected:
+  // Derived destructors call this first: the arena frees through the derived class's dealloc.
+  void drop_scratch();
+
+ private:
+  std::unique_ptr<Arena> scratch_;
+};
+
+// Memory of one backend, owned: an allocation that frees itself.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& b, size_t bytes) : b_(&b), p_(bytes ? b.alloc(bytes) : nullptr), n_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : b_(o.b_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+  void* data() const { return p_; }
+  size_t size() const { return n_; }
+  Backend* backend() const { return b_; }
+
+ private:
+  void release();
+  Backend* b_ = nullptr;
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Scratch memory of one forward pass on one backend: bump allocation from chunks that are kept between
+// passes, so a pass with the same shapes gets the same addresses (what a captured CUDA graph needs).
+class Arena {
+ public:
+  explicit Arena(Backend& b) : b_(b) {}
+  template <class T>
+  T* take(int64_t n) {
+    return static_cast<T*>(take_bytes((size_t)n * sizeof(T)));
+  }
+  void* take_bytes(size_t bytes);
+  size_t mark() const { return used_; }   // everything taken after a mark is given back by release()
+  void release(size_t mark) { used_ = mark; }
+  void reset();                           // start of a pass
+  Backend& backend() const { return b_; }
+
+ private:
+  Backend& b_;
+  DeviceBuffer buf_;
+  size_t used_ = 0, peak_ = 0;
+  std::vector<DeviceBuffer> spill_;  // taken when buf_ ran out in this pass; merged into buf_ at reset
+  std::vector<std::pair<size_t, size_t>> spill_used_;
+};
+
+// Copies bytes between two backends' memories (through the host when neither is the host).
+void copy_between(Backend& from, const void* src, Backend& to, void* dst, size_t bytes);
+
+}  // namespace xpert

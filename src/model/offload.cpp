@@ -1,0 +1,71 @@
+// Model placement: which layers run on a GPU (llama.cpp's -ngl: the last N), with their weights copied
+// once into its memory.
+#include "backend/backend.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "model/model.h"
+
+namespace xpert {
+
+Model::Model(std::unique_ptr<gguf::GGUFFile> file) : file_(std::move(file)) {}
+Model::~Model() = default;
+
+void for_each_weight(LayerWeights& l, const std::function<void(const char*, Weight&)>& fn) {
+#define XP_W(f) \
+  if (l.f) fn(#f, l.f);
+  XP_W(attn_norm) XP_W(wq) XP_W(wk) XP_W(wv) XP_W(wo) XP_W(bq) XP_W(bk) XP_W(bv) XP_W(q_norm) XP_W(k_norm)
+  XP_W(attn_post_norm) XP_W(ffn_norm) XP_W(ffn_gate) XP_W(ffn_up) XP_W(ffn_down) XP_W(ffn_post_norm)
+  XP_W(ffn_gate_inp) XP_W(ffn_gate_exps) XP_W(ffn_up_exps) XP_W(ffn_down_exps)
+  XP_W(ffn_gate_inp_shexp) XP_W(ffn_gate_shexp) XP_W(ffn_up_shexp) XP_W(ffn_down_shexp)
+  XP_W(ssm_qkv) XP_W(ssm_gate) XP_W(ssm_conv1d) XP_W(ssm_dt) XP_W(ssm_a) XP_W(ssm_beta) XP_W(ssm_alpha)
+  XP_W(ssm_norm) XP_W(ssm_out)
+#undef XP_W
+}
+
+std::vector<Backend*> Model::layer_devices() const {
+  std::vector<Backend*> d(config_.n_layer);
+  for (int64_t il = 0; il < config_.n_layer; ++il) d[il] = layer_device(il);
+  return d;
+}
+
+size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
+  if (n_offloaded_) fail("the model is already placed ({} layers on {})", n_offloaded_, dev_->name());
+  if (!dev || n_layers <= 0) return 0;
+  const ModelConfig& c = config_;
+  const int64_t n = std::min(n_layers, c.n_layer);
+  size_t total = 0;
+  auto upload = [&](Weight& w) {
+    if (!w || !w.n_bytes) return;
+    DeviceBuffer buf(*dev, w.n_bytes);
+    dev->copy_from_host(buf.data(), w.data, w.n_bytes);
+    w.data = buf.data();
+    total += w.n_bytes;
+    dev_mem_.push_back(std::move(buf));
+  };
+  dev_layers_.resize(c.n_layer);
+  try {
+    for (int64_t il = c.n_layer - n; il < c.n_layer; ++il) {
+      dev_layers_[il] = w_.layers[il];
+      for_each_weight(dev_layers_[il], [&](const char*, Weight& w) { upload(w); });
+    }
+    if (n == c.n_layer) {
+      dev_io_.tok_embd = w_.tok_embd;  // the embedding lookup stays on the host
+      dev_io_.output_norm = w_.output_norm;
+      dev_io_.output = w_.output ? w_.output : w_.tok_embd;
+      upload(dev_io_.output_norm);
+      upload(dev_io_.output);
+    }
+    dev->synchronize();
+  } catch (...) {
+    dev_mem_.clear();
+    dev_layers_.clear();
+    throw;
+  }
+  dev_ = std::move(dev);
+  n_offloaded_ = n;
+  log::info("offloaded {} of {} layers{} to {}: {:.2f} GiB", n, c.n_layer, n == c.n_layer ? " and the output" : "",
+           dev_->name(), total / double(1ull << 30));
+  return total;
+}
+
+}  // namespace xpert
