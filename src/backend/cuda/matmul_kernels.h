@@ -1,0 +1,52 @@
+// Internal launchers shared by the CUDA matmul, MoE and embedding code (host-visible; no device code).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/matmul.h"
+#include "quant/dtype.h"
+
+namespace xpert::cuda::detail {
+
+// Prefill tile of the tensor-core product: bm output rows (X rows: 64, or 32 for groups of few rows) x
+// kGemmBN W rows per CTA.
+constexpr int kGemmBN = 64;
+
+// Y = X W^T on tensor cores, optionally two products at once (dual: y = silu(X W0^T) * (X W1^T)), over
+// one matrix or over groups of rows that each use their own matrix (grouped experts).
+struct GemmArgs {
+  const void* w0 = nullptr;  // ungrouped: the matrix (and w1 the second of a dual product)
+  const void* w1 = nullptr;
+  const void* const* wtab0 = nullptr;  // grouped: matrix of group e (device array)
+  const void* const* wtab1 = nullptr;
+  int64_t n = 0, k = 0;             // W rows, row length (k % 32 == 0)
+  size_t row_bytes = 0;             // bytes between W rows
+  const void* x = nullptr;          // f16 (bf16 for BF16 W) [..][k]
+  const float* x_scale = nullptr;   // per X row, multiplies the result (null: 1)
+  const int32_t* x_rows = nullptr;  // X row of output row r = x_rows[r] / x_row_div (null: r)
+  int32_t x_row_div = 1;
+  int64_t m = 0;  // ungrouped: output rows
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const int32_t* group_rows = nullptr;   // grouped: [n_groups + 1] first output row of each group
+  const int32_t* group_tiles = nullptr;  // grouped: [n_groups + 1] first tile of each group
+  int32_t n_groups = 0;
+  int64_t max_tiles = 0;  // grouped: grid bound (tiles past group_tiles[n_groups] exit)
+  int32_t bm = 64;        // X rows per tile, 64 or 32 (grouped: as group_tiles was counted)
+};
+void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream);
+// One-time per-device kernel set-up (shared-memory limits), outside any stream capture.
+void gemm_init();
+
+// Matrix-vector products for m rows of prepared activations (any m; W re-read per 8 rows).
+void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
+                   cudaStream_t stream);
+
+// Activation conversion. rows_dev (optional, device): only rows < *rows_dev are converted.
+void launch_quantize_q8_1(const float* x, int64_t ldx, int64_t m, int64_t k, int8_t* q, float2* ds,
+                          cudaStream_t stream);
+void launch_convert_16(bool bf16, const float* x, int64_t ldx, int64_t m, int64_t k, void* out, float* scale,
+                       const int32_t* rows_dev, cudaStream_t stream);
+
+}  // namespace xpert::cuda::detail

@@ -1,0 +1,418 @@
+// CUDA MoE: routing, grouping by expert, the experts' SwiGLU FFN and the weighted sum (see moe.h).
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/matmul_blocks.h"
+#include "backend/cuda/matmul_kernels.h"
+#include "backend/cuda/moe.h"
+
+namespace xpert::cuda {
+
+namespace {
+
+using dev::ActView;
+using dev::Dot;
+constexpr unsigned kFull = 0xffffffffu;
+
+// ------------------------------------------------------------------------------------------ routing
+// One warp per token. The top k is chosen on the logits (softmax is monotonic), largest first, ties to
+// the lower expert; chosen entries are marked NaN, which never compares greater.
+__global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool norm,
+                             float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + warp;
+  if (t >= n) return;
+  float* l = route_smem + warp * E;
+  const float* src = logits + t * E;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    const float v = src[e];
+    l[e] = v;
+    mx = fmaxf(mx, v);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+  double sum = 0;  // as ggml: exp(x - max) summed in double
+  for (int e = lane; e < E; e += 32) sum += (double)expf(l[e] - mx);
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+  const float inv = (float)(1.0 / sum);
+  __syncwarp();
+
+  int my_id = 0;
+  float my_p = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      const float v = l[e];
+      if (v > bv || (v == bv && e < bi)) bv = v, bi = e;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(kFull, bv, off);
+      const int oi = __shfl_xor_sync(kFull, bi, off);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == j) {
+      my_id = bi < E ? bi : 0;
+      my_p = bi < E ? expf(bv - mx) * inv : 0.0f;
+    }
+    if (bi < E && lane == (bi & 31)) l[bi] = NAN;
+    __syncwarp();
+  }
+  double wsum = lane < k ? (double)my_p : 0.0;
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(kFull, wsum, off);
+  if (lane < k) {
+    float w = my_p;
+    if (norm)
+      w /= fmaxf((float)wsum, 6.103515625e-5f);  // llama.cpp clamps the sum to the smallest f16 normal
+    if (scale != 0.0f && scale != 1.0f) w *= scale;
+    ids[t * k + lane] = my_id;
+    weights[t * k + lane] = w;
+  }
+}
+
+// ---------------------------------------------------------------------------------------- decode path
+constexpr int kUpWarps = 32;  // one n_ff row per warp: one 32-block of the SwiGLU output per CTA
+constexpr int kUpLoads = 4;   // chunks in flight per lane
+
+// CTA = (32 rows of n_ff, one (token, slot) pair); warp w = row w: gate on lanes 0-15, up on lanes 16-31.
+// The first weight loads are issued before anything else; while they fly, the CTA quantizes its token's
+// x into q8_1 in shared memory (no separate launch). At the end the CTA quantizes its 32 SwiGLU outputs
+// into one q8_1 block for the down product.
+template <DType T>
+__global__ void __launch_bounds__(kUpWarps * 32)
+    gate_up_kernel(const void* const* __restrict__ gate, const void* const* __restrict__ up,
+                   const int32_t* __restrict__ ids, int kslots, int64_t D, int64_t F, size_t row_bytes,
+                   const float* __restrict__ x, int8_t* __restrict__ hq, float2* __restrict__ hds) {
+  extern __shared__ __align__(16) uint8_t up_smem[];  // x as q8_1: D int8, then D / 32 (d, d * sum)
+  const int64_t p = blockIdx.y;
+  const int e = ids[p];
+  const uint8_t* wg = static_cast<const uint8_t*>(gate[e]);
+  const uint8_t* wu = static_cast<const uint8_t*>(up[e]);
+  if (!wg || !wu) return;
+  const int64_t t = p / kslots;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, sub = lane & 15;
+  const uint8_t* row = (lane < 16 ? wg : wu) + (size_t)(blockIdx.x * 32 + warp) * row_bytes;
+  const int nc = (int)(D / Dot<T>::kElems);
+  typename Dot<T>::Raw r[kUpLoads];
+#pragma unroll
+  for (int u = 0; u < kUpLoads; ++u)
+    if (sub + 16 * u < nc) r[u] = Dot<T>::load(row, sub + 16 * u);
+
+  int8_t* xq = reinterpret_cast<int8_t*>(up_smem);
+  float2* xds = reinterpret_cast<float2*>(up_smem + (D + 15) / 16 * 16);
+  for (int64_t b = warp; b < D / 32; b += kUpWarps) {
+    const float v = x[t * D + b * 32 + lane];
+    float amax = fabsf(v);
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
+    int sum = q;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+    xq[b * 32 + lane] = (int8_t)q;
+    if (lane == 0) xds[b] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
+  }
+  __syncthreads();
+
+  const ActView a{xq, xds, D};
+  float acc[1] = {0.0f};
+#pragma unroll
+  for (int u = 0; u < kUpLoads; ++u)
+    if (sub + 16 * u < nc) Dot<T>::template mul<1>(r[u], sub + 16 * u, a, 1, acc);
+  if (nc > 16 * kUpLoads) dev::dot_row<T, 1, kUpLoads>(row, nc, sub + 16 * kUpLoads, 16, a, 1, acc);
+  for (int off = 8; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
+  const float u = __shfl_down_sync(kFull, acc[0], 16);
+  __shared__ float h[32];
+  if (lane == 0) h[warp] = acc[0] / (1.0f + expf(-acc[0])) * u;
+  __syncthreads();
+  if (warp == 0) {
+    const float v = h[lane];
+    float amax = fabsf(v);
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
+    int s = q;
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(kFull, s, off);
+    hq[p * F + blockIdx.x * 32 + lane] = (int8_t)q;
+    if (lane == 0) hds[p * (F / 32) + blockIdx.x] = make_float2(amax / 127.0f, amax / 127.0f * (float)s);
+  }
+}
+
+// Warp = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot), so every
+// weight load of the row is in flight together; the slots are then summed in slot order.
+template <DType T>
+__global__ void __launch_bounds__(128)
+    down_kernel(const void* const* __restrict__ down, const int32_t* __restrict__ ids,
+                const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
+                const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
+                bool accumulate, int lps_log2) {
+  const int64_t t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t d = (int64_t)blockIdx.x * 4 + warp;
+  const bool d_ok = d < D;
+  const int lps = 1 << lps_log2, j = lane >> lps_log2, sub = lane & (lps - 1);
+  const int nc = (int)(F / Dot<T>::kElems);
+  float acc[1] = {0.0f};
+  int have = 0;
+  if (d_ok && j < kslots) {
+    const int64_t p = t * kslots + j;
+    const uint8_t* w = static_cast<const uint8_t*>(down[ids[p]]);
+    if (w) {
+      have = 1;
+      const ActView a{hq + p * F, hds + p * (F / 32), F};
+      const uint8_t* row = w + (size_t)d * row_bytes;
+      dev::dot_row<T, 1, 8>(row, nc, sub, lps, a, 1, acc);
+    }
+  }
+  for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
+  float sum = 0.0f;
+  for (int jj = 0; jj < kslots; ++jj) {
+    const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
+    const int hv = __shfl_sync(kFull, have, jj << lps_log2);
+    if (hv) sum += weights[t * kslots + jj] * v;
+  }
+  if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
+}
+
+// --------------------------------------------------------------------------------------- grouped path
+// One CTA: counts per resident expert, offsets, tile offsets, and the (grouped row <-> slot) maps. The
+// order of rows inside an expert's group is whatever the atomics give; no result depends on it.
+__global__ void group_kernel(const int32_t* __restrict__ ids, int64_t n_pairs, int E,
+                             const void* const* __restrict__ gate, const void* const* __restrict__ up,
+                             const void* const* __restrict__ down, int32_t* __restrict__ offsets,
+                             int32_t* __restrict__ tiles, int32_t* __restrict__ row_slot,
+                             int32_t* __restrict__ slot_row, int bm) {
+  extern __shared__ int group_smem[];
+  int* cnt = group_smem;
+  int* fill = group_smem + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    cnt[e] = 0;
+    fill[e] = gate[e] && up[e] && down[e] ? 0 : -1;  // -1: not resident
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (fill[e] == 0) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int r = 0, tl = 0;
+    for (int e = 0; e < E; ++e) {
+      offsets[e] = r;
+      tiles[e] = tl;
+      const int c = cnt[e];
+      cnt[e] = r;  // from here on: the group's first row
+      r += c;
+      tl += (c + bm - 1) / bm;
+    }
+    offsets[E] = r;
+    tiles[E] = tl;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int e = ids[p];
+    if (fill[e] < 0) {
+      slot_row[p] = -1;
+      continue;
+    }
+    const int r = cnt[e] + atomicAdd(&fill[e], 1);
+    row_slot[r] = (int32_t)p;
+    slot_row[p] = r;
+  }
+}
+
+__global__ void combine_kernel(const float* __restrict__ yg, const int32_t* __restrict__ slot_row,
+                               const float* __restrict__ weights, int kslots, int64_t D,
+                               float* __restrict__ out, bool accumulate) {
+  const int64_t t = blockIdx.y;
+  for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
+       d += (int64_t)gridDim.x * blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < kslots; ++j) {
+      const int r = slot_row[t * kslots + j];
+      if (r >= 0) sum += weights[t * kslots + j] * yg[(int64_t)r * D + d];
+    }
+    out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
+  }
+}
+
+bool moe_type_ok(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct DecodeBufs {
+  int8_t* hq;
+  float2* hds;
+};
+struct GroupedBufs {
+  void* x16;
+  float* xscale;
+  int32_t *offsets, *tiles, *row_slot, *slot_row;
+  float* h;
+  void* h16;
+  float* hscale;
+  float* yg;
+};
+
+DecodeBufs carve_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
+  DecodeBufs b;
+  b.hq = ws.take<int8_t>((size_t)(n * k * e.n_ff));
+  b.hds = ws.take<float2>((size_t)(n * k * e.n_ff / 32));
+  return b;
+}
+GroupedBufs carve_grouped(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
+  GroupedBufs b;
+  const size_t rows = (size_t)(n * k);
+  b.x16 = ws.take_bytes((size_t)(n * e.n_embd) * 2);
+  b.xscale = ws.take<float>((size_t)n);
+  b.offsets = ws.take<int32_t>((size_t)e.n_expert + 1);
+  b.tiles = ws.take<int32_t>((size_t)e.n_expert + 1);
+  b.row_slot = ws.take<int32_t>(rows);
+  b.slot_row = ws.take<int32_t>(rows);
+  b.h = ws.take<float>(rows * e.n_ff);
+  b.h16 = ws.take_bytes(rows * e.n_ff * 2);
+  b.hscale = ws.take<float>(rows);
+  b.yg = ws.take<float>(rows * e.n_embd);
+  return b;
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32_t* ids, float* weights,
+               cudaStream_t stream) {
+  if (r.n_expert < 1 || r.n_expert > 1024 || r.k < 1 || r.k > 32 || r.k > r.n_expert)
+    fail_cat("CUDA moe_route: ", r.n_expert, " experts, top ", r.k,
+             " (supported: up to 1024 experts, k <= 32)");
+  if (n_tokens == 0) return;
+  constexpr int kWarps = 4;
+  const size_t smem = (size_t)kWarps * r.n_expert * sizeof(float);
+  route_kernel<<<(unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream>>>(
+      logits, n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, ids, weights);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+void check_moe_experts(const MoeExperts& e) {
+  if (e.gate_type != e.up_type)
+    fail_cat("CUDA MoE: gate (", dtype_name(e.gate_type), ") and up (", dtype_name(e.up_type),
+             ") experts must share a type");
+  for (DType t : {e.gate_type, e.down_type})
+    if (!moe_type_ok(t)) fail_cat("CUDA MoE: expert type ", dtype_name(t), " is not supported");
+  if (e.n_expert < 1 || e.n_expert > 1024) fail_cat("CUDA MoE: ", e.n_expert, " experts (at most 1024)");
+  if (e.n_ff % 32 != 0 || e.n_ff % dtype_info(e.down_type).block_size != 0 ||
+      e.n_embd % dtype_info(e.gate_type).block_size != 0)
+    fail_cat("CUDA MoE: n_embd ", e.n_embd, " / n_ff ", e.n_ff, " are not whole blocks of ",
+             dtype_name(e.gate_type), " / ", dtype_name(e.down_type));
+  if (!e.gate || !e.up || !e.down) fail_cat("CUDA MoE: missing expert table");
+}
+
+size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k) {
+  const size_t huge = (size_t)1 << 62;
+  Workspace a(nullptr, huge), b(nullptr, huge);
+  carve_decode(a, e, n_tokens, k);
+  carve_grouped(b, e, n_tokens, k);
+  return std::max(a.used(), b.used());
+}
+
+std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
+                                      const std::vector<bool>& resident) {
+  std::vector<const void*> t(resident.size(), nullptr);
+  for (size_t e = 0; e < resident.size(); ++e)
+    if (resident[e]) t[e] = static_cast<const uint8_t*>(base) + e * expert_bytes;
+  return t;
+}
+
+void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream) {
+  check_moe_experts(e);
+  const int64_t n = run.n_tokens, k = run.k, D = e.n_embd, F = e.n_ff;
+  if (k < 1 || k > 32) fail_cat("CUDA MoE: ", k, " experts per token (1..32)");
+  if (n == 0) return;
+  if (workspace_bytes < moe_workspace_bytes(e, n, k))
+    fail_cat("CUDA MoE: workspace of ", workspace_bytes, " bytes, needs ", moe_workspace_bytes(e, n, k));
+  Workspace ws(workspace, workspace_bytes);
+  const bool decode =
+      run.path == MoePath::decode || (run.path == MoePath::automatic && n <= kMoeDecodeMaxTokens);
+  const size_t gu_row_bytes = row_bytes(e.gate_type, D), down_row_bytes = row_bytes(e.down_type, F);
+
+  if (n > 65535 || (decode && n * k > 65535))
+    fail_cat("CUDA MoE: ", n, " tokens in one call (at most 65535)");
+  if (decode) {
+    const DecodeBufs b = carve_decode(ws, e, n, k);
+    dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
+      const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
+      const size_t smem = (size_t)(D + 15) / 16 * 16 + (size_t)(D / 32) * sizeof(float2);
+      gate_up_kernel<T><<<grid, kUpWarps * 32, smem, stream>>>(e.gate, e.up, run.ids, (int)k, D, F,
+                                                               gu_row_bytes, run.x, b.hq, b.hds);
+      XPERT_CUDA_CHECK_LAUNCH();
+    });
+    int lps_log2 = 5;
+    while ((1 << (5 - lps_log2)) < k) --lps_log2;
+    dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
+      const dim3 grid((unsigned)((D + 3) / 4), (unsigned)n);
+      down_kernel<T><<<grid, 128, 0, stream>>>(e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes,
+                                               b.hq, b.hds, run.out, run.accumulate, lps_log2);
+      XPERT_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+
+  const GroupedBufs b = carve_grouped(ws, e, n, k);
+  const int64_t rows = n * k;
+  // Tiles of 32 rows when an expert gets fewer than ~48 rows on average (e.g. 512 tokens x top 8 over 128
+  // experts = 32), else 64: a half-empty tile costs as much as a full one.
+  const int bm = rows < 48 * e.n_expert ? 32 : 64;
+  group_kernel<<<1, 1024, 2 * e.n_expert * sizeof(int), stream>>>(
+      run.ids, rows, (int)e.n_expert, e.gate, e.up, e.down, b.offsets, b.tiles, b.row_slot, b.slot_row, bm);
+  XPERT_CUDA_CHECK_LAUNCH();
+  detail::launch_convert_16(false, run.x, D, n, D, b.x16, b.xscale, nullptr, stream);
+
+  detail::GemmArgs g;
+  g.wtab0 = e.gate;
+  g.wtab1 = e.up;
+  g.n = F;
+  g.k = D;
+  g.row_bytes = gu_row_bytes;
+  g.x = b.x16;
+  g.x_scale = b.xscale;
+  g.x_rows = b.row_slot;
+  g.x_row_div = (int32_t)k;
+  g.y = b.h;
+  g.ldy = F;
+  g.group_rows = b.offsets;
+  g.group_tiles = b.tiles;
+  g.n_groups = (int32_t)e.n_expert;
+  g.max_tiles = (rows + bm - 1) / bm + std::min<int64_t>(e.n_expert, rows);
+  g.bm = bm;
+  detail::launch_gemm(e.gate_type, true, g, stream);
+
+  detail::launch_convert_16(false, b.h, F, rows, F, b.h16, b.hscale, b.offsets + e.n_expert, stream);
+
+  detail::GemmArgs d = g;
+  d.wtab0 = e.down;
+  d.wtab1 = nullptr;
+  d.n = D;
+  d.k = F;
+  d.row_bytes = down_row_bytes;
+  d.x = b.h16;
+  d.x_scale = b.hscale;
+  d.x_rows = nullptr;
+  d.x_row_div = 1;
+  d.y = b.yg;
+  d.ldy = D;
+  detail::launch_gemm(e.down_type, false, d, stream);
+
+  const dim3 grid((unsigned)((D + 255) / 256), (unsigned)n);
+  combine_kernel<<<grid, 256, 0, stream>>>(b.yg, b.slot_row, run.weights, (int)k, D, run.out, run.accumulate);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace xpert::cuda

@@ -1,0 +1,70 @@
+// The routed experts of a MoE layer on the GPU, with model/moe.h's semantics:
+//   route:   softmax over the experts -> top k (ties: the lower expert first) -> renormalize -> scale
+//   experts: for every (token, slot) whose expert is resident here, silu(x Wg^T) * (x Wu^T) -> Wd, and
+//            out[t] = sum over its resident slots, in slot order, of weight * expert output.
+// Experts are addressed one by one through device tables of device pointers (expert e = matrix e of the
+// layer's 3-D tensor, or anywhere else); a null entry means "not on this GPU": its slots are skipped, so
+// the caller can add what another device computes for them (heterogeneous experts).
+// Decode (n_tokens <= kMoeDecodeMaxTokens): one launch computes gate+up+SwiGLU for every (token, slot)
+// pair, a second the down products with the weighted sum per token. Prefill: rows grouped by expert on
+// the GPU, grouped tensor-core GEMMs (gate and up fused with SwiGLU, then down), then the weighted sum.
+// Everything is asynchronous on `stream`, allocation-free and graph-capturable. All pointers: DEVICE.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "quant/dtype.h"
+
+namespace xpert::cuda {
+
+constexpr int64_t kMoeDecodeMaxTokens = 8;
+
+struct MoeRouting {
+  int64_t n_expert = 0, k = 0;
+  bool norm_weights = true;    // divide the k probabilities by their sum
+  float weights_scale = 1.0f;  // then multiply by this
+};
+
+// logits: [n_tokens][n_expert] -> ids, weights: [n_tokens][k] (slot order: descending probability).
+// n_expert <= 1024, k <= 32.
+void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32_t* ids, float* weights,
+               cudaStream_t stream);
+
+// One layer's routed experts as seen from this GPU.
+struct MoeExperts {
+  DType gate_type = DType::Q4_K, up_type = DType::Q4_K, down_type = DType::Q6_K;
+  int64_t n_embd = 0, n_ff = 0, n_expert = 0;
+  // DEVICE arrays of n_expert DEVICE pointers: gate/up [n_ff][n_embd], down [n_embd][n_ff]; null = absent.
+  const void* const* gate = nullptr;
+  const void* const* up = nullptr;
+  const void* const* down = nullptr;
+};
+
+enum class MoePath { automatic, decode, grouped };
+
+struct MoeRun {
+  const float* x = nullptr;        // [n_tokens][n_embd], the normalized FFN input
+  int64_t n_tokens = 0, k = 0;     // k = experts per token
+  const int32_t* ids = nullptr;    // [n_tokens][k]
+  const float* weights = nullptr;  // [n_tokens][k]
+  float* out = nullptr;            // [n_tokens][n_embd]
+  bool accumulate = false;         // out += result instead of out = result
+  MoePath path = MoePath::automatic;
+};
+
+// Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;
+// the types are Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K; n_ff % 32 == 0).
+void check_moe_experts(const MoeExperts& e);
+size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k);
+void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream);
+
+// Helper for the common case: expert e of a 3-D tensor at `base` (experts back to back, each
+// `expert_bytes` long) when resident[e], else null. Returns the host table; upload it to the device.
+std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
+                                      const std::vector<bool>& resident);
+
+}  // namespace xpert::cuda

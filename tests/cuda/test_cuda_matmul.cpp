@@ -1,0 +1,229 @@
+// CUDA matmul (decode matrix-vector and prefill tensor-core paths) and get_rows against the CPU
+// references, for every weight type, on real shapes.
+//
+// Two kinds of X:
+//  * exact: X = c * q with integer q in [-127, 127] and a +-127 in every 32-block, so every activation
+//    quantizer involved (the CPU's Q8_0 / Q8_K, the GPU's q8_1, f16, bf16) represents X exactly. What is
+//    left is the kernel itself: each element must be within tol * |w_j| |x_i| of the reference, tol =
+//    2e-5 (f32 accumulation order) except where the prefill path rounds dequantized block weights to
+//    f16: 5e-4 (2^-11 relative per weight, the worst case).
+//  * random: uniform X, where the GPU's q8_1 (32-blocks) and the CPU's Q8_K (256-blocks) round X
+//    differently: |y - ref| / |ref| over the whole output <= 1.5e-2 for block types (about 0.5 % seen
+//    from the two int8 roundings), 1e-4 for float types (X rounded the same way on both sides).
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/embed.h"
+#include "backend/cuda/matmul.h"
+#include "cuda_test_util.h"
+
+namespace xpert {
+namespace {
+
+using cudatest::from_device;
+using cudatest::to_device;
+
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
+                        DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+struct Shape {
+  int64_t k, n;
+  std::vector<int64_t> ms;
+};
+
+// Real projection shapes (qwen3-30b-a3b: n_embd 2048, n_ff_exp 768, 4096-wide q / attention output, 512
+// for k / v, the 151936-word output matrix), plus odd sizes: n not a multiple of any tile, m not a
+// multiple of 64, and k = 33 blocks (a half-filled last tensor-core step) for the 32-element types.
+const Shape kShapes[] = {
+    {2048, 768, {1, 2, 7, 64, 512}},    {768, 2048, {1, 2, 7, 64, 512}}, {4096, 512, {1, 2, 7, 64, 512}},
+    {2048, 151936, {1, 2, 7, 64, 512}}, {512, 100, {3, 9, 65}},          {1056, 70, {5, 8, 70}},
+};
+
+bool block_fits(DType t, int64_t k) {
+  if (k % dtype_info(t).block_size != 0) return false;
+  return t == DType::F32 ? k % 4 == 0 : k % 8 == 0;
+}
+
+// Rows compared: all, or three slices of the big output matrix.
+std::vector<std::pair<int64_t, int64_t>> checked_rows(int64_t n) {
+  if (n <= 8192) return {{0, n}};
+  return {{0, 256}, {n / 2, n / 2 + 256}, {n - 256, n}};
+}
+
+std::vector<float> exact_x(int64_t m, int64_t k, uint64_t seed) {
+  std::vector<float> x((size_t)(m * k));
+  uint64_t s = seed;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < k; ++l) {
+      int q = (int)(cudatest::lcg_next(s) % 255) - 127;
+      if (l % 32 == (i * 7 + l / 32) % 32) q = (cudatest::lcg_next(s) & 1) ? 127 : -127;
+      x[i * k + l] = (float)q * 0x1p-7f;
+    }
+  return x;
+}
+
+double norm2(const float* v, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (double)v[i] * v[i];
+  return std::sqrt(s);
+}
+
+class CudaMatmul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmul, MatchesReference) {
+  XPERT_REQUIRE_GPU();
+  const DType t = GetParam();
+  cuda::Stream stream;
+  for (const Shape& s : kShapes) {
+    if (!block_fits(t, s.k)) continue;
+    const std::vector<uint8_t> w = cudatest::random_weights(t, s.n, s.k, 1234 + s.k + s.n);
+    cuda::DeviceBuffer w_dev = to_device(w);
+    const auto rows = checked_rows(s.n);
+    const size_t rb = row_bytes(t, s.k);
+    std::vector<double> w_norm((size_t)s.n, 0.0);
+    {
+      std::vector<float> deq((size_t)s.k);
+      for (auto [j0, j1] : rows)
+        for (int64_t j = j0; j < j1; ++j) {
+          dequantize_row(t, w.data() + j * rb, deq.data(), s.k);
+          w_norm[j] = norm2(deq.data(), s.k);
+        }
+    }
+    for (int64_t m : s.ms) {
+      for (bool exact : {true, false}) {
+        if (!exact && m != 7 && m != 64 && m != 65)
+          continue;  // the random-X check: one decode, one prefill m
+        SCOPED_TRACE(
+            fmt::format("{} k={} n={} m={} {}", dtype_name(t), s.k, s.n, m, exact ? "exact X" : "random X"));
+        const std::vector<float> x =
+            exact ? exact_x(m, s.k, 99 + m) : cudatest::random_values((size_t)(m * s.k), 5 + m);
+        const int64_t ldy = s.n + 3;
+        std::vector<float> ref((size_t)(m * ldy), 0.0f);
+        for (auto [j0, j1] : rows)
+          cudatest::reference_rows(t, w.data(), s.k, x.data(), m, ref.data(), ldy, j0, j1);
+
+        cuda::DeviceBuffer x_dev = to_device(x);
+        cuda::DeviceBuffer y_dev((size_t)(m * ldy) * 4);
+        XPERT_CUDA_CHECK(cudaMemset(y_dev.data(), 0xFF, y_dev.bytes()));  // NaN: unwritten outputs show
+        cuda::DeviceBuffer ws(std::max<size_t>(cuda::matmul_workspace_bytes(t, m, s.k), 1));
+        cuda::matmul(t, w_dev.data(), s.n, s.k, x_dev.as<float>(), m, y_dev.as<float>(), ldy, ws.data(),
+                     ws.bytes(), stream);
+        stream.sync();
+        const std::vector<float> y = from_device<float>(y_dev, (size_t)(m * ldy));
+
+        const bool prefill_rounds_w = m > cuda::kDecodeMaxRows && t != DType::F32 && t != DType::F16 &&
+                                      t != DType::BF16 && s.k % 32 == 0;
+        const double tol = prefill_rounds_w ? 5e-4 : 2e-5;
+        int bad = 0;
+        double err2 = 0, ref2 = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          const double x_norm = norm2(x.data() + i * s.k, s.k);
+          for (auto [j0, j1] : rows)
+            for (int64_t j = j0; j < j1; ++j) {
+              const double got = y[i * ldy + j], want = ref[i * ldy + j];
+              err2 += (got - want) * (got - want);
+              ref2 += want * want;
+              const bool ok =
+                  std::isfinite(got) && (!exact || std::fabs(got - want) <= tol * w_norm[j] * x_norm + 1e-6);
+              if (!ok && ++bad <= 5)
+                ADD_FAILURE() << "y[" << i << "][" << j << "] = " << got << ", reference " << want;
+            }
+        }
+        EXPECT_EQ(bad, 0);
+        if (!exact) {
+          const bool float_w = t == DType::F32 || t == DType::F16 || t == DType::BF16;
+          EXPECT_LE(std::sqrt(err2 / ref2), float_w ? 1e-4 : 1.5e-2);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatmul, ::testing::ValuesIn(kTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Prepared activations reused across products equal the one-call matmul, bit for bit.
+TEST(CudaMatmulPrepared, SameAsOneCall) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t k = 2048, n = 768;
+  for (int64_t m : {1, 64}) {
+    const std::vector<uint8_t> w = cudatest::random_weights(DType::Q4_K, n, k, 77);
+    const std::vector<float> x = cudatest::random_values((size_t)(m * k), 3);
+    cuda::DeviceBuffer w_dev = to_device(w), x_dev = to_device(x);
+    cuda::DeviceBuffer y1((size_t)(m * n) * 4), y2((size_t)(m * n) * 4);
+    const cuda::ActFormat f = cuda::activation_format(DType::Q4_K, m);
+    cuda::DeviceBuffer act(cuda::activation_bytes(f, m, k));
+    const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, m, k, act.data(), stream);
+    cuda::matmul_prepared(DType::Q4_K, w_dev.data(), n, a, y1.as<float>(), n, stream);
+    cuda::DeviceBuffer ws(cuda::matmul_workspace_bytes(DType::Q4_K, m, k));
+    cuda::matmul(DType::Q4_K, w_dev.data(), n, k, x_dev.as<float>(), m, y2.as<float>(), n, ws.data(),
+                 ws.bytes(), stream);
+    stream.sync();
+    EXPECT_EQ(from_device<float>(y1, (size_t)(m * n)), from_device<float>(y2, (size_t)(m * n)));
+  }
+}
+
+TEST(CudaMatmulErrors, UnsupportedTypeAndShape) {
+  EXPECT_THROW(cuda::check_matmul_shape(DType::Q2_K, 256), Error);
+  EXPECT_THROW(cuda::check_matmul_shape(DType::Q4_K, 100), Error);
+  EXPECT_NO_THROW(cuda::check_matmul_shape(DType::Q4_K, 512));
+}
+
+class CudaGetRows : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaGetRows, EqualsDequantizeRow) {
+  XPERT_REQUIRE_GPU();
+  const DType t = GetParam();
+  cuda::Stream stream;
+  for (int64_t k : {2048, 768, 1056, 100}) {
+    if (k % dtype_info(t).block_size != 0) continue;
+    SCOPED_TRACE(fmt::format("{} row {}", dtype_name(t), k));
+    const int64_t n_rows = 300;
+    const std::vector<uint8_t> table = cudatest::random_weights(t, n_rows, k, 31 + k, 300);
+    const std::vector<int32_t> ids = {0, 299, 17, 17, 150, -1, 300, 42};  // repeats and two out of range
+    cuda::DeviceBuffer table_dev = to_device(table), ids_dev = to_device(ids);
+    const int64_t ldo = k + 4;
+    cuda::DeviceBuffer out((size_t)(ids.size() * ldo) * 4);
+    cuda::get_rows(t, table_dev.data(), n_rows, k, ids_dev.as<int32_t>(), (int64_t)ids.size(),
+                   out.as<float>(), ldo, stream);
+    stream.sync();
+    const std::vector<float> got = from_device<float>(out, ids.size() * ldo);
+    std::vector<float> want((size_t)k);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= 0 && ids[i] < n_rows)
+        dequantize_row(t, table.data() + ids[i] * row_bytes(t, k), want.data(), k);
+      else
+        std::fill(want.begin(), want.end(), 0.0f);
+      int bad = 0;
+      for (int64_t l = 0; l < k; ++l)
+        if (std::fabs(got[i * ldo + l] - want[l]) > 1e-6f * (1 + std::fabs(want[l])) && ++bad <= 3)
+          ADD_FAILURE() << "id " << ids[i] << " element " << l << ": " << got[i * ldo + l] << " vs "
+                        << want[l];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaGetRows, ::testing::ValuesIn(kTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaDevices, ListIsConsistent) {
+  const auto devs = cuda::list_devices();
+  if (!cudatest::have_gpu()) {
+    EXPECT_TRUE(devs.empty());
+    EXPECT_FALSE(cuda::no_device_reason().empty());
+    return;
+  }
+  ASSERT_FALSE(devs.empty());
+  for (const auto& d : devs) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_GT(d.sm_count, 0);
+    EXPECT_GT(d.total_bytes, 0u);
+    EXPECT_GE(d.cc_major, 5);
+  }
+  EXPECT_EQ(cuda::no_device_reason(), "");
+}
+
+}  // namespace
+}  // namespace xpert

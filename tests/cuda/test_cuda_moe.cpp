@@ -1,0 +1,277 @@
+// CUDA MoE: routing against route_top_k, and the experts (decode and grouped paths) against
+// moe_ffn_reference on qwen3-30b-a3b shapes (n_embd 2048, n_ff_exp 768, top 8; 16 experts instead of 128
+// to keep the test small), plus experts that are not resident on the GPU (skipped, then added by the
+// caller with accumulate, as the heterogeneous executor does).
+// Tolerance: the GPU rounds X and the SwiGLU output to q8_1 (32-blocks) or f16 where the reference uses
+// Q8_K (256-blocks), about 0.5 % per product on random data; each token's output must be within 3 % (norm)
+// of the reference. A wrong expert, slot or weight moves a token by far more.
+#include <cmath>
+#include <random>
+
+#include "backend/cuda/matmul.h"
+#include "backend/cuda/moe.h"
+#include "cuda_test_util.h"
+#include "model/moe.h"
+
+namespace xpert {
+namespace {
+
+using cudatest::from_device;
+using cudatest::to_device;
+
+TEST(CudaMoeRoute, MatchesRouteTopK) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  struct Case {
+    int64_t n, E, k;
+    bool norm;
+    float scale;
+  };
+  for (const Case c :
+       {Case{64, 128, 8, true, 1.0f}, Case{5, 16, 4, false, 2.5f}, Case{3, 512, 10, true, 1.0f}}) {
+    std::vector<float> logits = cudatest::random_values((size_t)(c.n * c.E), 11 + c.E);
+    for (float& v : logits) v *= 4.0f;
+    // Ties inside and at the edge of the top k: copies of the largest logits of token 0.
+    logits[3] = logits[1] = logits[0] = 5.0f;
+    logits[c.E - 1] = 5.0f;
+    Routing want;
+    route_top_k(logits.data(), c.n,
+                {.n_expert = c.E, .k = c.k, .norm_weights = c.norm, .weights_scale = c.scale}, want);
+    cuda::DeviceBuffer l_dev = to_device(logits), ids((size_t)(c.n * c.k) * 4), w((size_t)(c.n * c.k) * 4);
+    cuda::moe_route(l_dev.as<float>(), c.n,
+                    {.n_expert = c.E, .k = c.k, .norm_weights = c.norm, .weights_scale = c.scale},
+                    ids.as<int32_t>(), w.as<float>(), stream);
+    stream.sync();
+    EXPECT_EQ(from_device<int32_t>(ids, (size_t)(c.n * c.k)), want.ids);
+    const std::vector<float> got_w = from_device<float>(w, (size_t)(c.n * c.k));
+    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6 * c.scale) << i;
+  }
+  // All equal: the first k experts with equal weights.
+  const std::vector<float> flat(8, -7.5f);
+  cuda::DeviceBuffer l_dev = to_device(flat), ids(16), w(16);
+  cuda::moe_route(l_dev.as<float>(), 1, {.n_expert = 8, .k = 4}, ids.as<int32_t>(), w.as<float>(), stream);
+  stream.sync();
+  EXPECT_EQ(from_device<int32_t>(ids, 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  for (float v : from_device<float>(w, 4)) EXPECT_FLOAT_EQ(v, 0.25f);
+}
+
+// One MoE layer on the host (reference input) and on the GPU (uploaded expert tensors and tables).
+struct Layer {
+  ModelConfig c;
+  std::vector<float> router;
+  std::vector<uint8_t> gate, up, down;
+  LayerWeights lw;
+  cuda::DeviceBuffer router_dev, gate_dev, up_dev, down_dev;
+
+  Layer(int64_t D, int64_t F, int64_t E, int64_t k, DType gu, DType dn) {
+    c.n_embd = D;
+    c.n_ff_exp = F;
+    c.n_expert = E;
+    c.n_expert_used = k;
+    router = cudatest::random_values((size_t)(D * E), 5);
+    for (float& v : router) v *= 0.05f;
+    gate = cudatest::random_weights(gu, F * E, D, 100, 512);
+    up = cudatest::random_weights(gu, F * E, D, 200, 512);
+    down = cudatest::random_weights(dn, D * E, F, 300, 512);
+    auto weight = [](DType t, const void* p, int64_t k, int64_t n, int64_t x, size_t bytes) {
+      return Weight{.type = t, .data = p, .ne = {k, n, x}, .n_bytes = bytes};
+    };
+    lw.ffn_gate_inp = weight(DType::F32, router.data(), D, E, 1, router.size() * 4);
+    lw.ffn_gate_exps = weight(gu, gate.data(), D, F, E, gate.size());
+    lw.ffn_up_exps = weight(gu, up.data(), D, F, E, up.size());
+    lw.ffn_down_exps = weight(dn, down.data(), F, D, E, down.size());
+    router_dev = to_device(router);
+    gate_dev = to_device(gate);
+    up_dev = to_device(up);
+    down_dev = to_device(down);
+  }
+
+  // Device tables of the resident experts.
+  struct Tables {
+    cuda::DeviceBuffer gate, up, down;
+  };
+  Tables tables(const std::vector<bool>& resident) const {
+    const int64_t D = c.n_embd, F = c.n_ff_exp;
+    Tables t;
+    t.gate =
+        to_device(cuda::expert_table(gate_dev.data(), row_bytes(lw.ffn_gate_exps.type, D) * F, resident));
+    t.up = to_device(cuda::expert_table(up_dev.data(), row_bytes(lw.ffn_up_exps.type, D) * F, resident));
+    t.down =
+        to_device(cuda::expert_table(down_dev.data(), row_bytes(lw.ffn_down_exps.type, F) * D, resident));
+    return t;
+  }
+  cuda::MoeExperts experts(const Tables& t) const {
+    cuda::MoeExperts e;
+    e.gate_type = lw.ffn_gate_exps.type;
+    e.up_type = lw.ffn_up_exps.type;
+    e.down_type = lw.ffn_down_exps.type;
+    e.n_embd = c.n_embd;
+    e.n_ff = c.n_ff_exp;
+    e.n_expert = c.n_expert;
+    e.gate = t.gate.as<const void*>();
+    e.up = t.up.as<const void*>();
+    e.down = t.down.as<const void*>();
+    return e;
+  }
+};
+
+// The whole block on the GPU: router matmul, routing, experts.
+void gpu_moe(const Layer& L, const cuda::MoeExperts& e, const cuda::DeviceBuffer& x_dev, int64_t n,
+             float* out, bool accumulate, cuda::MoePath path, cudaStream_t stream,
+             cuda::DeviceBuffer* ids_out = nullptr, cuda::DeviceBuffer* w_out = nullptr) {
+  const int64_t D = L.c.n_embd, E = L.c.n_expert, k = L.c.n_expert_used;
+  cuda::DeviceBuffer logits((size_t)(n * E) * 4), ids((size_t)(n * k) * 4), w((size_t)(n * k) * 4);
+  cuda::DeviceBuffer mws(std::max<size_t>(cuda::matmul_workspace_bytes(DType::F32, n, D), 1));
+  cuda::matmul(DType::F32, L.router_dev.data(), E, D, x_dev.as<float>(), n, logits.as<float>(), E, mws.data(),
+               mws.bytes(), stream);
+  cuda::moe_route(logits.as<float>(), n, {.n_expert = E, .k = k}, ids.as<int32_t>(), w.as<float>(), stream);
+  cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e, n, k));
+  cuda::moe_experts(e,
+                    {.x = x_dev.as<float>(),
+                     .n_tokens = n,
+                     .k = k,
+                     .ids = ids.as<int32_t>(),
+                     .weights = w.as<float>(),
+                     .out = out,
+                     .accumulate = accumulate,
+                     .path = path},
+                    ws.data(), ws.bytes(), stream);
+  XPERT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (ids_out) *ids_out = std::move(ids);
+  if (w_out) *w_out = std::move(w);
+}
+
+// Per token: |got - want| / |want| (norms over n_embd).
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, int64_t n, int64_t D,
+                  double tol) {
+  for (int64_t t = 0; t < n; ++t) {
+    double e2 = 0, r2 = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      const double g = got[t * D + i], w = want[t * D + i];
+      ASSERT_TRUE(std::isfinite(g)) << "token " << t << " element " << i;
+      e2 += (g - w) * (g - w);
+      r2 += w * w;
+    }
+    EXPECT_LE(std::sqrt(e2 / r2), tol) << "token " << t;
+  }
+}
+
+// The routed experts on the host for the given routing, only experts with include(e), one token per
+// thread: the part another device computes in the heterogeneous mode.
+template <class Include>
+std::vector<float> host_moe(const Layer& L, const std::vector<float>& x, int64_t n,
+                            const std::vector<int32_t>& id, const std::vector<float>& wt, Include include) {
+  const int64_t D = L.c.n_embd, F = L.c.n_ff_exp, k = L.c.n_expert_used;
+  std::vector<float> out((size_t)(n * D), 0.0f);
+  cudatest::parallel_rows(n, [&](int64_t t0, int64_t t1) {
+    std::vector<float> g(F), u(F), y(D);
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int e = id[t * k + j];
+        if (!include(e)) continue;
+        const Weight wg = expert_matrix(L.lw.ffn_gate_exps, e), wu = expert_matrix(L.lw.ffn_up_exps, e),
+                     wd = expert_matrix(L.lw.ffn_down_exps, e);
+        cpu::matmul_reference(wg.type, wg.data, F, D, x.data() + t * D, 1, g.data(), F);
+        cpu::matmul_reference(wu.type, wu.data, F, D, x.data() + t * D, 1, u.data(), F);
+        for (int64_t i = 0; i < F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        cpu::matmul_reference(wd.type, wd.data, D, F, g.data(), 1, y.data(), D);
+        for (int64_t i = 0; i < D; ++i) out[t * D + i] += wt[t * k + j] * y[i];
+      }
+  });
+  return out;
+}
+
+class CudaMoe : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(CudaMoe, EqualsReference) {
+  XPERT_REQUIRE_GPU();
+  const int64_t n = GetParam();
+  Layer L(2048, 768, 16, 8, DType::Q4_K, DType::Q6_K);
+  const int64_t D = L.c.n_embd;
+  std::vector<float> x = cudatest::random_values((size_t)(n * D), 40 + n);
+  std::vector<float> want(x.size());
+  moe_ffn_reference(L.c, L.lw, x.data(), n, want.data());
+
+  cuda::Stream stream;
+  const auto tables = L.tables(std::vector<bool>(16, true));
+  const cuda::MoeExperts e = L.experts(tables);
+  cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * D) * 4);
+  for (cuda::MoePath path : {cuda::MoePath::automatic, cuda::MoePath::decode, cuda::MoePath::grouped}) {
+    SCOPED_TRACE(fmt::format("n={} path={}", n, (int)path));
+    XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+    gpu_moe(L, e, x_dev, n, out.as<float>(), false, path, stream);
+    expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 64));
+
+// Enough tokens per expert for 64-row tiles in the grouped GEMMs (128 tokens x 8 over 16 experts), against
+// the host evaluation of the GPU's own routing.
+TEST(CudaMoeGrouped, FullTiles) {
+  XPERT_REQUIRE_GPU();
+  const int64_t n = 128;
+  Layer L(2048, 768, 16, 8, DType::Q5_K, DType::Q8_0);
+  const int64_t D = L.c.n_embd, k = L.c.n_expert_used;
+  const auto tables = L.tables(std::vector<bool>(16, true));
+  std::vector<float> x = cudatest::random_values((size_t)(n * D), 123);
+  cuda::Stream stream;
+  cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * D) * 4), ids, w;
+  XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+  gpu_moe(L, L.experts(tables), x_dev, n, out.as<float>(), false, cuda::MoePath::automatic, stream, &ids, &w);
+  const std::vector<float> want = host_moe(L, x, n, from_device<int32_t>(ids, (size_t)(n * k)),
+                                           from_device<float>(w, (size_t)(n * k)), [](int) { return true; });
+  expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
+}
+
+// Half the experts on the GPU: the GPU adds its part (accumulate) to what the caller put in `out` for the
+// other half, here computed on the host; together they are the whole layer.
+TEST(CudaMoeResident, SkipsAbsentExpertsAndAccumulates) {
+  XPERT_REQUIRE_GPU();
+  Layer L(2048, 768, 16, 8, DType::Q4_K, DType::Q4_K);
+  const int64_t D = L.c.n_embd, k = L.c.n_expert_used;
+  std::vector<bool> resident(16);
+  for (int e = 0; e < 16; ++e) resident[e] = e % 2 == 0;
+  const auto tables = L.tables(resident);
+  const cuda::MoeExperts ex = L.experts(tables);
+  cuda::Stream stream;
+  for (int64_t n : {3, 20}) {  // decode and grouped
+    SCOPED_TRACE(fmt::format("n={}", n));
+    std::vector<float> x = cudatest::random_values((size_t)(n * D), 70 + n);
+    std::vector<float> want(x.size());
+    moe_ffn_reference(L.c, L.lw, x.data(), n, want.data());
+    cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * D) * 4), ids, w;
+    // Pass 1: which experts the GPU routes to, so the host can compute the absent ones.
+    gpu_moe(L, ex, x_dev, n, out.as<float>(), false, cuda::MoePath::automatic, stream, &ids, &w);
+    const std::vector<int32_t> id = from_device<int32_t>(ids, (size_t)(n * k));
+    const std::vector<float> wt = from_device<float>(w, (size_t)(n * k));
+    const std::vector<float> host = host_moe(L, x, n, id, wt, [&](int e) { return !resident[e]; });
+    // Pass 2: out = host part, then the GPU adds the resident part.
+    out.upload(host.data(), host.size() * 4);
+    gpu_moe(L, ex, x_dev, n, out.as<float>(), true, cuda::MoePath::automatic, stream);
+    expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
+  }
+  // No expert resident: nothing is added.
+  const auto none = L.tables(std::vector<bool>(16, false));
+  const int64_t n = 2;
+  std::vector<float> x = cudatest::random_values((size_t)(n * D), 9);
+  cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * D) * 4);
+  for (cuda::MoePath path : {cuda::MoePath::decode, cuda::MoePath::grouped}) {
+    XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+    gpu_moe(L, L.experts(none), x_dev, n, out.as<float>(), false, path, stream);
+    for (float v : from_device<float>(out, x.size())) ASSERT_EQ(v, 0.0f);
+  }
+}
+
+TEST(CudaMoeErrors, RejectsMixedGateUpTypes) {
+  cuda::MoeExperts e;
+  e.gate_type = DType::Q4_K;
+  e.up_type = DType::Q6_K;
+  e.n_embd = 2048;
+  e.n_ff = 768;
+  e.n_expert = 8;
+  EXPECT_THROW(cuda::check_moe_experts(e), Error);
+}
+
+}  // namespace
+}  // namespace xpert
