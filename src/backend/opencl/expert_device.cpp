@@ -147,7 +147,9 @@ struct ExpertDevice::Impl {
            "cl_intel_required_subgroup_size with subgroup size 16",
            index, info.name);
     // A CPU runs a work-group as one thread: a whole row per work-item beats splitting it over lanes.
-    if (variant == KernelVariant::subgroup16) lanes = 16, mv_features = 4;
+    // Subgroup16 on a CPU (PoCL) runs one feature per work-group: the work-group is then the subgroup
+    // whatever way the implementation groups work-items; Intel GPUs form subgroups from the x-rows.
+    if (variant == KernelVariant::subgroup16) lanes = 16, mv_features = info.is_cpu() ? 1 : 4;
     else if (info.is_cpu()) lanes = 1, mv_features = 32;
     else lanes = 16, mv_features = 4;
 
