@@ -3,10 +3,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "model/hf_vocab.h"
 #include "model/model.h"
 #include "runtime/session.h"
 #include "sample/sampler.h"
@@ -76,7 +78,9 @@ Command add_tokenize(CLI::App& app) {
   app.add_flag("--no-special", o->no_special, "treat special-token text as plain text");
   app.add_flag("--pieces", o->pieces, "print [id, piece] pairs");
   return [o] {
-    auto file = gguf::GGUFFile::open(o->model);
+    // A Hugging Face folder: only its tokenizer files are read, not the weights.
+    auto file = std::filesystem::is_directory(o->model) ? hf::open_tokenizer_only(o->model)
+                                                        : gguf::GGUFFile::open(o->model);
     auto tok = Tokenizer::from_gguf(*file);
     const std::vector<int32_t> ids = tok->encode(o->prompt, tok->add_bos() && !o->no_bos, !o->no_special);
     nlohmann::json j = nlohmann::json::array();

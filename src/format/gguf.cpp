@@ -219,6 +219,25 @@ std::unique_ptr<GGUFFile> GGUFFile::parse(const uint8_t* data, size_t size, cons
   return f;
 }
 
+std::unique_ptr<GGUFFile> GGUFFile::assemble(std::string name, std::vector<std::pair<std::string, Value>> kv,
+                                             std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner) {
+  std::unique_ptr<GGUFFile> f(new GGUFFile());
+  f->owner_ = std::move(owner);
+  f->name_ = std::move(name);
+  f->version_ = 3;
+  for (auto& [key, value] : kv) {
+    if (!f->kv_index_.emplace(key, f->kv_.size()).second) fail("{}: duplicate metadata key '{}'", f->name_, key);
+    f->kv_.emplace_back(std::move(key), std::move(value));
+  }
+  for (TensorInfo& t : tensors) {
+    if (!f->tensor_index_.emplace(t.name, f->tensors_.size()).second)
+      fail("{}: duplicate tensor name '{}'", f->name_, t.name);
+    f->size_ += t.n_bytes;
+    f->tensors_.push_back(std::move(t));
+  }
+  return f;
+}
+
 void GGUFFile::parse_all() {
   if (size_ < sizeof(kMagic)) fail("{}: not a GGUF file (it is only {} bytes long)", name_, size_);
   if (std::memcmp(base_, kMagic, sizeof(kMagic)) != 0) {

@@ -88,6 +88,10 @@ class GGUFFile {
   static std::unique_ptr<GGUFFile> open(const std::string& path);
   // Parses an in-memory image (the fuzz target and tests); `data` must outlive the object.
   static std::unique_ptr<GGUFFile> parse(const uint8_t* data, size_t size, const std::string& name);
+  // A file assembled in memory (the Hugging Face loader, format/hf_*): metadata and tensors whose `data`
+  // point into mappings or buffers that `owner` keeps alive. Names must be unique (Error otherwise).
+  static std::unique_ptr<GGUFFile> assemble(std::string name, std::vector<std::pair<std::string, Value>> kv,
+                                            std::vector<TensorInfo> tensors, std::shared_ptr<const void> owner);
 
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
@@ -114,6 +118,7 @@ class GGUFFile {
   void parse_all();
 
   std::unique_ptr<MappedFile> map_;
+  std::shared_ptr<const void> owner_;  // assembled files: what the tensors point into
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   std::string name_;
