@@ -81,6 +81,41 @@ double time_us(int reps, const std::function<void(int)>& call, int groups = 5) {
   return t[t.size() / 2];
 }
 
+// The same, with the `reps` calls captured once in a CUDA graph and replayed (how decode steps run).
+double time_graph_us(int reps, const std::function<void(int, cudaStream_t)>& call, int groups = 5) {
+  cudaStream_t st;
+  XPERT_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  call(0, st);  // plans, shared-memory limits: set up outside the capture
+  XPERT_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  XPERT_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) call(i, st);
+  XPERT_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  XPERT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  XPERT_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  cudaEvent_t a, b;
+  XPERT_CUDA_CHECK(cudaEventCreate(&a));
+  XPERT_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int g = 0; g < groups; ++g) {
+    XPERT_CUDA_CHECK(cudaEventRecord(a, st));
+    XPERT_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    XPERT_CUDA_CHECK(cudaEventRecord(b, st));
+    XPERT_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    XPERT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1e3 * ms / reps);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -105,7 +140,9 @@ int run(int argc, char** argv) {
   // Decode attention at depth.
   const int64_t n_head = 16, n_head_kv = 2, D = 256, kv_row = n_head_kv * D;
   std::printf("\ndecode attention, Qwen3.5 shapes (16/2 heads, head_dim 256), one sequence:\n");
-  std::printf("| depth | us/call | KV MB read | GB/s | %% of copy | 10 layers (ms/token) |\n|---|---|---|---|---|---|\n");
+  std::printf("(us/call: back-to-back launches; graph: the calls replayed from a CUDA graph; GB/s and %% from graph)\n");
+  std::printf("| depth | us/call | graph us/call | KV MB read | GB/s | %% of copy | 10 layers (ms/token) |\n"
+              "|---|---|---|---|---|---|---|\n");
   for (int64_t depth : {int64_t(0), int64_t(8192), int64_t(32768), int64_t(131072)}) {
     const int64_t n_ctx = depth + 1;
     const size_t cache_bytes = (size_t)n_ctx * kv_row * 2;  // K or V of one copy
@@ -134,19 +171,21 @@ int run(int argc, char** argv) {
                                 .max_kv = n_ctx,
                                 .kq_scale = 1.0f / 16.0f,
                                 .sliding_window = 0,
-                                .min_keys_per_split = 128};
+                                .min_keys_per_split = 64};
     Buf ws(cuda::attention_decode_workspace_bytes(a));
-    const double us = time_us(reps, [&](int i) {
+    auto call = [&](int i, cudaStream_t st) {
       cuda::DecodeAttentionArgs b = a;
       const int c = i % copies;  // another copy each call: its own slot, q and position entry
       b.slots = slots.as<int32_t>() + c;
       b.pos = pos.as<int32_t>() + c;
       b.q = q.as<float>() + c * n_head * D;
-      cuda::attention_decode(b, ws.p, nullptr);
-    });
+      cuda::attention_decode(b, ws.p, st);
+    };
+    const double us = time_us(reps, [&](int i) { call(i, nullptr); });
+    const double gus = time_graph_us(reps, call);
     const double bytes = 2.0 * n_ctx * kv_row * 2;
-    std::printf("| %lld | %.1f | %.1f | %.0f | %.0f%% | %.3f |\n", (long long)depth, us, bytes / 1e6,
-                bytes / (us * 1e3), 100.0 * bytes / (us * 1e3) / copy_gbs, 10 * us / 1e3);
+    std::printf("| %lld | %.1f | %.1f | %.1f | %.0f | %.0f%% | %.3f |\n", (long long)depth, us, gus, bytes / 1e6,
+                bytes / (gus * 1e3), 100.0 * bytes / (gus * 1e3) / copy_gbs, 10 * gus / 1e3);
   }
 
   // Prefill attention: 512 tokens after `depth` tokens.
@@ -207,13 +246,17 @@ int run(int argc, char** argv) {
     const double us_recurrent =
         time_us(std::max(reps / 4, 3), [&](int) { cuda::delta_rule_recurrent(s, args(T), nullptr); });
     const double us_step = time_us(reps, [&](int) { cuda::delta_rule_recurrent(s, args(1), nullptr); });
+    const double us_step_graph =
+        time_graph_us(reps, [&](int, cudaStream_t st) { cuda::delta_rule_recurrent(s, args(1), st); });
+    const double us_64 = time_us(reps, [&](int) { cuda::delta_rule_chunked(s, args(64), ws.p, nullptr); });
     const double state_bytes = 2.0 * s.ssm_state_size() * 4;
     std::printf("\ndelta rule, Qwen3.5-35B-A3B layer (32 value heads, 128x128 state):\n");
     std::printf("| form | tokens | us | tokens/s (one layer) |\n|---|---|---|---|\n");
     std::printf("| chunked | %lld | %.1f | %.0f |\n", (long long)T, us_chunked, T / (us_chunked * 1e-6));
+    std::printf("| chunked | 64 | %.1f | %.0f |\n", us_64, 64 / (us_64 * 1e-6));
     std::printf("| recurrent | %lld | %.1f | %.0f |\n", (long long)T, us_recurrent, T / (us_recurrent * 1e-6));
-    std::printf("| recurrent (decode step) | 1 | %.1f | state r+w %.0f GB/s |\n", us_step,
-                state_bytes / (us_step * 1e3));
+    std::printf("| recurrent (decode step) | 1 | %.1f (graph %.1f) | state r+w %.0f GB/s (graph) |\n", us_step,
+                us_step_graph, state_bytes / (us_step_graph * 1e3));
     std::printf("chunked / recurrent speed-up at %lld tokens: %.1fx\n", (long long)T, us_recurrent / us_chunked);
   }
   return 0;

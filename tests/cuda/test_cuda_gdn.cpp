@@ -143,6 +143,26 @@ TEST_P(CudaDeltaRule, FormsMatchCpuAndEachOther) {
 INSTANTIATE_TEST_SUITE_P(Qwen35, CudaDeltaRule, ::testing::Values(1, 7, 64, 200),
                          [](const auto& info) { return "T" + std::to_string(info.param); });
 
+// Other head sizes: 64 takes the chunked kernels' second instantiation, 32 falls back to the recurrent one.
+TEST(CudaGdn, DeltaRuleOtherHeadSizes) {
+  XPERT_OPS_REQUIRE_GPU();
+  for (int64_t dim : {64, 32}) {
+    const GdnShape s{.n_k_heads = 2, .n_v_heads = 4, .head_k_dim = dim, .head_v_dim = dim};
+    const int64_t T = 130;
+    const Inputs in = random_inputs(s, T, 500 + (uint32_t)dim);
+    const auto s0 = randn(s.ssm_state_size(), 6, 0.3f);
+    std::vector<float> st = s0, out(T * s.value_dim());
+    delta_rule_chunked(s, host_args(s, in, 0, T, st.data(), out.data()), pool());
+    const DevInputs din(in);
+    Dev<float> dst(s0), dout(T * s.value_dim());
+    Dev<char> ws(std::max<size_t>(cuda::delta_rule_chunked_workspace_bytes(s, T), 1));
+    dout.poison();
+    cuda::delta_rule_chunked(s, dev_args(s, din, 0, T, dst.get(), dout.get()), ws.get(), nullptr);
+    expect_close(dout.download(), out, 5e-5, "out dim " + std::to_string(dim));
+    expect_close(dst.download(), st, 5e-5, "state dim " + std::to_string(dim));
+  }
+}
+
 // Prefill 100 then 37 more == 137 at once == 137 single recurrent steps, on the GPU.
 TEST(CudaGdn, DeltaRuleStateCarriesAcrossCalls) {
   XPERT_OPS_REQUIRE_GPU();

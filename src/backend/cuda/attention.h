@@ -42,7 +42,7 @@ struct DecodeAttentionArgs {
   int64_t max_kv;  // keys are clamped below it, and it sizes the split grid: n_ctx will do
   float kq_scale = 1.0f;
   int32_t sliding_window = 0;
-  int32_t min_keys_per_split = 128;  // a warp streams at least this many keys before another joins
+  int32_t min_keys_per_split = 64;  // a warp streams at least this many keys before another joins
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);

@@ -314,7 +314,7 @@ DecodeAttentionArgs decode_args(const AttentionArgs& a) {
           .max_kv = a.n_kv,
           .kq_scale = a.kq_scale,
           .sliding_window = a.sliding_window,
-          .min_keys_per_split = 128};
+          .min_keys_per_split = 64};
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 
 void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream);
 // Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);
-// delta_rule_chunked runs the recurrent form otherwise.
+// delta_rule_chunked runs the recurrent form otherwise, and also when q / k rows are not 16-byte aligned.
 bool delta_rule_chunked_supported(const GdnShape& s);
 size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens);
 void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream);

@@ -4,9 +4,11 @@
 // g = 0, beta = 0, which leaves every real row and the state unchanged.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
 
 namespace xpert::cuda {
@@ -28,8 +30,8 @@ struct ChunkParams {
   float scale;
 };
 
-// Per (chunk, value head): decayed K K^T -> A, Q K^T -> ws_qk, T = (I - A)^-1 by forward substitution,
-// u = T (beta v), w = T (beta e^G k).
+// Per (chunk, value head): decayed K K^T -> A, Q K^T -> ws_qk, T = (I - A)^-1, u = T (beta v),
+// w = T (beta e^G k).
 template <int DK>
 __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
   constexpr int P = kMaxDim + 1;  // row pitch of the k and q / v tiles
@@ -40,6 +42,7 @@ __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
   float* G = A + kChunk * 65;   // [64]
   float* B = G + kChunk;        // [64]
   float* old = B + kChunk;      // [64]
+  float* tmp = old + kChunk;    // [3][16][17]
   const int tid = threadIdx.x, c = blockIdx.x, h = blockIdx.y, kh = h % p.Hk, dv = p.dv;
   const int64_t t0 = (int64_t)c * kChunk;
   const int L = (int)std::min<int64_t>(kChunk, p.n_tokens - t0);
@@ -96,14 +99,40 @@ __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
   }
   __syncthreads();
 
-  // Forward substitution, row by row: A[i][j] = old_i[j] + sum_{j<m<i} old_i[m] A[m][j] (rows m < i final).
-  for (int i = 1; i < L; ++i) {
-    if (tid < i) old[tid] = A[i * 65 + tid];
+  // T = (I - A)^-1 (A strictly lower), stored as T - I in A, in blocks of 16 (the CPU solves it row by
+  // row; this is the same matrix with short dependency chains). First each diagonal block by forward
+  // substitution, the four at once: X[i][j] = A[i][j] + sum_{j<m<i} A[i][m] X[m][j] within the block.
+  for (int r = 1; r < 16; ++r) {
+    const int b = tid / 16, j = tid % 16, i = 16 * b + r;
+    if (tid < kChunk && j < r) old[tid] = A[i * 65 + 16 * b + j];
     __syncthreads();
-    if (tid < i) {
+    if (tid < kChunk && j < r) {
       float acc = old[tid];
-      for (int m = tid + 1; m < i; ++m) acc += old[m] * A[m * 65 + tid];
-      A[i * 65 + tid] = acc;
+      for (int m = j + 1; m < r; ++m) acc += old[16 * b + m] * A[(16 * b + m) * 65 + 16 * b + j];
+      A[i * 65 + 16 * b + j] = acc;
+    }
+    __syncthreads();
+  }
+  // Then block rows in order: T_ik = T_ii sum_{k<=m<i} A_im T_mk, through a temporary per k (the sums
+  // read row i's original blocks, which the products then overwrite).
+  for (int bi = 1; bi < 4; ++bi) {
+    const int r = tid / 16, c = tid % 16;
+    for (int bk = 0; bk < bi; ++bk) {
+      float acc = 0.0f;
+      for (int bm = bk; bm < bi; ++bm)
+        for (int q = 0; q < 16; ++q) {
+          const float a = A[(16 * bi + r) * 65 + 16 * bm + q];
+          const float t = bm != bk ? A[(16 * bm + q) * 65 + 16 * bk + c]
+                                   : (q == c ? 1.0f : q > c ? A[(16 * bk + q) * 65 + 16 * bk + c] : 0.0f);
+          acc += a * t;
+        }
+      tmp[(bk * 16 + r) * 17 + c] = acc;
+    }
+    __syncthreads();
+    for (int bk = 0; bk < bi; ++bk) {
+      float acc = tmp[(bk * 16 + r) * 17 + c];
+      for (int q = 0; q < r; ++q) acc += A[(16 * bi + r) * 65 + 16 * bi + q] * tmp[(bk * 16 + q) * 17 + c];
+      A[(16 * bi + r) * 65 + 16 * bk + c] = acc;
     }
     __syncthreads();
   }
@@ -161,37 +190,49 @@ __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
 }
 
 // Per (value head, 32 state columns), the chunks in order. The state slice S [DK][32] stays in shared
-// memory; R holds w, then q, then k of the current chunk.
+// memory. The chunk's w, q and k tiles stream through two buffers with cp.async, each loaded while the
+// phase before it computes: w(c) | q(c) -> phase 1 on w, k(c) into w's buffer -> phase 2 on q,
+// w(c+1) into q's buffer -> phase 3 on k; the next chunk starts with its w already there.
 template <int DK>
 __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
   constexpr int RP = DK + 4;  // float4-aligned rows, read as broadcasts
   extern __shared__ __align__(16) float sm[];
-  float* R = sm;                    // [64][RP]
-  float* Ss = R + kChunk * RP;      // [DK][32]
-  float* Vn = Ss + DK * 32;         // [64][33]
-  float* QK = Vn + kChunk * 33;     // [64][64]
-  float* G = QK + kChunk * kChunk;  // [64]
-  float* eG = G + kChunk;           // [64]
-  float* ed = eG + kChunk;          // [64]
+  // sm: two [64][RP] buffers for w / q / k, then:
+  float* Ss = sm + 2 * kChunk * RP;        // [DK][32]
+  float* Vn = Ss + DK * 32;                // [64][33]
+  float* G = Vn + kChunk * 33;             // [64]
+  float* eG = G + kChunk;                  // [64]
+  float* ed = eG + kChunk;                 // [64]
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
   const int h = blockIdx.y, kh = h % p.Hk, dv = p.dv, j = blockIdx.x * 32 + tx;
   float* S = p.state + (int64_t)h * DK * dv;
   for (int r = ty; r < DK; r += 8) Ss[r * 32 + tx] = S[(int64_t)r * dv + j];
   const int64_t n_chunks = (p.n_tokens + kChunk - 1) / kChunk;
 
-  auto load_rows = [&](const float* src, int64_t stride, int rows) {  // rows x DK into R, zero past `rows`
-    for (int i = tid; i < kChunk * DK; i += 256) {
-      const int r = i / DK, d = i % DK;
-      R[r * RP + d] = r < rows ? src[r * stride + d] : 0.0f;
+  // rows x DK floats from src (row stride `stride`) into dst; rows past `rows` are zero-filled.
+  auto load_async = [&](float* dst, const float* src, int64_t stride, int rows) {
+    constexpr int kVec = DK / 4;
+#pragma unroll
+    for (int it = 0; it < kChunk * kVec / 256; ++it) {
+      const int i = tid + 256 * it, r = i / kVec, c = i % kVec;
+      const bool valid = r < rows;
+      detail::cp_async16(detail::smem_addr(dst + r * RP + 4 * c), src + (valid ? r : 0) * stride + 4 * c, valid);
     }
+    detail::cp_async_commit();
   };
+  auto chunk_rows = [&](int64_t c) { return (int)std::min<int64_t>(kChunk, p.n_tokens - c * kChunk); };
 
+  load_async(sm, p.ws_w + (int64_t)h * kChunk * DK, DK, kChunk);  // w of chunk 0 (base = 0 * Hv + h)
+  int wb = 0;  // the buffer that holds this chunk's w
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t t0 = c * kChunk;
-    const int L = (int)std::min<int64_t>(kChunk, p.n_tokens - t0);
+    const int L = chunk_rows(c);
     const int64_t base = c * p.Hv + h;
+    float* W = sm + wb * kChunk * RP;
+    float* Q = sm + (wb ^ 1) * kChunk * RP;
+    load_async(Q, p.q + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
     if (tid < kChunk) G[tid] = p.ws_g[base * kChunk + tid];
-    load_rows(p.ws_w + base * kChunk * DK, DK, kChunk);
+    detail::cp_async_wait<1>();  // w
     __syncthreads();
     if (tid < kChunk) {
       eG[tid] = expf(G[tid]);
@@ -209,7 +250,7 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
                   s3 = Ss[(r + 3) * 32 + tx];
 #pragma unroll
       for (int a = 0; a < 8; ++a) {
-        const float4 w = *reinterpret_cast<const float4*>(&R[(ty + 8 * a) * RP + r]);
+        const float4 w = *reinterpret_cast<const float4*>(&W[(ty + 8 * a) * RP + r]);
         acc[a] += -w.x * s0;
         acc[a] += -w.y * s1;
         acc[a] += -w.z * s2;
@@ -218,12 +259,14 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
     }
 #pragma unroll
     for (int a = 0; a < 8; ++a) Vn[(ty + 8 * a) * 33 + tx] = acc[a];
+    __syncthreads();  // W is free, Vn complete
+    float* K = W;
+    load_async(K, p.k + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
+    detail::cp_async_wait<1>();  // q
     __syncthreads();
 
-    // o = scale (e^G q S + QK v_new)
-    load_rows(p.q + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
-    for (int i = tid; i < kChunk * kChunk; i += 256) QK[i] = p.ws_qk[base * kChunk * kChunk + i];
-    __syncthreads();
+    // o = scale (e^G q S + QK v_new); QK rows are read as broadcasts from global memory (L1).
+    const float* qk = p.ws_qk + base * kChunk * kChunk;
 #pragma unroll
     for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
 #pragma unroll 2
@@ -233,7 +276,7 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
 #pragma unroll
       for (int a = 0; a < 8; ++a) {
         const float e = eG[ty + 8 * a];
-        const float4 q = *reinterpret_cast<const float4*>(&R[(ty + 8 * a) * RP + r]);
+        const float4 q = *reinterpret_cast<const float4*>(&Q[(ty + 8 * a) * RP + r]);
         acc[a] += (q.x * e) * s0;
         acc[a] += (q.y * e) * s1;
         acc[a] += (q.z * e) * s2;
@@ -243,14 +286,18 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
 #pragma unroll
     for (int a = 0; a < 8; ++a) {
       const int i = ty + 8 * a;
-      for (int m = 0; m <= i; ++m) acc[a] += QK[i * kChunk + m] * Vn[m * 33 + tx];
+      for (int m = 0; m <= i; ++m) acc[a] += qk[i * kChunk + m] * Vn[m * 33 + tx];
       if (i < L) p.out[((t0 + i) * p.Hv + h) * dv + j] = acc[a] * p.scale;
     }
+    __syncthreads();  // Q is free
+    if (c + 1 < n_chunks)
+      load_async(Q, p.ws_w + (base + p.Hv) * kChunk * DK, DK, kChunk);  // w of the next chunk
+    else
+      detail::cp_async_commit();  // an empty group keeps the count
+    detail::cp_async_wait<1>();   // k
     __syncthreads();
 
     // S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i^T: rows ty * DK/8 + a.
-    load_rows(p.k + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
-    __syncthreads();
     constexpr int RPT = DK / 8;  // state rows per thread
     const float e_last = eG[L - 1];
     float sr[RPT];
@@ -260,7 +307,7 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
       const float vn = Vn[i * 33 + tx], e = ed[i];
 #pragma unroll
       for (int a = 0; a < RPT; a += 4) {
-        const float4 k = *reinterpret_cast<const float4*>(&R[i * RP + ty * RPT + a]);
+        const float4 k = *reinterpret_cast<const float4*>(&K[i * RP + ty * RPT + a]);
         sr[a] += (k.x * e) * vn;
         sr[a + 1] += (k.y * e) * vn;
         sr[a + 2] += (k.z * e) * vn;
@@ -270,17 +317,19 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
 #pragma unroll
     for (int a = 0; a < RPT; ++a) Ss[(ty * RPT + a) * 32 + tx] = sr[a];
     __syncthreads();
+    wb ^= 1;  // the next chunk's w is in Q's buffer
   }
+  detail::cp_async_wait<0>();
   for (int r = ty; r < DK; r += 8) S[(int64_t)r * dv + j] = Ss[r * 32 + tx];
 }
 
 template <int DK>
 constexpr size_t prep_smem_bytes() {
-  return (size_t)(2 * kChunk * (kMaxDim + 1) + kChunk * 65 + 3 * kChunk) * sizeof(float);
+  return (size_t)(2 * kChunk * (kMaxDim + 1) + kChunk * 65 + 3 * kChunk + 3 * 16 * 17) * sizeof(float);
 }
 template <int DK>
 constexpr size_t scan_smem_bytes() {
-  return (size_t)(kChunk * (DK + 4) + DK * 32 + kChunk * 33 + kChunk * kChunk + 3 * kChunk) * sizeof(float);
+  return (size_t)(2 * kChunk * (DK + 4) + DK * 32 + kChunk * 33 + 3 * kChunk) * sizeof(float);
 }
 
 struct ChunkLayout {
@@ -343,7 +392,10 @@ size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
 
 void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream) {
   if (a.n_tokens <= 0) return;
-  if (!delta_rule_chunked_supported(s)) return delta_rule_recurrent(s, a, stream);
+  // The scan streams q and k rows with 16-byte copies.
+  const int64_t qk_stride = a.qk_stride ? a.qk_stride : s.key_dim();
+  const bool aligned = (reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k)) % 16 == 0 && qk_stride % 4 == 0;
+  if (!delta_rule_chunked_supported(s) || !aligned) return delta_rule_recurrent(s, a, stream);
   if (!workspace) detail::fail_rt("cuda delta_rule_chunked: no workspace");
   if (s.head_k_dim == 64) return launch<64>(s, a, workspace, stream);
   return launch<128>(s, a, workspace, stream);
