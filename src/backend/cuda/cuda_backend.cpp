@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "model/gated_delta_net.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "quant/dtype.h"
 
 namespace xpert {
@@ -133,7 +134,13 @@ class CudaBackend final : public Backend {
     matmul(lw.ffn_gate_inp, x, n, logits, X);
     cuda::moe_route(logits, n, {.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
                                 .weights_scale = c.expert_weights_scale}, ids, weights, s());
-    const cuda::MoeExperts& e = experts(c, lw);
+    const ExpertTables& t = experts(c, lw);
+    if (!t.fused) {
+      moe_unfused(c, lw, x, n, ids, weights, out);
+      ar.release(mark);
+      return;
+    }
+    const cuda::MoeExperts& e = t.e;
     const size_t ws = cuda::moe_workspace_bytes(e, n, k);
     cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = k, .ids = ids, .weights = weights, .out = out,
                           .accumulate = false, .path = cuda::MoePath::automatic},
@@ -155,10 +162,11 @@ class CudaBackend final : public Backend {
   struct ExpertTables {
     DeviceBuffer tables;
     cuda::MoeExperts e;
+    bool fused = true;  // the MoE kernels take these types and shapes
   };
-  const cuda::MoeExperts& experts(const ModelConfig& c, const LayerWeights& lw) {
+  const ExpertTables& experts(const ModelConfig& c, const LayerWeights& lw) {
     auto it = expert_tables_.find(lw.ffn_gate_exps.data);
-    if (it != expert_tables_.end()) return it->second.e;
+    if (it != expert_tables_.end()) return it->second;
     const int64_t X = c.n_expert;
     const std::vector<bool> all(X, true);
     auto table = [&](const Weight& w) {
@@ -177,8 +185,41 @@ class CudaBackend final : public Backend {
     t.e = {.gate_type = lw.ffn_gate_exps.type, .up_type = lw.ffn_up_exps.type, .down_type = lw.ffn_down_exps.type,
            .n_embd = c.n_embd, .n_ff = c.n_ff_exp, .n_expert = X,
            .gate = base, .up = base + X, .down = base + 2 * X};
-    cuda::check_moe_experts(t.e);
-    return expert_tables_.emplace(lw.ffn_gate_exps.data, std::move(t)).first->second.e;
+    try {
+      cuda::check_moe_experts(t.e);
+    } catch (const Error&) {
+      t.fused = false;  // e.g. f16 experts: moe_unfused
+    }
+    return expert_tables_.emplace(lw.ffn_gate_exps.data, std::move(t)).first->second;
+  }
+
+  // Experts the fused kernels do not take: token by token, slot by slot, with the plain matmul (the
+  // routing is read back to the host). Slow, but any weight type works; real checkpoints use the fused path.
+  void moe_unfused(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const int32_t* ids_d,
+                   const float* weights_d, float* out) {
+    const int64_t k = c.n_expert_used, E = c.n_embd, F = c.n_ff_exp;
+    std::vector<int32_t> ids(n * k);
+    std::vector<float> w(n * k);
+    copy_to_host(ids.data(), ids_d, ids.size() * sizeof(int32_t));
+    copy_to_host(w.data(), weights_d, w.size() * sizeof(float));
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    float* gate = ar.take<float>(F);
+    float* up = ar.take<float>(F);
+    float* y = ar.take<float>(E);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = ids[t * k + j];
+        matmul(expert_matrix(lw.ffn_gate_exps, e), x + t * E, 1, gate, 0);
+        matmul(expert_matrix(lw.ffn_up_exps, e), x + t * E, 1, up, 0);
+        cuda::swiglu(gate, up, gate, F, s());
+        matmul(expert_matrix(lw.ffn_down_exps, e), gate, 1, y, 0);
+        cuda::scale(y, w[t * k + j], E, s());
+        if (j == 0) copy(out + t * E, y, E * sizeof(float));
+        else cuda::add(out + t * E, y, out + t * E, E, s());
+      }
+    }
+    ar.release(mark);
   }
 
   int device_;
