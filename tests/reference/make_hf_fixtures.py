@@ -110,7 +110,8 @@ def build(kind, torch, tf):
             def normal(std, mean=0.0):
                 p.copy_(torch.randn(p.shape, generator=g) * std + mean)
             if name.endswith("embed_tokens.weight"):
-                normal(1.0)
+                # Tied: the output is the embedding too; a large one makes every token predict itself.
+                normal(0.25 if cfg.tie_word_embeddings else 1.0)
             elif name.endswith("lm_head.weight"):
                 normal(2.0 / E ** 0.5)
             elif name.endswith("A_log"):

@@ -88,16 +88,18 @@ struct TempFolder {
   std::string str() const { return path.string(); }
 };
 
-// Per-position max |x - ref| / max |ref|, the worst over all positions.
+// Per position, max |x - ref| over the reference's logit range (max - min), as docs/ARCHITECTURE.md
+// quotes agreement; the worst over all positions.
 double max_relative_error(std::span<const float> x, std::span<const float> ref, int64_t V) {
   double worst = 0;
   for (size_t t = 0; t < ref.size() / V; ++t) {
-    double err = 0, scale = 0;
+    double err = 0, lo = ref[t * V], hi = ref[t * V];
     for (int64_t i = 0; i < V; ++i) {
       err = std::max(err, (double)std::fabs(x[t * V + i] - ref[t * V + i]));
-      scale = std::max(scale, (double)std::fabs(ref[t * V + i]));
+      lo = std::min(lo, (double)ref[t * V + i]);
+      hi = std::max(hi, (double)ref[t * V + i]);
     }
-    worst = std::max(worst, err / scale);
+    worst = std::max(worst, err / (hi - lo));
   }
   return worst;
 }
@@ -109,22 +111,23 @@ struct Variant {
   int outliers;      // positions allowed above it (a routing flip)
 };
 
-// Measured 2026-11-30 (max over the 32 positions; printed by the test):
-// f32: xpert computes in f32 like transformers; summation order and the f16 KV cache (llama.cpp's) differ:
-//   6e-5 .. 4.3e-4. Limit 1e-3, as the issue states.
+// Measured 2026-11-30 (error over the logit range; max over the 32 positions; printed by the test):
+// f32: xpert computes in f32 like transformers; what differs is summation order and, mostly, the f16 KV
+//   cache and f16 attention inputs (llama.cpp's choices; position 0, where attention returns v itself,
+//   already shows 4e-5 .. 1e-4): 6.7e-5 .. 4.8e-4. Limit 1e-3, as the issue states.
 // bf16: xpert rounds activations to bf16 before each bf16 matmul (as llama.cpp does, 2^-9 relative per
-//   element) where transformers' reference keeps f32: 2e-3 .. 4.7e-3 at 31 positions, limit 1e-2. At one
-//   position (8) a router near-tie picks another expert: 0.24. One such position is allowed.
-// GPTQ: the INT4 values are exact (Q4_0; GptqDequantizedMatchesTransformers checks 1e-3 with them in
+//   element) where transformers' reference keeps f32: 1.1e-3 .. 2.6e-3 at 31 positions, limit 1e-2. At
+//   one position (8) a router near-tie picks another expert: 0.13. One such position is allowed.
+// GPTQ: the INT4 values are exact (Q4_0; GptqDequantizedMatchesTransformers gets 8.6e-5 with them in
 //   f32), but every Q4_0 matmul quantizes its activations to int8 blocks (Q8_0, as llama.cpp's Q4_0
-//   kernels do) against transformers' f32: 9e-3 .. 6.2e-2 (position 0), limit 8e-2.
+//   kernels do) against transformers' f32: 4.5e-3 .. 3.4e-2, limit 5e-2.
 const Variant kVariants[] = {
     {"hf_qwen3", "qwen3", 1e-3, 0},
     {"hf_qwen3moe", "qwen3moe", 1e-3, 0},
     {"hf_qwen35", "qwen35", 1e-3, 0},
     {"hf_qwen35moe", "qwen35moe", 1e-3, 0},
     {"hf_qwen3moe_bf16", "qwen3moe", 1e-2, 1},
-    {"hf_qwen35moe_gptq", "qwen35moe", 8e-2, 0},
+    {"hf_qwen35moe_gptq", "qwen35moe", 5e-2, 0},
 };
 
 // Positions whose relative error exceeds `tolerance`.
@@ -217,7 +220,8 @@ TEST_P(HfTiny, GreedyMatchesTransformers) {
   // the first step whose margin is below their error, and f32 everywhere.
   size_t must = ref.greedy.size();
   if (v.tolerance > 1e-3) {
-    const float range = *std::max_element(ref.logits.begin(), ref.logits.end());
+    const auto [lo, hi] = std::minmax_element(ref.logits.begin(), ref.logits.end());
+    const float range = *hi - *lo;
     for (size_t i = 0; i < ref.margins.size(); ++i)
       if (ref.margins[i] < 2 * v.tolerance * range) {
         must = i;
