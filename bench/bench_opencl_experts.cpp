@@ -160,7 +160,7 @@ int run(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto report = [&](const char* what, double bytes, double t, double ops, int64_t rows) {
     const double gbs = bytes / t / 1e9;
-    std::printf("| %-22s | %7.3f ms | %8.1f GB/s | %5.1f %% of host memcpy | %5.1f %% of device copy | %7.1f GOPS "
+    std::printf("| %-22s | %7.3f ms | %8.2f GB/s | %5.1f %% of host memcpy | %5.1f %% of device copy | %7.1f GOPS "
                 "| %6lld rows |\n",
                 what, t * 1e3, gbs, 100 * gbs / host_copy, dev_copy > 0 ? 100 * gbs / dev_copy : 0.0, ops / t / 1e9,
                 (long long)rows);
