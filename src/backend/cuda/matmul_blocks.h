@@ -80,8 +80,7 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t 
 }
 
 // ------------------------------------------------------------------------------------- activations
-// Decode activations of `m` rows, already offset to the first row a kernel handles. They may live in global
-// or shared memory (generic loads).
+// Decode activations of `m` rows, already offset to the first row a kernel handles (global memory).
 struct ActView {
   const void* data;  // q8_1: int8; f16 / bf16: 16-bit; f32: float. Row i starts at i * k elements.
   const float2* ds;  // q8_1: (d, d * sum) per 32-block, row i at i * (k / 32)
@@ -94,12 +93,12 @@ __device__ __forceinline__ const int8_t* xq_row(const ActView& a, int i) {
 __device__ __forceinline__ float2 xds(const ActView& a, int i, int b) {
   return a.ds[(int64_t)i * (a.k / kQK) + b];
 }
-__device__ __forceinline__ uint4 ld_act(const void* p) { return *static_cast<const uint4*>(p); }
+__device__ __forceinline__ uint4 ld_act(const void* p) { return ld_u128(p); }
 
 // ------------------------------------------------------------------------------------ decode dots
 // Dot<T>::load(row, c) fetches chunk c's weight bytes; mul<M>() unpacks them and multiplies with the
-// activations. dot_row() issues the loads of U chunks before the first multiply, so a lane always has U
-// loads in flight (a plain loop with a short run-time trip count would wait for each in turn).
+// activations. (Issuing U = 4 chunks' loads before the first multiply, to cover short trip counts, measured
+// slower on the H200 than the plain unrolled loop of the callers: more registers, fewer warps.)
 template <DType T>
 struct Dot;
 
@@ -367,21 +366,6 @@ struct Dot<DType::F32> {
     }
   }
 };
-
-// Chunks first, first + stride, ... < nc of one weight row times the activations, U loads in flight.
-template <DType T, int M, int U>
-__device__ __forceinline__ void dot_row(const uint8_t* row, int nc, int first, int stride, const ActView& a,
-                                        int m, float (&acc)[M]) {
-  for (int c0 = first; c0 < nc; c0 += U * stride) {
-    typename Dot<T>::Raw r[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + u * stride < nc) r[u] = Dot<T>::load(row, c0 + u * stride);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + u * stride < nc) Dot<T>::template mul<M>(r[u], c0 + u * stride, a, m, acc);
-  }
-}
 
 // --------------------------------------------------------------------------------- dequantization
 // Group g (elements 32g .. 32g + 31) of a row.

@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
   if (row < n) {
     const uint8_t* wr = w + (size_t)row * row_bytes;
-    dev::dot_row<T, M, 4>(wr, nc, sub, lpr, av, mm, acc);
+#pragma unroll 4
+    for (int c = sub; c < nc; c += lpr) Dot<T>::template mul<M>(Dot<T>::load(wr, c), c, av, mm, acc);
   }
   for (int off = lpr >> 1; off > 0; off >>= 1) {
 #pragma unroll

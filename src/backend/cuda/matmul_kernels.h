@@ -9,8 +9,8 @@
 
 namespace xpert::cuda::detail {
 
-// Prefill tile of the tensor-core product: bm output rows (X rows: 64, or 32 for groups of few rows) x
-// kGemmBN W rows per CTA.
+// Prefill tile of the tensor-core product: output rows (X rows) x W rows per CTA.
+constexpr int kGemmBM = 64;
 constexpr int kGemmBN = 64;
 
 // Y = X W^T on tensor cores, optionally two products at once (dual: y = silu(X W0^T) * (X W1^T)), over
@@ -33,7 +33,6 @@ struct GemmArgs {
   const int32_t* group_tiles = nullptr;  // grouped: [n_groups + 1] first tile of each group
   int32_t n_groups = 0;
   int64_t max_tiles = 0;  // grouped: grid bound (tiles past group_tiles[n_groups] exit)
-  int32_t bm = 64;        // X rows per tile, 64 or 32 (grouped: as group_tiles was counted)
 };
 void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream);
 // One-time per-device kernel set-up (shared-memory limits), outside any stream capture.

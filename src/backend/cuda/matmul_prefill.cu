@@ -68,7 +68,7 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return u;
 }
 
-// BM (X rows per CTA) is 64, or 32 for grouped experts that get few rows each.
+// BM: X rows per CTA (kGemmBM; the kernel also builds with 32, measured slower for expert groups).
 template <DType T, bool kDual, int BM>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   constexpr bool kBf16 = T == DType::BF16;
@@ -284,10 +284,8 @@ void gemm_init() {
                   DType::Q6_K})
     dev::dispatch_type(t, [&]<DType T>() {  // (captures: a captureless template lambda warns)
       if constexpr (T != DType::F32) {
-        set_smem_limit_now<T, false, 64>();
-        set_smem_limit_now<T, true, 64>();
-        set_smem_limit_now<T, false, 32>();
-        set_smem_limit_now<T, true, 32>();
+        set_smem_limit_now<T, false, kGemmBM>();
+        set_smem_limit_now<T, true, kGemmBM>();
       }
     });
 }
@@ -298,14 +296,10 @@ void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream
     if constexpr (T == DType::F32) {
       fail_cat("CUDA matmul: F32 weights have no tensor-core path");
     } else {
-      if (a.bm == 32 && dual)
-        launch<T, true, 32>(a, stream);
-      else if (a.bm == 32)
-        launch<T, false, 32>(a, stream);
-      else if (dual)
-        launch<T, true, 64>(a, stream);
+      if (dual)
+        launch<T, true, kGemmBM>(a, stream);
       else
-        launch<T, false, 64>(a, stream);
+        launch<T, false, kGemmBM>(a, stream);
     }
   });
   if (!ok) fail_cat("CUDA matmul: weight type ", dtype_name(w_type), " is not supported");

@@ -73,57 +73,39 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
 }
 
 // ---------------------------------------------------------------------------------------- decode path
-constexpr int kUpWarps = 32;  // one n_ff row per warp: one 32-block of the SwiGLU output per CTA
-constexpr int kUpLoads = 4;   // chunks in flight per lane
+constexpr int kUpWarps = 8;  // x 4 rows = one 32-block of the SwiGLU output per CTA
 
-// CTA = (32 rows of n_ff, one (token, slot) pair); warp w = row w: gate on lanes 0-15, up on lanes 16-31.
-// The first weight loads are issued before anything else; while they fly, the CTA quantizes its token's
-// x into q8_1 in shared memory (no separate launch). At the end the CTA quantizes its 32 SwiGLU outputs
-// into one q8_1 block for the down product.
+// CTA = (32 rows of n_ff, one (token, slot) pair). Lane group g of 4 lanes: matrix g / 4 (gate, up), row
+// g % 4 of the warp's 4. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
+// (One row per warp with 16 lanes per matrix, 1024 threads and x quantized in the CTA measured slower.)
 template <DType T>
 __global__ void __launch_bounds__(kUpWarps * 32)
     gate_up_kernel(const void* const* __restrict__ gate, const void* const* __restrict__ up,
                    const int32_t* __restrict__ ids, int kslots, int64_t D, int64_t F, size_t row_bytes,
-                   const float* __restrict__ x, int8_t* __restrict__ hq, float2* __restrict__ hds) {
-  extern __shared__ __align__(16) uint8_t up_smem[];  // x as q8_1: D int8, then D / 32 (d, d * sum)
+                   ActView xa, int8_t* __restrict__ hq, float2* __restrict__ hds) {
   const int64_t p = blockIdx.y;
   const int e = ids[p];
   const uint8_t* wg = static_cast<const uint8_t*>(gate[e]);
   const uint8_t* wu = static_cast<const uint8_t*>(up[e]);
   if (!wg || !wu) return;
   const int64_t t = p / kslots;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, sub = lane & 15;
-  const uint8_t* row = (lane < 16 ? wg : wu) + (size_t)(blockIdx.x * 32 + warp) * row_bytes;
+  const ActView a{static_cast<const int8_t*>(xa.data) + t * D, xa.ds + t * (D / 32), D};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane >> 2, sub = lane & 3;
+  const int fl = warp * 4 + (grp & 3);
+  const int64_t f = (int64_t)blockIdx.x * 32 + fl;
+  const uint8_t* row = (grp < 4 ? wg : wu) + (size_t)f * row_bytes;
   const int nc = (int)(D / Dot<T>::kElems);
-  typename Dot<T>::Raw r[kUpLoads];
-#pragma unroll
-  for (int u = 0; u < kUpLoads; ++u)
-    if (sub + 16 * u < nc) r[u] = Dot<T>::load(row, sub + 16 * u);
-
-  int8_t* xq = reinterpret_cast<int8_t*>(up_smem);
-  float2* xds = reinterpret_cast<float2*>(up_smem + (D + 15) / 16 * 16);
-  for (int64_t b = warp; b < D / 32; b += kUpWarps) {
-    const float v = x[t * D + b * 32 + lane];
-    float amax = fabsf(v);
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
-    int sum = q;
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
-    xq[b * 32 + lane] = (int8_t)q;
-    if (lane == 0) xds[b] = make_float2(amax / 127.0f, amax / 127.0f * (float)sum);
-  }
-  __syncthreads();
-
-  const ActView a{xq, xds, D};
   float acc[1] = {0.0f};
-#pragma unroll
-  for (int u = 0; u < kUpLoads; ++u)
-    if (sub + 16 * u < nc) Dot<T>::template mul<1>(r[u], sub + 16 * u, a, 1, acc);
-  if (nc > 16 * kUpLoads) dev::dot_row<T, 1, kUpLoads>(row, nc, sub + 16 * kUpLoads, 16, a, 1, acc);
-  for (int off = 8; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
+#pragma unroll 4
+  for (int c = sub; c < nc; c += 4) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
+  acc[0] += __shfl_xor_sync(kFull, acc[0], 2);
+  acc[0] += __shfl_xor_sync(kFull, acc[0], 1);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
   __shared__ float h[32];
-  if (lane == 0) h[warp] = acc[0] / (1.0f + expf(-acc[0])) * u;
+  if (grp < 4 && sub == 0) {
+    const float g = acc[0];
+    h[fl] = g / (1.0f + expf(-g)) * u;
+  }
   __syncthreads();
   if (warp == 0) {
     const float v = h[lane];
@@ -160,7 +142,8 @@ __global__ void __launch_bounds__(128)
       have = 1;
       const ActView a{hq + p * F, hds + p * (F / 32), F};
       const uint8_t* row = w + (size_t)d * row_bytes;
-      dev::dot_row<T, 1, 8>(row, nc, sub, lps, a, 1, acc);
+#pragma unroll 4
+      for (int c = sub; c < nc; c += lps) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
     }
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
@@ -250,6 +233,8 @@ bool moe_type_ok(DType t) {
 }
 
 struct DecodeBufs {
+  int8_t* xq;
+  float2* xds;
   int8_t* hq;
   float2* hds;
 };
@@ -265,6 +250,8 @@ struct GroupedBufs {
 
 DecodeBufs carve_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
   DecodeBufs b;
+  b.xq = ws.take<int8_t>((size_t)(n * e.n_embd));
+  b.xds = ws.take<float2>((size_t)(n * e.n_embd / 32));
   b.hq = ws.take<int8_t>((size_t)(n * k * e.n_ff));
   b.hds = ws.take<float2>((size_t)(n * k * e.n_ff / 32));
   return b;
@@ -347,11 +334,12 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat("CUDA MoE: ", n, " tokens in one call (at most 65535)");
   if (decode) {
     const DecodeBufs b = carve_decode(ws, e, n, k);
+    detail::launch_quantize_q8_1(run.x, D, n, D, b.xq, b.xds, stream);
+    const ActView xa{b.xq, b.xds, D};
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
-      const size_t smem = (size_t)(D + 15) / 16 * 16 + (size_t)(D / 32) * sizeof(float2);
-      gate_up_kernel<T><<<grid, kUpWarps * 32, smem, stream>>>(e.gate, e.up, run.ids, (int)k, D, F,
-                                                               gu_row_bytes, run.x, b.hq, b.hds);
+      gate_up_kernel<T><<<grid, kUpWarps * 32, 0, stream>>>(e.gate, e.up, run.ids, (int)k, D, F, gu_row_bytes,
+                                                            xa, b.hq, b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
     });
     int lps_log2 = 5;
@@ -367,9 +355,9 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
 
   const GroupedBufs b = carve_grouped(ws, e, n, k);
   const int64_t rows = n * k;
-  // Tiles of 32 rows when an expert gets fewer than ~48 rows on average (e.g. 512 tokens x top 8 over 128
-  // experts = 32), else 64: a half-empty tile costs as much as a full one.
-  const int bm = rows < 48 * e.n_expert ? 32 : 64;
+  // Tiles of 64 rows even when experts get fewer (32-row tiles dequantize each weight tile for half as many
+  // rows: measured slower at 512 tokens x top 8 over 128 experts, 734 vs 617 us per layer).
+  const int bm = detail::kGemmBM;
   group_kernel<<<1, 1024, 2 * e.n_expert * sizeof(int), stream>>>(
       run.ids, rows, (int)e.n_expert, e.gate, e.up, e.down, b.offsets, b.tiles, b.row_slot, b.slot_row, bm);
   XPERT_CUDA_CHECK_LAUNCH();
@@ -391,7 +379,6 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   g.group_tiles = b.tiles;
   g.n_groups = (int32_t)e.n_expert;
   g.max_tiles = (rows + bm - 1) / bm + std::min<int64_t>(e.n_expert, rows);
-  g.bm = bm;
   detail::launch_gemm(e.gate_type, true, g, stream);
 
   detail::launch_convert_16(false, b.h, F, rows, F, b.h16, b.hscale, b.offsets + e.n_expert, stream);
