@@ -21,17 +21,20 @@ struct ChunkParams {
   const float *q, *k, *v, *g, *beta;
   float* state;
   float* out;
-  float* ws_u;   // [n_chunks][Hv][64][dv]
-  float* ws_w;   // [n_chunks][Hv][64][DK]
-  float* ws_qk;  // [n_chunks][Hv][64][64]
-  float* ws_g;   // [n_chunks][Hv][64] cumulative log decay
+  float* ws_u;    // [n_chunks][Hv][64][dv]  u = T (beta v)
+  float* ws_w;    // [n_chunks][Hv][64][DK]  w = T (beta e^G k)
+  float* ws_qp;   // [n_chunks][Hv][64][DK]  q' = e^G q - (Q K^T) w
+  float* ws_qku;  // [n_chunks][Hv][64][dv]  (Q K^T) u
+  float* ws_qk;   // [n_chunks][Hv][64][64]  decayed Q K^T (the prep kernel's scratch)
+  float* ws_g;    // [n_chunks][Hv][64]      cumulative log decay
   int64_t n_tokens, qk_stride, v_stride;
   int Hk, Hv, dv;
   float scale;
 };
 
 // Per (chunk, value head): decayed K K^T -> A, Q K^T -> ws_qk, T = (I - A)^-1, u = T (beta v),
-// w = T (beta e^G k).
+// w = T (beta e^G k), and, so that the scan needs no Q K^T product of its own (v_new = u - w S, so
+// o = e^G q S + QK v_new = (e^G q - QK w) S + QK u): q' = e^G q - QK w and QK u.
 template <int DK>
 __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
   constexpr int P = kMaxDim + 1;  // row pitch of the k and q / v tiles
@@ -177,129 +180,173 @@ __global__ void __launch_bounds__(256) chunk_prep_kernel(ChunkParams p) {
     }
     float* wu = p.ws_u + base * kChunk * dv;
     float* ww = p.ws_w + base * kChunk * DK;
+    __syncthreads();  // every thread is done reading k (Ks) and v (QV)
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
       const int i = ty + 16 * a;
 #pragma unroll
       for (int b = 0; b < NB; ++b)
-        if (tx + 16 * b < dv) wu[i * dv + tx + 16 * b] = u[a][b];
+        if (tx + 16 * b < dv) {
+          wu[i * dv + tx + 16 * b] = u[a][b];
+          QV[i * P + tx + 16 * b] = u[a][b];
+        }
 #pragma unroll
-      for (int b = 0; b < DK / 16; ++b) ww[i * DK + tx + 16 * b] = w[a][b];
+      for (int b = 0; b < DK / 16; ++b) {
+        ww[i * DK + tx + 16 * b] = w[a][b];
+        Ks[i * P + tx + 16 * b] = w[a][b];
+      }
+    }
+  }
+  // QK back from this block's scratch into A (T is no longer needed); the barrier publishes both.
+  const float* wqk = p.ws_qk + base * kChunk * kChunk;
+  for (int i = tid; i < kChunk * kChunk; i += 256) A[(i / kChunk) * 65 + i % kChunk] = wqk[i];
+  __syncthreads();
+  {
+    const int ty = tid / 16, tx = tid % 16;
+    constexpr int NB = kMaxDim / 16;
+    float ku[4][NB] = {}, kw[4][DK / 16] = {};
+    for (int m = 0; m < kChunk; ++m) {
+      float c[4];
+#pragma unroll
+      for (int a = 0; a < 4; ++a) c[a] = A[(ty + 16 * a) * 65 + m];  // 0 above the diagonal
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int d = tx + 16 * b;
+        if (d < dv) {
+          const float uv = QV[m * P + d];
+#pragma unroll
+          for (int a = 0; a < 4; ++a) ku[a][b] += c[a] * uv;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < DK / 16; ++b) {
+        const float wv = Ks[m * P + tx + 16 * b];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) kw[a][b] += c[a] * wv;
+      }
+    }
+    float* wqp = p.ws_qp + base * kChunk * DK;
+    float* wqku = p.ws_qku + base * kChunk * dv;
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const int i = ty + 16 * a;
+      const float eg = expf(G[i]);
+      const float* qrow = p.q + (t0 + i) * p.qk_stride + (int64_t)kh * DK;
+#pragma unroll
+      for (int b = 0; b < DK / 16; ++b) {
+        const int d = tx + 16 * b;
+        wqp[i * DK + d] = (i < L ? qrow[d] * eg : 0.0f) - kw[a][b];
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        if (tx + 16 * b < dv) wqku[i * dv + tx + 16 * b] = ku[a][b];
     }
   }
 }
 
-// Per (value head, 32 state columns), the chunks in order. The state slice S [DK][32] stays in shared
-// memory. The chunk's w, q and k tiles stream through two buffers with cp.async, each loaded while the
-// phase before it computes: w(c) | q(c) -> phase 1 on w, k(c) into w's buffer -> phase 2 on q,
-// w(c+1) into q's buffer -> phase 3 on k; the next chunk starts with its w already there.
-template <int DK>
+// Per (value head, 32 state columns), the chunks in order; the state slice S [DK][32] stays in shared
+// memory. Per chunk two passes over S: v_new = u - w S and o = scale (q' S + QK u) together, then
+// S = e^G_last S + (k e^(G_last - G))^T v_new. The w, q' and k tiles stream in with cp.async while the
+// pass before computes: with three buffers (kShareK false) k(c) loads during the first pass and w, q' of
+// chunk c+1 during the second; with two (less shared memory) k shares w's buffer.
+template <int DK, bool kShareK>
 __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
-  constexpr int RP = DK + 4;  // float4-aligned rows, read as broadcasts
   extern __shared__ __align__(16) float sm[];
-  // sm: two [64][RP] buffers for w / q / k, then:
-  float* Ss = sm + 2 * kChunk * RP;        // [DK][32]
-  float* Vn = Ss + DK * 32;                // [64][33]
-  float* G = Vn + kChunk * 33;             // [64]
-  float* eG = G + kChunk;                  // [64]
-  float* ed = eG + kChunk;                 // [64]
+  constexpr int kTile = kChunk * DK;         // rows of DK floats, read as broadcasts: no padding
+  float* W = sm;                             // [64][DK]
+  float* Qp = W + kTile;                     // [64][DK]
+  float* K = kShareK ? W : Qp + kTile;       // [64][DK]
+  float* Ss = Qp + (kShareK ? 1 : 2) * kTile;  // [DK][32]
+  float* Vn = Ss + DK * 32;                  // [64][33]
+  float* G = Vn + kChunk * 33;               // [64]
+  float* ed = G + kChunk;                    // [64]
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
   const int h = blockIdx.y, kh = h % p.Hk, dv = p.dv, j = blockIdx.x * 32 + tx;
   float* S = p.state + (int64_t)h * DK * dv;
   for (int r = ty; r < DK; r += 8) Ss[r * 32 + tx] = S[(int64_t)r * dv + j];
   const int64_t n_chunks = (p.n_tokens + kChunk - 1) / kChunk;
 
-  // rows x DK floats from src (row stride `stride`) into dst; rows past `rows` are zero-filled.
+  // 64 rows x DK floats from src (row stride `stride`) into dst, rows past `rows` zero-filled; no commit.
   auto load_async = [&](float* dst, const float* src, int64_t stride, int rows) {
     constexpr int kVec = DK / 4;
 #pragma unroll
     for (int it = 0; it < kChunk * kVec / 256; ++it) {
       const int i = tid + 256 * it, r = i / kVec, c = i % kVec;
       const bool valid = r < rows;
-      detail::cp_async16(detail::smem_addr(dst + r * RP + 4 * c), src + (valid ? r : 0) * stride + 4 * c, valid);
+      detail::cp_async16(detail::smem_addr(dst + r * DK + 4 * c), src + (valid ? r : 0) * stride + 4 * c, valid);
     }
+  };
+  auto load_wq = [&](int64_t c) {  // w and q' of chunk c, one group
+    const int64_t base = c * p.Hv + h;
+    load_async(W, p.ws_w + base * kTile, DK, kChunk);
+    load_async(Qp, p.ws_qp + base * kTile, DK, kChunk);
     detail::cp_async_commit();
   };
-  auto chunk_rows = [&](int64_t c) { return (int)std::min<int64_t>(kChunk, p.n_tokens - c * kChunk); };
+  auto load_k = [&](int64_t c, int rows) {
+    load_async(K, p.k + c * kChunk * p.qk_stride + (int64_t)kh * DK, p.qk_stride, rows);
+    detail::cp_async_commit();
+  };
 
-  load_async(sm, p.ws_w + (int64_t)h * kChunk * DK, DK, kChunk);  // w of chunk 0 (base = 0 * Hv + h)
-  int wb = 0;  // the buffer that holds this chunk's w
+  load_wq(0);
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int64_t t0 = c * kChunk;
-    const int L = chunk_rows(c);
+    const int L = (int)std::min<int64_t>(kChunk, p.n_tokens - t0);
     const int64_t base = c * p.Hv + h;
-    float* W = sm + wb * kChunk * RP;
-    float* Q = sm + (wb ^ 1) * kChunk * RP;
-    load_async(Q, p.q + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
+    // This thread's rows ty + 8a of u and QK u, in registers before the wait.
+    float acc_v[8], acc_o[8];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      acc_v[a] = p.ws_u[(base * kChunk + ty + 8 * a) * dv + j];
+      acc_o[a] = 0.0f;
+    }
     if (tid < kChunk) G[tid] = p.ws_g[base * kChunk + tid];
-    detail::cp_async_wait<1>();  // w
-    __syncthreads();
-    if (tid < kChunk) {
-      eG[tid] = expf(G[tid]);
-      ed[tid] = expf(G[L - 1] - G[tid]);
+    if constexpr (!kShareK) {
+      load_k(c, L);
+      detail::cp_async_wait<1>();  // w, q'
+    } else {
+      detail::cp_async_wait<0>();
     }
+    __syncthreads();
+    if (tid < kChunk) ed[tid] = expf(G[L - 1] - G[tid]);
 
-    // v_new = u - w S: rows ty + 8a.
-    float acc[8];
-    const float* u = p.ws_u + base * kChunk * dv;
-#pragma unroll
-    for (int a = 0; a < 8; ++a) acc[a] = u[(ty + 8 * a) * dv + j];
 #pragma unroll 2
     for (int r = 0; r < DK; r += 4) {
       const float s0 = Ss[r * 32 + tx], s1 = Ss[(r + 1) * 32 + tx], s2 = Ss[(r + 2) * 32 + tx],
                   s3 = Ss[(r + 3) * 32 + tx];
 #pragma unroll
       for (int a = 0; a < 8; ++a) {
-        const float4 w = *reinterpret_cast<const float4*>(&W[(ty + 8 * a) * RP + r]);
-        acc[a] += -w.x * s0;
-        acc[a] += -w.y * s1;
-        acc[a] += -w.z * s2;
-        acc[a] += -w.w * s3;
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < 8; ++a) Vn[(ty + 8 * a) * 33 + tx] = acc[a];
-    __syncthreads();  // W is free, Vn complete
-    float* K = W;
-    load_async(K, p.k + t0 * p.qk_stride + (int64_t)kh * DK, p.qk_stride, L);
-    detail::cp_async_wait<1>();  // q
-    __syncthreads();
-
-    // o = scale (e^G q S + QK v_new); QK rows are read as broadcasts from global memory (L1).
-    const float* qk = p.ws_qk + base * kChunk * kChunk;
-#pragma unroll
-    for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
-#pragma unroll 2
-    for (int r = 0; r < DK; r += 4) {
-      const float s0 = Ss[r * 32 + tx], s1 = Ss[(r + 1) * 32 + tx], s2 = Ss[(r + 2) * 32 + tx],
-                  s3 = Ss[(r + 3) * 32 + tx];
-#pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const float e = eG[ty + 8 * a];
-        const float4 q = *reinterpret_cast<const float4*>(&Q[(ty + 8 * a) * RP + r]);
-        acc[a] += (q.x * e) * s0;
-        acc[a] += (q.y * e) * s1;
-        acc[a] += (q.z * e) * s2;
-        acc[a] += (q.w * e) * s3;
+        const float4 w = *reinterpret_cast<const float4*>(&W[(ty + 8 * a) * DK + r]);
+        const float4 q = *reinterpret_cast<const float4*>(&Qp[(ty + 8 * a) * DK + r]);
+        acc_v[a] -= w.x * s0;
+        acc_v[a] -= w.y * s1;
+        acc_v[a] -= w.z * s2;
+        acc_v[a] -= w.w * s3;
+        acc_o[a] += q.x * s0;
+        acc_o[a] += q.y * s1;
+        acc_o[a] += q.z * s2;
+        acc_o[a] += q.w * s3;
       }
     }
 #pragma unroll
     for (int a = 0; a < 8; ++a) {
       const int i = ty + 8 * a;
-      for (int m = 0; m <= i; ++m) acc[a] += qk[i * kChunk + m] * Vn[m * 33 + tx];
-      if (i < L) p.out[((t0 + i) * p.Hv + h) * dv + j] = acc[a] * p.scale;
+      Vn[i * 33 + tx] = acc_v[a];
+      if (i < L) p.out[((t0 + i) * p.Hv + h) * dv + j] = (acc_o[a] + p.ws_qku[(base * kChunk + i) * dv + j]) * p.scale;
     }
-    __syncthreads();  // Q is free
-    if (c + 1 < n_chunks)
-      load_async(Q, p.ws_w + (base + p.Hv) * kChunk * DK, DK, kChunk);  // w of the next chunk
-    else
-      detail::cp_async_commit();  // an empty group keeps the count
-    detail::cp_async_wait<1>();   // k
+    __syncthreads();  // W, Qp free; Vn and ed complete
+    const bool more = c + 1 < n_chunks;
+    if constexpr (kShareK) {
+      load_k(c, L);
+      detail::cp_async_wait<0>();
+    } else {
+      if (more) load_wq(c + 1);
+      else detail::cp_async_commit();  // an empty group keeps the count
+      detail::cp_async_wait<1>();      // k
+    }
     __syncthreads();
 
-    // S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i^T: rows ty * DK/8 + a.
     constexpr int RPT = DK / 8;  // state rows per thread
-    const float e_last = eG[L - 1];
+    const float e_last = expf(G[L - 1]);
     float sr[RPT];
 #pragma unroll
     for (int a = 0; a < RPT; ++a) sr[a] = Ss[(ty * RPT + a) * 32 + tx] * e_last;
@@ -307,7 +354,7 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
       const float vn = Vn[i * 33 + tx], e = ed[i];
 #pragma unroll
       for (int a = 0; a < RPT; a += 4) {
-        const float4 k = *reinterpret_cast<const float4*>(&K[i * RP + ty * RPT + a]);
+        const float4 k = *reinterpret_cast<const float4*>(&K[i * DK + ty * RPT + a]);
         sr[a] += (k.x * e) * vn;
         sr[a + 1] += (k.y * e) * vn;
         sr[a + 2] += (k.z * e) * vn;
@@ -317,7 +364,8 @@ __global__ void __launch_bounds__(256) chunk_scan_kernel(ChunkParams p) {
 #pragma unroll
     for (int a = 0; a < RPT; ++a) Ss[(ty * RPT + a) * 32 + tx] = sr[a];
     __syncthreads();
-    wb ^= 1;  // the next chunk's w is in Q's buffer
+    if constexpr (kShareK)
+      if (more) load_wq(c + 1);
   }
   detail::cp_async_wait<0>();
   for (int r = ty; r < DK; r += 8) S[(int64_t)r * dv + j] = Ss[r * 32 + tx];
@@ -327,13 +375,16 @@ template <int DK>
 constexpr size_t prep_smem_bytes() {
   return (size_t)(2 * kChunk * (kMaxDim + 1) + kChunk * 65 + 3 * kChunk + 3 * 16 * 17) * sizeof(float);
 }
-template <int DK>
+template <int DK, bool kShareK>
 constexpr size_t scan_smem_bytes() {
-  return (size_t)(2 * kChunk * (DK + 4) + DK * 32 + kChunk * 33 + 3 * kChunk) * sizeof(float);
+  return (size_t)((kShareK ? 2 : 3) * kChunk * DK + DK * 32 + kChunk * 33 + 2 * kChunk) * sizeof(float);
 }
 
+// The workspace: u and QK u (rows x dv), w and q' (rows x DK), QK (rows x 64), G (rows), rows = chunks x
+// heads x 64.
 struct ChunkLayout {
-  size_t u, w, qk, g;  // bytes of each part
+  size_t v_part, k_part, qk, g;  // bytes of each part
+  size_t total() const { return 2 * v_part + 2 * k_part + qk + g; }
 };
 ChunkLayout layout(const GdnShape& s, int64_t n_tokens) {
   const size_t chunks = (size_t)((std::max<int64_t>(n_tokens, 0) + kChunk - 1) / kChunk);
@@ -356,9 +407,11 @@ void launch(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStre
   p.state = a.state;
   p.out = a.out;
   p.ws_u = reinterpret_cast<float*>(ws);
-  p.ws_w = reinterpret_cast<float*>(ws + lay.u);
-  p.ws_qk = reinterpret_cast<float*>(ws + lay.u + lay.w);
-  p.ws_g = reinterpret_cast<float*>(ws + lay.u + lay.w + lay.qk);
+  p.ws_qku = reinterpret_cast<float*>(ws + lay.v_part);
+  p.ws_w = reinterpret_cast<float*>(ws + 2 * lay.v_part);
+  p.ws_qp = reinterpret_cast<float*>(ws + 2 * lay.v_part + lay.k_part);
+  p.ws_qk = reinterpret_cast<float*>(ws + 2 * lay.v_part + 2 * lay.k_part);
+  p.ws_g = reinterpret_cast<float*>(ws + 2 * lay.v_part + 2 * lay.k_part + lay.qk);
   p.n_tokens = a.n_tokens;
   p.qk_stride = a.qk_stride ? a.qk_stride : s.key_dim();
   p.v_stride = a.v_stride ? a.v_stride : s.value_dim();
@@ -367,13 +420,20 @@ void launch(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStre
   p.dv = (int)s.head_v_dim;
   p.scale = 1.0f / std::sqrt((float)s.head_k_dim);
   const unsigned n_chunks = (unsigned)((a.n_tokens + kChunk - 1) / kChunk);
-  constexpr size_t prep_smem = prep_smem_bytes<DK>(), scan_smem = scan_smem_bytes<DK>();
+  constexpr size_t prep_smem = prep_smem_bytes<DK>();
   detail::set_smem_limit((const void*)chunk_prep_kernel<DK>, prep_smem);
-  detail::set_smem_limit((const void*)chunk_scan_kernel<DK>, scan_smem);
   chunk_prep_kernel<DK><<<dim3(n_chunks, (unsigned)s.n_v_heads), 256, prep_smem, stream>>>(p);
   XPERT_CUDA_CHECK_LAUNCH();
-  chunk_scan_kernel<DK>
-      <<<dim3((unsigned)(s.head_v_dim / 32), (unsigned)s.n_v_heads), dim3(32, 8), scan_smem, stream>>>(p);
+  const dim3 grid((unsigned)(s.head_v_dim / 32), (unsigned)s.n_v_heads), block(32, 8);
+  // A third buffer (k streamed during the first pass) where the device has the shared memory for it.
+  constexpr size_t smem3 = scan_smem_bytes<DK, false>(), smem2 = scan_smem_bytes<DK, true>();
+  if ((size_t)detail::max_smem_optin() >= smem3) {
+    detail::set_smem_limit((const void*)chunk_scan_kernel<DK, false>, smem3);
+    chunk_scan_kernel<DK, false><<<grid, block, smem3, stream>>>(p);
+  } else {
+    detail::set_smem_limit((const void*)chunk_scan_kernel<DK, true>, smem2);
+    chunk_scan_kernel<DK, true><<<grid, block, smem2, stream>>>(p);
+  }
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -386,8 +446,7 @@ bool delta_rule_chunked_supported(const GdnShape& s) {
 
 size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
   if (!delta_rule_chunked_supported(s)) return 0;
-  const ChunkLayout lay = layout(s, n_tokens);
-  return lay.u + lay.w + lay.qk + lay.g;
+  return layout(s, n_tokens).total();
 }
 
 void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream) {
