@@ -13,15 +13,17 @@
 
 namespace xpert::opencl {
 
-#define XP_CL_FUNCTIONS(X)                                                                                 \
-  X(clGetPlatformIDs) X(clGetPlatformInfo) X(clGetDeviceIDs) X(clGetDeviceInfo) X(clCreateContext)         \
-  X(clReleaseContext) X(clCreateCommandQueueWithProperties) X(clReleaseCommandQueue) X(clCreateBuffer)    \
-  X(clReleaseMemObject) X(clEnqueueWriteBuffer) X(clEnqueueReadBuffer) X(clEnqueueMapBuffer)              \
-  X(clEnqueueUnmapMemObject) X(clCreateProgramWithSource) X(clCreateProgramWithBinary) X(clBuildProgram)  \
-  X(clGetProgramInfo) X(clGetProgramBuildInfo) X(clReleaseProgram) X(clCreateKernel) X(clReleaseKernel)   \
-  X(clSetKernelArg) X(clEnqueueNDRangeKernel) X(clFinish) X(clFlush) X(clWaitForEvents) X(clReleaseEvent) \
-  X(clGetEventInfo) X(clGetEventProfilingInfo) X(clGetKernelWorkGroupInfo) X(clRetainEvent) \
-  X(clEnqueueFillBuffer) X(clEnqueueCopyBuffer)
+// clang-format off
+#define XP_CL_FUNCTIONS(X)                                                                                  \
+  X(clGetPlatformIDs) X(clGetPlatformInfo) X(clGetDeviceIDs) X(clGetDeviceInfo) X(clCreateContext)          \
+  X(clReleaseContext) X(clCreateCommandQueueWithProperties) X(clReleaseCommandQueue) X(clCreateBuffer)      \
+  X(clReleaseMemObject) X(clEnqueueWriteBuffer) X(clEnqueueReadBuffer) X(clEnqueueMapBuffer)                \
+  X(clEnqueueUnmapMemObject) X(clEnqueueFillBuffer) X(clEnqueueCopyBuffer) X(clCreateProgramWithSource)     \
+  X(clCreateProgramWithBinary) X(clBuildProgram) X(clGetProgramInfo) X(clGetProgramBuildInfo)               \
+  X(clReleaseProgram) X(clCreateKernel) X(clReleaseKernel) X(clSetKernelArg) X(clEnqueueNDRangeKernel)      \
+  X(clGetKernelWorkGroupInfo) X(clFinish) X(clFlush) X(clWaitForEvents) X(clRetainEvent) X(clReleaseEvent)  \
+  X(clGetEventInfo) X(clGetEventProfilingInfo)
+// clang-format on
 
 struct Api {
 #define XP_CL_POINTER(f) decltype(&::f) f = nullptr;
@@ -41,9 +43,9 @@ const char* error_name(cl_int err);
 }  // namespace xpert::opencl
 
 // XP_CL(clFoo, args...): calls clFoo through the loaded API and throws on any error code.
-#define XP_CL(fn, ...)                                                                    \
-  do {                                                                                    \
-    const cl_int xp_cl_err_ = ::xpert::opencl::api().fn(__VA_ARGS__);                     \
+#define XP_CL(fn, ...)                                                                                  \
+  do {                                                                                                  \
+    const cl_int xp_cl_err_ = ::xpert::opencl::api().fn(__VA_ARGS__);                                   \
     if (xp_cl_err_ != CL_SUCCESS) ::xpert::opencl::throw_cl_error(xp_cl_err_, #fn, __FILE__, __LINE__); \
   } while (0)
 
