@@ -88,6 +88,7 @@ void Arena::reset() {
     spill_.clear();
     buf_ = DeviceBuffer();  // free first: a GPU may not hold both
     buf_ = DeviceBuffer(b_, round_up(peak_ + peak_ / 8));
+    ++generation_;
   }
   used_ = 0;
 }

@@ -82,6 +82,31 @@ class Backend {
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;
 
+  // One decode step of several sequences, one token each, with positions and slots in this backend's
+  // memory (so the step can be replayed from a graph at any depth): stores each token's k/v rows at
+  // row pos[i] of slot slots[i] and attends its q over the slot's rows 0..pos[i]. k_cache/v_cache: slot
+  // 0's rows of this layer; slot s at + s * slot_stride. False when the backend has no such kernel (the
+  // caller then goes segment by segment).
+  struct DecodeAttention {
+    const float *q, *k, *v;
+    uint16_t *k_cache, *v_cache;
+    int64_t slot_stride;
+    const int32_t *slots, *pos;
+    float* out;
+    int64_t n_seq, n_head, n_head_kv, head_dim, n_ctx;
+    float kq_scale;
+    int32_t sliding_window;
+  };
+  virtual bool decode_attention(const DecodeAttention&) { return false; }
+
+  // Graphs of whole passes (CUDA graphs): begin_graph(key) either starts recording the ops that follow
+  // (false) or, when a pass with this key was recorded before, makes them no-ops (true); end_graph()
+  // then runs the recording. The key must name everything the recorded ops bake in: shapes, slots,
+  // caches, scratch addresses. Backends without graphs return false and run ops as they come.
+  virtual bool begin_graph(const std::string& key) { return false; }
+  virtual void end_graph() {}
+  virtual void abort_graph() {}  // a pass that failed between begin_graph and end_graph
+
   // Scratch memory for forward passes on this backend (kept between passes).
   Arena& scratch();
 
@@ -128,9 +153,12 @@ class Arena {
   void release(size_t mark) { used_ = mark; }
   void reset();                           // start of a pass
   Backend& backend() const { return b_; }
+  uint64_t generation() const { return generation_; }  // changes whenever the main buffer moves
+  bool spilled() const { return !spill_.empty(); }
 
  private:
   Backend& b_;
+  uint64_t generation_ = 0;
   DeviceBuffer buf_;
   size_t used_ = 0, peak_ = 0;
   std::vector<DeviceBuffer> spill_;  // taken when buf_ ran out in this pass; merged into buf_ at reset

@@ -1,10 +1,14 @@
 #include "model/blocks.h"
 
+#include <cstdlib>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
+#include "model/moe.h"
 #include "quant/quant.h"
 #include "runtime/kv_cache.h"
+#include "runtime/recurrent_state.h"
 
 namespace xpert {
 
@@ -27,6 +31,7 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
         fail("context is full: position {} + {} tokens exceeds {}", g.pos0, g.n_tokens, args.cache->n_ctx());
     }
     if (row + g.n_tokens > n_) fail("batch segments cover more than the batch's {} tokens", n_);
+    if (g.n_tokens != 1) decode_only_ = false;
     for (int32_t t = 0; t < g.n_tokens; ++t) {
       pos_[row + t] = g.pos0 + t;
       if (g.all_logits || t == g.n_tokens - 1) out_rows_.push_back(row + t);
@@ -34,6 +39,7 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
     row += g.n_tokens;
   }
   if (row != n_) fail("batch segments cover {} tokens, the batch has {}", row, n_);
+  routing_tap() = {.stats = args.routing_stats, .layer = -1};
 
   // The embedding lookup runs on the host (the table stays in the mmap); x then goes where layer 0 runs.
   CpuBackend& cpu = CpuBackend::of(pool);
@@ -73,12 +79,32 @@ Exec::OnDevice& Exec::on(Backend& b) {
   d.a.ff_up = ar.take<float>(n * ff);
   d.a.pos = ar.take<int32_t>(n);
   b.copy_from_host(d.a.pos, pos_.data(), n * sizeof(int32_t));
+  std::vector<int32_t> seq;
+  for (const BatchSegment& g : segments_) seq.insert(seq.end(), g.n_tokens, g.seq);
+  d.a.seq = ar.take<int32_t>(n);
+  b.copy_from_host(d.a.seq, seq.data(), n * sizeof(int32_t));
   XP_ASSERT(devs_.size() < devs_.capacity());
   devs_.push_back(d);
   return devs_.back();
 }
 
+Exec::~Exec() {
+  routing_tap() = {};
+  if (graph_open_) b_->abort_graph();
+}
+
+namespace {
+bool graphs_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("XPERT_GRAPHS");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
 Backend& Exec::enter(int64_t il) {
+  routing_tap().layer = il;
   Backend* want = m_.layer_device(il);
   if (!want) want = devs_.front().b;  // the CPU
   if (want != b_) {
@@ -86,6 +112,16 @@ Backend& Exec::enter(int64_t il) {
     copy_between(*b_, a_->x, *want, d.a.x, (size_t)n_ * m_.config().n_embd * sizeof(float));
     b_ = want;
     a_ = &d.a;
+    // A decode step of a model wholly on one device is one graph from here to the logits, keyed by
+    // everything the recorded ops bake in (batch layout, caches, scratch addresses).
+    if (il == 0 && decode_only_ && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
+      std::string key = fmt::format("m{}|kv{}|st{}|ar{}|", fmt::ptr(&m_), args_.cache ? args_.cache->id() : 0,
+                                    args_.state ? args_.state->id() : 0, want->scratch().generation());
+      for (const BatchSegment& g : segments_) key += fmt::format("{},", g.seq);
+      for (int64_t r : out_rows_) key += fmt::format("{};", r);
+      want->begin_graph(key);
+      graph_open_ = true;
+    }
   }
   return *b_;
 }
@@ -95,8 +131,12 @@ void Exec::output_logits(std::vector<float>& logits) {
   const ModelWeights& w = b_->is_host() ? m_.host_weights() : m_.io_weights();
   const int64_t n_out = (int64_t)out_rows_.size(), E = c.n_embd;
   Backend& b = *b_;
-  b.gather_rows(a_->x, out_rows_, E, a_->cur);
-  b.rmsnorm(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+  if (n_out == n_) {  // every row (decode): no gather
+    b.rmsnorm(a_->x, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+  } else {
+    b.gather_rows(a_->x, out_rows_, E, a_->cur);
+    b.rmsnorm(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+  }
   const Weight& head = w.output ? w.output : w.tok_embd;
   logits.resize(n_out * c.n_vocab);
   if (b.is_host()) {
@@ -105,6 +145,10 @@ void Exec::output_logits(std::vector<float>& logits) {
     const size_t mark = arena().mark();
     float* y = arena().take<float>(n_out * c.n_vocab);
     b.matmul(head, a_->cur, n_out, y);
+    if (graph_open_) {
+      graph_open_ = false;
+      b.end_graph();
+    }
     b.copy_to_host(logits.data(), y, logits.size() * sizeof(float));
     arena().release(mark);
   }
@@ -115,6 +159,14 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
   Backend& b = ex.b();
   Activations& a = ex.a();
   KvCache& kv = *ex.args().cache;
+  if (ex.decode_only() && !b.is_host()) {
+    const Backend::DecodeAttention d{.q = a.q, .k = a.k, .v = a.v, .k_cache = kv.k(il, 0), .v_cache = kv.v(il, 0),
+                                     .slot_stride = kv.slot_stride(), .slots = a.seq, .pos = a.pos, .out = a.att,
+                                     .n_seq = ex.n(), .n_head = c.n_head, .n_head_kv = c.n_head_kv,
+                                     .head_dim = c.head_dim, .n_ctx = kv.n_ctx(), .kq_scale = p.kq_scale,
+                                     .sliding_window = p.sliding_window};
+    if (b.decode_attention(d)) return;
+  }
   int64_t row = 0;
   for (const BatchSegment& g : ex.segments()) {
     uint16_t* kc = kv.k(il, g.seq);

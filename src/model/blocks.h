@@ -28,6 +28,7 @@ struct Activations {
   float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
   float *ff_gate = nullptr, *ff_up = nullptr, *out = nullptr;
   int32_t* pos = nullptr;  // per token
+  int32_t* seq = nullptr;  // per token: its cache slot
 };
 
 // One forward pass. The constructor checks the batch against the caches (throws Error for a batch that
@@ -36,11 +37,13 @@ struct Activations {
 class Exec {
  public:
   Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embed_scale = 1.0f);
+  ~Exec();  // a pass that failed inside a graph recording ends the recording
   Backend& enter(int64_t il);
   Backend& b() const { return *b_; }
   Activations& a() { return *a_; }
   Arena& arena() const { return b_->scratch(); }  // per-layer temporaries: mark() / release()
   int64_t n() const { return n_; }
+  bool decode_only() const { return decode_only_; }  // every segment is one token
   const ForwardArgs& args() const { return args_; }
   const std::vector<BatchSegment>& segments() const { return segments_; }
   const std::vector<int64_t>& out_rows() const { return out_rows_; }
@@ -63,6 +66,8 @@ class Exec {
   std::vector<OnDevice> devs_;  // at most two: the CPU and the offload device
   Backend* b_ = nullptr;
   Activations* a_ = nullptr;
+  bool decode_only_ = true;
+  bool graph_open_ = false;  // begin_graph was called on b_; output_logits ends it
 };
 
 // a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.

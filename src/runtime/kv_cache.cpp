@@ -1,11 +1,15 @@
 #include "runtime/kv_cache.h"
 
+#include <atomic>
+
 #include "base/error.h"
 
 namespace xpert {
 
 KvCache::KvCache(const ModelConfig& c, int64_t n_ctx, int n_seq, const std::vector<Backend*>& layer_devices)
     : n_ctx_(n_ctx), n_seq_(n_seq), row_(c.n_head_kv * c.head_dim) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (n_seq <= 0) fail("the KV cache needs at least one sequence slot, got {}", n_seq);
   const size_t per_layer = (size_t)n_seq * 2 * n_ctx * row_;  // f16 values

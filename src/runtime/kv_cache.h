@@ -25,6 +25,8 @@ class KvCache {
   void read_rows(int64_t layer, int seq, int kv, int64_t pos0, int64_t n, uint16_t* dst);
   void write_rows(int64_t layer, int seq, int kv, int64_t pos0, int64_t n, const uint16_t* src);
   size_t bytes() const { return bytes_; }
+  int64_t slot_stride() const { return 2 * n_ctx_ * row_; }  // f16 values from one slot's rows to the next
+  uint64_t id() const { return id_; }  // unique among the caches of this process (graph keys)
 
  private:
   struct Layer {
@@ -36,6 +38,7 @@ class KvCache {
   int n_seq_;
   int64_t row_;
   size_t bytes_ = 0;
+  uint64_t id_;
   std::vector<Layer> layer_;
   std::vector<uint16_t> host_;        // rows of the host layers
   std::vector<DeviceBuffer> device_;  // one buffer per offloaded layer

@@ -1,6 +1,7 @@
 #include "runtime/recurrent_state.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "base/error.h"
 
@@ -19,6 +20,8 @@ GdnShape gdn_shape(const ModelConfig& c) {
 
 RecurrentState::RecurrentState(const ModelConfig& c, int n_seq, const std::vector<Backend*>& layer_devices)
     : shape_(gdn_shape(c)), n_seq_(n_seq) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
   if (n_seq <= 0) fail("recurrent state needs at least one sequence slot, got {}", n_seq);
   layer_index_.assign(c.n_layer, -1);
   for (int64_t il = 0; il < c.n_layer && il < (int64_t)c.layer_recurrent.size(); ++il)

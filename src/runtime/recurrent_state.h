@@ -34,6 +34,7 @@ class RecurrentState {
   void reset(int seq);  // zero state, position 0
   void reset();
   size_t bytes() const { return bytes_; }
+  uint64_t id() const { return id_; }  // unique among the states of this process (graph keys)
 
  private:
   size_t offset(int64_t layer, int seq) const;
@@ -43,6 +44,7 @@ class RecurrentState {
   int64_t n_recurrent_ = 0;
   size_t slot_floats_ = 0;  // per layer and slot
   size_t bytes_ = 0;
+  uint64_t id_ = 0;
   std::vector<float*> base_;           // per model layer: its slots' states (null: not recurrent)
   std::vector<Backend*> dev_;          // per model layer: null for host memory
   std::vector<float> host_;            // host layers' states

@@ -34,8 +34,67 @@ class CudaBackend final : public Backend {
     cuda::matmul_init();
   }
   ~CudaBackend() override {
+    if (capturing_) abort_graph();
+    for (auto& [key, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     drop_scratch();
     expert_tables_.clear();
+  }
+
+  // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
+  // graph; after that its ops are skipped and the graph replays.
+  bool begin_graph(const std::string& key) override {
+    if (no_graphs_ || capturing_ || skip_) return false;
+    auto it = graphs_.find(key);
+    if (it != graphs_.end() && it->second.exec) {
+      skip_ = true;
+      pending_ = it->second.exec;
+      return true;
+    }
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= kMaxGraphs) clear_graphs();
+      graphs_[key] = {};
+      return false;
+    }
+    XPERT_CUDA_CHECK(cudaStreamBeginCapture(s(), cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    capture_key_ = key;
+    return false;
+  }
+
+  void end_graph() override {
+    if (skip_) {
+      skip_ = false;
+      XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
+      return;
+    }
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    XPERT_CUDA_CHECK(cudaStreamEndCapture(s(), &g));
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+    cudaGraphDestroy(g);
+    XPERT_CUDA_CHECK(err);
+    XPERT_CUDA_CHECK(cudaGraphLaunch(e, s()));
+    if (scratch().spilled()) {  // it recorded addresses that the next reset frees: use once
+      synchronize();
+      cudaGraphExecDestroy(e);
+      graphs_.erase(capture_key_);
+    } else {
+      graphs_[capture_key_].exec = e;
+    }
+  }
+
+  void abort_graph() override {
+    skip_ = false;
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(s(), &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    graphs_.erase(capture_key_);
   }
 
   std::string name() const override { return fmt::format("cuda:{} ({})", device_, info_.name); }
@@ -74,6 +133,7 @@ class CudaBackend final : public Backend {
   }
 
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override {
+    if (skip_) return;
     const int64_t k = w.ne[0], n = w.ne[1];
     Arena& ar = scratch();
     const size_t mark = ar.mark();
@@ -83,25 +143,48 @@ class CudaBackend final : public Backend {
     ar.release(mark);
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    if (skip_) return;
     cuda::rmsnorm(x, w, y, rows, n, eps, s());
   }
   void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
             float freq_base, float freq_scale, RopeMode mode) override {
+    if (skip_) return;
     cuda::rope(x, pos, n_tokens, n_heads, head_dim, n_rot, freq_base, freq_scale, mode, s());
   }
-  void swiglu(const float* gate, const float* up, float* y, int64_t n) override { cuda::swiglu(gate, up, y, n, s()); }
-  void geglu(const float* gate, const float* up, float* y, int64_t n) override { cuda::geglu(gate, up, y, n, s()); }
-  void add(const float* a, const float* b, float* y, int64_t n) override { cuda::add(a, b, y, n, s()); }
-  void scale(float* x, float v, int64_t n) override { cuda::scale(x, v, n, s()); }
-  void add_bias(float* x, const float* bias, int64_t rows, int64_t n) override { cuda::add_bias(x, bias, rows, n, s()); }
-  void mul_sigmoid(float* x, const float* gate, int64_t n) override { cuda::mul_sigmoid(x, gate, n, s()); }
+  void swiglu(const float* gate, const float* up, float* y, int64_t n) override {
+    if (skip_) return;
+    cuda::swiglu(gate, up, y, n, s());
+  }
+  void geglu(const float* gate, const float* up, float* y, int64_t n) override {
+    if (skip_) return;
+    cuda::geglu(gate, up, y, n, s());
+  }
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    if (skip_) return;
+    cuda::add(a, b, y, n, s());
+  }
+  void scale(float* x, float v, int64_t n) override {
+    if (skip_) return;
+    cuda::scale(x, v, n, s());
+  }
+  void add_bias(float* x, const float* bias, int64_t rows, int64_t n) override {
+    if (skip_) return;
+    cuda::add_bias(x, bias, rows, n, s());
+  }
+  void mul_sigmoid(float* x, const float* gate, int64_t n) override {
+    if (skip_) return;
+    cuda::mul_sigmoid(x, gate, n, s());
+  }
   void add_sigmoid_scaled(float* y, const float* v, const float* g, int64_t rows, int64_t n) override {
+    if (skip_) return;
     cuda::add_sigmoid_scaled(y, v, g, rows, n, s());
   }
   void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) override {
+    if (skip_) return;
     cuda::deinterleave(src, rows, width, a, b, s());
   }
   void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override {
+    if (skip_) return;
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     int64_t* idx = ar.take<int64_t>((int64_t)rows.size());
@@ -115,8 +198,12 @@ class CudaBackend final : public Backend {
     }
     ar.release(mark);
   }
-  void store_f16(const float* x, uint16_t* dst, int64_t n) override { cuda::store_f16(x, dst, n, s()); }
+  void store_f16(const float* x, uint16_t* dst, int64_t n) override {
+    if (skip_) return;
+    cuda::store_f16(x, dst, n, s());
+  }
   void attention(const AttentionArgs& a) override {
+    if (skip_) return;
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::attention_workspace_bytes(a);
@@ -124,7 +211,25 @@ class CudaBackend final : public Backend {
     ar.release(mark);
   }
 
+  bool decode_attention(const DecodeAttention& d) override {
+    if (skip_) return true;
+    cuda::store_kv_f16(d.k, d.n_seq, d.n_head_kv * d.head_dim, d.k_cache, d.slot_stride, d.slots, d.pos, s());
+    cuda::store_kv_f16(d.v, d.n_seq, d.n_head_kv * d.head_dim, d.v_cache, d.slot_stride, d.slots, d.pos, s());
+    const cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
+                                      .slots = d.slots, .pos = d.pos, .out = d.out, .n_seq = d.n_seq,
+                                      .n_head = d.n_head, .n_head_kv = d.n_head_kv, .head_dim = d.head_dim,
+                                      .max_kv = d.n_ctx, .kq_scale = d.kq_scale,
+                                      .sliding_window = d.sliding_window, .min_keys_per_split = 128};
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    const size_t ws = cuda::attention_decode_workspace_bytes(a);
+    cuda::attention_decode(a, ws ? ar.take_bytes(ws) : nullptr, s());
+    ar.release(mark);
+    return true;
+  }
+
   void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
+    if (skip_) return;
     const int64_t X = c.n_expert, k = c.n_expert_used;
     Arena& ar = scratch();
     const size_t mark = ar.mark();
@@ -136,6 +241,7 @@ class CudaBackend final : public Backend {
                                 .weights_scale = c.expert_weights_scale}, ids, weights, s());
     const ExpertTables& t = experts(c, lw);
     if (!t.fused) {
+      no_graphs_ = true;  // the unfused path reads the routing back to the host
       moe_unfused(c, lw, x, n, ids, weights, out);
       ar.release(mark);
       return;
@@ -150,6 +256,7 @@ class CudaBackend final : public Backend {
 
   void gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                        float* ssm_state, float* out) override {
+    if (skip_) return;
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
@@ -179,8 +286,7 @@ class CudaBackend final : public Backend {
     host.insert(host.end(), down.begin(), down.end());
     ExpertTables t;
     t.tables = DeviceBuffer(*this, host.size() * sizeof(void*));
-    copy_from_host(t.tables.data(), host.data(), host.size() * sizeof(void*));
-    synchronize();
+    copy_from_host(t.tables.data(), host.data(), host.size() * sizeof(void*));  // pageable: staged at once
     const void* const* base = static_cast<const void* const*>(t.tables.data());
     t.e = {.gate_type = lw.ffn_gate_exps.type, .up_type = lw.ffn_up_exps.type, .down_type = lw.ffn_down_exps.type,
            .n_embd = c.n_embd, .n_ff = c.n_ff_exp, .n_expert = X,
@@ -221,6 +327,21 @@ class CudaBackend final : public Backend {
     }
     ar.release(mark);
   }
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+  };
+  static constexpr size_t kMaxGraphs = 64;
+  void clear_graphs() {
+    synchronize();
+    for (auto& [key, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    graphs_.clear();
+  }
+  std::map<std::string, Graph> graphs_;
+  std::string capture_key_;
+  cudaGraphExec_t pending_ = nullptr;
+  bool capturing_ = false, skip_ = false, no_graphs_ = false;
 
   int device_;
   cuda::DeviceInfo info_;
