@@ -15,8 +15,9 @@ shift || true
 case "$step" in
   build)
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
-    if [[ -d .lcp && ! -x $W/lcpb/bin/llama-bench ]]; then
-      (cmake -S .lcp -B "$W/lcpb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    LCP=${LCP:-.lcp}
+    if [[ -d $LCP && ! -x $W/lcpb/bin/llama-bench ]]; then
+      (cmake -S "$LCP" -B "$W/lcpb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
          -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
          -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON >"$OUT/lcp_build.log" 2>&1 &&
