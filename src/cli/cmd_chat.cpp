@@ -4,7 +4,9 @@
 // tokens already in the KV cache that the new prompt starts with are kept and only the rest is
 // evaluated. Usually that is everything after the previous reply; when the template renders the
 // reply differently from the tokens generated, the cache is cut back to the common prefix
-// (Session::truncate). Models with recurrent state cannot be cut back yet and start over.
+// (Session::truncate). A recurrent state cannot be cut back, so for hybrid models the session keeps
+// checkpoints (at the end of each prompt and every --checkpoint-every tokens) and goes back to the
+// nearest one at or below the common prefix.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include "cli/commands.h"
 #include "model/model.h"
 #include "runtime/session.h"
+#include "runtime/state_cache.h"
 #include "sample/sampler.h"
 #include "text/builtin_templates.h"
 #include "text/tokenizer.h"
@@ -48,6 +51,8 @@ Command add_chat(CLI::App& app) {
     int64_t n_predict = 512;
     SamplingParams sp;
     std::string system;
+    int64_t cache_ram_mib = -1;  // -1: default_cache_ram_bytes()
+    int64_t checkpoint_every = 1024;
   };
   auto o = std::make_shared<Opts>();
   o->m.add(app);
@@ -55,12 +60,24 @@ Command add_chat(CLI::App& app) {
       ->check(CLI::Range((int64_t)1, (int64_t)1 << 24));
   add_sampling_flags(app, o->sp);
   app.add_option("--system", o->system, "system message");
+  app.add_option("--cache-ram", o->cache_ram_mib,
+                 "hybrid models: MiB of RAM for checkpoints of the recurrent state (0: none; default: 8192, "
+                 "or a quarter of RAM when less)")
+      ->check(CLI::Range((int64_t)-1, (int64_t)1 << 30));
+  app.add_option("--checkpoint-every", o->checkpoint_every,
+                 "hybrid models: also checkpoint every N tokens (0: only at the end of each prompt)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 30));
   return [o] {
     auto model = load_model(o->m);
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
-    Session s(*model, {.n_ctx = o->m.ctx, .n_threads = o->m.threads, .n_batch = o->m.batch});
+    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
+    Session s(*model, {.n_ctx = o->m.ctx,
+                       .n_threads = o->m.threads,
+                       .n_batch = o->m.batch,
+                       .cache_ram_bytes = cache_ram,
+                       .checkpoint_every = o->checkpoint_every});
     Sampler sampler(o->sp);
     const bool interactive = isatty(STDIN_FILENO);
 
@@ -83,12 +100,17 @@ Command add_chat(CLI::App& app) {
       size_t keep = 0;
       while (keep < evaluated.size() && keep < prompt.size() && evaluated[keep] == prompt[keep]) ++keep;
       if (keep == prompt.size()) --keep;  // at least one token to evaluate, for its logits
-      if (keep < (size_t)s.n_past() && !s.truncate((int64_t)keep)) {
-        log::debug("chat: the prompt diverges from the cache at token {} of {} and the model's state cannot be "
-                   "cut back; evaluating it all again", keep, s.n_past());
-        keep = 0;
+      if (keep < (size_t)s.n_past()) {
+        const size_t kept = (size_t)s.truncate((int64_t)keep);
+        if (kept < keep)
+          log::debug(
+              "chat: the prompt diverges from the cache at token {}; the recurrent state goes back to its "
+              "checkpoint at {}",
+              keep, kept);
+        keep = kept;
       }
       const std::vector<float>* logits = &s.eval(std::span(prompt).subspan(keep));
+      s.checkpoint();  // where the next turn's prompt most likely still agrees
       evaluated = prompt;
       n_reused += keep, n_evaluated += prompt.size() - keep;
 

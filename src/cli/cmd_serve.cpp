@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/state_cache.h"
 #include "server/server.h"
 #include "text/builtin_templates.h"
 #include "text/tokenizer.h"
@@ -22,6 +23,8 @@ Command add_serve(CLI::App& app) {
     server::ServeOptions http;
     int parallel = 4;
     int queue = 64;
+    int64_t cache_ram_mib = -1;  // -1: default_cache_ram_bytes()
+    int64_t checkpoint_every = 1024;
   };
   auto o = std::make_shared<Opts>();
   o->m.batch = 128;  // prefill chunk per step: small, so a long prompt does not stall the running streams
@@ -35,6 +38,14 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
       ->check(CLI::Range((size_t)1024, (size_t)1 << 30));
+  app.add_option("--cache-ram", o->cache_ram_mib,
+                 "MiB of RAM for the state cache that keeps conversations' KV rows and recurrent checkpoints "
+                 "across requests (0: off; default: 8192, or a quarter of RAM when less)")
+      ->check(CLI::Range((int64_t)-1, (int64_t)1 << 30));
+  app.add_option("--checkpoint-every", o->checkpoint_every,
+                 "hybrid models: also checkpoint the recurrent state every N tokens (0: only at prompt and "
+                 "request ends)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 30));
   return [o] {
     // SIGINT / SIGTERM are taken by one thread with sigwait, so stopping is not done in a signal handler.
     sigset_t set;
@@ -60,12 +71,15 @@ Command add_serve(CLI::App& app) {
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
+    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
     Engine engine(*model, *tok,
                   {.n_parallel = o->parallel,
                    .n_ctx = o->m.ctx,
                    .n_threads = o->m.threads,
                    .prefill_chunk = o->m.batch,
-                   .max_queue = o->queue});
+                   .max_queue = o->queue,
+                   .cache_ram_bytes = cache_ram,
+                   .checkpoint_every = o->checkpoint_every});
     const std::filesystem::path path(o->m.model);
     server::ServedModel served{.model = model.get(),
                                .tokenizer = tok.get(),

@@ -74,13 +74,28 @@ struct Engine::Slot {
   int64_t n_past = 0;      // tokens in this slot's cache
   int32_t next_token = 0;  // sampled, to be fed in the next step
   std::vector<int32_t> tokens;  // the tokens in this slot's KV rows [0, tokens.size()), kept when idle
+  int64_t ckpt_branch = 0;      // hybrid: a checkpoint where the prompt leaves the cached paths (0: none)
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Utf8Stream> utf8;
   std::unique_ptr<StopMatcher> stops;
 };
 
 namespace {
+
 int64_t resolve_ctx(const Model& m, int64_t n_ctx) { return n_ctx > 0 ? n_ctx : m.config().n_ctx_train; }
+
+// A checkpoint where a prompt leaves the cached paths is taken only when it saves a later request at
+// least this many tokens over the checkpoint below it: each costs a copy of every recurrent layer.
+constexpr int64_t kMinBranchGain = 32;
+
+// The common prefix of a slot's tokens and a prompt, at most `limit` long.
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t limit) {
+  const int64_t lim = std::min({(int64_t)a.size(), (int64_t)b.size(), limit});
+  int64_t n = 0;
+  while (n < lim && a[n] == b[n]) ++n;
+  return n;
+}
+
 }  // namespace
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptions& opts)
@@ -88,16 +103,27 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       tok_(tokenizer),
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
-      cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel), model.layer_devices()) {
+      cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel),
+             model.layer_devices()),
+      state_cache_(model.config(), cache_.row(), opts.cache_ram_bytes) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel, model.layer_devices());
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);
+  opts_.checkpoint_every = std::max<int64_t>(0, opts_.checkpoint_every);
   for (int i = 0; i < opts_.n_parallel; ++i) {
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->index = i;
   }
   log::info("engine: {} slots of {} tokens ({:.1f} MiB KV cache), {} threads, prefill chunk {}",
             opts_.n_parallel, cache_.n_ctx(), cache_.bytes() / 1048576.0, pool_.size(), opts_.prefill_chunk);
+  if (!state_cache_.enabled())
+    log::info("engine: state cache off (--cache-ram 0): only a slot's own rows are reused");
+  else if (state_)
+    log::info(
+        "engine: state cache of up to {} MiB in RAM; recurrent checkpoints at prompt ends, every {} tokens",
+        opts_.cache_ram_bytes >> 20, opts_.checkpoint_every);
+  else
+    log::info("engine: state cache of up to {} MiB in RAM", opts_.cache_ram_bytes >> 20);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -141,10 +167,15 @@ Engine::Stats Engine::stats() const {
   s.busy_slots = busy_.load();
   s.prompt_tokens = prompt_tokens_.load();
   s.prompt_tokens_cached = cached_tokens_.load();
+  s.prompt_tokens_total = prompt_total_.load();
+  s.checkpoint_hits = checkpoint_hits_.load();
+  s.checkpoint_misses = checkpoint_misses_.load();
   s.generated_tokens = generated_tokens_.load();
   s.steps = steps_.load();
   s.forward_seconds = forward_seconds_.load();
   std::lock_guard lk(mu_);
+  s.cache = cache_stats_;
+  s.checkpoints_stored = cache_stats_.checkpoints_stored;
   s.queue_depth = (int)queue_.size();
   const auto horizon = std::chrono::steady_clock::now() - std::chrono::seconds(10);
   int n = 0;
@@ -167,62 +198,144 @@ void Engine::release(Slot& s, Finish f, std::string error) {
   if (job) job->finish(f, std::move(error));
 }
 
-// The free slot whose cached tokens share the longest prefix with `prompt` (ties: least recently used);
-// `n_reuse` gets the prefix length to keep, leaving at least the last prompt token to evaluate for logits.
-Engine::Slot* Engine::pick_slot(const std::vector<int32_t>& prompt, int64_t& n_reuse) const {
-  const bool can_reuse = !model_.config().has_recurrent_layers();
+// The free slot that can resume `job`'s prompt furthest: from its own rows (for a hybrid model only when
+// the prompt continues its live recurrent state) or from the state cache, whichever is longer; ties go
+// to the slot that copies least, then to the least recently used. What the slot held that the new
+// request overwrites is saved to the state cache first; then the missing rows (and checkpoint) are
+// restored from it. At least the last prompt token is evaluated, for its logits.
+void Engine::admit(std::shared_ptr<Job> job) {
+  const std::vector<int32_t>& prompt = job->params_.prompt;
+  const int64_t limit = (int64_t)prompt.size() - 1;
+  StateCache::Match m = state_cache_.match(prompt, limit);
   Slot* best = nullptr;
-  int64_t best_n = -1;
+  int64_t best_common = 0, best_own = -1, best_resume = -1;
   for (const auto& slot : slots_) {
-    if (slot->state != Slot::State::idle) continue;
-    int64_t n = 0;
-    if (can_reuse) {
-      const size_t lim = std::min(slot->tokens.size(), prompt.size() - 1);
-      while ((size_t)n < lim && slot->tokens[n] == prompt[n]) ++n;
-    }
-    if (n > best_n || (n == best_n && slot->order < best->order)) {
-      best = slot.get();
-      best_n = n;
+    Slot& s = *slot;
+    if (s.state != Slot::State::idle) continue;
+    const int64_t common = common_prefix(s.tokens, prompt, limit);
+    const bool live = !state_ || (common == (int64_t)s.tokens.size() && state_->n_pos(s.index) == common);
+    const int64_t own = live ? common : 0;
+    const int64_t resume = std::max(own, m.resume);
+    if (!best || resume > best_resume ||
+        (resume == best_resume && (own > best_own || (own == best_own && s.order < best->order)))) {
+      best = &s;
+      best_common = common;
+      best_own = own;
+      best_resume = resume;
     }
   }
-  n_reuse = std::max<int64_t>(0, best_n);
-  return best;
+  XP_ASSERT(best);  // the loop admits no more jobs than there are free slots
+  Slot& s = *best;
+  int64_t resume = 0;
+  try {
+    if (best_own < (int64_t)s.tokens.size()) {
+      save_slot(s);
+      m = state_cache_.match(prompt, limit);  // may have grown, or lost to eviction
+    }
+    resume = std::max(best_own, m.resume);
+    if (resume > best_own)
+      state_cache_.restore(prompt, resume, std::min(best_common, resume), cache_, state_.get(), s.index);
+  } catch (const std::exception& e) {
+    // A copy that failed half-way leaves the slot's rows unknown: forget them.
+    log::error("engine: state cache: {}", e.what());
+    s.tokens.clear();
+    if (state_) state_->reset(s.index);
+    busy_.fetch_sub(1);
+    job->finish(Finish::error, e.what());
+    publish_cache_stats();
+    return;
+  }
+  s.job = std::move(job);
+  const GenerateParams& p = s.job->params_;
+  s.state = Slot::State::prefill;
+  s.order = ++admitted_;
+  s.n_past = resume;  // rows past it are overwritten by the prefill
+  s.tokens.assign(prompt.begin(), prompt.begin() + resume);
+  // Where this prompt leaves the paths other requests took: the next one sharing that much resumes there.
+  s.ckpt_branch = state_ && m.n_common >= resume + kMinBranchGain && m.n_common < limit ? m.n_common : 0;
+  s.job->n_cached_.store(resume);
+  cached_tokens_.fetch_add(resume);
+  prompt_total_.fetch_add(prompt.size());
+  if (state_) (resume > 0 ? checkpoint_hits_ : checkpoint_misses_).fetch_add(1);
+  s.sampler = std::make_unique<Sampler>(p.sampling);
+  for (int32_t t : p.prompt) s.sampler->accept(t);
+  s.utf8 = std::make_unique<Utf8Stream>(tok_);
+  s.stops = std::make_unique<StopMatcher>(p.stop);
+  maybe_store(s);  // e.g. a prompt that continues a slot's live state up to its last token
+  publish_cache_stats();
+}
+
+// Saves what an idle slot holds (its tokens' KV rows; for a hybrid model also a checkpoint of its live
+// recurrent state) to the state cache before another request overwrites it.
+void Engine::save_slot(Slot& s) {
+  if (!state_cache_.enabled() || s.tokens.empty()) return;
+  if (state_ && state_->n_pos(s.index) != (int64_t)s.tokens.size()) return;  // no state to go with the rows
+  state_cache_.store(s.tokens, cache_, state_.get(), s.index);
+}
+
+// The next position at which the slot's prefill stops for maybe_store() (hybrid models; INT64_MAX: none).
+int64_t Engine::next_checkpoint(const Slot& s) const {
+  int64_t next = INT64_MAX;
+  if (!state_ || !state_cache_.enabled()) return next;
+  const int64_t pos = s.n_past, before_last = (int64_t)s.job->params_.prompt.size() - 1;
+  if (s.ckpt_branch > pos) next = s.ckpt_branch;
+  if (before_last > pos) next = std::min(next, before_last);
+  if (const int64_t every = opts_.checkpoint_every; every > 0)
+    next = std::min(next, (pos / every + 1) * every);
+  return next;
+}
+
+// After a step (or admission): saves the slot's state to the state cache where planned. Dense models:
+// the whole prompt once it is prefilled, so a parallel request sharing it finds it while this slot is
+// still busy. Hybrid models: checkpoints before the prompt's last token (an identical prompt then
+// resumes too), at the branch point, and every checkpoint_every positions (also while generating).
+void Engine::maybe_store(Slot& s) {
+  if (!state_cache_.enabled() || s.n_past <= 0) return;
+  const int64_t pos = s.n_past, n_prompt = (int64_t)s.job->params_.prompt.size();
+  const bool prefill = s.state == Slot::State::prefill;
+  bool due;
+  if (!state_)
+    due = prefill && pos == n_prompt;
+  else
+    due = (prefill && (pos == n_prompt - 1 || pos == s.ckpt_branch)) ||
+          (opts_.checkpoint_every > 0 && pos % opts_.checkpoint_every == 0);
+  if (!due) return;
+  state_cache_.store(s.tokens, cache_, state_.get(), s.index);
+  publish_cache_stats();
+}
+
+void Engine::publish_cache_stats() {
+  const StateCacheStats st = state_cache_.stats();
+  std::lock_guard lk(mu_);
+  cache_stats_ = st;
 }
 
 void Engine::loop() {
   std::vector<Slot*> active;
+  std::vector<std::shared_ptr<Job>> admitted;
   while (true) {
     {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty() || busy_.load() > 0; });
       if (stop_) break;
-      // Admit queued requests into free slots; drop the ones whose client already left.
-      while (true) {
-        while (!queue_.empty() && queue_.front()->cancelled()) {
-          queue_.front()->finish(Finish::cancelled);
-          queue_.pop_front();
-        }
-        if (queue_.empty()) break;
-        int64_t n_reuse = 0;
-        Slot* picked = pick_slot(queue_.front()->params_.prompt, n_reuse);
-        if (!picked) break;
-        Slot& s = *picked;
-        s.job = std::move(queue_.front());
+      // Take queued requests for the free slots, dropping the ones whose client already left; admitting
+      // them (cache copies) happens outside the lock.
+      int free_slots = 0;
+      for (const auto& slot : slots_) free_slots += slot->state == Slot::State::idle;
+      while (!queue_.empty() && (free_slots > 0 || queue_.front()->cancelled())) {
+        std::shared_ptr<Job> job = std::move(queue_.front());
         queue_.pop_front();
-        const GenerateParams& p = s.job->params_;
-        s.state = Slot::State::prefill;
-        s.order = ++admitted_;
-        s.n_past = n_reuse;  // rows past it are overwritten by the prefill
-        s.tokens.resize(n_reuse);
-        s.job->n_cached_.store(n_reuse);
-        cached_tokens_.fetch_add(n_reuse);
-        s.sampler = std::make_unique<Sampler>(p.sampling);
-        for (int32_t t : p.prompt) s.sampler->accept(t);
-        s.utf8 = std::make_unique<Utf8Stream>(tok_);
-        s.stops = std::make_unique<StopMatcher>(p.stop);
+        if (job->cancelled()) {
+          job->finish(Finish::cancelled);
+          continue;
+        }
         busy_.fetch_add(1);
+        admitted.push_back(std::move(job));
+        --free_slots;
       }
     }
+    for (auto& job : admitted) admit(std::move(job));
+    admitted.clear();
     for (auto& slot : slots_)
       if (slot->state != Slot::State::idle && slot->job->cancelled()) release(*slot, Finish::cancelled);
     try {
@@ -255,7 +368,8 @@ void Engine::step(std::vector<Slot*>& active) {
   int64_t n_prefill = 0;
   if (prefill) {
     const auto& prompt = prefill->job->params_.prompt;
-    n_prefill = std::min<int64_t>(opts_.prefill_chunk, (int64_t)prompt.size() - prefill->n_past);
+    n_prefill = std::min({opts_.prefill_chunk, (int64_t)prompt.size() - prefill->n_past,
+                          next_checkpoint(*prefill) - prefill->n_past});
     tokens.insert(tokens.end(), prompt.begin() + prefill->n_past,
                   prompt.begin() + prefill->n_past + n_prefill);
     segs.push_back({.seq = prefill->index, .pos0 = (int32_t)prefill->n_past, .n_tokens = (int32_t)n_prefill});
@@ -268,7 +382,7 @@ void Engine::step(std::vector<Slot*>& active) {
   const auto t1 = std::chrono::steady_clock::now();
   forward_seconds_.store(forward_seconds_.load() + std::chrono::duration<double>(t1 - t0).count());
   steps_.fetch_add(1);
-  prompt_tokens_.fetch_add(n_prefill);
+  prompt_tokens_.fetch_add(n_prefill);  // evaluated
 
   const int64_t V = model_.config().n_vocab;
   int n_generated = 0;
@@ -281,6 +395,7 @@ void Engine::step(std::vector<Slot*>& active) {
       s.tokens.insert(s.tokens.end(), prompt.begin() + s.n_past, prompt.begin() + s.n_past + segs[i].n_tokens);
     }
     s.n_past += segs[i].n_tokens;
+    maybe_store(s);
     if (s.state == Slot::State::prefill) {
       if (s.n_past < (int64_t)s.job->params_.prompt.size()) continue;  // more prompt to go
       s.state = Slot::State::generate;

@@ -2,9 +2,14 @@
 // slots. Callers (HTTP threads, tests) submit a tokenized request and get a Job, a thread-safe channel
 // that delivers text as it is generated; cancelling a Job frees its slot at the next step.
 //
-// A slot remembers the tokens its KV rows hold after a request ends; a new request goes to the free slot
-// sharing the longest prefix with its prompt and prefills from there (dense models only: the recurrent
-// state of hybrid models cannot be rolled back, so they always start at 0).
+// Prefix reuse (see runtime/state_cache.h and docs/ARCHITECTURE.md, "State cache"): a slot keeps its
+// KV rows (and, for hybrid models, its recurrent state) after a request ends. A new request resumes
+// from the longest prefix of its prompt found either in a free slot's own rows or in the host-RAM
+// StateCache, and evaluates only the rest. Before a slot's rows are overwritten by another
+// conversation they are saved to the StateCache, so nothing is lost but by LRU eviction within
+// --cache-ram. Hybrid models resume only at checkpoints of the recurrent state, taken at the end of
+// each prompt (its last token excluded, so an identical prompt resumes too), where a prompt leaves the
+// cached paths, every `checkpoint_every` tokens, and when a slot's content is saved.
 //
 // Each step builds one batch: the next token of every generating slot, plus a chunk of at most one
 // slot's prompt (FIFO), so a long prompt never stalls the streams already running. One
@@ -26,6 +31,7 @@
 #include "model/model.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
+#include "runtime/state_cache.h"
 #include "sample/sampler.h"
 
 namespace xpert {
@@ -38,6 +44,10 @@ struct EngineOptions {
   int n_threads = 0;            // 0: physical cores
   int64_t prefill_chunk = 128;  // prompt tokens of one slot per step
   int max_queue = 64;           // requests waiting for a slot; past it submit() throws QueueFull
+  // Host-RAM state cache (0: off; slots still reuse their own rows), and for hybrid models a checkpoint
+  // every this many positions (0: only at prompt ends and when a slot is saved).
+  size_t cache_ram_bytes = size_t{1} << 30;
+  int64_t checkpoint_every = 1024;
 };
 
 struct GenerateParams {
@@ -76,7 +86,8 @@ class Job {
   bool cancelled() const { return cancelled_.load(); }
   int64_t n_prompt() const { return n_prompt_; }
   int64_t n_generated() const { return n_generated_.load(); }
-  // Prompt tokens whose KV rows were reused from the slot's previous request (set at admission).
+  // Prompt tokens not evaluated because their state was cached (set at admission): OpenAI's
+  // usage.prompt_tokens_details.cached_tokens.
   int64_t n_cached() const { return n_cached_.load(); }
 
  private:
@@ -116,8 +127,13 @@ class Engine {
 
   struct Stats {
     int busy_slots = 0, queue_depth = 0;
-    uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
-    uint64_t prompt_tokens_cached = 0;  // prompt tokens reused from a slot's cache, not evaluated
+    uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;  // prompt_tokens: evaluated
+    uint64_t prompt_tokens_cached = 0;  // prompt tokens resumed from cached state, not evaluated
+    uint64_t prompt_tokens_total = 0;   // of admitted requests (cached + to evaluate)
+    // Hybrid models: requests that resumed from a checkpoint (a slot's live state or the StateCache) /
+    // had to start at position 0; checkpoints saved to the StateCache.
+    uint64_t checkpoint_hits = 0, checkpoint_misses = 0, checkpoints_stored = 0;
+    StateCacheStats cache;
     double forward_seconds = 0;
     double tokens_per_second = 0;  // generated tokens over the last 10 s
   };
@@ -126,10 +142,14 @@ class Engine {
  private:
   struct Slot;
   void loop();
+  void admit(std::shared_ptr<Job> job);
   void step(std::vector<Slot*>& active);
   void sample_and_emit(Slot& s, std::span<const float> logits);
   void release(Slot& s, Finish f, std::string error = {});
-  Slot* pick_slot(const std::vector<int32_t>& prompt, int64_t& n_reuse) const;
+  void save_slot(Slot& s);
+  int64_t next_checkpoint(const Slot& s) const;
+  void maybe_store(Slot& s);
+  void publish_cache_stats();
 
   const Model& model_;
   const Tokenizer& tok_;
@@ -137,6 +157,7 @@ class Engine {
   ThreadPool pool_;
   KvCache cache_;
   std::unique_ptr<RecurrentState> state_;  // hybrid models: one recurrent state per slot
+  StateCache state_cache_;                 // touched by the engine thread only
   std::vector<std::unique_ptr<Slot>> slots_;
 
   mutable std::mutex mu_;
@@ -146,7 +167,10 @@ class Engine {
   uint64_t admitted_ = 0;
 
   std::atomic<int> busy_{0};
-  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, steps_{0}, cached_tokens_{0};
+  std::atomic<uint64_t> prompt_tokens_{0}, generated_tokens_{0}, steps_{0}, cached_tokens_{0},
+      prompt_total_{0};
+  std::atomic<uint64_t> checkpoint_hits_{0}, checkpoint_misses_{0};
+  StateCacheStats cache_stats_;  // under mu_: a copy for stats()
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
   std::vector<float> logits_;

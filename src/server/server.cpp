@@ -336,9 +336,27 @@ std::string Server::Impl::metrics_text() {
   auto metric = [&](const char* name, const char* type, const char* help, auto value) {
     out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, value);
   };
-  metric("xpert_prompt_tokens_total", "counter", "Prompt tokens evaluated.", s.prompt_tokens);
-  metric("xpert_prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's KV cache.",
+  metric("xpert_prompt_tokens_total", "counter", "Prompt tokens of admitted requests (cached + evaluated).",
+         s.prompt_tokens_total);
+  metric("xpert_prompt_tokens_cached_total", "counter",
+         "Prompt tokens resumed from cached state (a slot's own or the state cache), not evaluated.",
          s.prompt_tokens_cached);
+  metric("xpert_prompt_tokens_evaluated_total", "counter", "Prompt tokens evaluated.", s.prompt_tokens);
+  metric("xpert_checkpoint_hits_total", "counter",
+         "Hybrid models: requests that resumed from a checkpoint of the recurrent state.", s.checkpoint_hits);
+  metric("xpert_checkpoint_misses_total", "counter",
+         "Hybrid models: requests that had no checkpoint to resume from and started at position 0.",
+         s.checkpoint_misses);
+  metric("xpert_checkpoints_stored_total", "counter", "Recurrent checkpoints saved to the state cache.",
+         s.checkpoints_stored);
+  metric("xpert_cache_checkpoints", "gauge", "Recurrent checkpoints held by the state cache.",
+         s.cache.n_checkpoints);
+  metric("xpert_cache_tokens", "gauge", "Positions whose KV rows the state cache holds.", s.cache.n_tokens);
+  metric("xpert_cache_bytes", "gauge", "Bytes held by the state cache.", s.cache.bytes);
+  metric("xpert_cache_budget_bytes", "gauge", "The state cache's budget (--cache-ram).",
+         s.cache.budget_bytes);
+  metric("xpert_cache_evictions_total", "counter",
+         "Runs of KV rows or checkpoints evicted from the state cache.", s.cache.evictions);
   metric("xpert_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
   metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.tokens_per_second);

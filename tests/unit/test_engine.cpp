@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "text/builtin_templates.h"
 #include "text/tokenizer.h"
 
 namespace xpert {
@@ -121,8 +124,8 @@ TEST_F(EngineTest, ContextFullIsLength) {
   g.sampling.seed = 3;
   auto job = engine.submit(g);
   const Job::Update u = job->wait_all();
-  if (u.finish == Finish::length)
-    EXPECT_EQ(job->n_prompt() + job->n_generated(), 40);
+  if (u.finish == Finish::length)  // every position holds a token, and one more was generated
+    EXPECT_EQ(job->n_prompt() + job->n_generated(), 41);
   else
     EXPECT_EQ(u.finish, Finish::stop);
 }
@@ -223,30 +226,6 @@ TEST_F(EngineTest, ReusesTheCommonPrefix) {
 namespace xpert {
 namespace {
 
-// Hybrid models never reuse a prefix (the recurrent state cannot be rolled back) and stay correct.
-TEST_F(EngineTest, HybridModelNeverReuses) {
-  const char* dir = std::getenv("XPERT_SOURCE_DIR");
-  model = Model::load(std::string(dir ? dir : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/tiny_qwen35moe.gguf");
-  tok = Tokenizer::from_gguf(model->file());
-  const EngineOptions o{.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8};
-  Engine engine(*model, *tok, o);
-  GenerateParams a = greedy(2);
-  const Job::Update ua = engine.submit(a)->wait_all();
-  GenerateParams b = a;
-  const std::vector<int32_t> reply = ids(ua);
-  b.prompt.insert(b.prompt.end(), reply.begin(), reply.end());
-  b.prompt.push_back(42);
-  auto jb = engine.submit(b);
-  const Job::Update ub = jb->wait_all();
-  EXPECT_EQ(jb->n_cached(), 0);
-  auto ja2 = engine.submit(a);  // the identical prompt again
-  EXPECT_EQ(ids(ja2->wait_all()), reply);
-  EXPECT_EQ(ja2->n_cached(), 0);
-  EXPECT_EQ(engine.stats().prompt_tokens_cached, 0u);
-  Engine fresh(*model, *tok, o);
-  EXPECT_EQ(ids(fresh.submit(b)->wait_all()), ids(ub));
-}
-
 // A hybrid model (Gated DeltaNet + attention): each slot carries its own recurrent state, and a slot
 // reused by a new request starts from a clean one.
 TEST_F(EngineTest, HybridModelConcurrentEqualsOneAtATime) {
@@ -267,6 +246,294 @@ TEST_F(EngineTest, HybridModelConcurrentEqualsOneAtATime) {
     EXPECT_FALSE(ids(u).empty()) << "request " << i << ": " << u.error;
     EXPECT_EQ(ids(u), alone[i]) << "request " << i;
   }
+}
+
+}  // namespace
+}  // namespace xpert
+
+// --- the state cache (runtime/state_cache.h) -------------------------------------------------------
+//
+// A conversation in token space: each turn's prompt is the previous prompt, the reply, a few "template"
+// tokens and the new message. The slot holds the prompt and every reply token fed back (all but the
+// last when generation stopped at max_tokens), so a turn resumes exactly there and evaluates the rest.
+// "Cache off" is a fresh engine with --cache-ram 0 per request. Prefill runs one token per step in the
+// comparisons so the arithmetic of every position is the same either way and tokens must match exactly
+// (with larger chunks a resumed prefix changes the float summation order, as -b does).
+
+namespace xpert {
+namespace {
+
+std::string fixture_file(const char* name) {
+  const char* dir = std::getenv("XPERT_SOURCE_DIR");
+  return std::string(dir ? dir : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/" + name;
+}
+
+struct Turn {
+  std::vector<int32_t> reply;  // generated ids
+  int64_t n_fed = 0;           // of them, fed back into the slot
+  int64_t n_cached = 0, n_evaluated = 0;
+  Finish finish = Finish::none;
+};
+
+struct StateCacheTest : EngineTest {
+  // One request; n_evaluated from the engine's counter (requests run one at a time here).
+  Turn run(Engine& e, const GenerateParams& g) {
+    const uint64_t before = e.stats().prompt_tokens;
+    auto job = e.submit(g);
+    const Job::Update u = job->wait_all();
+    Turn t;
+    t.reply = ids(u);
+    t.finish = u.finish;
+    t.n_fed = (int64_t)t.reply.size() - (u.finish == Finish::length ? 1 : 0);
+    t.n_cached = job->n_cached();
+    t.n_evaluated = (int64_t)(e.stats().prompt_tokens - before);
+    return t;
+  }
+  // The same request on a fresh engine with no state cache.
+  std::vector<int32_t> cache_off(const GenerateParams& g, int64_t n_ctx) {
+    Engine e(*model, *tok,
+             {.n_parallel = 1, .n_ctx = n_ctx, .n_threads = 2, .prefill_chunk = 1, .cache_ram_bytes = 0});
+    return run(e, g).reply;
+  }
+  static std::vector<int32_t> next_prompt(const std::vector<int32_t>& prompt, const Turn& t, int turn,
+                                          int conv) {
+    std::vector<int32_t> p = prompt;
+    p.insert(p.end(), t.reply.begin(), t.reply.end());
+    for (int32_t x : {5, 6, 7}) p.push_back(x);  // the template's tail and the next turn's header
+    for (int k = 0; k < 4 + turn; ++k) p.push_back(20 + (k * 31 + turn * 7 + conv * 13) % 250);
+    return p;
+  }
+  int64_t prev_fed_ = 0;
+  void load(const char* name) {
+    model = Model::load(fixture_file(name));
+    tok = Tokenizer::from_gguf(model->file());
+  }
+};
+
+// Five turns on one slot: each turn evaluates exactly the tokens after what the slot holds.
+TEST_F(StateCacheTest, HybridFiveTurnChatEvaluatesOnlyTheNewTokens) {
+  load("tiny_qwen35moe.gguf");
+  const int64_t n_ctx = 256;
+  Engine e(*model, *tok,
+           {.n_parallel = 1, .n_ctx = n_ctx, .n_threads = 2, .prefill_chunk = 1, .checkpoint_every = 16});
+  GenerateParams g = greedy(2, 6);
+  std::vector<int32_t> prev_prompt;
+  Turn prev;
+  for (int turn = 0; turn < 5; ++turn) {
+    const Turn t = run(e, g);
+    ASSERT_FALSE(t.reply.empty()) << "turn " << turn;
+    EXPECT_EQ(t.n_evaluated, (int64_t)g.prompt.size() - t.n_cached) << "turn " << turn;
+    EXPECT_EQ(t.reply, cache_off(g, n_ctx)) << "turn " << turn;
+    EXPECT_EQ(t.n_cached, turn == 0 ? 0 : (int64_t)prev_prompt.size() + prev.n_fed) << "turn " << turn;
+    prev = t;
+    prev_prompt = g.prompt;
+    g.prompt = next_prompt(g.prompt, t, turn, 0);
+  }
+  const Engine::Stats s = e.stats();
+  EXPECT_EQ(s.checkpoint_hits, 4u);
+  EXPECT_EQ(s.checkpoint_misses, 1u);
+  EXPECT_GT(s.checkpoints_stored, 0u);
+  EXPECT_EQ(s.prompt_tokens + s.prompt_tokens_cached, s.prompt_tokens_total);
+}
+
+// Three conversations take turns on one slot: each resumes from its own checkpoint, saved when another
+// conversation took the slot.
+void interleaved(StateCacheTest& test, bool hybrid) {
+  const int64_t n_ctx = 256;
+  Engine e(*test.model, *test.tok,
+           {.n_parallel = 1, .n_ctx = n_ctx, .n_threads = 2, .prefill_chunk = 1, .checkpoint_every = 0});
+  std::vector<GenerateParams> g = {test.greedy(1, 5), test.greedy(2, 5), test.greedy(3, 5)};
+  std::vector<std::vector<int32_t>> prev_prompt(3);
+  std::vector<Turn> prev(3);
+  for (int turn = 0; turn < 3; ++turn)
+    for (int c = 0; c < 3; ++c) {
+      const Turn t = test.run(e, g[c]);
+      ASSERT_FALSE(t.reply.empty());
+      const int64_t want = turn == 0 ? (hybrid || c == 0 ? 0 : 1)  // dense: the first token is shared
+                                     : (int64_t)prev_prompt[c].size() + prev[c].n_fed;
+      EXPECT_EQ(t.n_cached, want) << "conversation " << c << " turn " << turn;
+      EXPECT_EQ(t.n_evaluated, (int64_t)g[c].prompt.size() - t.n_cached);
+      EXPECT_EQ(t.reply, test.cache_off(g[c], n_ctx)) << "conversation " << c << " turn " << turn;
+      prev[c] = t;
+      prev_prompt[c] = g[c].prompt;
+      g[c].prompt = StateCacheTest::next_prompt(g[c].prompt, t, turn, c);
+    }
+  const Engine::Stats s = e.stats();
+  if (hybrid) {
+    EXPECT_EQ(s.checkpoint_hits, 6u);
+    EXPECT_EQ(s.checkpoint_misses, 3u);
+  }
+  EXPECT_GT(s.cache.n_tokens, 0);
+  EXPECT_LE(s.cache.bytes, s.cache.budget_bytes);
+}
+
+TEST_F(StateCacheTest, HybridInterleavedConversationsResumeFromTheirOwnCheckpoints) {
+  load("tiny_qwen35moe.gguf");
+  interleaved(*this, true);
+}
+
+TEST_F(StateCacheTest, DenseInterleavedConversationsResumeFromTheirOwnRows) { interleaved(*this, false); }
+
+// An identical prompt resumes from the checkpoint before its last token; a prompt sharing a long prefix
+// with a cached one makes a checkpoint where they part, for the next one sharing it.
+TEST_F(StateCacheTest, HybridRepeatsAndBranches) {
+  load("tiny_qwen35.gguf");
+  Engine e(*model, *tok,
+           {.n_parallel = 1, .n_ctx = 256, .n_threads = 2, .prefill_chunk = 8, .checkpoint_every = 0});
+  GenerateParams a = greedy(9, 4);  // 66 tokens
+  EXPECT_EQ(run(e, a).n_cached, 0);
+  EXPECT_EQ(run(e, a).n_cached, (int64_t)a.prompt.size() - 1);
+  GenerateParams b = a, c = a;
+  b.prompt.resize(50);
+  c.prompt.resize(50);
+  for (int k = 0; k < 10; ++k) b.prompt.push_back(300 + k), c.prompt.push_back(340 + k);
+  EXPECT_EQ(run(e, b).n_cached, 0);   // no checkpoint inside the shared 50 tokens yet
+  EXPECT_EQ(run(e, c).n_cached, 50);  // b made one where it left a's path
+  EXPECT_EQ(e.stats().checkpoint_misses, 2u);
+}
+
+// A conversation that fills the context: the request that reaches it ends with "length"; the next turn
+// does not fit and is refused with a clear error; the engine keeps serving, and from the cache.
+TEST_F(StateCacheTest, HybridConversationThatFillsTheContext) {
+  load("tiny_qwen35moe.gguf");
+  const int64_t n_ctx = 64;
+  Engine e(*model, *tok,
+           {.n_parallel = 1, .n_ctx = n_ctx, .n_threads = 2, .prefill_chunk = 4, .checkpoint_every = 16});
+  GenerateParams other = greedy(0, 4);
+  const Turn o1 = run(e, other);
+  GenerateParams a = greedy(2, 0);  // until the end of generation or of the context
+  Turn t;
+  int turn = 0;
+  for (;; ++turn) {
+    ASSERT_LT(turn, 20) << "the context never filled";
+    t = run(e, a);
+    if (t.finish == Finish::length) break;
+    a.prompt = next_prompt(a.prompt, t, turn, 1);
+  }
+  // Every position holds a token; the last one generated had no room to be fed back.
+  EXPECT_EQ((int64_t)a.prompt.size() + (int64_t)t.reply.size(), n_ctx + 1);
+  GenerateParams too_long = a;
+  too_long.prompt = next_prompt(a.prompt, t, turn, 1);
+  EXPECT_THROW(e.submit(too_long), Error);
+  // The other conversation resumes where it was; the last prompt that fitted resumes before its end.
+  GenerateParams o2 = other;
+  o2.prompt = next_prompt(other.prompt, o1, 0, 2);
+  EXPECT_EQ(run(e, o2).n_cached, (int64_t)other.prompt.size() + o1.n_fed);
+  a.max_tokens = 2;
+  EXPECT_EQ(run(e, a).n_cached, (int64_t)a.prompt.size() - 1);
+}
+
+// A budget smaller than the conversations: LRU eviction, never over budget, output unchanged.
+TEST_F(StateCacheTest, HybridSmallBudgetStillCorrect) {
+  load("tiny_qwen35moe.gguf");
+  size_t ckpt = 0;
+  {
+    Engine probe(*model, *tok, {.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8});
+    run(probe, greedy(1, 2));
+    ckpt = probe.stats().cache.bytes;  // one checkpoint and its rows, about
+  }
+  Engine e(*model, *tok,
+           {.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 1, .cache_ram_bytes = 3 * ckpt});
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 4; ++i) {
+      const GenerateParams g = greedy(i, 3);
+      EXPECT_EQ(run(e, g).reply, cache_off(g, 128));
+      EXPECT_LE(e.stats().cache.bytes, 3 * ckpt);
+    }
+  EXPECT_GT(e.stats().cache.evictions, 0u);
+}
+
+// Session::truncate on a hybrid model goes back to the nearest checkpoint and continues exactly as a
+// fresh session evaluating the same tokens would.
+TEST_F(StateCacheTest, HybridSessionTruncateUsesCheckpoints) {
+  load("tiny_qwen35.gguf");
+  const SessionOptions so{
+      .n_ctx = 128, .n_threads = 2, .n_batch = 1, .cache_ram_bytes = 1 << 20, .checkpoint_every = 0};
+  Session s(*model, so);
+  const std::vector<int32_t> p = prompt(3);
+  const int64_t n = (int64_t)p.size();
+  s.eval(p);
+  s.checkpoint();
+  const std::vector<int32_t> more = {40, 41, 42, 43, 44, 45};
+  s.eval(more);
+  EXPECT_EQ(s.truncate(n + 3), n);  // back to the checkpoint
+  std::vector<int32_t> q = p;
+  for (int32_t x : {50, 51, 52, 53}) q.push_back(x);
+  const std::vector<float> resumed = s.eval(std::span(q).subspan(n));
+  Session fresh(*model, so);
+  EXPECT_EQ(fresh.eval(q), resumed);
+  EXPECT_EQ(s.truncate(10), 0);  // nothing below: start over, and say so
+  EXPECT_EQ(s.n_past(), 0);
+
+  SessionOptions no_cache = so;
+  no_cache.cache_ram_bytes = 0;
+  Session off(*model, no_cache);
+  off.eval(p);
+  off.checkpoint();
+  off.eval(more);
+  EXPECT_EQ(off.truncate(n + 3), 0);
+}
+
+// The default model (Gemma 3) with its chat template: five turns, each rendered and tokenized as the
+// server does. A turn resumes after the longest common prefix of what the slot holds (the previous
+// prompt and the reply tokens fed back) and the new prompt: the whole previous prompt and, as far as
+// the template renders it back to the same tokens, the reply. The last turn's tokens equal those of a
+// fresh engine without the cache (only the last: one token per step on this model takes a while).
+TEST_F(StateCacheTest, DefaultModelFiveTurnChat) {
+  const char* dir = std::getenv("XPERT_SOURCE_DIR");
+  const std::string path = std::string(dir ? dir : XPERT_SOURCE_DIR) + "/models/default.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no default model (run scripts/setup.sh)";
+  model = Model::load(path);
+  tok = Tokenizer::from_gguf(model->file());
+  const ChatTemplate tmpl = chat_template_for(model->file());
+  auto tokenize = [&](const nlohmann::ordered_json& messages) {
+    ChatRenderOptions o;
+    o.add_generation_prompt = true;
+    std::vector<int32_t> ids = tok->encode(tmpl.render(messages, o), false, true);
+    if (ids.empty() || ids.front() != tok->bos()) ids.insert(ids.begin(), tok->bos());
+    return ids;
+  };
+  const int64_t n_ctx = 512;
+  Engine e(*model, *tok, {.n_parallel = 1, .n_ctx = n_ctx, .n_threads = 2, .prefill_chunk = 1});
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::vector<int32_t> held;  // what the slot holds after a turn
+  int64_t n_reply_reused = 0;
+  for (const char* user : {"Hi! Answer briefly.", "What is the capital of France?", "And of Italy?",
+                           "Name a color.", "Thanks!"}) {
+    messages.push_back({{"role", "user"}, {"content", user}});
+    GenerateParams g;
+    g.prompt = tokenize(messages);
+    g.sampling.temperature = 0;
+    g.max_tokens = 6;
+    g.top_logprobs = 0;
+    int64_t want = 0;
+    while (want < (int64_t)held.size() && want + 1 < (int64_t)g.prompt.size() && held[want] == g.prompt[want])
+      ++want;
+    const int64_t n_prev_prompt = held.empty() ? 0 : (int64_t)held.size() - prev_fed_;
+    EXPECT_GE(want, n_prev_prompt) << user;  // the whole previous prompt at least
+    n_reply_reused += want - n_prev_prompt;
+    auto job = e.submit(g);
+    const Job::Update u = job->wait_all();
+    EXPECT_EQ(job->n_cached(), want) << user;
+    if (messages.size() == 9) {  // the last turn only (time)
+      EXPECT_EQ(ids(u), cache_off(g, n_ctx)) << user;
+    }
+    const std::vector<int32_t> reply = ids(u);
+    prev_fed_ = (int64_t)reply.size() - (u.finish == Finish::length ? 1 : 0);
+    held = g.prompt;
+    held.insert(held.end(), reply.begin(), reply.begin() + prev_fed_);
+    messages.push_back({{"role", "assistant"}, {"content", u.text}});
+  }
+  EXPECT_GT(n_reply_reused, 0);  // replies come back as the same tokens (here, at least some)
+  const Engine::Stats s = e.stats();
+  EXPECT_EQ(s.prompt_tokens + s.prompt_tokens_cached, s.prompt_tokens_total);
+}
+
+TEST_F(StateCacheTest, DenseSessionTruncateKeepsExactly) {
+  Session s(*model, {.n_ctx = 128, .n_threads = 2, .n_batch = 8});
+  s.eval(prompt(3));
+  EXPECT_EQ(s.truncate(11), 11);
+  EXPECT_EQ(s.n_past(), 11);
 }
 
 }  // namespace
