@@ -171,16 +171,17 @@ def test_concurrent_streams(client, server):
         assert usage.completion_tokens <= 8 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
         assert len(tokens) == usage.completion_tokens
         assert finish == "length" or (finish == "stop" and usage.completion_tokens < 8)
-    # Batched greedy equals alone greedy up to a near-tie: batch mates change the float summation order,
-    # and on Gemma 3 that moves logits by ~0.1 (docs/ARCHITECTURE.md), so a top-2 gap below 0.5 may flip.
+    # Batched greedy equals alone greedy up to a near-tie: batch mates (and a prompt resumed from the state
+    # cache) change the float summation order, and on Gemma 3 that moves logits by ~0.1
+    # (docs/ARCHITECTURE.md), so a runner-up less than 0.5 below the best may win instead.
     for i in (0, 7, 15, 31):
         alone = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": f"Count to {i}."}],
-                                               max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+                                               max_tokens=8, temperature=0, logprobs=True, top_logprobs=5)
         lp = alone.choices[0].logprobs.content
         for k, (a, b) in enumerate(zip(lp, results[i][0])):
             if a.token != b:
-                gap = a.top_logprobs[0].logprob - a.top_logprobs[1].logprob
-                assert gap < 0.5 and b == a.top_logprobs[1].token, f"request {i} token {k}: {b!r} batched, {a.token!r} alone (gap {gap:.3f})"
+                near = {t.token: a.top_logprobs[0].logprob - t.logprob for t in a.top_logprobs}
+                assert near.get(b, 1e9) < 0.5, f"request {i} token {k}: {b!r} batched, {a.token!r} alone ({near})"
                 break
         else:
             assert len(lp) == len(results[i][0])
