@@ -120,8 +120,8 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& path);
 
   // Moves the last n_layers layers (llama.cpp's -ngl; more than n_layer means all) to `dev`: their
-  // weights are copied into its memory once, and their forward runs there. The output head goes along
-  // when the last layer does. Call before creating caches (they follow layer_devices()). Returns the
+  // weights are copied into its memory once, and their forward runs there. The output norm and head go
+  // along (the last layer is always among them). Call before creating caches (they follow layer_devices()). Returns the
   // bytes uploaded.
   size_t offload(std::shared_ptr<Backend> dev, int64_t n_layers);
   int64_t n_offloaded() const { return n_offloaded_; }
@@ -131,8 +131,8 @@ class Model {
   Backend* layer_device(int64_t il) const { return il >= config_.n_layer - n_offloaded_ ? dev_.get() : nullptr; }
   // The weights of layer il as seen by its device (device copies for offloaded layers).
   const LayerWeights& layer(int64_t il) const { return layer_device(il) ? dev_layers_[il] : w_.layers[il]; }
-  // Output norm and head on the device of the last layer.
-  const ModelWeights& io_weights() const { return n_offloaded_ == config_.n_layer ? dev_io_ : w_; }
+  // Output norm and head on the device of the last layer (offloading always includes the last layer).
+  const ModelWeights& io_weights() const { return n_offloaded_ ? dev_io_ : w_; }
   const ModelWeights& host_weights() const { return w_; }
 
  protected:

@@ -48,7 +48,7 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
       dev_layers_[il] = w_.layers[il];
       for_each_weight(dev_layers_[il], [&](const char*, Weight& w) { upload(w); });
     }
-    if (n == c.n_layer) {
+    {
       dev_io_.tok_embd = w_.tok_embd;  // the embedding lookup stays on the host
       dev_io_.output_norm = w_.output_norm;
       dev_io_.output = w_.output ? w_.output : w_.tok_embd;
@@ -63,7 +63,7 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
   }
   dev_ = std::move(dev);
   n_offloaded_ = n;
-  log::info("offloaded {} of {} layers{} to {}: {:.2f} GiB", n, c.n_layer, n == c.n_layer ? " and the output" : "",
+  log::info("offloaded {} of {} layers and the output to {}: {:.2f} GiB", n, c.n_layer,
            dev_->name(), total / double(1ull << 30));
   return total;
 }

@@ -213,6 +213,10 @@ class CudaBackend final : public Backend {
 
   bool decode_attention(const DecodeAttention& d) override {
     if (skip_) return true;
+    if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
+      no_graphs_ = true;  // the per-sequence kernels bake positions in: no graphs for this model
+      return false;
+    }
     cuda::store_kv_f16(d.k, d.n_seq, d.n_head_kv * d.head_dim, d.k_cache, d.slot_stride, d.slots, d.pos, s());
     cuda::store_kv_f16(d.v, d.n_seq, d.n_head_kv * d.head_dim, d.v_cache, d.slot_stride, d.slots, d.pos, s());
     const cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
