@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "base/error.h"
 #include "format/gguf.h"
@@ -38,7 +39,29 @@ const std::vector<SynthPreset>& synth_presets() {
       {.name = "tiny-qwen3moe-64", .arch = "qwen3moe", .description = "for tests (n_embd 64: K-quants fall back to Q5_0/Q8_0)",
        .n_layer = 2, .n_expert = 8, .n_expert_used = 2, .n_embd = 64, .n_ff = 128, .n_ff_exp = 32,
        .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_vocab = 384, .n_ctx = 2048},
-      {.name = "qwen3.5-35b-a3b", .arch = "qwen35moe", .description = "Qwen3.5-35B-A3B shapes (not available yet)"},
+      // Qwen3.5-35B-A3B's text model (config.json: text_config), as llama.cpp's converter writes it; the
+      // MTP layer is left out, as older converters did. Qwen3.6-35B-A3B has the same shapes.
+      {.name = "qwen3.5-35b-a3b", .arch = "qwen35moe",
+       .description = "Qwen3.5/3.6-35B-A3B shapes (40 layers: 30 Gated DeltaNet + 10 attention, 256 experts, top-8)",
+       .n_layer = 40, .n_expert = 256, .n_expert_used = 8, .n_embd = 2048, .n_ff = 0, .n_ff_exp = 512,
+       .n_head = 16, .n_head_kv = 2, .head_dim = 256, .n_vocab = 248320, .n_ctx = 262144, .rope_base = 1e7f,
+       .rms_eps = 1e-6f, .n_rot = 64, .full_attention_interval = 4, .n_ff_shexp = 512,
+       .rope_sections = {11, 11, 10, 0}, .ssm_d_conv = 4, .ssm_n_k_heads = 16, .ssm_n_v_heads = 32,
+       .ssm_head_dim = 128},
+      {.name = "tiny-qwen35moe", .arch = "qwen35moe",
+       .description = "for tests (4 layers: 3 Gated DeltaNet + 1 attention, 16 experts, top-4, shared expert)",
+       .n_layer = 4, .n_expert = 16, .n_expert_used = 4, .n_embd = 256, .n_ff = 0, .n_ff_exp = 256,
+       .n_head = 4, .n_head_kv = 2, .head_dim = 64, .n_vocab = 512, .n_ctx = 2048, .rope_base = 1e7f,
+       .rms_eps = 1e-6f, .n_rot = 16, .full_attention_interval = 4, .n_ff_shexp = 256,
+       .rope_sections = {3, 3, 2, 0}, .ssm_d_conv = 4, .ssm_n_k_heads = 2, .ssm_n_v_heads = 4,
+       .ssm_head_dim = 128},
+      {.name = "tiny-qwen35", .arch = "qwen35",
+       .description = "for tests (dense hybrid: 4 layers, 3 Gated DeltaNet + 1 attention, SwiGLU 512)",
+       .n_layer = 4, .n_expert = 0, .n_expert_used = 0, .n_embd = 256, .n_ff = 512, .n_ff_exp = 0,
+       .n_head = 4, .n_head_kv = 2, .head_dim = 64, .n_vocab = 512, .n_ctx = 2048, .rope_base = 1e7f,
+       .rms_eps = 1e-6f, .n_rot = 16, .full_attention_interval = 4, .n_ff_shexp = 0,
+       .rope_sections = {3, 3, 2, 0}, .ssm_d_conv = 4, .ssm_n_k_heads = 2, .ssm_n_v_heads = 4,
+       .ssm_head_dim = 128},
   };
   // clang-format on
   return presets;
@@ -47,11 +70,7 @@ const std::vector<SynthPreset>& synth_presets() {
 const SynthPreset& synth_preset(const std::string& name) {
   std::vector<std::string> names;
   for (const SynthPreset& p : synth_presets()) {
-    if (p.name == name) {
-      if (p.arch != "qwen3moe")
-        fail("preset '{}' is not available yet: xpert cannot run its architecture '{}' yet", name, p.arch);
-      return p;
-    }
+    if (p.name == name) return p;
     names.push_back(p.name);
   }
   fail("unknown preset '{}' (known: {})", name, fmt::join(names, ", "));
@@ -64,19 +83,31 @@ namespace {
 constexpr size_t kAlignment = gguf::kDefaultAlignment;
 constexpr int64_t kPoolRows = 4096;  // a power of two: row r -> (a r + b) mod kPoolRows is a bijection for odd a
 
-// The types of one `--type`: linear weights, output projection, and llama.cpp's file_type number.
+// The types of one `--type`: most matrices, those llama.cpp gives more bits in some layers, the output
+// projection, and llama.cpp's file_type number.
 struct TypeMix {
-  DType linear, output;
+  DType linear, more_bits, output;
   uint32_t file_type;
 };
 
 TypeMix type_mix(const std::string& type) {
-  if (type == "Q4_K_M") return {DType::Q4_K, DType::Q6_K, 15};
-  if (type == "Q8_0") return {DType::Q8_0, DType::Q8_0, 7};
-  if (type == "F16") return {DType::F16, DType::F16, 1};
-  if (type == "BF16") return {DType::BF16, DType::BF16, 32};
-  if (type == "F32") return {DType::F32, DType::F32, 0};
+  if (type == "Q4_K_M") return {DType::Q4_K, DType::Q6_K, DType::Q6_K, 15};
+  if (type == "Q8_0") return {DType::Q8_0, DType::Q8_0, DType::Q8_0, 7};
+  if (type == "F16") return {DType::F16, DType::F16, DType::F16, 1};
+  if (type == "BF16") return {DType::BF16, DType::BF16, DType::BF16, 32};
+  if (type == "F32") return {DType::F32, DType::F32, DType::F32, 0};
   fail("unknown --type '{}' (known: {})", type, fmt::join(synth_types(), ", "));
+}
+
+// llama.cpp's quantizer (llama-quant.cpp) gives Q4_K_M's "attn_v-like" tensors (attn_v, and attn_qkv,
+// which for Qwen3.5 is the Gated DeltaNet input projection) and every ffn_down (routed and shared) Q6_K
+// in the first and last eighth of the layers and in every third layer between; the rest is Q4_K. Both
+// count layers in order here, since each layer has exactly one attn_v-like tensor. (Its extra rules for
+// 8-expert models are not mirrored: no preset that uses these rules has 8 experts.)
+enum class Role { plain, attn_v, ffn_down };
+
+bool use_more_bits(int64_t il, int64_t n_layer) {
+  return il < n_layer / 8 || il >= 7 * n_layer / 8 || (il - n_layer / 8) % 3 == 2;
 }
 
 // A row length the type's blocks do not divide falls back as llama.cpp's quantizer does.
@@ -87,7 +118,9 @@ DType fit_type(DType want, int64_t row_len) {
   return DType::F16;
 }
 
-enum class Fill { ones, normal, pooled };
+// ones: norm weights; normal: small f32 tensors (router, conv kernel, biases); decay: ssm_a = -exp(A_log),
+// negative so the recurrent state decays; pooled: quantized matrices, rows from a RowPool.
+enum class Fill { ones, normal, decay, pooled };
 
 struct TensorSpec {
   std::string name;
@@ -104,31 +137,72 @@ struct TensorSpec {
   size_t bytes() const { return row_size() * (size_t)rows(); }
 };
 
+bool is_hybrid(const SynthPreset& p) { return p.arch == "qwen35" || p.arch == "qwen35moe"; }
+
 std::vector<TensorSpec> tensor_specs(const SynthPreset& p, const TypeMix& mix) {
-  const int64_t E = p.n_embd, F = p.n_ff_exp, X = p.n_expert, q_dim = p.n_head * p.head_dim,
-                kv_dim = p.n_head_kv * p.head_dim;
+  const int64_t E = p.n_embd, F = p.n_ff_exp, X = p.n_expert, D = p.head_dim, q_dim = p.n_head * D,
+                kv_dim = p.n_head_kv * D;
+  // The qwen3moe presets keep the plain mix (Q4_K everywhere but the output) that docs/PERF.md's
+  // figures were measured on; the hybrid ones follow llama.cpp's per-layer choice.
+  const bool llama_rules = is_hybrid(p);
   std::vector<TensorSpec> t;
   auto mat = [&](std::string name, std::vector<int64_t> shape, DType type) {
     t.push_back({std::move(name), fit_type(type, shape[0]), std::move(shape), Fill::pooled});
   };
-  auto vec = [&](std::string name, int64_t n) { t.push_back({std::move(name), DType::F32, {n}, Fill::ones}); };
+  auto layer_mat = [&](int64_t il, const std::string& name, std::vector<int64_t> shape, Role role) {
+    const bool more = llama_rules && role != Role::plain && use_more_bits(il, p.n_layer);
+    mat(fmt::format("blk.{}.{}", il, name), std::move(shape), more ? mix.more_bits : mix.linear);
+  };
+  auto f32 = [&](std::string name, std::vector<int64_t> shape, Fill fill) {
+    t.push_back({std::move(name), DType::F32, std::move(shape), fill});
+  };
   mat("token_embd.weight", {E, p.n_vocab}, mix.linear);
-  for (int64_t i = 0; i < p.n_layer; ++i) {
-    const std::string b = fmt::format("blk.{}.", i);
-    vec(b + "attn_norm.weight", E);
-    mat(b + "attn_q.weight", {E, q_dim}, mix.linear);
-    mat(b + "attn_k.weight", {E, kv_dim}, mix.linear);
-    mat(b + "attn_v.weight", {E, kv_dim}, mix.linear);
-    mat(b + "attn_output.weight", {q_dim, E}, mix.linear);
-    vec(b + "attn_q_norm.weight", p.head_dim);
-    vec(b + "attn_k_norm.weight", p.head_dim);
-    vec(b + "ffn_norm.weight", E);
-    t.push_back({b + "ffn_gate_inp.weight", DType::F32, {E, X}, Fill::normal});  // the router stays f32
-    mat(b + "ffn_gate_exps.weight", {E, F, X}, mix.linear);
-    mat(b + "ffn_up_exps.weight", {E, F, X}, mix.linear);
-    mat(b + "ffn_down_exps.weight", {F, E, X}, mix.linear);
+  for (int64_t il = 0; il < p.n_layer; ++il) {
+    const std::string b = fmt::format("blk.{}.", il);
+    f32(b + "attn_norm.weight", {E}, Fill::ones);
+    const bool recurrent = is_hybrid(p) && (il + 1) % p.full_attention_interval != 0;
+    if (recurrent) {
+      // Gated DeltaNet: q|k|v projection, z gate, conv kernel (F32: llama.cpp keeps it so and xpert
+      // requires it), per-value-head decay and step, beta and alpha projections, gated norm, output.
+      const int64_t Hv = p.ssm_n_v_heads, key_dim = p.ssm_n_k_heads * p.ssm_head_dim,
+                    value_dim = Hv * p.ssm_head_dim, conv_dim = 2 * key_dim + value_dim;
+      layer_mat(il, "attn_qkv.weight", {E, conv_dim}, Role::attn_v);
+      layer_mat(il, "attn_gate.weight", {E, value_dim}, Role::plain);
+      f32(b + "ssm_conv1d.weight", {p.ssm_d_conv, conv_dim}, Fill::normal);
+      f32(b + "ssm_dt.bias", {Hv}, Fill::normal);
+      f32(b + "ssm_a", {Hv}, Fill::decay);
+      layer_mat(il, "ssm_beta.weight", {E, Hv}, Role::plain);
+      layer_mat(il, "ssm_alpha.weight", {E, Hv}, Role::plain);
+      f32(b + "ssm_norm.weight", {p.ssm_head_dim}, Fill::ones);
+      layer_mat(il, "ssm_out.weight", {value_dim, E}, Role::plain);
+    } else {
+      // Qwen3.5's attn_q holds q and its output gate, per head.
+      layer_mat(il, "attn_q.weight", {E, (is_hybrid(p) ? 2 : 1) * q_dim}, Role::plain);
+      layer_mat(il, "attn_k.weight", {E, kv_dim}, Role::plain);
+      layer_mat(il, "attn_v.weight", {E, kv_dim}, Role::attn_v);
+      layer_mat(il, "attn_output.weight", {q_dim, E}, Role::plain);
+      f32(b + "attn_q_norm.weight", {D}, Fill::ones);
+      f32(b + "attn_k_norm.weight", {D}, Fill::ones);
+    }
+    f32(b + (is_hybrid(p) ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, Fill::ones);
+    if (X > 0) {
+      f32(b + "ffn_gate_inp.weight", {E, X}, Fill::normal);  // the router stays f32
+      layer_mat(il, "ffn_gate_exps.weight", {E, F, X}, Role::plain);
+      layer_mat(il, "ffn_up_exps.weight", {E, F, X}, Role::plain);
+      layer_mat(il, "ffn_down_exps.weight", {F, E, X}, Role::ffn_down);
+      if (p.n_ff_shexp > 0) {
+        f32(b + "ffn_gate_inp_shexp.weight", {E}, Fill::normal);  // the shared expert's sigmoid gate
+        layer_mat(il, "ffn_gate_shexp.weight", {E, p.n_ff_shexp}, Role::plain);
+        layer_mat(il, "ffn_up_shexp.weight", {E, p.n_ff_shexp}, Role::plain);
+        layer_mat(il, "ffn_down_shexp.weight", {p.n_ff_shexp, E}, Role::ffn_down);
+      }
+    } else {
+      layer_mat(il, "ffn_gate.weight", {E, p.n_ff}, Role::plain);
+      layer_mat(il, "ffn_up.weight", {E, p.n_ff}, Role::plain);
+      layer_mat(il, "ffn_down.weight", {p.n_ff, E}, Role::ffn_down);
+    }
   }
-  vec("output_norm.weight", E);
+  f32("output_norm.weight", {E}, Fill::ones);
   mat("output.weight", {E, p.n_vocab}, mix.output);
   uint64_t offset = 0;
   for (TensorSpec& s : t) {
@@ -178,16 +252,29 @@ std::vector<std::pair<std::string, gguf::Value>> metadata(const SynthPreset& p, 
   u32(a + "block_count", p.n_layer);
   u32(a + "context_length", p.n_ctx);
   u32(a + "embedding_length", p.n_embd);
-  u32(a + "feed_forward_length", p.n_ff);
-  u32(a + "expert_feed_forward_length", p.n_ff_exp);
+  if (p.n_ff > 0) u32(a + "feed_forward_length", p.n_ff);  // Qwen3.5 MoE configs have no intermediate_size
+  if (p.n_expert > 0) u32(a + "expert_feed_forward_length", p.n_ff_exp);
   u32(a + "attention.head_count", p.n_head);
   u32(a + "attention.head_count_kv", p.n_head_kv);
   u32(a + "attention.key_length", p.head_dim);
   u32(a + "attention.value_length", p.head_dim);
   f32(a + "rope.freq_base", p.rope_base);
   f32(a + "attention.layer_norm_rms_epsilon", p.rms_eps);
-  u32(a + "expert_count", p.n_expert);
-  u32(a + "expert_used_count", p.n_expert_used);
+  if (p.n_expert > 0) {
+    u32(a + "expert_count", p.n_expert);
+    u32(a + "expert_used_count", p.n_expert_used);
+    if (is_hybrid(p)) u32(a + "expert_shared_feed_forward_length", p.n_ff_shexp);
+  }
+  if (is_hybrid(p)) {
+    u32(a + "rope.dimension_count", p.n_rot);
+    kv.emplace_back(a + "rope.dimension_sections", Value::of_numbers(ValueType::I32, p.rope_sections.data(), 4));
+    u32(a + "full_attention_interval", p.full_attention_interval);
+    u32(a + "ssm.conv_kernel", p.ssm_d_conv);
+    u32(a + "ssm.state_size", p.ssm_head_dim);
+    u32(a + "ssm.group_count", p.ssm_n_k_heads);
+    u32(a + "ssm.time_step_rank", p.ssm_n_v_heads);
+    u32(a + "ssm.inner_size", p.ssm_n_v_heads * p.ssm_head_dim);
+  }
   add_vocab(kv, p.n_vocab);
   return kv;
 }
@@ -276,6 +363,19 @@ class RowPool {
 
 }  // namespace
 
+SynthPlan synth_plan(const std::string& preset, const std::string& type) {
+  const SynthPreset& p = synth_preset(preset);
+  const TypeMix mix = type_mix(type);
+  SynthPlan plan;
+  for (const TensorSpec& s : tensor_specs(p, mix)) {
+    plan.tensors.push_back({s.name, s.type, s.shape});
+    plan.n_params += s.rows() * s.shape[0];
+    plan.tensor_bytes += s.bytes();
+  }
+  plan.metadata = metadata(p, mix, type);
+  return plan;
+}
+
 SynthResult synth_write(const SynthOptions& o) {
   const SynthPreset& p = synth_preset(o.preset);
   const TypeMix mix = type_mix(o.type);
@@ -336,6 +436,9 @@ SynthResult synth_write(const SynthOptions& o) {
       if (s.fill == Fill::normal) {
         std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt((float)k));
         for (float& x : v) x = normal(rng);
+      } else if (s.fill == Fill::decay) {
+        std::uniform_real_distribution<float> rate(0.1f, 2.0f);
+        for (float& x : v) x = -rate(rng);
       }
       out.bytes(v.data(), v.size() * sizeof(float));
     }
