@@ -19,6 +19,7 @@ class KvCache;
 class RecurrentState;
 class Backend;
 class DeviceBuffer;
+class RoutingStats;
 
 // A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
 struct Weight {
@@ -103,6 +104,7 @@ struct ForwardArgs {
   bool all_logits = false;     // false: logits of the last token only
   std::span<const BatchSegment> segments = {};
   RecurrentState* state = nullptr;  // per-slot recurrent state; required by models with recurrent layers
+  RoutingStats* routing_stats = nullptr;  // MoE models: count each layer's expert choices here (CPU MoE)
 };
 
 // Calls fn(name, weight) for every tensor of a layer that is present.

@@ -8,6 +8,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
+#include "model/routing_stats.h"
 
 namespace xpert {
 
@@ -62,12 +63,17 @@ Weight expert_matrix(const Weight& exps, int64_t e) {
   return w;
 }
 
-namespace {
-
-RouterParams router_params(const ModelConfig& c) {
+RouterParams moe_router_params(const ModelConfig& c) {
   return {.n_expert = c.n_expert, .k = c.n_expert_used, .norm_weights = c.expert_weights_norm,
           .weights_scale = c.expert_weights_scale};
 }
+
+RoutingTap& routing_tap() {
+  thread_local RoutingTap tap;
+  return tap;
+}
+
+namespace {
 
 void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
   cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);
@@ -90,27 +96,34 @@ void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t
   mm(expert_matrix(lw.ffn_down_exps, e), gate, m, s.yg.data() + r0 * D, pool);
 }
 
-}  // namespace
+// The experts of routing r (only those with (*include)[e] when include is given), grouped by expert, and
+// their weighted sum per token in slot order into out (see moe_experts_partial).
+void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
+                 const std::vector<bool>* include, float* out, bool accumulate, MoeScratch& s, ThreadPool& pool,
+                 MoeSchedule schedule) {
+  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used, n_slots = n * k;
+  XP_ASSERT(r.n_tokens == n && r.k == k && (int64_t)r.ids.size() == n_slots);
+  XP_ASSERT(!include || (int64_t)include->size() == E);
+  auto included = [&](int32_t e) { return !include || (*include)[e]; };
 
-void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
-             ThreadPool& pool, MoeSchedule schedule) {
-  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used, n_rows = n * k;
-  s.logits.resize(n * E);
-  mm(lw.ffn_gate_inp, x, n, s.logits.data(), pool);
-  route_top_k(s.logits.data(), n, router_params(c), s.routing);
-
-  // Group the (token, slot) rows by expert, tokens in order within an expert (a counting sort).
+  // Group the included (token, slot) rows by expert, tokens in order within an expert (a counting sort).
   s.offsets.assign(E + 1, 0);
-  for (int64_t i = 0; i < n_rows; ++i) ++s.offsets[s.routing.ids[i] + 1];
+  for (int64_t i = 0; i < n_slots; ++i)
+    if (included(r.ids[i])) ++s.offsets[r.ids[i] + 1];
   for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
+  const int64_t n_rows = s.offsets[E];
   s.row_slot.resize(n_rows);
-  s.slot_row.resize(n_rows);
+  s.slot_row.resize(n_slots);
   {
     std::vector<int32_t> fill(s.offsets.begin(), s.offsets.end() - 1);
-    for (int64_t i = 0; i < n_rows; ++i) {
-      const int32_t r = fill[s.routing.ids[i]]++;
-      s.row_slot[r] = (int32_t)i;
-      s.slot_row[i] = r;
+    for (int64_t i = 0; i < n_slots; ++i) {
+      if (!included(r.ids[i])) {
+        s.slot_row[i] = -1;
+        continue;
+      }
+      const int32_t row = fill[r.ids[i]]++;
+      s.row_slot[row] = (int32_t)i;
+      s.slot_row[i] = row;
     }
   }
   s.xg.resize(n_rows * D);
@@ -152,19 +165,48 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64
   auto combine = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = out + t * D;
+      bool first = !accumulate;
       for (int64_t j = 0; j < k; ++j) {
-        const float w = s.routing.weights[t * k + j];
-        const float* y = s.yg.data() + (int64_t)s.slot_row[t * k + j] * D;
-        if (j == 0) {
+        const int32_t row = s.slot_row[t * k + j];
+        if (row < 0) continue;
+        const float w = r.weights[t * k + j];
+        const float* y = s.yg.data() + (int64_t)row * D;
+        if (first) {
           for (int64_t i = 0; i < D; ++i) o[i] = w * y[i];
+          first = false;
         } else {
           for (int64_t i = 0; i < D; ++i) o[i] += w * y[i];
         }
       }
+      if (first) std::fill(o, o + D, 0.0f);  // out= and no slot of this token is included
     }
   };
   if (n * k * D >= 65536) pool.parallel_for(n, combine, 1);
   else combine(0, n);
+}
+
+}  // namespace
+
+void moe_route(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, Routing& r, MoeScratch& s,
+               ThreadPool& pool) {
+  s.logits.resize(n * c.n_expert);
+  mm(lw.ffn_gate_inp, x, n, s.logits.data(), pool);
+  route_top_k(s.logits.data(), n, moe_router_params(c), r);
+}
+
+void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
+             ThreadPool& pool, MoeSchedule schedule) {
+  moe_route(c, lw, x, n, s.routing, s, pool);
+  if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, s.routing.ids);
+  run_experts(c, lw, x, n, s.routing, nullptr, out, false, s, pool, schedule);
+}
+
+void moe_experts_partial(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
+                         const std::vector<bool>& include, float* out, bool accumulate, MoeScratch& s,
+                         ThreadPool& pool, MoeSchedule schedule) {
+  if (n == 0) return;
+  // r may be s.routing (what moe_route filled): run_experts only reads it.
+  run_experts(c, lw, x, n, r, &include, out, accumulate, s, pool, schedule);
 }
 
 void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
@@ -175,7 +217,7 @@ void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float
   };
   for (int64_t t = 0; t < n; ++t) ref(lw.ffn_gate_inp, x + t * D, logits.data() + t * E);
   Routing r;
-  route_top_k(logits.data(), n, router_params(c), r);
+  route_top_k(logits.data(), n, moe_router_params(c), r);
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * D;
     std::fill(o, o + D, 0.0f);

@@ -15,6 +15,8 @@
 
 namespace xpert {
 
+class RoutingStats;
+
 // Top-k choice of each token: slot j of token t is expert ids[t*k + j] with weight weights[t*k + j],
 // slots in descending probability (ties: the lower expert index first).
 struct Routing {
@@ -53,8 +55,38 @@ struct MoeScratch {
 
 // x: [n][n_embd] (the normalized FFN input) -> out: [n][n_embd]. Uses c.n_embd, n_expert,
 // n_expert_used, n_ff_exp, expert_weights_norm/scale and lw.ffn_gate_inp, ffn_{gate,up,down}_exps.
+// Adds the routing to routing_tap() when it has stats. = moe_route, then moe_experts_partial of all.
 void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
              ThreadPool& pool, MoeSchedule schedule = MoeSchedule::automatic);
+
+// The router alone: logits = x . ffn_gate_inp, then route_top_k with the layer's parameters into r.
+void moe_route(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, Routing& r, MoeScratch& s,
+               ThreadPool& pool);
+RouterParams moe_router_params(const ModelConfig& c);
+
+// Heterogeneous experts: only the experts with include[e] (include.size() == n_expert) for a routing
+// computed elsewhere (r: n tokens, k = n_expert_used). For every (token, slot) whose expert is included,
+// the SwiGLU expert output times the slot's weight, added per token in slot order:
+//   accumulate = false: out[t] = sum over the included slots (0 for a token with none),
+//   accumulate = true:  out[t] += each included slot's term, one after another in slot order.
+// Rows are grouped by expert exactly as in moe_ffn (each included expert's weights read once per batch,
+// the same rows in the same order), so its expert outputs are moe_ffn's bits, and a full include set
+// reproduces moe_ffn bit for bit. Two parts (the first out=, the second accumulate) equal moe_ffn
+// exactly when each token's first-part slots come before its second-part slots, and always for k <= 2
+// (float addition is commutative); otherwise up to summation order. Expert weights are read through
+// expert_matrix, so lw may be the host's view (the mmap) of a layer whose other experts are elsewhere.
+void moe_experts_partial(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
+                         const std::vector<bool>& include, float* out, bool accumulate, MoeScratch& s,
+                         ThreadPool& pool, MoeSchedule schedule = MoeSchedule::automatic);
+
+// Routing statistics of the forward pass running on this thread: Exec sets it from
+// ForwardArgs::routing_stats (stats null when the pass records nothing) and the layer it enters; moe_ffn
+// adds its routing there. A thread-local because Backend::moe_ffn carries no per-pass context.
+struct RoutingTap {
+  RoutingStats* stats = nullptr;
+  int64_t layer = -1;
+};
+RoutingTap& routing_tap();
 
 // The obvious version for tests: token by token, slot by slot, with cpu::matmul_reference.
 void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out);
