@@ -15,6 +15,7 @@
 
 namespace xpert {
 
+class ThreadPool;
 struct Weight;
 struct ModelConfig;
 struct LayerWeights;
@@ -110,7 +111,11 @@ class Backend {
   // Scratch memory for forward passes on this backend (kept between passes).
   Arena& scratch();
 
+  // The CPU threads of the pass (a GPU backend runs host-resident experts on them).
+  void set_host_pool(ThreadPool* p) { host_pool_ = p; }
+
  protected:
+  ThreadPool* host_pool_ = nullptr;
   // Derived destructors call this first: the arena frees through the derived class's dealloc.
   void drop_scratch();
 

@@ -43,6 +43,7 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
 
   // The embedding lookup runs on the host (the table stays in the mmap); x then goes where layer 0 runs.
   CpuBackend& cpu = CpuBackend::of(pool);
+  cpu_pool_ = &pool;
   devs_.reserve(2);
   b_ = &cpu;
   a_ = &on(cpu).a;
@@ -83,6 +84,7 @@ Exec::OnDevice& Exec::on(Backend& b) {
   for (const BatchSegment& g : segments_) seq.insert(seq.end(), g.n_tokens, g.seq);
   d.a.seq = ar.take<int32_t>(n);
   b.copy_from_host(d.a.seq, seq.data(), n * sizeof(int32_t));
+  if (!b.is_host()) b.set_host_pool(cpu_pool_);
   XP_ASSERT(devs_.size() < devs_.capacity());
   devs_.push_back(d);
   return devs_.back();

@@ -66,6 +66,7 @@ class Exec {
   std::vector<OnDevice> devs_;  // at most two: the CPU and the offload device
   Backend* b_ = nullptr;
   Activations* a_ = nullptr;
+  ThreadPool* cpu_pool_ = nullptr;
   bool decode_only_ = true;
   bool graph_open_ = false;  // begin_graph was called on b_; output_logits ends it
 };

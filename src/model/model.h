@@ -66,6 +66,22 @@ struct ModelConfig {
   }
 };
 
+struct LayerWeights;
+
+// The experts of an offloaded MoE layer split between the GPU and the host (heterogeneous experts):
+// experts with on_device[e] have their three matrices in the GPU's memory (gate/up/down[e]); the others
+// are read in place from the host's mmap through `host`.
+struct ExpertSplit {
+  std::vector<bool> on_device;
+  std::vector<const void*> gate, up, down;  // per expert: device pointer, null when on the host
+  const LayerWeights* host = nullptr;
+  int64_t n_on_device() const {
+    int64_t n = 0;
+    for (bool b : on_device) n += b;
+    return n;
+  }
+};
+
 struct LayerWeights {
   Weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
   Weight ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
@@ -78,6 +94,8 @@ struct LayerWeights {
   // conv1d [d_conv, conv_dim], dt bias / a [n_v_heads], beta / alpha [n_embd, n_v_heads],
   // norm [head_v_dim], out [value_dim, n_embd].
   Weight ssm_qkv, ssm_gate, ssm_conv1d, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
+  // Offloaded MoE layers whose experts are not all on the GPU (ffn_*_exps then hold no device data).
+  const ExpertSplit* split = nullptr;
 };
 
 struct ModelWeights {
@@ -125,7 +143,10 @@ class Model {
   // weights are copied into its memory once, and their forward runs there. The output norm and head go
   // along (the last layer is always among them). Call before creating caches (they follow layer_devices()). Returns the
   // bytes uploaded.
-  size_t offload(std::shared_ptr<Backend> dev, int64_t n_layers);
+  // gpu_experts (optional, per layer): which experts of an offloaded MoE layer go to the GPU; the rest
+  // stay in the host's mmap and run on the CPU (an empty entry: all experts on the GPU).
+  size_t offload(std::shared_ptr<Backend> dev, int64_t n_layers,
+                 const std::vector<std::vector<bool>>* gpu_experts = nullptr);
   int64_t n_offloaded() const { return n_offloaded_; }
   Backend* offload_device() const { return dev_.get(); }
   // Per layer: the backend it runs on, null for the CPU.
@@ -147,6 +168,7 @@ class Model {
   std::shared_ptr<Backend> dev_;
   int64_t n_offloaded_ = 0;
   std::vector<LayerWeights> dev_layers_;  // offloaded layers' weights, pointing into dev_mem_
+  std::vector<std::unique_ptr<ExpertSplit>> splits_;  // per layer, for split MoE layers
   ModelWeights dev_io_;                   // output_norm / output on dev_ (layers unused)
   std::vector<DeviceBuffer> dev_mem_;
 };

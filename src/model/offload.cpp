@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace xpert {
 
@@ -28,7 +29,8 @@ std::vector<Backend*> Model::layer_devices() const {
   return d;
 }
 
-size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
+size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
+                      const std::vector<std::vector<bool>>* gpu_experts) {
   if (n_offloaded_) fail("the model is already placed ({} layers on {})", n_offloaded_, dev_->name());
   if (!dev || n_layers <= 0) return 0;
   const ModelConfig& c = config_;
@@ -44,9 +46,34 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
   };
   dev_layers_.resize(c.n_layer);
   try {
+    splits_.resize(c.n_layer);
     for (int64_t il = c.n_layer - n; il < c.n_layer; ++il) {
-      dev_layers_[il] = w_.layers[il];
-      for_each_weight(dev_layers_[il], [&](const char*, Weight& w) { upload(w); });
+      LayerWeights& l = dev_layers_[il];
+      l = w_.layers[il];
+      const std::vector<bool>* mask = gpu_experts && il < (int64_t)gpu_experts->size() ? &(*gpu_experts)[il] : nullptr;
+      const bool split = l.ffn_gate_exps && mask && !mask->empty();
+      if (split) {
+        if ((int64_t)mask->size() != c.n_expert)
+          fail("expert placement of layer {} names {} experts, the model has {}", il, mask->size(), c.n_expert);
+        // Only the chosen experts travel, each as its own allocation; the rest stay in the mmap.
+        auto sp = std::make_unique<ExpertSplit>();
+        sp->on_device = *mask;
+        sp->host = &w_.layers[il];
+        sp->gate.assign(c.n_expert, nullptr);
+        sp->up.assign(c.n_expert, nullptr);
+        sp->down.assign(c.n_expert, nullptr);
+        for (int64_t e = 0; e < c.n_expert; ++e) {
+          if (!(*mask)[e]) continue;
+          Weight g = expert_matrix(l.ffn_gate_exps, e), u = expert_matrix(l.ffn_up_exps, e),
+                 d = expert_matrix(l.ffn_down_exps, e);
+          upload(g), upload(u), upload(d);
+          sp->gate[e] = g.data, sp->up[e] = u.data, sp->down[e] = d.data;
+        }
+        l.ffn_gate_exps.data = l.ffn_up_exps.data = l.ffn_down_exps.data = nullptr;
+        l.split = sp.get();
+        splits_[il] = std::move(sp);
+      }
+      for_each_weight(l, [&](const char*, Weight& w) { upload(w); });
     }
     {
       dev_io_.tok_embd = w_.tok_embd;  // the embedding lookup stays on the host
@@ -59,6 +86,7 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers) {
   } catch (...) {
     dev_mem_.clear();
     dev_layers_.clear();
+    splits_.clear();
     throw;
   }
   dev_ = std::move(dev);

@@ -96,6 +96,43 @@ TEST_P(CudaModel, MatchesCpu) {
               file.c_str(), fraction == 2 ? "all layers" : "half the layers", worst / scale, agree, a.tokens.size());
 }
 
+// Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
+// but one); the rest run on the host's threads over the mmap. Same tolerance as the plain GPU run.
+class CudaSplitExperts : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaSplitExperts, MatchesCpu) {
+  XPERT_REQUIRE_GPU();
+  const std::string file = "tiny_qwen3moe.gguf";
+  auto cpu = Model::load(fixture(file));
+  auto gpu = Model::load(fixture(file));
+  const ModelConfig& c = gpu->config();
+  std::vector<std::vector<bool>> masks(c.n_layer, std::vector<bool>(c.n_expert));
+  for (auto& m : masks)
+    for (int64_t e = 0; e < c.n_expert; ++e)
+      m[e] = GetParam() == 0 ? false : GetParam() == 1 ? e % 2 == 0 : e != 3;
+  gpu->offload(make_cuda_backend(0), c.n_layer, &masks);
+  const int64_t V = c.n_vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+  ThreadPool pool(2);
+  const Outputs a = run(*cpu, prompt, 24, pool), b = run(*gpu, prompt, 24, pool);
+  const float scale = max_abs(a.prefill);
+  float worst = 0;
+  for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
+  EXPECT_LT(worst / scale, kLogitTol);
+  size_t agree = 0;
+  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
+  if (agree < a.tokens.size()) {
+    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
+                                             : a.step_logits[agree - 1];
+    EXPECT_LT(std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l), kTieGap);
+  }
+  std::printf("%s, split %d: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", file.c_str(),
+              GetParam(), worst / scale, agree, a.tokens.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, CudaSplitExperts, ::testing::Values(0, 1, 2));
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel,
                          ::testing::Combine(::testing::Values("tiny_llama.gguf", "tiny_qwen2.gguf", "tiny_qwen3.gguf",
                                                               "tiny_qwen3moe.gguf", "tiny_qwen35.gguf",

@@ -13,6 +13,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "base/error.h"
+#include "base/thread_pool.h"
 #include "model/gated_delta_net.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -244,7 +245,16 @@ class CudaBackend final : public Backend {
     cuda::moe_route(logits, n, {.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
                                 .weights_scale = c.expert_weights_scale}, ids, weights, s());
     const ExpertTables& t = experts(c, lw);
+    if (lw.split && t.fused) {
+      no_graphs_ = true;  // the host's share needs the routing on the host
+      moe_split(c, lw, t.e, x, n, ids, weights, out);
+      ar.release(mark);
+      return;
+    }
     if (!t.fused) {
+      if (lw.split)
+        fail("experts of type {} cannot be split between the GPU and the host (the GPU's expert kernels take "
+             "Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)", dtype_info(lw.split->host->ffn_gate_exps.type).name);
       no_graphs_ = true;  // the unfused path reads the routing back to the host
       moe_unfused(c, lw, x, n, ids, weights, out);
       ar.release(mark);
@@ -269,14 +279,51 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // The device tables of a layer's expert pointers, made on first use (all experts resident).
+  // Experts split between this GPU and the host: the routing and x go to the host; the GPU computes its
+  // resident experts while the host threads compute the rest (moe_experts_partial over the mmap); the
+  // host's sum is then added on the GPU.
+  void moe_split(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x, int64_t n,
+                 const int32_t* ids_d, const float* weights_d, float* out) {
+    if (!host_pool_) fail("{}: a split MoE layer needs the host's threads", name());
+    const int64_t k = c.n_expert_used, E = c.n_embd;
+    Routing r;
+    r.n_tokens = n;
+    r.k = k;
+    r.ids.resize(n * k);
+    r.weights.resize(n * k);
+    thread_local std::vector<float> xh, yh;
+    xh.resize(n * E);
+    yh.resize(n * E);
+    copy_to_host(r.ids.data(), ids_d, r.ids.size() * sizeof(int32_t));
+    copy_to_host(r.weights.data(), weights_d, r.weights.size() * sizeof(float));
+    copy_to_host(xh.data(), x, xh.size() * sizeof(float));
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    const size_t ws = cuda::moe_workspace_bytes(e, n, k);
+    cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = k, .ids = ids_d, .weights = weights_d, .out = out,
+                          .accumulate = false, .path = cuda::MoePath::automatic},
+                      ws ? ar.take_bytes(ws) : nullptr, ws, s());
+    std::vector<bool> on_host(c.n_expert);
+    for (int64_t i = 0; i < c.n_expert; ++i) on_host[i] = !lw.split->on_device[i];
+    thread_local MoeScratch ms;
+    moe_experts_partial(c, *lw.split->host, xh.data(), n, r, on_host, yh.data(), false, ms, *host_pool_);
+    float* yd = ar.take<float>(n * E);
+    copy_from_host(yd, yh.data(), yh.size() * sizeof(float));
+    cuda::add(out, yd, out, n * E, s());
+    synchronize();  // yh is reused by the next layer
+    ar.release(mark);
+  }
+
+  // The device tables of a layer's expert pointers, made on first use (all experts resident, or the
+  // layer's split).
   struct ExpertTables {
     DeviceBuffer tables;
     cuda::MoeExperts e;
     bool fused = true;  // the MoE kernels take these types and shapes
   };
   const ExpertTables& experts(const ModelConfig& c, const LayerWeights& lw) {
-    auto it = expert_tables_.find(lw.ffn_gate_exps.data);
+    const void* key = lw.split ? (const void*)lw.split : lw.ffn_gate_exps.data;
+    auto it = expert_tables_.find(key);
     if (it != expert_tables_.end()) return it->second;
     const int64_t X = c.n_expert;
     const std::vector<bool> all(X, true);
@@ -284,8 +331,12 @@ class CudaBackend final : public Backend {
       const size_t bytes = row_bytes(w.type, w.ne[0]) * (size_t)w.ne[1];
       return cuda::expert_table(w.data, bytes, all);
     };
-    std::vector<const void*> host = table(lw.ffn_gate_exps);
-    const std::vector<const void*> up = table(lw.ffn_up_exps), down = table(lw.ffn_down_exps);
+    std::vector<const void*> host, up, down;
+    if (lw.split) {
+      host = lw.split->gate, up = lw.split->up, down = lw.split->down;
+    } else {
+      host = table(lw.ffn_gate_exps), up = table(lw.ffn_up_exps), down = table(lw.ffn_down_exps);
+    }
     host.insert(host.end(), up.begin(), up.end());
     host.insert(host.end(), down.begin(), down.end());
     ExpertTables t;
@@ -300,7 +351,7 @@ class CudaBackend final : public Backend {
     } catch (const Error&) {
       t.fused = false;  // e.g. f16 experts: moe_unfused
     }
-    return expert_tables_.emplace(lw.ffn_gate_exps.data, std::move(t)).first->second;
+    return expert_tables_.emplace(key, std::move(t)).first->second;
   }
 
   // Experts the fused kernels do not take: token by token, slot by slot, with the plain matmul (the
