@@ -8,6 +8,9 @@
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 
+#ifdef XPERT_HAS_CUDA
+#include "backend/cuda/device.h"
+#endif
 #ifdef XPERT_HAVE_OPENCL
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/expert_device.h"
@@ -22,7 +25,21 @@ void print_cpu() {
              cpu_features_string());
 }
 
-void print_cuda() { fmt::print("cuda      not built into this binary\n"); }
+#ifdef XPERT_HAS_CUDA
+void print_cuda() {
+  const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
+  if (devs.empty()) {
+    fmt::print("cuda      none: {}\n", cuda::no_device_reason());
+    return;
+  }
+  for (const cuda::DeviceInfo& d : devs)
+    fmt::print("{:<10}{} (compute {}.{}, {} SMs), {:.1f} GiB ({:.1f} GiB free), L2 {} MiB\n",
+               fmt::format("cuda:{}", d.index), d.name, d.cc_major, d.cc_minor, d.sm_count,
+               d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0, d.l2_bytes >> 20);
+}
+#else
+void print_cuda() { fmt::print("cuda      not built into this binary (no CUDA compiler at build time)\n"); }
+#endif
 
 #ifdef XPERT_HAVE_OPENCL
 std::string gib(uint64_t bytes) { return fmt::format("{:.1f} GiB", bytes / 1073741824.0); }
