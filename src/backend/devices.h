@@ -1,9 +1,12 @@
-// Where a model runs: device selection for the CLI and the server (--device, -ngl).
+// Where a model runs: device selection for the CLI and the server (--device, -ngl), and the placement of
+// MoE experts between the GPU and the expert device (--num-gpu-experts, --gpu-expert-budget,
+// --expert-device, --expert-profile; see model/expert_plan.h).
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "backend/backend.h"
+#include "model/expert_plan.h"
 
 namespace xpert {
 
@@ -12,12 +15,27 @@ class Model;
 int cuda_device_count();  // 0 when the build has no CUDA or the machine no GPU
 
 struct PlacementOptions {
-  std::string device;        // "", "cpu", "cuda:N"; "": the first GPU when there is one, else the CPU
+  std::string device = "";   // "", "cpu", "cuda:N"; "": the first GPU when there is one, else the CPU
   int64_t n_gpu_layers = -1; // the last N layers on the GPU (llama.cpp's -ngl); -1: all
+  // Heterogeneous experts. Neither count given: every expert of a GPU layer is on the GPU.
+  int64_t num_gpu_experts = -1;      // per GPU MoE layer (KTransformers' --kt-num-gpu-experts); -1: not given
+  std::string gpu_expert_budget = "";  // bytes of experts on the GPU over all its layers ("12GiB", "800MiB"); "": not given
+  std::string expert_device = "cpu";  // where the other experts run: cpu (opencl:N later)
+  // Routing profile choosing which experts go to the GPU: "" = <model>.xpert-profile.json when it exists
+  // (ignored with a warning when it belongs to another model), "none" = index order, else a file that must
+  // match the model.
+  std::string expert_profile = "";
+  size_t gpu_extra_bytes = 0;  // what else the GPU will hold (KV cache, scratch): counted in the fit check
 };
 
-// Offloads the model as the options say; throws Error for a device that does not exist or a
-// contradiction (-ngl with --device cpu, -ngl without a GPU).
-void place_model(Model& m, const PlacementOptions& o);
+// The plan the options give for this model on this machine, without placing anything (the GPU is opened
+// only to read its free memory). Throws Error for a device that does not exist, contradictory flags, or a
+// plan that does not fit the GPU. For `xpert info`.
+ExpertPlan plan_placement(const Model& m, const PlacementOptions& o);
+
+// Plans as above, logs the plan, then offloads the model as it says; throws Error (before uploading
+// anything) for a device that does not exist or a contradiction (-ngl with --device cpu, -ngl without a
+// GPU), bad expert flags, or a plan that does not fit.
+ExpertPlan place_model(Model& m, const PlacementOptions& o);
 
 }  // namespace xpert

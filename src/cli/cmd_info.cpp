@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backend/devices.h"
+#include "base/error.h"
 #include "cli/commands.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
@@ -34,6 +36,15 @@ Command add_info(CLI::App& app) {
                c.n_ctx_train);
     fmt::print("memory: weights {:.1f} MiB (mapped, read in place) + KV cache {:.1f} MiB at -c {} (f16)\n",
                weight_bytes / 1048576.0, kv / 1048576.0, n_ctx);
+    // Where the weights would go with these flags (nothing is uploaded); an impossible plan is reported
+    // here, as it would be at start-up.
+    fmt::print("\n");
+    try {
+      fmt::print("{}", plan_placement(*model, placement_options(*flags)).summary(true));
+    } catch (const Error& e) {
+      fmt::print("placement: {}\n", e.what());
+      return 1;
+    }
     return 0;
   };
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/devices.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -23,11 +24,17 @@ struct ModelFlags {
   int64_t batch = 512;
   std::string device;         // --device
   int64_t n_gpu_layers = -1;  // -ngl
+  int64_t num_gpu_experts = -1;      // --num-gpu-experts
+  std::string gpu_expert_budget;     // --gpu-expert-budget
+  std::string expert_device = "cpu";  // --expert-device
+  std::string expert_profile;        // --expert-profile
   void add(CLI::App& app, bool with_ctx = true);
 };
 
 // Model::load, then placed on the devices the flags name.
 std::unique_ptr<Model> load_model(const ModelFlags& f);
+// The placement options the flags give (devices.h).
+PlacementOptions placement_options(const ModelFlags& f);
 
 // --temp --top-k --top-p --min-p --repeat-penalty --seed, shared by the commands that sample.
 void add_sampling_flags(CLI::App& app, SamplingParams& sp);
@@ -41,6 +48,7 @@ Command add_synth(CLI::App& app);
 Command add_serve(CLI::App& app);
 Command add_chat(CLI::App& app);
 Command add_template(CLI::App& app);
+Command add_profile(CLI::App& app);
 
 // Reads every weight page once so the first request does not pay the page faults; a progress bar
 // when stderr is a terminal.

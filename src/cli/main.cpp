@@ -20,11 +20,30 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   app.add_option("--device", device, "where the layers run: cpu or cuda:N (default: cuda:0 when there is a GPU)");
   app.add_option("--n-gpu-layers", n_gpu_layers, "-ngl: the last N layers on the GPU (default: all when there is one)")
       ->check(CLI::Range((int64_t)-1, (int64_t)1 << 20));
+  app.add_option("--num-gpu-experts", num_gpu_experts,
+                 "MoE: experts per GPU layer kept on the GPU, the most routed first (default: all)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
+  app.add_option("--gpu-expert-budget", gpu_expert_budget,
+                 "MoE: GPU memory for experts over all GPU layers, e.g. 12GiB or 800MiB (instead of --num-gpu-experts)");
+  app.add_option("--expert-device", expert_device, "MoE: where the experts not on the GPU run (cpu)");
+  app.add_option("--expert-profile", expert_profile,
+                 "MoE: routing profile that picks the GPU experts (default: MODEL.xpert-profile.json when it exists; "
+                 "none: by index)");
+}
+
+PlacementOptions placement_options(const ModelFlags& f) {
+  return {.device = f.device,
+          .n_gpu_layers = f.n_gpu_layers,
+          .num_gpu_experts = f.num_gpu_experts,
+          .gpu_expert_budget = f.gpu_expert_budget,
+          .expert_device = f.expert_device,
+          .expert_profile = f.expert_profile,
+          .gpu_extra_bytes = 0};
 }
 
 std::unique_ptr<Model> load_model(const ModelFlags& f) {
   std::unique_ptr<Model> m = Model::load(f.model);
-  place_model(*m, {.device = f.device, .n_gpu_layers = f.n_gpu_layers});
+  place_model(*m, placement_options(f));
   return m;
 }
 
@@ -60,6 +79,7 @@ int main(int argc, char** argv) {
   sub("serve", "serve an OpenAI-compatible HTTP API with continuous batching", cli::add_serve);
   sub("chat", "chat with a model in the terminal, using its chat template", cli::add_chat);
   sub("template", "print the prompt a chat template renders for a messages file", cli::add_template);
+  sub("profile", "record how often each expert is routed, for placing experts on the GPU", cli::add_profile);
   // llama.cpp's multi-letter short flags, which CLI11 does not take.
   std::vector<std::string> args(argv, argv + argc);
   for (std::string& a : args)

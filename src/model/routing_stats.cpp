@@ -1,11 +1,10 @@
 #include "model/routing_stats.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
@@ -23,15 +22,19 @@ constexpr int kVersion = 1;
 
 ModelIdentity ModelIdentity::of(const Model& m) {
   const ModelConfig& c = m.config();
-  return {.arch = c.arch, .name = c.name, .n_layer = c.n_layer, .n_expert = c.n_expert,
-          .n_expert_used = c.n_expert_used, .file_bytes = m.file().file_size()};
+  return {.arch = c.arch,
+          .name = c.name,
+          .n_layer = c.n_layer,
+          .n_expert = c.n_expert,
+          .n_expert_used = c.n_expert_used,
+          .file_bytes = m.file().file_size()};
 }
 
 RoutingStats::RoutingStats(int64_t n_layer, int64_t n_expert, int64_t n_expert_used)
     : n_layer_(n_layer), n_expert_(n_expert), k_(n_expert_used) {
   if (n_layer <= 0 || n_expert <= 0 || n_expert_used <= 0 || n_expert_used > n_expert)
-    fail("routing statistics need a MoE model (layers {}, experts {}, experts per token {})", n_layer, n_expert,
-         n_expert_used);
+    fail("routing statistics need a MoE model (layers {}, experts {}, experts per token {})", n_layer,
+         n_expert, n_expert_used);
   counts_ = std::make_unique<std::atomic<uint64_t>[]>((size_t)(n_layer * n_expert));
   reset();
 }
@@ -49,7 +52,8 @@ RoutingStats& RoutingStats::operator=(const RoutingStats& o) {
     counts_ = std::make_unique<std::atomic<uint64_t>[]>((size_t)(n_layer_ * n_expert_));
   }
   k_ = o.k_;
-  for (int64_t i = 0; i < n_layer_ * n_expert_; ++i) counts_[i].store(o.counts_[i].load(std::memory_order_relaxed));
+  for (int64_t i = 0; i < n_layer_ * n_expert_; ++i)
+    counts_[i].store(o.counts_[i].load(std::memory_order_relaxed));
   return *this;
 }
 
@@ -112,24 +116,25 @@ double RoutingStats::top_share(int64_t il, int64_t top) const {
 }
 
 void RoutingStats::save(const std::string& path, const ModelIdentity& id) const {
-  json counts = json::array();
-  for (int64_t il = 0; il < n_layer_; ++il) counts.push_back(layer_counts(il));
-  const json j = {{"format", kFormat},
-                  {"version", kVersion},
-                  {"model",
-                   {{"arch", id.arch},
-                    {"name", id.name},
-                    {"n_layer", id.n_layer},
-                    {"n_expert", id.n_expert},
-                    {"n_expert_used", id.n_expert_used},
-                    {"file_bytes", id.file_bytes}}},
-                  {"tokens", max_tokens()},
-                  {"counts", counts}};
+  const json model = {{"arch", id.arch},
+                      {"name", id.name},
+                      {"n_layer", id.n_layer},
+                      {"n_expert", id.n_expert},
+                      {"n_expert_used", id.n_expert_used},
+                      {"file_bytes", id.file_bytes}};
+  // Written by hand so that each layer's counts stay on one line (a real model has 48 x 128 of them).
+  std::string text = fmt::format(
+      "{{\n \"format\": \"{}\",\n \"version\": {},\n \"model\": {},\n \"tokens\": {},\n"
+      " \"counts\": [\n",
+      kFormat, kVersion, model.dump(-1, ' ', false, json::error_handler_t::replace), max_tokens());
+  for (int64_t il = 0; il < n_layer_; ++il)
+    text += fmt::format("  {}{}\n", json(layer_counts(il)).dump(), il + 1 < n_layer_ ? "," : "");
+  text += " ]\n}\n";
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) fail("cannot write the routing profile {}", tmp);
-    f << j.dump(1) << '\n';
+    f << text;
     if (!f.flush()) fail("cannot write the routing profile {}", tmp);
   }
   std::error_code ec;
@@ -154,7 +159,8 @@ RoutingStats RoutingStats::load(const std::string& path, const ModelIdentity& ex
   auto bad = [&](const char* what) -> Error {
     return Error(fmt::format("{}: not a valid routing profile ({})", path, what));
   };
-  if (!j.is_object() || j.value("format", std::string()) != kFormat) throw bad("no \"format\": \"xpert-routing-profile\"");
+  if (!j.is_object() || j.value("format", std::string()) != kFormat)
+    throw bad("no \"format\": \"xpert-routing-profile\"");
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
     throw bad("expected version 1");
   if (!j.contains("model") || !j["model"].is_object()) throw bad("no \"model\" object");
@@ -165,9 +171,10 @@ RoutingStats RoutingStats::load(const std::string& path, const ModelIdentity& ex
   };
   auto differs = [&](const char* what, auto have, auto want) {
     if (have != want)
-      fail("{} was recorded on a different model ({} {} there, {} here); run `xpert profile` on this model "
-           "(or remove the file)",
-           path, what, have, want);
+      fail(
+          "{} was recorded on a different model ({} {} there, {} here); run `xpert profile` on this model "
+          "(or remove the file)",
+          path, what, have, want);
   };
   if (!m.contains("arch") || !m["arch"].is_string()) throw bad("model.arch");
   differs("architecture", m["arch"].get<std::string>(), expect.arch);
@@ -182,7 +189,8 @@ RoutingStats RoutingStats::load(const std::string& path, const ModelIdentity& ex
   RoutingStats s(expect.n_layer, expect.n_expert, expect.n_expert_used);
   for (int64_t il = 0; il < expect.n_layer; ++il) {
     const json& row = j["counts"][il];
-    if (!row.is_array() || (int64_t)row.size() != expect.n_expert) throw bad("a layer's counts must hold one count per expert");
+    if (!row.is_array() || (int64_t)row.size() != expect.n_expert)
+      throw bad("a layer's counts must hold one count per expert");
     for (int64_t e = 0; e < expect.n_expert; ++e) {
       if (!row[e].is_number_unsigned()) throw bad("counts must be non-negative integers");
       s.set(il, e, row[e].get<uint64_t>());
