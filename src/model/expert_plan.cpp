@@ -250,8 +250,8 @@ std::string ExpertPlan::summary(bool per_layer) const {
     if (gpu_free_bytes) s += fmt::format(" ({} free)", format_bytes((double)gpu_free_bytes));
     s += "\n";
   }
-  s += fmt::format("  host: {} read in place from the file (experts {})\n", format_bytes((double)host_bytes),
-                   format_bytes((double)host_expert_bytes));
+  s += fmt::format("  host: {} read in place from the file", format_bytes((double)host_bytes));
+  s += n_expert > 0 ? fmt::format(" (experts {})\n", format_bytes((double)host_expert_bytes)) : "\n";
   if (n_expert > 0 && (gpu_routing_share >= 0 || host_expert_bytes > 0)) {
     s += "  ";
     if (gpu_routing_share >= 0)
