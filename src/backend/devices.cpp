@@ -134,12 +134,9 @@ ExpertPlan place_model(Model& m, const PlacementOptions& o) {
     return std::move(p.plan);
   }
   log::info("{}", summary);
-  // The CUDA backend does not run a MoE layer split between its memory and the expert device yet.
-  if (p.plan.splits_experts())
-    fail("this plan keeps experts of GPU layers on {}, which the CUDA backend cannot run yet (issue #8); "
-         "drop --num-gpu-experts / --gpu-expert-budget, or lower -ngl",
-         p.plan.expert_device);
-  m.offload(std::move(p.gpu), n);
+  // Split MoE layers: only the plan's experts go to the GPU; the others run on the host's threads.
+  if (p.plan.splits_experts()) m.offload(std::move(p.gpu), n, &p.plan.gpu_experts);
+  else m.offload(std::move(p.gpu), n);
   return std::move(p.plan);
 }
 

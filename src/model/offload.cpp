@@ -1,5 +1,7 @@
 // Model placement: which layers run on a GPU (llama.cpp's -ngl: the last N), with their weights copied
 // once into its memory.
+#include <algorithm>
+
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -51,7 +53,8 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
       LayerWeights& l = dev_layers_[il];
       l = w_.layers[il];
       const std::vector<bool>* mask = gpu_experts && il < (int64_t)gpu_experts->size() ? &(*gpu_experts)[il] : nullptr;
-      const bool split = l.ffn_gate_exps && mask && !mask->empty();
+      const bool split = l.ffn_gate_exps && mask && !mask->empty() &&
+                         std::find(mask->begin(), mask->end(), false) != mask->end();
       if (split) {
         if ((int64_t)mask->size() != c.n_expert)
           fail("expert placement of layer {} names {} experts, the model has {}", il, mask->size(), c.n_expert);

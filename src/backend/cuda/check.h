@@ -10,11 +10,11 @@ namespace xpert::cuda {
 
 }  // namespace xpert::cuda
 
-#define XPERT_CUDA_CHECK(call)                                                              \
-  do {                                                                                      \
-    cudaError_t xpert_cuda_err_ = (call);                                                   \
-    if (xpert_cuda_err_ != cudaSuccess)                                                     \
-      ::xpert::cuda::throw_cuda_error(xpert_cuda_err_, #call, __FILE__, __LINE__);          \
+#define XPERT_CUDA_CHECK(call)                                                     \
+  do {                                                                             \
+    cudaError_t xpert_cuda_err_ = (call);                                          \
+    if (xpert_cuda_err_ != cudaSuccess)                                            \
+      ::xpert::cuda::throw_cuda_error(xpert_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors at once (not the kernel's own faults,
