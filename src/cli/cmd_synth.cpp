@@ -23,7 +23,8 @@ Command add_synth(CLI::App& app) {
   app.add_flag("--list", *list, "list the presets and exit");
   return [o, list] {
     if (*list) {
-      for (const SynthPreset& p : synth_presets()) fmt::print("{:<18} {:<10} {}\n", p.name, p.arch, p.description);
+      for (const SynthPreset& p : synth_presets())
+        fmt::print("{:<18} {:<10} {}\n", p.name, p.arch, p.description);
       return 0;
     }
     synth_preset(o->preset);  // a clear error before anything is created

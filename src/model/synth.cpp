@@ -267,7 +267,8 @@ std::vector<std::pair<std::string, gguf::Value>> metadata(const SynthPreset& p, 
   }
   if (is_hybrid(p)) {
     u32(a + "rope.dimension_count", p.n_rot);
-    kv.emplace_back(a + "rope.dimension_sections", Value::of_numbers(ValueType::I32, p.rope_sections.data(), 4));
+    kv.emplace_back(a + "rope.dimension_sections",
+                    Value::of_numbers(ValueType::I32, p.rope_sections.data(), 4));
     u32(a + "full_attention_interval", p.full_attention_interval);
     u32(a + "ssm.conv_kernel", p.ssm_d_conv);
     u32(a + "ssm.state_size", p.ssm_head_dim);

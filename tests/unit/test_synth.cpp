@@ -5,14 +5,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -61,11 +60,13 @@ TEST(Synth, TinyQwen3MoeLoadsAndRuns) {
   const std::vector<int32_t> tokens = {1, 300, 17, 42, 511, 259, 3, 100};
   KvCache batch_cache(c, 16), step_cache(c, 16);
   std::vector<float> all, one;
-  model->forward({.tokens = tokens, .pos0 = 0, .cache = &batch_cache, .seq = 0, .all_logits = true}, all, pool);
+  model->forward({.tokens = tokens, .pos0 = 0, .cache = &batch_cache, .seq = 0, .all_logits = true}, all,
+                 pool);
   ASSERT_EQ(all.size(), tokens.size() * 512);
   for (size_t t = 0; t < tokens.size(); ++t) {
-    model->forward({.tokens = std::span(tokens).subspan(t, 1), .pos0 = (int32_t)t, .cache = &step_cache, .seq = 0},
-                   one, pool);
+    model->forward(
+        {.tokens = std::span(tokens).subspan(t, 1), .pos0 = (int32_t)t, .cache = &step_cache, .seq = 0}, one,
+        pool);
     double max_err = 0, max_abs = 0;
     for (int64_t i = 0; i < 512; ++i) {
       ASSERT_TRUE(std::isfinite(all[t * 512 + i]));
@@ -141,14 +142,15 @@ std::set<std::string> hybrid_tensor_names(int64_t n_layer, int64_t interval, boo
     };
     add({"attn_norm.weight", "post_attention_norm.weight"});
     if ((i + 1) % interval != 0)
-      add({"attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_beta.weight",
-           "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight"});
+      add({"attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a",
+           "ssm_beta.weight", "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight"});
     else
       add({"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_norm.weight",
            "attn_k_norm.weight"});
     if (moe)
       add({"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
-           "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"});
+           "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+           "ffn_down_shexp.weight"});
     else
       add({"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"});
   }
@@ -159,10 +161,10 @@ std::set<std::string> hybrid_tensor_names(int64_t n_layer, int64_t interval, boo
 std::set<std::string> hybrid_keys(const std::string& arch) {
   std::set<std::string> keys;
   for (const char* k : {"block_count", "context_length", "embedding_length", "attention.head_count",
-                        "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.freq_base",
-                        "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.dimension_sections",
-                        "full_attention_interval", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
-                        "ssm.time_step_rank", "ssm.inner_size"})
+                        "attention.head_count_kv", "attention.key_length", "attention.value_length",
+                        "rope.freq_base", "attention.layer_norm_rms_epsilon", "rope.dimension_count",
+                        "rope.dimension_sections", "full_attention_interval", "ssm.conv_kernel",
+                        "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size"})
     keys.insert(arch + "." + k);
   if (arch == "qwen35moe")
     for (const char* k : {"expert_count", "expert_used_count", "expert_feed_forward_length",
@@ -173,7 +175,8 @@ std::set<std::string> hybrid_keys(const std::string& arch) {
   return keys;
 }
 
-std::set<std::string> arch_keys(const std::vector<std::pair<std::string, gguf::Value>>& kv, const std::string& arch) {
+std::set<std::string> arch_keys(const std::vector<std::pair<std::string, gguf::Value>>& kv,
+                                const std::string& arch) {
   std::set<std::string> keys;
   for (const auto& [k, v] : kv)
     if (k.rfind(arch + ".", 0) == 0) keys.insert(k);
@@ -187,14 +190,22 @@ double prefill_vs_steps(const Model& model, const std::vector<int32_t>& tokens, 
   KvCache batch_cache(c, 64), step_cache(c, 64);
   RecurrentState batch_state(c), step_state(c);
   std::vector<float> all, one;
-  model.forward({.tokens = tokens, .pos0 = 0, .cache = &batch_cache, .seq = 0, .all_logits = true, .state = &batch_state},
+  model.forward({.tokens = tokens,
+                 .pos0 = 0,
+                 .cache = &batch_cache,
+                 .seq = 0,
+                 .all_logits = true,
+                 .state = &batch_state},
                 all, pool);
   EXPECT_EQ((int64_t)all.size(), (int64_t)tokens.size() * V);
   double worst = 0;
   for (size_t t = 0; t < tokens.size(); ++t) {
-    model.forward(
-        {.tokens = std::span(tokens).subspan(t, 1), .pos0 = (int32_t)t, .cache = &step_cache, .seq = 0, .state = &step_state},
-        one, pool);
+    model.forward({.tokens = std::span(tokens).subspan(t, 1),
+                   .pos0 = (int32_t)t,
+                   .cache = &step_cache,
+                   .seq = 0,
+                   .state = &step_state},
+                  one, pool);
     double max_err = 0, max_abs = 0;
     for (int64_t i = 0; i < V; ++i) {
       EXPECT_TRUE(std::isfinite(all[t * V + i]));
@@ -237,7 +248,8 @@ TEST_P(SynthHybrid, LoadsRunsAndPrefillEqualsSteps) {
   EXPECT_EQ(f.tensor("blk.0.ssm_out.weight")->type, DType::Q4_K);
   EXPECT_EQ(f.tensor(moe ? "blk.0.ffn_down_exps.weight" : "blk.0.ffn_down.weight")->type, DType::Q4_K);
   EXPECT_EQ(f.tensor(moe ? "blk.3.ffn_down_exps.weight" : "blk.3.ffn_down.weight")->type, DType::Q6_K);
-  for (const char* small : {"blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.ssm_dt.bias", "blk.0.ssm_norm.weight"})
+  for (const char* small :
+       {"blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.ssm_dt.bias", "blk.0.ssm_norm.weight"})
     EXPECT_EQ(f.tensor(small)->type, DType::F32) << small;
   EXPECT_EQ(f.tensor("output.weight")->type, DType::Q6_K);
   const float* a = reinterpret_cast<const float*>(f.tensor("blk.1.ssm_a")->data);
@@ -261,8 +273,11 @@ TEST_P(SynthHybrid, LoadsRunsAndPrefillEqualsSteps) {
     ASSERT_GE(next, 0);
     ASSERT_LT(next, c.n_vocab);
     seq.push_back(next);
-    model->forward({.tokens = std::span(seq).subspan(seq.size() - 1, 1), .pos0 = (int32_t)seq.size() - 1,
-                    .cache = &cache, .seq = 0, .state = &state},
+    model->forward({.tokens = std::span(seq).subspan(seq.size() - 1, 1),
+                    .pos0 = (int32_t)seq.size() - 1,
+                    .cache = &cache,
+                    .seq = 0,
+                    .state = &state},
                    logits, pool);
   }
   std::filesystem::remove(path);
@@ -327,7 +342,8 @@ TEST(Synth, Qwen35MoePresetHasTheRealShapesAndQ4KMTypes) {
     const bool v_like = t.name.ends_with("attn_v.weight") || t.name.ends_with("attn_qkv.weight");
     const bool down = t.name.find("ffn_down") != std::string::npos;
     DType want = DType::Q4_K;
-    if (t.shape.size() == 1 || t.name.ends_with("ffn_gate_inp.weight") || t.name.ends_with("ssm_conv1d.weight"))
+    if (t.shape.size() == 1 || t.name.ends_with("ffn_gate_inp.weight") ||
+        t.name.ends_with("ssm_conv1d.weight"))
       want = DType::F32;
     else if (t.name == "output.weight" || ((v_like || down) && more))
       want = DType::Q6_K;
@@ -392,8 +408,9 @@ TEST(Synth, MatchesLlamaCppReference) {
   KvCache cache(c, 64);
   RecurrentState state(c);
   std::vector<float> out;
-  model->forward({.tokens = prompt, .pos0 = 0, .cache = &cache, .seq = 0, .all_logits = true, .state = &state}, out,
-                 pool);
+  model->forward(
+      {.tokens = prompt, .pos0 = 0, .cache = &cache, .seq = 0, .all_logits = true, .state = &state}, out,
+      pool);
   double worst = 0;
   int n_over_2e3 = 0;
   std::vector<int32_t> ours;
@@ -418,16 +435,21 @@ TEST(Synth, MatchesLlamaCppReference) {
     ours.push_back(argmax(last));
     // Continue with llama.cpp's token, so that one near-tie does not hide the positions after it.
     const int32_t tok = generated[g];
-    model->forward({.tokens = std::span(&tok, 1), .pos0 = (int32_t)(prompt.size() + g), .cache = &cache, .seq = 0,
+    model->forward({.tokens = std::span(&tok, 1),
+                    .pos0 = (int32_t)(prompt.size() + g),
+                    .cache = &cache,
+                    .seq = 0,
                     .state = &state},
                    last, pool);
     compare(prompt.size() + g, last.data());
   }
   EXPECT_EQ(ours, generated);
-  fmt::print("{}: greedy tokens {}; |xpert - llama.cpp| / max|logit| <= {:.1e} (bound {}; {} of {} positions > 2e-3):{}\n",
-             std::filesystem::path(ref["file"].get<std::string>()).filename().string(),
-             ours == generated ? "identical" : "DIFFER", worst,
-             tolerance ? fmt::format("{:.0e}", *tolerance) : "none", n_over_2e3, logits.size(), per_position);
+  fmt::print(
+      "{}: greedy tokens {}; |xpert - llama.cpp| / max|logit| <= {:.1e} (bound {}; {} of {} positions > "
+      "2e-3):{}\n",
+      std::filesystem::path(ref["file"].get<std::string>()).filename().string(),
+      ours == generated ? "identical" : "DIFFER", worst,
+      tolerance ? fmt::format("{:.0e}", *tolerance) : "none", n_over_2e3, logits.size(), per_position);
 }
 
 }  // namespace
