@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/thread_pool.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
 #include "cuda_test_util.h"
@@ -97,14 +99,16 @@ TEST_P(CudaModel, MatchesCpu) {
 }
 
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
-// but one); the rest run on the host's threads over the mmap. Same tolerance as the plain GPU run.
+// but one); the rest run on the host's threads over the mmap. Same tolerance as the plain GPU run. The
+// synth tiny-qwen3moe (Q4_K_M, rows of 256) has expert types the fused GPU kernels take.
 class CudaSplitExperts : public ::testing::TestWithParam<int> {};
 
 TEST_P(CudaSplitExperts, MatchesCpu) {
   XPERT_REQUIRE_GPU();
-  const std::string file = "tiny_qwen3moe.gguf";
-  auto cpu = Model::load(fixture(file));
-  auto gpu = Model::load(fixture(file));
+  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_split_tiny.gguf").string();
+  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
+  auto cpu = Model::load(file);
+  auto gpu = Model::load(file);
   const ModelConfig& c = gpu->config();
   std::vector<std::vector<bool>> masks(c.n_layer, std::vector<bool>(c.n_expert));
   for (auto& m : masks)

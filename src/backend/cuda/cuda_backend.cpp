@@ -253,8 +253,7 @@ class CudaBackend final : public Backend {
     }
     if (!t.fused) {
       if (lw.split)
-        fail("experts of type {} cannot be split between the GPU and the host (the GPU's expert kernels take "
-             "Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)", dtype_info(lw.split->host->ffn_gate_exps.type).name);
+        fail("this layer's experts cannot be split between the GPU and the host: {}", t.why_not);
       no_graphs_ = true;  // the unfused path reads the routing back to the host
       moe_unfused(c, lw, x, n, ids, weights, out);
       ar.release(mark);
@@ -320,6 +319,7 @@ class CudaBackend final : public Backend {
     DeviceBuffer tables;
     cuda::MoeExperts e;
     bool fused = true;  // the MoE kernels take these types and shapes
+    std::string why_not;  // when not fused: what the kernels refused
   };
   const ExpertTables& experts(const ModelConfig& c, const LayerWeights& lw) {
     const void* key = lw.split ? (const void*)lw.split : lw.ffn_gate_exps.data;
@@ -348,8 +348,9 @@ class CudaBackend final : public Backend {
            .gate = base, .up = base + X, .down = base + 2 * X};
     try {
       cuda::check_moe_experts(t.e);
-    } catch (const Error&) {
+    } catch (const Error& e) {
       t.fused = false;  // e.g. f16 experts: moe_unfused
+      t.why_not = e.what();
     }
     return expert_tables_.emplace(key, std::move(t)).first->second;
   }
