@@ -1,8 +1,11 @@
-// llama-bench's method: random tokens, one warm-up run, then r timed runs from an empty context;
-// pp = n_prompt tokens in batches of -b, tg = n_gen tokens one at a time. Reports mean ± stddev t/s.
+// llama-bench's method: random tokens, one warm-up run, then r timed runs; pp = n_prompt tokens in batches
+// of -b, tg = n_gen tokens one at a time. Reports mean ± stddev t/s. With -d DEPTH (llama-bench's -d) each
+// run starts after DEPTH tokens already in the context: they are evaluated once, untimed, and each run
+// cuts the context back to them (hybrid models through a checkpoint of the recurrent state).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -21,6 +24,7 @@ struct Result {
   std::string test;
   int64_t n_prompt, n_gen;
   std::vector<double> tps;
+  int64_t depth = 0;
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -34,9 +38,20 @@ struct Result {
   }
 };
 
-double run_once(Session& s, int64_t n_prompt, int64_t n_gen, std::mt19937& rng, int64_t n_vocab) {
-  std::uniform_int_distribution<int32_t> tok(0, (int32_t)n_vocab - 1);
+// Brings the session to exactly `depth` random tokens: a cut back when it holds them already (the
+// depth's tokens are fixed per session), else a fresh evaluation.
+void set_depth(Session& s, int64_t depth, const std::vector<int32_t>& depth_tokens) {
+  if (depth > 0 && s.n_past() >= depth && s.truncate(depth) == depth) return;
   s.reset();
+  if (depth == 0) return;
+  s.eval(depth_tokens);
+  s.checkpoint();
+}
+
+double run_once(Session& s, int64_t depth, const std::vector<int32_t>& depth_tokens, int64_t n_prompt,
+                int64_t n_gen, std::mt19937& rng, int64_t n_vocab) {
+  std::uniform_int_distribution<int32_t> tok(0, (int32_t)n_vocab - 1);
+  set_depth(s, depth, depth_tokens);
   std::vector<int32_t> prompt(n_prompt);
   for (auto& t : prompt) t = tok(rng);
   const auto t0 = std::chrono::steady_clock::now();
@@ -56,6 +71,7 @@ Command add_bench(CLI::App& app) {
     ModelFlags m;
     int64_t n_prompt = 512, n_gen = 128;
     int reps = 5;
+    std::vector<int64_t> depths = {0};
     std::string output = "md";
   };
   auto o = std::make_shared<Opts>();
@@ -64,20 +80,37 @@ Command add_bench(CLI::App& app) {
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip tg)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("-r,--repetitions", o->reps, "timed runs per test")->check(CLI::Range(1, 1000));
   app.add_option("-b,--batch-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
+  app.add_option("-d,--n-depth", o->depths, "tokens already in the context before each test (comma list)")
+      ->delimiter(',')
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
   app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [o] {
     auto model = load_model(o->m);
     prefetch_weights(model->file());
     const ModelConfig& c = model->config();
-    SessionOptions so{.n_ctx = std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1), .n_threads = o->m.threads, .n_batch = o->m.batch};
+    const int64_t max_depth = *std::max_element(o->depths.begin(), o->depths.end());
+    SessionOptions so{.n_ctx = max_depth + std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1),
+                      .n_threads = o->m.threads,
+                      .n_batch = o->m.batch,
+                      .cache_ram_bytes = (size_t)1 << 30,  // room for the depth's checkpoint (hybrid models)
+                      .checkpoint_every = 0};
     Session s(*model, so);
     std::mt19937 rng(1234);
     std::vector<Result> results;
-    if (o->n_prompt > 0) results.push_back({fmt::format("pp{}", o->n_prompt), o->n_prompt, 0, {}});
-    if (o->n_gen > 0) results.push_back({fmt::format("tg{}", o->n_gen), 0, o->n_gen, {}});
-    for (Result& r : results) {
-      run_once(s, r.n_prompt, r.n_gen, rng, c.n_vocab);  // warm-up
-      for (int i = 0; i < o->reps; ++i) r.tps.push_back(run_once(s, r.n_prompt, r.n_gen, rng, c.n_vocab));
+    for (int64_t depth : o->depths) {
+      std::vector<int32_t> depth_tokens(depth);
+      std::uniform_int_distribution<int32_t> tok(0, (int32_t)c.n_vocab - 1);
+      for (auto& t : depth_tokens) t = tok(rng);
+      const std::string at = depth ? fmt::format(" @ d{}", depth) : "";
+      std::vector<Result> tests;
+      if (o->n_prompt > 0) tests.push_back({fmt::format("pp{}{}", o->n_prompt, at), o->n_prompt, 0, {}, depth});
+      if (o->n_gen > 0) tests.push_back({fmt::format("tg{}{}", o->n_gen, at), 0, o->n_gen, {}, depth});
+      for (Result& r : tests) {
+        run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab);  // warm-up
+        for (int i = 0; i < o->reps; ++i)
+          r.tps.push_back(run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab));
+        results.push_back(std::move(r));
+      }
     }
     size_t bytes = 0;
     int64_t params = 0;
@@ -94,7 +127,7 @@ Command add_bench(CLI::App& app) {
       for (const Result& r : results)
         out.push_back({{"model", c.name}, {"arch", c.arch}, {"model_size", bytes}, {"model_n_params", params},
                        {"backend", backend}, {"isa", isa_name(best_isa())}, {"n_threads", threads},
-                       {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"avg_ts", r.mean()}, {"stddev_ts", r.stddev()},
+                       {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"n_depth", r.depth}, {"avg_ts", r.mean()}, {"stddev_ts", r.stddev()},
                        {"samples_ts", r.tps}});
       fmt::print("{}\n", out.dump(2));
     } else {

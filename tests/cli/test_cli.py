@@ -1,5 +1,5 @@
 """The xpert binary end to end: output on stdout only, one clear error line for bad input, no crash."""
-import json, pathlib, struct
+import json, os, pathlib, struct
 
 import pytest
 
@@ -38,6 +38,35 @@ def test_bench_json(xpert, model):
     rows = json.loads(r.stdout)
     assert [(x["n_prompt"], x["n_gen"]) for x in rows] == [(16, 0), (0, 4)]
     assert all(x["avg_ts"] > 0 and len(x["samples_ts"]) == 2 for x in rows)
+
+
+def test_bench_depth(xpert, model):
+    # llama-bench's -d: each test after DEPTH tokens already in the context, named "pp16 @ d48".
+    r = xpert("bench", "-m", model, "-p", 16, "-n", 4, "-r", 1, "-d", "0,48", "-o", "json", "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = json.loads(r.stdout)
+    assert [(x["n_depth"], x["n_prompt"], x["n_gen"]) for x in rows] == [(0, 16, 0), (0, 0, 4), (48, 16, 0), (48, 0, 4)]
+    assert all(x["avg_ts"] > 0 for x in rows)
+    hybrid = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen35.gguf")
+    r = xpert("bench", "-m", hybrid, "-p", 8, "-n", 4, "-r", 2, "-d", "40", "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    assert "pp8 @ d40" in r.stdout.decode() and "tg4 @ d40" in r.stdout.decode()
+
+
+def test_profile_writes_a_profile(xpert, tmp_path):
+    # xpert profile on a tiny MoE fixture: a JSON profile with per-layer expert counts that add up.
+    moe = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen3moe.gguf")
+    out = tmp_path / "profile.json"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe quick brown fox\n")
+    r = xpert("profile", "-m", moe, "--prompts", prompts, "-n", 4, "-o", out, "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    p = json.loads(out.read_text())
+    assert p["tokens"] > 0 and len(p["counts"]) == 2  # two MoE layers
+    k = p["model"]["n_expert_used"]
+    assert all(sum(layer) == p["tokens"] * k for layer in p["counts"])
+    r = xpert("profile", "-m", moe, "--prompts", tmp_path / "missing.txt", "-o", out)
+    assert r.returncode != 0 and b"missing.txt" in r.stderr
 
 
 def test_tokenize_matches_llama_cpp(xpert, model):
