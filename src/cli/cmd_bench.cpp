@@ -85,15 +85,15 @@ Command add_bench(CLI::App& app) {
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
   app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   return [o] {
-    auto model = load_model(o->m);
-    prefetch_weights(model->file());
-    const ModelConfig& c = model->config();
     const int64_t max_depth = *std::max_element(o->depths.begin(), o->depths.end());
     SessionOptions so{.n_ctx = max_depth + std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1),
                       .n_threads = o->m.threads,
                       .n_batch = o->m.batch,
                       .cache_ram_bytes = (size_t)1 << 30,  // room for the depth's checkpoint (hybrid models)
                       .checkpoint_every = 0};
+    auto model = load_model(o->m, {.n_parallel = 1, .cache_ram_bytes = so.cache_ram_bytes, .n_ctx = so.n_ctx});
+    prefetch_weights(model->file());
+    const ModelConfig& c = model->config();
     Session s(*model, so);
     std::mt19937 rng(1234);
     std::vector<Result> results;

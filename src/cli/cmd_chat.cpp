@@ -68,11 +68,11 @@ Command add_chat(CLI::App& app) {
                  "hybrid models: also checkpoint every N tokens (0: only at the end of each prompt)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 30));
   return [o] {
-    auto model = load_model(o->m);
+    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
+    auto model = load_model(o->m, {.n_parallel = 1, .cache_ram_bytes = cache_ram, .n_ctx = 0});
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
-    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
     Session s(*model, {.n_ctx = o->m.ctx,
                        .n_threads = o->m.threads,
                        .n_batch = o->m.batch,

@@ -5,7 +5,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "runtime/memory_plan.h"
 
 namespace xpert::cli {
 
@@ -29,18 +29,32 @@ Command add_info(CLI::App& app) {
       fmt::print("  {:<40} {:<6} {:<22} {:>12}\n", t.name, dtype_name(t.type), fmt::format("[{}]", fmt::join(t.shape, ", ")),
                  t.n_bytes);
     }
-    const int64_t n_ctx = flags->ctx > 0 ? flags->ctx : c.n_ctx_train;
-    const double kv = 2.0 * 2.0 * c.n_layer * n_ctx * c.n_head_kv * c.head_dim;
+    const int64_t n_ctx = resolve_ctx_flag(c, flags->ctx);
+    size_t kv = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il)
+      if (il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il]) kv += kv_bytes_per_layer(c, n_ctx, 1);
     fmt::print("\nmodel: {} ({}), {} layers, n_embd {}, {} heads ({} kv) x {}, ff {}, vocab {}, trained ctx {}\n",
                c.name, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
                c.n_ctx_train);
-    fmt::print("memory: weights {:.1f} MiB (mapped, read in place) + KV cache {:.1f} MiB at -c {} (f16)\n",
+    fmt::print("memory: weights {:.1f} MiB (mapped, read in place) + KV cache {:.1f} MiB at -c {} (f16, attention "
+               "layers only)\n",
                weight_bytes / 1048576.0, kv / 1048576.0, n_ctx);
-    // Where the weights would go with these flags (nothing is uploaded); an impossible plan is reported
-    // here, as it would be at start-up.
+    // Where the weights would go with these flags (nothing is uploaded) and what `xpert run` with them
+    // would hold per device; an impossible plan is reported here, as it would be at start-up.
     fmt::print("\n");
     try {
-      fmt::print("{}", plan_placement(*model, placement_options(*flags)).summary(true));
+      const ExpertPlan placement = plan_placement(*model, placement_options(*flags));
+      fmt::print("{}", placement.summary(true));
+      const MemoryPlan mp = plan_memory(c, placement,
+                                        {.n_ctx = n_ctx,
+                                         .n_parallel = 1,
+                                         .n_batch = flags->batch,
+                                         .cache_ram_bytes = 0,
+                                         .weights_mapped = true,
+                                         .host_available = host_available_memory()});
+      fmt::print("\n{}", mp.summary());
+      const std::string warning = mp.check();
+      if (!warning.empty()) fmt::print("warning: {}\n", warning);
     } catch (const Error& e) {
       fmt::print("placement: {}\n", e.what());
       return 1;

@@ -67,11 +67,11 @@ Command add_serve(CLI::App& app) {
     });
     signals.detach();
 
-    auto model = load_model(o->m);
+    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
+    auto model = load_model(o->m, {.n_parallel = std::max(1, o->parallel), .cache_ram_bytes = cache_ram, .n_ctx = 0});
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
-    const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
     Engine engine(*model, *tok,
                   {.n_parallel = o->parallel,
                    .n_ctx = o->m.ctx,

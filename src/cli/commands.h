@@ -20,7 +20,7 @@ using Command = std::function<int()>;
 struct ModelFlags {
   std::string model;
   int threads = 0;
-  int64_t ctx = 4096;
+  int64_t ctx = -1;  // -c; -1: not given (4096, or the model's trained context when less); load_model resolves it
   int64_t batch = 512;
   std::string device;         // --device
   int64_t n_gpu_layers = -1;  // -ngl
@@ -31,8 +31,16 @@ struct ModelFlags {
   void add(CLI::App& app, bool with_ctx = true);
 };
 
-// Model::load, then placed on the devices the flags name.
-std::unique_ptr<Model> load_model(const ModelFlags& f);
+// What a command holds besides the weights, for the memory plan (runtime/memory_plan.h).
+struct RunMemory {
+  int n_parallel = 1;          // cache slots
+  size_t cache_ram_bytes = 0;  // the state cache's budget
+  int64_t n_ctx = 0;           // > 0: the command's own context (bench), used as is; 0: from -c
+};
+// Model::load (maps the file, reads no weight), resolves -c into f.ctx (refusing one above the trained
+// maximum), prints the memory plan and refuses one that does not fit (Error saying what to change), then
+// places the model on the devices the flags name.
+std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r = {});
 // The placement options the flags give (devices.h).
 PlacementOptions placement_options(const ModelFlags& f);
 

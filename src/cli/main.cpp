@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "runtime/memory_plan.h"
 
 namespace xpert::cli {
 
@@ -14,7 +15,7 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   app.add_option("-m,--model", model, "model file (GGUF)")->required();
   app.add_option("-t,--threads", threads, "CPU threads (default: physical cores)")->check(CLI::Range(0, 1024));
   if (with_ctx) {
-    app.add_option("-c,--ctx-size", ctx, "context size in tokens (0: the model's)")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
+    app.add_option("-c,--ctx-size", ctx, "context size in tokens per slot (0: the model's trained maximum; default: 4096, or that maximum when less)")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
     app.add_option("-b,--batch-size", batch, "prompt tokens evaluated per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   }
   app.add_option("--device", device, "where the layers run: cpu or cuda:N (default: cuda:0 when there is a GPU)");
@@ -41,9 +42,27 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .gpu_extra_bytes = 0};
 }
 
-std::unique_ptr<Model> load_model(const ModelFlags& f) {
+std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
   std::unique_ptr<Model> m = Model::load(f.model);
-  place_model(*m, placement_options(f));
+  const ModelConfig& c = m->config();
+  if (r.n_ctx <= 0) f.ctx = resolve_ctx_flag(c, f.ctx);
+  PlacementOptions po = placement_options(f);
+  const MemoryPlan mp = plan_memory(c, plan_placement(*m, po),
+                                    {.n_ctx = r.n_ctx > 0 ? r.n_ctx : f.ctx,
+                                     .n_parallel = r.n_parallel,
+                                     .n_batch = f.batch,
+                                     .cache_ram_bytes = r.cache_ram_bytes,
+                                     // HF folders too: what their conversion owns is allocated already
+                                     .weights_mapped = true,
+                                     .host_available = host_available_memory()});
+  std::string summary = mp.summary();
+  summary.pop_back();
+  log::info("{}", summary);
+  const std::string warning = mp.check();
+  if (!warning.empty()) log::warn("{}", warning);
+  // The expert plan's own fit check then counts what else the GPU holds.
+  if (mp.gpu) po.gpu_extra_bytes = mp.gpu->kv + mp.gpu->recurrent + mp.gpu->scratch;
+  place_model(*m, po);
   return m;
 }
 

@@ -1,9 +1,9 @@
 """The xpert binary end to end: output on stdout only, one clear error line for bad input, no crash."""
-import json, os, pathlib, struct
+import json, os, pathlib, struct, subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, XPERT
 
 FIXTURE = json.loads((ROOT / "tests/reference/fixtures/default_greedy.json").read_text())
 
@@ -130,3 +130,32 @@ def test_bad_flags_exit_nonzero(xpert, args):
 def test_context_too_small_is_an_error(xpert, model):
     r = xpert("run", "-m", model, "-p", "word " * 50, "-n", 4, "-c", 16)
     assert r.returncode == 1 and b"context" in r.stderr
+
+
+def test_context_above_trained_is_refused_before_loading(xpert, model):
+    # The memory plan's first check: -c above the trained maximum fails naming it, before the plan or
+    # any weight is read; -c 0 is the trained maximum.
+    r = xpert("run", "-m", model, "-p", "hi", "-n", 1, "-c", 10000000)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and r.stdout == b"", err
+    assert "-c 10000000 is above the model's trained context of 32768 tokens" in err and "memory plan" not in err
+    hybrid = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen35.gguf")
+    r = xpert("run", "-m", hybrid, "-p", "hi", "-n", 1, "-c", 0, "-t", 2)
+    assert r.returncode == 0 and "memory plan: -c 256 (trained 256)" in r.stderr.decode(), r.stderr.decode()
+
+
+def test_memory_plan_refuses_what_does_not_fit(xpert):
+    # A state cache budget of 1 PiB cannot fit in RAM: refused with what to change, before generating.
+    hybrid = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen35.gguf")
+    r = subprocess.run([str(XPERT), "chat", "-m", hybrid, "--cache-ram", str(1 << 30)], input=b"hello\n",
+                       capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "xpert: error: host RAM:" in err and "--cache-ram" in err, err
+
+
+def test_info_prints_the_memory_plan(xpert):
+    hybrid = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen35.gguf")
+    r = xpert("info", "-m", hybrid, "-c", 128)
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "memory plan: -c 128 (trained 256)" in out, out
+    assert "KV cache 64.0 KiB" in out and "recurrent states" in out, out  # 2 attention layers of 6
