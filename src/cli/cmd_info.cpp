@@ -51,6 +51,7 @@ Command add_info(CLI::App& app) {
                                          .n_batch = flags->batch,
                                          .cache_ram_bytes = 0,
                                          .weights_mapped = true,
+                                         .file_weight_bytes = weight_bytes,
                                          .host_available = host_available_memory()});
       fmt::print("\n{}", mp.summary());
       const std::string warning = mp.check();

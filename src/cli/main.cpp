@@ -42,6 +42,14 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .gpu_extra_bytes = 0};
 }
 
+namespace {
+size_t file_weight_bytes(const Model& m) {
+  size_t n = 0;
+  for (const auto& t : m.file().tensors()) n += t.n_bytes;
+  return n;
+}
+}  // namespace
+
 std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
   std::unique_ptr<Model> m = Model::load(f.model);
   const ModelConfig& c = m->config();
@@ -54,6 +62,7 @@ std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
                                      .cache_ram_bytes = r.cache_ram_bytes,
                                      // HF folders too: what their conversion owns is allocated already
                                      .weights_mapped = true,
+                                     .file_weight_bytes = file_weight_bytes(*m),
                                      .host_available = host_available_memory()});
   std::string summary = mp.summary();
   summary.pop_back();

@@ -51,12 +51,12 @@ size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel) {
   return (size_t)n_parallel * (size_t)(s.conv_state_size() + s.ssm_state_size()) * sizeof(float);
 }
 
-size_t scratch_bytes(const ModelConfig& c, int64_t n_batch) {
+size_t scratch_bytes(const ModelConfig& c, int64_t n_batch, int n_parallel) {
   const int64_t n_ff_eff = std::max(c.n_ff, c.n_expert_used * c.n_ff_exp);
   const int64_t conv_dim = c.has_recurrent_layers() ? gdn_shape(c).conv_dim() : 0;
   const int64_t per_token = 4 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 3 * n_ff_eff +
-                            2 * conv_dim + c.n_vocab;
-  return (size_t)n_batch * (size_t)per_token * sizeof(float);
+                            2 * conv_dim;
+  return ((size_t)n_batch * (size_t)per_token + (size_t)n_parallel * (size_t)c.n_vocab) * sizeof(float);
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const MemoryPlanOptions& o) {
@@ -69,6 +69,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
   p.n_parallel = o.n_parallel;
   p.host.name = "host";
   p.host.weights = placement.host_bytes;
+  if (o.file_weight_bytes) p.host.weights = std::min(p.host.weights, o.file_weight_bytes);
   p.host.weights_mapped = o.weights_mapped;
   p.host.available = o.host_available;
   p.host.state_cache = o.cache_ram_bytes;
@@ -85,7 +86,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
     if (recurrent_layer(c, il)) d.recurrent += rec;
     else d.kv += kv;
   }
-  (offloaded ? *p.gpu : p.host).scratch = scratch_bytes(c, o.n_batch);
+  (offloaded ? *p.gpu : p.host).scratch = scratch_bytes(c, o.n_batch, o.n_parallel);
   return p;
 }
 

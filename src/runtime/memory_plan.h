@@ -30,6 +30,9 @@ struct MemoryPlanOptions {
   int64_t n_batch = 512;       // tokens evaluated per step: sizes the scratch
   size_t cache_ram_bytes = 0;  // --cache-ram: the state cache's budget (host), 0: none
   bool weights_mapped = true;  // weights read in place from a file mapping (page cache)
+  // All tensors' bytes: the host's mapped weights are at most this (a head tied to the embedding is
+  // mapped once, though the placement counts it twice). 0: unknown.
+  size_t file_weight_bytes = 0;
   size_t host_available = 0;   // MemAvailable; 0: unknown, no host check
 };
 
@@ -60,10 +63,12 @@ size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel);
 // Recurrent state: per recurrent layer and slot, (conv state + delta-rule state) × 4 bytes.
 size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel);
 // Scratch (an estimate of the activations of one step of n_batch tokens, fp32):
-//   4 B × n_batch × (4·n_embd + 2·n_head·head_dim + 2·n_head_kv·head_dim + 3·n_ff_eff + 2·conv_dim + n_vocab)
-// n_ff_eff = max(n_ff, n_expert_used × n_ff_exp); conv_dim: the DeltaNet q|k|v channels (0 if none);
-// n_vocab: logits. Counted once, on the device the layers run on (the GPU when any layer is offloaded).
-size_t scratch_bytes(const ModelConfig& c, int64_t n_batch);
+//   4 B × (n_batch × (4·n_embd + 2·n_head·head_dim + 2·n_head_kv·head_dim + 3·n_ff_eff + 2·conv_dim)
+//          + n_parallel × n_vocab)
+// n_ff_eff = max(n_ff, n_expert_used × n_ff_exp); conv_dim: the DeltaNet q|k|v channels (0 if none); the
+// logits are of each sequence's last token only. Counted once, on the device the layers run on (the GPU
+// when any layer is offloaded).
+size_t scratch_bytes(const ModelConfig& c, int64_t n_batch, int n_parallel = 1);
 
 MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const MemoryPlanOptions& o);
 

@@ -77,16 +77,27 @@ TEST(MemoryPlan, HybridFixtureKvOnlyForAttentionLayers) {
   for (const auto& t : m->file().tensors()) file_bytes += t.n_bytes;
   EXPECT_EQ(p.host.weights, file_bytes);  // everything on the host, read in place
   EXPECT_EQ(p.host.state_cache, (size_t)1 << 20);
-  EXPECT_EQ(p.host.scratch, scratch_bytes(c, 64));
+  EXPECT_EQ(p.host.scratch, scratch_bytes(c, 64, 3));
   EXPECT_EQ(p.host.allocated(), p.host.total() - p.host.weights);
   EXPECT_EQ(p.check(), "");  // unknown availability: nothing to check
   EXPECT_NE(p.summary().find("recurrent states"), std::string::npos);
 }
 
+TEST(MemoryPlan, TiedHeadIsMappedOnce) {
+  // The placement counts a tied head as the embedding again; the mapping holds it once.
+  const ModelConfig c = dense_config();
+  const MemoryPlan p = plan_memory(c, placement(0), {.n_ctx = 16, .n_parallel = 1, .n_batch = 8, .cache_ram_bytes = 0,
+                                                     .weights_mapped = true, .file_weight_bytes = 4500,
+                                                     .host_available = 0});
+  EXPECT_EQ(placement(0).host_bytes, 4800u);
+  EXPECT_EQ(p.host.weights, 4500u);
+}
+
 TEST(MemoryPlan, ScratchFormula) {
   const ModelConfig c = dense_config();
-  // 4·64 + 2·4·16 + 2·2·16 + 3·128 + 0 + 100 = 932 floats a token.
-  EXPECT_EQ(scratch_bytes(c, 10), (size_t)10 * 932 * 4);
+  // 4·64 + 2·4·16 + 2·2·16 + 3·128 + 0 = 832 floats a token, + 100 logits a sequence.
+  EXPECT_EQ(scratch_bytes(c, 10), (size_t)(10 * 832 + 100) * 4);
+  EXPECT_EQ(scratch_bytes(c, 10, 3), (size_t)(10 * 832 + 3 * 100) * 4);
 }
 
 TEST(MemoryPlan, OffloadedLayersHoldTheirKvOnTheGpu) {
