@@ -194,50 +194,62 @@ void tile_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x,
     for (int c = 0; c < MR; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
-    // Unpack each weight block once: 8 sub-blocks of 32 levels, their scales as int16 pairs, the mins
-    // spread to match the 16 bsums (each min covers two of them).
-    __m256i q[NR][8], scale[NR][8], mins[NR];
+    // Per row: the block's scales (int16 pairs per sub-block), its mins spread to match the 16 bsums
+    // (each min covers two of them), d and dmin. The levels are unpacked one 64-element chunk at a time
+    // inside the product loop, so the hot loop's registers are the NR x MR integer sums, one chunk of
+    // levels per row and one activation vector (a whole block of levels per row would spill).
+    const uint8_t* blk[NR];
+    uint8_t sc[NR][8];
+    __m256i mins[NR];
     __m256 d[NR], dmin[NR];
     for (int r = 0; r < NR; ++r) {
-      const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
-      if constexpr (MR == 1) prefetch_next_tile<kBytes>(blk + NR * w_row_bytes);
-      d[r] = _mm256_set1_ps(load_f16(blk));
-      dmin[r] = _mm256_set1_ps(load_f16(blk + 2));
-      uint8_t sc[8], m[8];
-      unpack_scales_k4(blk + 4, sc, m);
-      for (int s = 0; s < 8; ++s) scale[r][s] = _mm256_set1_epi16(sc[s]);
+      blk[r] = w + r * w_row_bytes + b * kBytes;
+      if constexpr (MR == 1) prefetch_next_tile<kBytes>(blk[r] + NR * w_row_bytes);
+      d[r] = _mm256_set1_ps(load_f16(blk[r]));
+      dmin[r] = _mm256_set1_ps(load_f16(blk[r] + 2));
+      uint8_t m[8];
+      unpack_scales_k4(blk[r] + 4, sc[r], m);
       uint64_t m8;
       std::memcpy(&m8, m, 8);
       const __m128i mv = _mm_cvtsi64_si128((long long)m8);
       mins[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
-      const __m256i qh = kFiveBit ? load256(blk + 16) : _mm256_setzero_si256();
-      for (int ch = 0; ch < 4; ++ch) {
-        const __m256i raw = load256(blk + kQsOffset + 32 * ch);
-        q[r][2 * ch] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-        q[r][2 * ch + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    }
+    __m256i sumi[NR][MR];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < MR; ++c) sumi[r][c] = _mm256_setzero_si256();
+    for (int ch = 0; ch < 4; ++ch) {
+      __m256i q[NR][2];  // sub-blocks 2ch (low nibbles) and 2ch+1 (high nibbles)
+      for (int r = 0; r < NR; ++r) {
+        const __m256i raw = load256(blk[r] + kQsOffset + 32 * ch);
+        q[r][0] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+        q[r][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
         if constexpr (kFiveBit) {
           // bit s of qh[l] is bit 4 of element 32s + l
+          const __m256i qh = load256(blk[r] + 16);
           const int s0 = 2 * ch, s1 = 2 * ch + 1;
           const __m256i h0 = s0 <= 4 ? _mm256_slli_epi16(qh, 4 - s0) : _mm256_srli_epi16(qh, s0 - 4);
           const __m256i h1 = s1 <= 4 ? _mm256_slli_epi16(qh, 4 - s1) : _mm256_srli_epi16(qh, s1 - 4);
-          q[r][s0] = _mm256_or_si256(q[r][s0], _mm256_and_si256(h0, _mm256_set1_epi8(0x10)));
-          q[r][s1] = _mm256_or_si256(q[r][s1], _mm256_and_si256(h1, _mm256_set1_epi8(0x10)));
+          q[r][0] = _mm256_or_si256(q[r][0], _mm256_and_si256(h0, _mm256_set1_epi8(0x10)));
+          q[r][1] = _mm256_or_si256(q[r][1], _mm256_and_si256(h1, _mm256_set1_epi8(0x10)));
+        }
+      }
+      for (int half = 0; half < 2; ++half) {
+        const int sub = 2 * ch + half;
+        __m256i scale[NR];
+        for (int r = 0; r < NR; ++r) scale[r] = _mm256_set1_epi16(sc[r][sub]);
+        for (int c = 0; c < MR; ++c) {
+          const __m256i av = load256(x.qs(c) + 256 * b + 32 * sub);
+          for (int r = 0; r < NR; ++r)
+            sumi[r][c] = dot_i16(sumi[r][c], _mm256_maddubs_epi16(q[r][half], av), scale[r]);
         }
       }
     }
     for (int c = 0; c < MR; ++c) {
-      const int8_t* a = x.qs(c) + 256 * b;
       const __m256i bsums = load256(x.sums(c) + 32 * b);
-      __m256i sumi[NR];
-      for (int r = 0; r < NR; ++r) sumi[r] = _mm256_setzero_si256();
-      for (int s = 0; s < 8; ++s) {
-        const __m256i av = load256(a + 32 * s);
-        for (int r = 0; r < NR; ++r) sumi[r] = dot_i16(sumi[r], _mm256_maddubs_epi16(q[r][s], av), scale[r][s]);
-      }
       const __m256 da = _mm256_broadcast_ss(x.d(c) + b);
       for (int r = 0; r < NR; ++r) {
         const __m256i summ = _mm256_madd_epi16(bsums, mins[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_mul_ps(d[r], da), acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][c]), _mm256_mul_ps(d[r], da), acc[r][c]);
         acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin[r], da), acc[r][c]);
       }
     }
