@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
+
 #include "backend/devices.h"
 #include "base/error.h"
 #include "cli/commands.h"
@@ -18,8 +20,12 @@ Command add_info(CLI::App& app) {
     auto model = Model::load(flags->model);
     const gguf::GGUFFile& f = model->file();
     const ModelConfig& c = model->config();
-    fmt::print("file: {} (GGUF v{}, {:.1f} MiB, alignment {})\n", f.path(), f.version(), f.file_size() / 1048576.0,
-               f.alignment());
+    const bool folder = std::filesystem::is_directory(flags->model);
+    if (folder)
+      fmt::print("file: {} (Hugging Face folder, translated to GGUF names and keys in memory)\n", flags->model);
+    else
+      fmt::print("file: {} (GGUF v{}, {:.1f} MiB, alignment {})\n", f.path(), f.version(), f.file_size() / 1048576.0,
+                 f.alignment());
     fmt::print("\nmetadata ({} keys):\n", f.metadata().size());
     for (const auto& [k, v] : f.metadata()) fmt::print("  {:<44} {}\n", k, v.to_display(*all ? 64 : 8));
     fmt::print("\ntensors ({}):\n  {:<40} {:<6} {:<22} {:>12}\n", f.tensors().size(), "name", "type", "shape", "bytes");
@@ -33,12 +39,18 @@ Command add_info(CLI::App& app) {
     size_t kv = 0;
     for (int64_t il = 0; il < c.n_layer; ++il)
       if (il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il]) kv += kv_bytes_per_layer(c, n_ctx, 1);
-    fmt::print("\nmodel: {} ({}), {} layers, n_embd {}, {} heads ({} kv) x {}, ff {}, vocab {}, trained ctx {}\n",
-               c.name, c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
-               c.n_ctx_train);
-    fmt::print("memory: weights {:.1f} MiB (mapped, read in place) + KV cache {:.1f} MiB at -c {} (f16, attention "
-               "layers only)\n",
-               weight_bytes / 1048576.0, kv / 1048576.0, n_ctx);
+    std::string ffn = c.n_ff ? fmt::format("ff {}", c.n_ff) : "";
+    if (c.n_expert > 0) {
+      ffn += fmt::format("{}{} experts (top {}) x ff {}", ffn.empty() ? "" : ", ", c.n_expert, c.n_expert_used,
+                         c.n_ff_exp);
+      if (c.n_ff_shexp > 0) ffn += fmt::format(" + shared expert ff {}", c.n_ff_shexp);
+    }
+    fmt::print("\nmodel: {} ({}), {} layers, n_embd {}, {} heads ({} kv) x {}, {}, vocab {}, trained ctx {}\n", c.name,
+               c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, ffn, c.n_vocab, c.n_ctx_train);
+    fmt::print("memory: weights {:.1f} MiB ({}) + KV cache {:.1f} MiB at -c {} (f16, attention layers only)\n",
+               weight_bytes / 1048576.0,
+               folder ? "read in place where unchanged, converted tensors in one buffer" : "mapped, read in place",
+               kv / 1048576.0, n_ctx);
     // Where the weights would go with these flags (nothing is uploaded) and what `xpert run` with them
     // would hold per device; an impossible plan is reported here, as it would be at start-up.
     fmt::print("\n");
