@@ -15,6 +15,9 @@
 #ifdef XPERT_HAS_CUDA
 #include "backend/cuda/device.h"
 #endif
+#ifdef XPERT_HAVE_OPENCL
+#include "backend/opencl/expert_executor.h"
+#endif
 
 namespace xpert {
 
@@ -58,8 +61,12 @@ void check_expert_device(const std::string& s) {
   switch (d.kind) {
     case DeviceKind::cpu: return;
     case DeviceKind::opencl:
-      fail("--expert-device {}: OpenCL expert devices are not wired into the placement yet; use --expert-device cpu",
+#ifdef XPERT_HAVE_OPENCL
+      return;
+#else
+      fail("--expert-device {}: this xpert was built without OpenCL (install Debian's opencl-headers and rebuild)",
            d.str());
+#endif
     case DeviceKind::cuda:
       fail("--expert-device {}: the expert device runs the experts that are not on the GPU (cpu, later opencl:N); "
            "the GPU's share is set by --num-gpu-experts or --gpu-expert-budget",
@@ -129,11 +136,23 @@ ExpertPlan place_model(Model& m, const PlacementOptions& o) {
   const int64_t n = p.plan.n_layer - p.plan.first_gpu_layer;
   std::string summary = p.plan.summary();
   if (!summary.empty() && summary.back() == '\n') summary.pop_back();
+  const DeviceKind expert_kind = DeviceId::parse(o.expert_device).kind;
   if (n == 0) {
     log::debug("{}", summary);
+#ifdef XPERT_HAVE_OPENCL
+    if (expert_kind == DeviceKind::opencl && m.config().n_expert > 0) {
+      auto exec = opencl::make_expert_executor(DeviceId::parse(o.expert_device).index);
+      log::info("experts of every MoE layer on {}", exec->name());
+      m.attach_expert_executor(std::move(exec));
+    }
+#endif
     return std::move(p.plan);
   }
   log::info("{}", summary);
+  if (expert_kind == DeviceKind::opencl && m.config().n_expert > 0)
+    fail("--expert-device {} with MoE layers on the GPU is not supported yet: the host's share of a GPU layer "
+         "runs on the CPU; use --expert-device cpu, or -ngl 0 to run every MoE layer's experts on {}",
+         o.expert_device, o.expert_device);
   // Split MoE layers: only the plan's experts go to the GPU; the others run on the host's threads.
   if (p.plan.splits_experts()) m.offload(std::move(p.gpu), n, &p.plan.gpu_experts);
   else m.offload(std::move(p.gpu), n);

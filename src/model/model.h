@@ -19,6 +19,7 @@ class KvCache;
 class RecurrentState;
 class Backend;
 class DeviceBuffer;
+class ExpertExecutor;
 class RoutingStats;
 
 // A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
@@ -96,6 +97,8 @@ struct LayerWeights {
   Weight ssm_qkv, ssm_gate, ssm_conv1d, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
   // Offloaded MoE layers whose experts are not all on the GPU (ffn_*_exps then hold no device data).
   const ExpertSplit* split = nullptr;
+  // Host MoE layers whose experts run on an expert device (--expert-device opencl:N); null: the CPU.
+  ExpertExecutor* expert_exec = nullptr;
 };
 
 struct ModelWeights {
@@ -157,6 +160,8 @@ class Model {
   // Output norm and head on the device of the last layer (offloading always includes the last layer).
   const ModelWeights& io_weights() const { return n_offloaded_ ? dev_io_ : w_; }
   const ModelWeights& host_weights() const { return w_; }
+  // The experts of every MoE layer that runs on the host go to `exec` (the CPU still routes and combines).
+  void attach_expert_executor(std::shared_ptr<ExpertExecutor> exec);
 
  protected:
   explicit Model(std::unique_ptr<gguf::GGUFFile> file);
@@ -171,6 +176,7 @@ class Model {
   std::vector<std::unique_ptr<ExpertSplit>> splits_;  // per layer, for split MoE layers
   ModelWeights dev_io_;                   // output_norm / output on dev_ (layers unused)
   std::vector<DeviceBuffer> dev_mem_;
+  std::shared_ptr<ExpertExecutor> expert_exec_;
 };
 
 std::vector<std::string> supported_architectures();

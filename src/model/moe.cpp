@@ -100,7 +100,7 @@ void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t
 // their weighted sum per token in slot order into out (see moe_experts_partial).
 void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
                  const std::vector<bool>* include, float* out, bool accumulate, MoeScratch& s, ThreadPool& pool,
-                 MoeSchedule schedule) {
+                 MoeSchedule schedule, ExpertExecutor* exec = nullptr, int64_t layer = -1) {
   const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used, n_slots = n * k;
   XP_ASSERT(r.n_tokens == n && r.k == k && (int64_t)r.ids.size() == n_slots);
   XP_ASSERT(!include || (int64_t)include->size() == E);
@@ -143,12 +143,24 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
   });
 
   const int nth = pool.size();
-  if (schedule == MoeSchedule::automatic) {
+  if (exec) {
+    // Another device computes the experts: it gets the gathered rows and the (expert, rows) list.
+    for (int64_t row = 0; row < n_rows; ++row) {
+      const int64_t t = s.row_slot[row] / k;
+      std::copy(x + t * D, x + (t + 1) * D, s.xg.data() + row * D);
+    }
+    std::vector<ExpertTask> tasks;
+    for (int32_t e : active)
+      tasks.push_back({.expert = e, .row0 = s.offsets[e], .n_rows = s.offsets[e + 1] - s.offsets[e]});
+    if (n_rows > 0) exec->run(layer, lw, tasks, s.xg.data(), n_rows, s.yg.data());
+  } else if (schedule == MoeSchedule::automatic) {
     // Whole experts per thread when there are enough of them and none dominates the batch.
     const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
     schedule = nth > 1 && balanced ? MoeSchedule::by_expert : MoeSchedule::by_rows;
   }
-  if (schedule == MoeSchedule::by_expert) {
+  if (exec) {
+    // done above
+  } else if (schedule == MoeSchedule::by_expert) {
     static ThreadPool serial(1);  // no workers: safe to share between threads
     std::atomic<size_t> next{0};
     pool.run([&](int, int) {
@@ -199,6 +211,13 @@ void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64
   moe_route(c, lw, x, n, s.routing, s, pool);
   if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, s.routing.ids);
   run_experts(c, lw, x, n, s.routing, nullptr, out, false, s, pool, schedule);
+}
+
+void moe_ffn_on(ExpertExecutor& exec, int64_t layer, const ModelConfig& c, const LayerWeights& lw, const float* x,
+                int64_t n, float* out, MoeScratch& s, ThreadPool& pool) {
+  moe_route(c, lw, x, n, s.routing, s, pool);
+  if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, s.routing.ids);
+  run_experts(c, lw, x, n, s.routing, nullptr, out, false, s, pool, MoeSchedule::automatic, &exec, layer);
 }
 
 void moe_experts_partial(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,

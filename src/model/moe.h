@@ -8,6 +8,8 @@
 // placement can later put experts one by one on different devices.
 #pragma once
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -87,6 +89,24 @@ struct RoutingTap {
   int64_t layer = -1;
 };
 RoutingTap& routing_tap();
+
+// A device that computes the experts of host-resident MoE layers (an OpenCL device, --expert-device
+// opencl:N): the CPU routes and combines; run() computes every routed (expert, row) of a batch.
+struct ExpertTask {
+  int32_t expert = 0, row0 = 0, n_rows = 0;  // grouped rows [row0, row0 + n_rows) go through `expert`
+};
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  virtual std::string name() const = 0;
+  // yg[i] = SwiGLU expert of row i (xg[i]), for the rows of every task; xg, yg: [n_rows][n_embd].
+  virtual void run(int64_t layer, const LayerWeights& lw, std::span<const ExpertTask> tasks, const float* xg,
+                   int64_t n_rows, float* yg) = 0;
+};
+
+// moe_ffn with the experts computed by `exec` (layer: the model layer, for the executor's weight tables).
+void moe_ffn_on(ExpertExecutor& exec, int64_t layer, const ModelConfig& c, const LayerWeights& lw, const float* x,
+                int64_t n, float* out, MoeScratch& s, ThreadPool& pool);
 
 // The obvious version for tests: token by token, slot by slot, with cpu::matmul_reference.
 void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out);

@@ -25,6 +25,12 @@ void for_each_weight(LayerWeights& l, const std::function<void(const char*, Weig
 #undef XP_W
 }
 
+void Model::attach_expert_executor(std::shared_ptr<ExpertExecutor> exec) {
+  for (int64_t il = 0; il < config_.n_layer; ++il)
+    if (w_.layers[il].ffn_gate_exps && !layer_device(il)) w_.layers[il].expert_exec = exec.get();
+  expert_exec_ = std::move(exec);
+}
+
 std::vector<Backend*> Model::layer_devices() const {
   std::vector<Backend*> d(config_.n_layer);
   for (int64_t il = 0; il < config_.n_layer; ++il) d[il] = layer_device(il);

@@ -78,6 +78,7 @@ void CpuBackend::attention(const AttentionArgs& a) { cpu::attention(a, *pool_); 
 
 void CpuBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
   thread_local MoeScratch s;
+  if (lw.expert_exec) return moe_ffn_on(*lw.expert_exec, routing_tap().layer, c, lw, x, n, out, s, *pool_);
   xpert::moe_ffn(c, lw, x, n, out, s, *pool_);
 }
 

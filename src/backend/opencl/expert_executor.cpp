@@ -1,0 +1,43 @@
+#include "backend/opencl/expert_executor.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <set>
+
+#include "backend/opencl/expert_device.h"
+#include "model/model.h"
+
+namespace xpert::opencl {
+namespace {
+
+class OpenClExperts final : public ExpertExecutor {
+ public:
+  explicit OpenClExperts(int index) : index_(index), dev_(index) {}
+  std::string name() const override { return fmt::format("opencl:{} ({})", index_, dev_.info().name); }
+
+  void run(int64_t layer, const LayerWeights& lw, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
+           float* yg) override {
+    if (!registered_.count(layer)) {
+      dev_.add_layer((int)layer, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps);
+      registered_.insert(layer);
+    }
+    rows_.clear();
+    for (const ExpertTask& t : tasks) rows_.push_back({.expert = t.expert, .row0 = t.row0, .n_rows = t.n_rows});
+    dev_.submit((int)layer, rows_, xg, n_rows, yg).wait();
+  }
+
+ private:
+  int index_;
+  ExpertDevice dev_;
+  std::set<int64_t> registered_;
+  std::vector<ExpertRows> rows_;
+};
+
+}  // namespace
+
+std::shared_ptr<ExpertExecutor> make_expert_executor(int opencl_index) {
+  return std::make_shared<OpenClExperts>(opencl_index);
+}
+
+}  // namespace xpert::opencl
