@@ -156,6 +156,15 @@ void Exec::output_logits(std::vector<float>& logits) {
   }
 }
 
+AttentionLayerParams default_attention_params(const ModelConfig& c) {
+  return {.rope_base = c.rope_base,
+          .rope_scale = c.rope_scale,
+          .rope_mode = c.rope_neox ? RopeMode::neox : RopeMode::normal,
+          .q_scale = 1.0f,
+          .kq_scale = c.kq_scale,
+          .sliding_window = 0};
+}
+
 void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   Backend& b = ex.b();

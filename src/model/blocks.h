@@ -23,6 +23,9 @@ struct AttentionLayerParams {
   int32_t sliding_window = 0;
 };
 
+// The plain case: the model's RoPE (base, scale, mode), q.k scaled by kq_scale, no window.
+AttentionLayerParams default_attention_params(const ModelConfig& c);
+
 // The activations of a pass on one backend, in its memory.
 struct Activations {
   float *x = nullptr, *cur = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;

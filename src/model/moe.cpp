@@ -142,7 +142,6 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
     return s.offsets[a + 1] - s.offsets[a] > s.offsets[b + 1] - s.offsets[b];
   });
 
-  const int nth = pool.size();
   if (exec) {
     // Another device computes the experts: it gets the gathered rows and the (expert, rows) list.
     for (int64_t row = 0; row < n_rows; ++row) {
@@ -153,24 +152,25 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
     for (int32_t e : active)
       tasks.push_back({.expert = e, .row0 = s.offsets[e], .n_rows = s.offsets[e + 1] - s.offsets[e]});
     if (n_rows > 0) exec->run(layer, lw, tasks, s.xg.data(), n_rows, s.yg.data());
-  } else if (schedule == MoeSchedule::automatic) {
-    // Whole experts per thread when there are enough of them and none dominates the batch.
-    const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
-    schedule = nth > 1 && balanced ? MoeSchedule::by_expert : MoeSchedule::by_rows;
-  }
-  if (exec) {
-    // done above
-  } else if (schedule == MoeSchedule::by_expert) {
-    static ThreadPool serial(1);  // no workers: safe to share between threads
-    std::atomic<size_t> next{0};
-    pool.run([&](int, int) {
-      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
-        const int32_t e = active[i];
-        run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
-      }
-    });
   } else {
-    for (int32_t e : active) run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+    const int nth = pool.size();
+    if (schedule == MoeSchedule::automatic) {
+      // Whole experts per thread when there are enough of them and none dominates the batch.
+      const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
+      schedule = nth > 1 && balanced ? MoeSchedule::by_expert : MoeSchedule::by_rows;
+    }
+    if (schedule == MoeSchedule::by_expert) {
+      static ThreadPool serial(1);  // no workers: safe to share between threads
+      std::atomic<size_t> next{0};
+      pool.run([&](int, int) {
+        for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
+          const int32_t e = active[i];
+          run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
+        }
+      });
+    } else {
+      for (int32_t e : active) run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+    }
   }
 
   // Weighted sum in slot order, as llama.cpp adds its expert views: ((w0 y0 + w1 y1) + w2 y2) + ...

@@ -280,12 +280,7 @@ class Qwen35 : public Model {
     b.rmsnorm(a.k, l.k_norm.f32(), a.k, n * c.n_head_kv, D, c.rms_eps);
     b.rope(a.q, a.pos, n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
     b.rope(a.k, a.pos, n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
-    const AttentionLayerParams p{.rope_base = c.rope_base,
-                                 .rope_scale = c.rope_scale,
-                                 .rope_mode = RopeMode::neox,
-                                 .q_scale = 1.0f,
-                                 .kq_scale = c.kq_scale,
-                                 .sliding_window = 0};
+    const AttentionLayerParams p = default_attention_params(c);
     attend_segments(c, p, il, ex);
     b.mul_sigmoid(a.att, gate, n * q_dim);
     b.matmul(l.wo, a.att, n, a.out);

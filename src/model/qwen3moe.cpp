@@ -57,12 +57,7 @@ class Qwen3Moe : public Model {
     const ModelConfig& c = config_;
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
-    const AttentionLayerParams p{.rope_base = c.rope_base,
-                                 .rope_scale = c.rope_scale,
-                                 .rope_mode = RopeMode::neox,
-                                 .q_scale = 1.0f,
-                                 .kq_scale = c.kq_scale,
-                                 .sliding_window = 0};
+    const AttentionLayerParams p = default_attention_params(c);
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       Activations& a = ex.a();

@@ -11,21 +11,12 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "cuda_test_util.h"
 
 namespace xpert::cudaops_test {
 
-inline bool gpu_present() {
-  static const bool have = [] {
-    int n = 0;
-    const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    cudaGetLastError();
-    return ok;
-  }();
-  return have;
-}
-
-#define XPERT_OPS_REQUIRE_GPU() \
-  if (!::xpert::cudaops_test::gpu_present()) GTEST_SKIP() << "no CUDA device"
+// Skipping without a GPU is cuda_test_util.h's.
+#define XPERT_OPS_REQUIRE_GPU() XPERT_REQUIRE_GPU()
 
 // A device copy of a host vector (or n uninitialized elements), freed on destruction.
 template <class T>
