@@ -1,12 +1,15 @@
 #include "base/thread_pool.h"
 
 #include <immintrin.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace xpert {
 
@@ -87,19 +90,58 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   });
 }
 
+namespace {
+
+// CPUs this process may run on (a container's cpuset), or the online count.
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int i = 0; i < CPU_SETSIZE; ++i)
+      if (CPU_ISSET(i, &set)) cpus.push_back(i);
+  if (cpus.empty())
+    for (int i = 0; i < (int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)); ++i) cpus.push_back(i);
+  return cpus;
+}
+
+// A cgroup v2 CPU quota ("max 100000" or "1600000 100000" in cpu.max), rounded up; 0 when unlimited.
+int cgroup_cpu_quota() {
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  long period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  const long q = std::atol(quota.c_str());
+  return q > 0 ? (int)((q + period - 1) / period) : 0;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+}  // namespace
+
 int ThreadPool::default_threads() {
-  // Count distinct (physical id, core id) pairs; fall back to the logical count.
-  std::ifstream in("/proc/cpuinfo");
+  // Physical cores among the CPUs we may use (hyper-thread siblings share one core's units), capped by
+  // a container's CPU quota: /proc/cpuinfo lists the whole host inside a container, which oversubscribed
+  // a 16-CPU container with one spinning thread per host core.
+  const std::vector<int> cpus = allowed_cpus();
   std::set<std::pair<std::string, std::string>> cores;
-  std::string line, phys = "0";
-  while (std::getline(in, line)) {
-    auto val = [&] { return line.substr(line.find(':') + 1); };
-    if (line.rfind("physical id", 0) == 0) phys = val();
-    if (line.rfind("core id", 0) == 0) cores.insert({phys, val()});
+  for (int cpu : cpus) {
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    const std::string core = read_line(dir + "core_id");
+    if (core.empty()) {
+      cores.clear();
+      break;
+    }
+    cores.insert({read_line(dir + "physical_package_id"), core});
   }
-  const int logical = (int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  if (cores.empty()) return logical;
-  return std::min(logical, (int)cores.size());
+  int n = cores.empty() ? (int)cpus.size() : (int)cores.size();
+  if (const int quota = cgroup_cpu_quota(); quota > 0) n = std::min(n, quota);
+  return std::max(1, n);
 }
 
 }  // namespace xpert
