@@ -73,8 +73,9 @@ class Backend {
   virtual void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) = 0;
   // y[i] = x[rows[i]] for rows of width; `rows` is a host array.
   virtual void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) = 0;
-  // f32 -> f16 (KV cache rows).
-  virtual void store_f16(const float* x, uint16_t* dst, int64_t n) = 0;
+  // f32 -> KV cache rows of `type` (F16, Q8_0, Q4_0; quant/quant.h's reference rounding): n values, a
+  // multiple of 32 for the block types, to dst in this backend's memory.
+  virtual void store_kv(const float* x, void* dst, int64_t n, DType type) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
 
   // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
@@ -86,17 +87,18 @@ class Backend {
   // One decode step of several sequences, one token each, with positions and slots in this backend's
   // memory (so the step can be replayed from a graph at any depth): stores each token's k/v rows at
   // row pos[i] of slot slots[i] and attends its q over the slot's rows 0..pos[i]. k_cache/v_cache: slot
-  // 0's rows of this layer; slot s at + s * slot_stride. False when the backend has no such kernel (the
-  // caller then goes segment by segment).
+  // 0's rows of this layer in k_type / v_type (see AttentionArgs); slot s at + s * slot_stride bytes.
+  // False when the backend has no such kernel (the caller then goes segment by segment).
   struct DecodeAttention {
     const float *q, *k, *v;
-    uint16_t *k_cache, *v_cache;
-    int64_t slot_stride;
+    void *k_cache, *v_cache;
+    int64_t slot_stride;  // bytes
     const int32_t *slots, *pos;
     float* out;
     int64_t n_seq, n_head, n_head_kv, head_dim, n_ctx;
     float kq_scale;
     int32_t sliding_window;
+    DType k_type = DType::F16, v_type = DType::F16;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
 

@@ -79,7 +79,7 @@ Command add_bench(CLI::App& app) {
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip pp)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip tg)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("-r,--repetitions", o->reps, "timed runs per test")->check(CLI::Range(1, 1000));
-  app.add_option("-b,--batch-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
+  app.add_option("-b,--batch-size,--chunk-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   app.add_option("-d,--n-depth", o->depths, "tokens already in the context before each test (comma list)")
       ->delimiter(',')
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
@@ -90,7 +90,8 @@ Command add_bench(CLI::App& app) {
                       .n_threads = o->m.threads,
                       .n_batch = o->m.batch,
                       .cache_ram_bytes = (size_t)1 << 30,  // room for the depth's checkpoint (hybrid models)
-                      .checkpoint_every = 0};
+                      .checkpoint_every = 0,
+                      .cache_types = o->m.cache_types()};
     auto model = load_model(o->m, {.n_parallel = 1, .cache_ram_bytes = so.cache_ram_bytes, .n_ctx = so.n_ctx});
     prefetch_weights(model->file());
     const ModelConfig& c = model->config();

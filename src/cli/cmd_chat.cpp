@@ -77,7 +77,8 @@ Command add_chat(CLI::App& app) {
                        .n_threads = o->m.threads,
                        .n_batch = o->m.batch,
                        .cache_ram_bytes = cache_ram,
-                       .checkpoint_every = o->checkpoint_every});
+                       .checkpoint_every = o->checkpoint_every,
+                       .cache_types = o->m.cache_types()});
     Sampler sampler(o->sp);
     const bool interactive = isatty(STDIN_FILENO);
 

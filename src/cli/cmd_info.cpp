@@ -36,9 +36,13 @@ Command add_info(CLI::App& app) {
                  t.n_bytes);
     }
     const int64_t n_ctx = resolve_ctx_flag(c, flags->ctx);
+    const KvTypes kv_types = flags->cache_types();
+    check_kv_type(c, kv_types.k, "--cache-type-k");
+    check_kv_type(c, kv_types.v, "--cache-type-v");
     size_t kv = 0;
     for (int64_t il = 0; il < c.n_layer; ++il)
-      if (il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il]) kv += kv_bytes_per_layer(c, n_ctx, 1);
+      if (il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il])
+        kv += kv_bytes_per_layer(c, n_ctx, 1, kv_types);
     std::string ffn = c.n_ff ? fmt::format("ff {}", c.n_ff) : "";
     if (c.n_expert > 0) {
       ffn += fmt::format("{}{} experts (top {}) x ff {}", ffn.empty() ? "" : ", ", c.n_expert, c.n_expert_used,
@@ -47,10 +51,10 @@ Command add_info(CLI::App& app) {
     }
     fmt::print("\nmodel: {} ({}), {} layers, n_embd {}, {} heads ({} kv) x {}, {}, vocab {}, trained ctx {}\n", c.name,
                c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, ffn, c.n_vocab, c.n_ctx_train);
-    fmt::print("memory: weights {:.1f} MiB ({}) + KV cache {:.1f} MiB at -c {} (f16, attention layers only)\n",
+    fmt::print("memory: weights {:.1f} MiB ({}) + KV cache {:.1f} MiB at -c {} (K {}, V {}, attention layers only)\n",
                weight_bytes / 1048576.0,
                folder ? "read in place where unchanged, converted tensors in one buffer" : "mapped, read in place",
-               kv / 1048576.0, n_ctx);
+               kv / 1048576.0, n_ctx, kv_type_name(kv_types.k), kv_type_name(kv_types.v));
     // Where the weights would go with these flags (nothing is uploaded) and what `xpert run` with them
     // would hold per device; an impossible plan is reported here, as it would be at start-up.
     fmt::print("\n");
@@ -64,7 +68,8 @@ Command add_info(CLI::App& app) {
                                          .cache_ram_bytes = 0,
                                          .weights_mapped = true,
                                          .file_weight_bytes = weight_bytes,
-                                         .host_available = host_available_memory()});
+                                         .host_available = host_available_memory(),
+                                         .cache_types = kv_types});
       fmt::print("\n{}", mp.summary());
       const std::string warning = mp.check();
       if (!warning.empty()) fmt::print("warning: {}\n", warning);

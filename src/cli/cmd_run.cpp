@@ -35,7 +35,8 @@ Command add_run(CLI::App& app) {
     auto model = load_model(o->m);
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
-    Session s(*model, {.n_ctx = o->m.ctx, .n_threads = o->m.threads, .n_batch = o->m.batch});
+    Session s(*model, {.n_ctx = o->m.ctx, .n_threads = o->m.threads, .n_batch = o->m.batch,
+                       .cache_types = o->m.cache_types()});
     std::vector<int32_t> prompt = tok->encode(o->prompt, tok->add_bos(), !o->no_special);
     if (prompt.empty()) fail("the prompt is empty after tokenization");
     if ((int64_t)prompt.size() >= s.n_ctx()) fail("the prompt has {} tokens; the context (-c) holds {}", prompt.size(), s.n_ctx());

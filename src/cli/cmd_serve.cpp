@@ -79,7 +79,8 @@ Command add_serve(CLI::App& app) {
                    .prefill_chunk = o->m.batch,
                    .max_queue = o->queue,
                    .cache_ram_bytes = cache_ram,
-                   .checkpoint_every = o->checkpoint_every});
+                   .checkpoint_every = o->checkpoint_every,
+                   .cache_types = o->m.cache_types()});
     const std::filesystem::path path(o->m.model);
     server::ServedModel served{.model = model.get(),
                                .tokenizer = tok.get(),

@@ -10,6 +10,7 @@
 #include "backend/devices.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/kv_cache.h"
 #include "sample/sampler.h"
 
 namespace xpert::cli {
@@ -28,7 +29,9 @@ struct ModelFlags {
   std::string gpu_expert_budget;     // --gpu-expert-budget
   std::string expert_device = "cpu";  // --expert-device
   std::string expert_profile;        // --expert-profile
+  std::string cache_type_k = "f16", cache_type_v = "f16";  // --cache-type-k / -v (-ctk / -ctv)
   void add(CLI::App& app, bool with_ctx = true);
+  KvTypes cache_types() const;  // the two parsed (Error for an unknown name)
 };
 
 // What a command holds besides the weights, for the memory plan (runtime/memory_plan.h).

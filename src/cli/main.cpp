@@ -16,8 +16,12 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   app.add_option("-t,--threads", threads, "CPU threads (default: physical cores)")->check(CLI::Range(0, 1024));
   if (with_ctx) {
     app.add_option("-c,--ctx-size", ctx, "context size in tokens per slot (0: the model's trained maximum; default: 4096, or that maximum when less)")->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
-    app.add_option("-b,--batch-size", batch, "prompt tokens evaluated per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
+    app.add_option("-b,--batch-size,--chunk-size", batch,
+                   "prompt tokens evaluated per step: prompts are prefilled in chunks of this many (bounds the scratch)")
+        ->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   }
+  app.add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type of K: f16, q8_0, q4_0 (default f16)");
+  app.add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type of V: f16, q8_0, q4_0 (default f16)");
   app.add_option("--device", device, "where the layers run: cpu or cuda:N (default: cuda:0 when there is a GPU)");
   app.add_option("--n-gpu-layers", n_gpu_layers, "-ngl: the last N layers on the GPU (default: all when there is one)")
       ->check(CLI::Range((int64_t)-1, (int64_t)1 << 20));
@@ -31,6 +35,8 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
                  "MoE: routing profile that picks the GPU experts (default: MODEL.xpert-profile.json when it exists; "
                  "none: by index)");
 }
+
+KvTypes ModelFlags::cache_types() const { return {.k = parse_kv_type(cache_type_k), .v = parse_kv_type(cache_type_v)}; }
 
 PlacementOptions placement_options(const ModelFlags& f) {
   return {.device = f.device,
@@ -63,7 +69,8 @@ std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
                                      // HF folders too: what their conversion owns is allocated already
                                      .weights_mapped = true,
                                      .file_weight_bytes = file_weight_bytes(*m),
-                                     .host_available = host_available_memory()});
+                                     .host_available = host_available_memory(),
+                                     .cache_types = f.cache_types()});
   std::string summary = mp.summary();
   summary.pop_back();
   log::info("{}", summary);
@@ -112,6 +119,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   for (std::string& a : args)
     if (a == "-ngl") a = "--n-gpu-layers";
+    else if (a == "-ctk") a = "--cache-type-k";
+    else if (a == "-ctv") a = "--cache-type-v";
   std::vector<char*> argv2;
   for (std::string& a : args) argv2.push_back(a.data());
   try {

@@ -175,15 +175,15 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .slot_stride = kv.slot_stride(), .slots = a.seq, .pos = a.pos, .out = a.att,
                                      .n_seq = ex.n(), .n_head = c.n_head, .n_head_kv = c.n_head_kv,
                                      .head_dim = c.head_dim, .n_ctx = kv.n_ctx(), .kq_scale = p.kq_scale,
-                                     .sliding_window = p.sliding_window};
+                                     .sliding_window = p.sliding_window, .k_type = kv.type(0), .v_type = kv.type(1)};
     if (b.decode_attention(d)) return;
   }
   int64_t row = 0;
   for (const BatchSegment& g : ex.segments()) {
-    uint16_t* kc = kv.k(il, g.seq);
-    uint16_t* vc = kv.v(il, g.seq);
-    b.store_f16(a.k + row * kv_dim, kc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
-    b.store_f16(a.v + row * kv_dim, vc + (int64_t)g.pos0 * kv_dim, g.n_tokens * kv_dim);
+    auto* kc = static_cast<uint8_t*>(kv.k(il, g.seq));
+    auto* vc = static_cast<uint8_t*>(kv.v(il, g.seq));
+    b.store_kv(a.k + row * kv_dim, kc + (size_t)g.pos0 * kv.row_bytes(0), g.n_tokens * kv_dim, kv.type(0));
+    b.store_kv(a.v + row * kv_dim, vc + (size_t)g.pos0 * kv.row_bytes(1), g.n_tokens * kv_dim, kv.type(1));
     b.attention({.q = a.q + row * q_dim,
                  .k = kc,
                  .v = vc,
@@ -195,7 +195,9 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                  .head_dim = c.head_dim,
                  .n_kv = g.pos0 + g.n_tokens,
                  .kq_scale = p.kq_scale,
-                 .sliding_window = p.sliding_window});
+                 .sliding_window = p.sliding_window,
+                 .k_type = kv.type(0),
+                 .v_type = kv.type(1)});
     row += g.n_tokens;
   }
 }

@@ -62,6 +62,15 @@ const std::vector<SynthPreset>& synth_presets() {
        .rms_eps = 1e-6f, .n_rot = 16, .full_attention_interval = 4, .n_ff_shexp = 0,
        .rope_sections = {3, 3, 2, 0}, .ssm_d_conv = 4, .ssm_n_k_heads = 2, .ssm_n_v_heads = 4,
        .ssm_head_dim = 128},
+      // Long-context tests (issue #10): one Gated DeltaNet + one attention layer of a single 32-dim head,
+      // so 32K positions of one-shot prefill cost seconds on two cores.
+      {.name = "tiny-qwen35-long", .arch = "qwen35",
+       .description = "for tests (2 layers: 1 Gated DeltaNet + 1 attention of one head, trained context 40960)",
+       .n_layer = 2, .n_expert = 0, .n_expert_used = 0, .n_embd = 64, .n_ff = 128, .n_ff_exp = 0,
+       .n_head = 1, .n_head_kv = 1, .head_dim = 32, .n_vocab = 512, .n_ctx = 40960, .rope_base = 1e7f,
+       .rms_eps = 1e-6f, .n_rot = 16, .full_attention_interval = 2, .n_ff_shexp = 0,
+       .rope_sections = {3, 3, 2, 0}, .ssm_d_conv = 4, .ssm_n_k_heads = 1, .ssm_n_v_heads = 1,
+       .ssm_head_dim = 32},
   };
   // clang-format on
   return presets;

@@ -104,8 +104,8 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
       cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel),
-             model.layer_devices()),
-      state_cache_(model.config(), cache_.row(), opts.cache_ram_bytes) {
+             model.layer_devices(), opts.cache_types),
+      state_cache_(model.config(), cache_.types(), opts.cache_ram_bytes) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel, model.layer_devices());
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);

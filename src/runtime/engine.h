@@ -48,6 +48,7 @@ struct EngineOptions {
   // every this many positions (0: only at prompt ends and when a slot is saved).
   size_t cache_ram_bytes = size_t{1} << 30;
   int64_t checkpoint_every = 1024;
+  KvTypes cache_types = {};  // --cache-type-k / --cache-type-v
 };
 
 struct GenerateParams {

@@ -41,8 +41,8 @@ int64_t resolve_ctx_flag(const ModelConfig& c, int64_t requested) {
   return requested;
 }
 
-size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel) {
-  return (size_t)n_ctx * (size_t)n_parallel * 2 * (size_t)c.n_head_kv * (size_t)c.head_dim * 2;
+size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel, KvTypes types) {
+  return (size_t)n_ctx * (size_t)n_parallel * (kv_row_bytes(c, types.k) + kv_row_bytes(c, types.v));
 }
 
 size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel) {
@@ -62,7 +62,10 @@ size_t scratch_bytes(const ModelConfig& c, int64_t n_batch, int n_parallel) {
 MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const MemoryPlanOptions& o) {
   if (o.n_ctx <= 0) fail("context size must be positive, got {}", o.n_ctx);
   if (o.n_parallel <= 0) fail("--parallel must be 1 or more, got {}", o.n_parallel);
+  check_kv_type(c, o.cache_types.k, "--cache-type-k");
+  check_kv_type(c, o.cache_types.v, "--cache-type-v");
   MemoryPlan p;
+  p.cache_types = o.cache_types;
   p.n_ctx = o.n_ctx;
   p.n_ctx_train = c.n_ctx_train;
   p.n_batch = o.n_batch;
@@ -80,7 +83,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
     p.gpu->weights = placement.gpu_dense_bytes + placement.gpu_expert_bytes + placement.gpu_output_bytes;
     p.gpu->available = placement.gpu_free_bytes;
   }
-  const size_t kv = kv_bytes_per_layer(c, o.n_ctx, o.n_parallel), rec = recurrent_bytes_per_layer(c, o.n_parallel);
+  const size_t kv = kv_bytes_per_layer(c, o.n_ctx, o.n_parallel, o.cache_types), rec = recurrent_bytes_per_layer(c, o.n_parallel);
   for (int64_t il = 0; il < c.n_layer; ++il) {
     DeviceMemory& d = offloaded && il >= placement.first_gpu_layer ? *p.gpu : p.host;
     if (recurrent_layer(c, il)) d.recurrent += rec;
@@ -91,8 +94,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
 }
 
 std::string MemoryPlan::summary() const {
-  std::string s = fmt::format("memory plan: -c {} (trained {}) x {} slot{}, batch {}\n", n_ctx, n_ctx_train, n_parallel,
-                              n_parallel == 1 ? "" : "s", n_batch);
+  std::string s = fmt::format("memory plan: -c {} (trained {}) x {} slot{}, batch {}, KV {}/{}\n", n_ctx, n_ctx_train,
+                              n_parallel, n_parallel == 1 ? "" : "s", n_batch, kv_type_name(cache_types.k),
+                              kv_type_name(cache_types.v));
   auto line = [&](const DeviceMemory& d) {
     s += fmt::format("  {}: {} = {}", d.name, parts(d), format_bytes((double)d.total()));
     if (d.available) s += fmt::format(" ({} {})", format_bytes((double)d.available), d.name == "host" ? "available" : "free");

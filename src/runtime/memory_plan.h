@@ -17,6 +17,7 @@
 
 #include "model/expert_plan.h"
 #include "model/model.h"
+#include "runtime/kv_cache.h"
 
 namespace xpert {
 
@@ -34,6 +35,7 @@ struct MemoryPlanOptions {
   // mapped once, though the placement counts it twice). 0: unknown.
   size_t file_weight_bytes = 0;
   size_t host_available = 0;   // MemAvailable; 0: unknown, no host check
+  KvTypes cache_types = {};    // --cache-type-k / --cache-type-v
 };
 
 struct DeviceMemory {
@@ -49,6 +51,7 @@ struct DeviceMemory {
 struct MemoryPlan {
   int64_t n_ctx = 0, n_ctx_train = 0, n_batch = 0;
   int n_parallel = 1;
+  KvTypes cache_types;
   DeviceMemory host;
   std::optional<DeviceMemory> gpu;  // when some layer is offloaded
   // One line per device, for start-up logs and `xpert info`.
@@ -58,8 +61,9 @@ struct MemoryPlan {
   std::string check() const;
 };
 
-// KV cache: per attention layer n_ctx × n_parallel × 2 (K, V) × n_head_kv × head_dim × 2 bytes (f16).
-size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel);
+// KV cache: per attention layer n_ctx × n_parallel × (K row + V row bytes), a row being n_head_kv × head_dim
+// values in the cache type: 2 bytes each for f16, 34 per 32 for q8_0, 18 per 32 for q4_0.
+size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel, KvTypes types = {});
 // Recurrent state: per recurrent layer and slot, (conv state + delta-rule state) × 4 bytes.
 size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel);
 // Scratch (an estimate of the activations of one step of n_batch tokens, fp32):

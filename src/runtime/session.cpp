@@ -18,7 +18,7 @@ Session::Session(const Model& model, const SessionOptions& opts)
     : model_(model),
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
-      cache_(model.config(), resolve_ctx(model, opts.n_ctx), 1, model.layer_devices()) {
+      cache_(model.config(), resolve_ctx(model, opts.n_ctx), 1, model.layer_devices(), opts.cache_types) {
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), 1, model.layer_devices());
 }
 

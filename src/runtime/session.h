@@ -23,6 +23,7 @@ struct SessionOptions {
   // only where checkpoint() is called).
   size_t cache_ram_bytes = 0;
   int64_t checkpoint_every = 0;
+  KvTypes cache_types = {};  // --cache-type-k / --cache-type-v
 };
 
 class Session {

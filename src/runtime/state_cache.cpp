@@ -62,7 +62,7 @@ struct StateCache::Node {
   Node* parent = nullptr;
   int64_t pos0 = 0;             // position of tokens[0]
   std::vector<int32_t> tokens;  // never empty, except at the root
-  std::vector<uint16_t> kv;     // [attention layer][K|V][tokens.size()][kv_row]
+  std::vector<uint8_t> kv;      // [attention layer][K|V][tokens.size()][row bytes] (see plane())
   std::vector<float> state;  // checkpoint after the last token: [recurrent layer][slot floats]; empty: none
   uint64_t used = 0;         // LRU stamps: of the run (an ancestor is never older than a descendant)
   uint64_t state_used = 0;   // and of the checkpoint
@@ -79,8 +79,11 @@ struct StateCache::Path {
   int64_t n_common = 0;      // tokens matched
 };
 
-StateCache::StateCache(const ModelConfig& c, int64_t kv_row, size_t budget_bytes)
-    : kv_row_(kv_row), budget_(budget_bytes), root_(std::make_unique<Node>()) {
+StateCache::StateCache(const ModelConfig& c, KvTypes types, size_t budget_bytes)
+    : k_row_bytes_(kv_row_bytes(c, types.k)),
+      v_row_bytes_(kv_row_bytes(c, types.v)),
+      budget_(budget_bytes),
+      root_(std::make_unique<Node>()) {
   for (int64_t il = 0; il < c.n_layer; ++il)
     (is_recurrent(c, il) ? recurrent_layers_ : attn_layers_).push_back(il);
   if (!recurrent_layers_.empty()) {
@@ -156,7 +159,7 @@ void StateCache::write_kv(const Node& n, int64_t from, int64_t to, KvCache& kv, 
   const size_t len = n.tokens.size();
   for (size_t i = 0; i < attn_layers_.size(); ++i)
     for (int k = 0; k < 2; ++k) {
-      const uint16_t* src = n.kv.data() + ((i * 2 + k) * len + (size_t)(from - n.pos0)) * (size_t)kv_row_;
+      const uint8_t* src = n.kv.data() + plane(i, k, len) + (size_t)(from - n.pos0) * row_bytes(k);
       kv.write_rows(attn_layers_[i], seq, k, from, to - from, src);
     }
 }
@@ -187,14 +190,15 @@ StateCache::Node* StateCache::split(Node* n, int64_t keep) {
   upper->tokens.assign(n->tokens.begin(), n->tokens.begin() + keep);
   upper->used = n->used;
   upper->pinned = n->pinned;
-  const size_t planes = attn_layers_.size() * 2, row = (size_t)kv_row_;
-  upper->kv.resize(planes * keep * row);
-  std::vector<uint16_t> lower(planes * rest * row);
-  for (size_t q = 0; q < planes; ++q) {
-    const uint16_t* src = n->kv.data() + q * len * row;
-    std::copy_n(src, keep * row, upper->kv.data() + q * keep * row);
-    std::copy_n(src + keep * row, rest * row, lower.data() + q * rest * row);
-  }
+  upper->kv.resize(plane(attn_layers_.size(), 0, keep));
+  std::vector<uint8_t> lower(plane(attn_layers_.size(), 0, rest));
+  for (size_t i = 0; i < attn_layers_.size(); ++i)
+    for (int k = 0; k < 2; ++k) {
+      const size_t row = row_bytes(k);
+      const uint8_t* src = n->kv.data() + plane(i, k, len);
+      std::copy_n(src, keep * row, upper->kv.data() + plane(i, k, keep));
+      std::copy_n(src + keep * row, rest * row, lower.data() + plane(i, k, rest));
+    }
   n->kv.swap(lower);
   n->tokens.erase(n->tokens.begin(), n->tokens.begin() + keep);
   n->pos0 += keep;
@@ -315,11 +319,9 @@ int64_t StateCache::store(std::span<const int32_t> tokens, KvCache& kv, Recurren
     node->parent = at;
     node->pos0 = pos;
     node->tokens.assign(tokens.begin() + pos, tokens.begin() + pos + len);
-    node->kv.resize(attn_layers_.size() * 2 * (size_t)len * (size_t)kv_row_);
+    node->kv.resize(plane(attn_layers_.size(), 0, (size_t)len));
     for (size_t i = 0; i < attn_layers_.size(); ++i)
-      for (int k = 0; k < 2; ++k)
-        kv.read_rows(attn_layers_[i], seq, k, pos, len,
-                     node->kv.data() + (i * 2 + k) * (size_t)len * (size_t)kv_row_);
+      for (int k = 0; k < 2; ++k) kv.read_rows(attn_layers_[i], seq, k, pos, len, node->kv.data() + plane(i, k, len));
     bytes_ += node_bytes(*node);
     n_tokens_ += len;
     at->children.push_back(std::move(node));

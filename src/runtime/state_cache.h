@@ -3,7 +3,7 @@
 //
 // Index: a radix tree over token ids. A node is a run of tokens at known positions [pos0, end) below
 // its parent's run and holds the host copy of those positions' KV rows for every attention layer
-// ([layer][K|V][n_tokens][row], f16). A node may also hold a checkpoint: the recurrent state of every
+// ([layer][K|V][n_tokens][row bytes], in the KV cache's types, copied as they are). A node may also hold a checkpoint: the recurrent state of every
 // Gated DeltaNet layer after its last token. Runs are cut at most kMaxNodeTokens long (the unit of
 // eviction for dense models) and wherever two sequences diverge or a checkpoint sits.
 //
@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/kv_cache.h"
 
 namespace xpert {
 
-class KvCache;
 class RecurrentState;
 
 // The default --cache-ram: 8 GiB, or a quarter of the machine's memory when that is less.
@@ -54,8 +54,8 @@ class StateCache {
  public:
   static constexpr int64_t kMaxNodeTokens = 256;
 
-  // `kv_row`: f16 values per position and layer (KvCache::row()).
-  StateCache(const ModelConfig& c, int64_t kv_row, size_t budget_bytes);
+  // `types`: the KV cache's (KvCache::types()); rows are stored in them.
+  StateCache(const ModelConfig& c, KvTypes types, size_t budget_bytes);
   ~StateCache();
   StateCache(const StateCache&) = delete;
   StateCache& operator=(const StateCache&) = delete;
@@ -99,12 +99,15 @@ class StateCache {
   void unpin(const Path& p);
   void write_kv(const Node& n, int64_t from, int64_t to, KvCache& kv, int seq) const;
   size_t node_bytes(const Node& n) const;
-  size_t token_bytes() const {
-    return attn_layers_.size() * 2 * (size_t)kv_row_ * sizeof(uint16_t) + sizeof(int32_t);
+  size_t token_bytes() const { return attn_layers_.size() * (k_row_bytes_ + v_row_bytes_) + sizeof(int32_t); }
+  // Byte offset of layer i's K (k = 0) or V rows in a node of len tokens.
+  size_t plane(size_t i, int k, size_t len) const {
+    return i * len * (k_row_bytes_ + v_row_bytes_) + (k ? len * k_row_bytes_ : 0);
   }
+  size_t row_bytes(int k) const { return k ? v_row_bytes_ : k_row_bytes_; }
   size_t state_bytes() const { return state_floats_ * sizeof(float); }
 
-  int64_t kv_row_;
+  size_t k_row_bytes_, v_row_bytes_;
   std::vector<int64_t> attn_layers_, recurrent_layers_;
   size_t state_floats_ = 0;  // one checkpoint, all recurrent layers
   size_t budget_;

@@ -230,7 +230,7 @@ class SplitCpuBackend final : public Backend {
   void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override {
     cpu_.gather_rows(x, rows, width, y);
   }
-  void store_f16(const float* x, uint16_t* dst, int64_t n) override { cpu_.store_f16(x, dst, n); }
+  void store_kv(const float* x, void* dst, int64_t n, DType type) override { cpu_.store_kv(x, dst, n, type); }
   void attention(const AttentionArgs& a) override { cpu_.attention(a); }
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override {

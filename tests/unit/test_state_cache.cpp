@@ -56,7 +56,7 @@ bool attention_layer(const ModelConfig& c, int64_t il) {
 
 struct Fixture {
   explicit Fixture(const ModelConfig& cfg, size_t budget, int64_t n_ctx = 1024)
-      : c(cfg), kv(c, n_ctx, 2), cache(c, kv.row(), budget) {
+      : c(cfg), kv(c, n_ctx, 2), cache(c, kv.types(), budget) {
     if (c.has_recurrent_layers()) st = std::make_unique<RecurrentState>(c, 2);
   }
   // Slot `seq` as if it had evaluated `t`: rows [0, t.size()) and the recurrent state at t.size().

@@ -73,7 +73,7 @@ void CpuBackend::gather_rows(const float* x, std::span<const int64_t> rows, int6
   for (size_t i = 0; i < rows.size(); ++i) std::memmove(y + i * width, x + rows[i] * width, width * sizeof(float));
 }
 
-void CpuBackend::store_f16(const float* x, uint16_t* dst, int64_t n) { cpu::store_f16(x, dst, n); }
+void CpuBackend::store_kv(const float* x, void* dst, int64_t n, DType type) { cpu::store_kv(x, dst, n, type); }
 void CpuBackend::attention(const AttentionArgs& a) { cpu::attention(a, *pool_); }
 
 void CpuBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {

@@ -36,7 +36,7 @@ class CpuBackend final : public Backend {
   void add_sigmoid_scaled(float* y, const float* s, const float* g, int64_t rows, int64_t n) override;
   void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) override;
   void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override;
-  void store_f16(const float* x, uint16_t* dst, int64_t n) override;
+  void store_kv(const float* x, void* dst, int64_t n, DType type) override;
   void attention(const AttentionArgs& a) override;
   void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override;
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,

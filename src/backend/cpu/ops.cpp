@@ -5,7 +5,10 @@
 #include <vector>
 
 #include "backend/cpu/ops_f16.h"
+#include "backend/cpu/ops_kv.h"
+#include "base/error.h"
 #include "base/half.h"
+#include "quant/quant.h"
 
 namespace xpert::cpu {
 
@@ -102,9 +105,19 @@ void store_f16(const float* x, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16(x[i]);
 }
 
-void attention(const AttentionArgs& a, ThreadPool& pool) {
+void store_kv(const float* x, void* dst, int64_t n, DType type) {
+  if (type == DType::F16) return store_f16(x, static_cast<uint16_t*>(dst), n);
+  XP_ASSERT(type == DType::Q8_0 || type == DType::Q4_0);
+  quantize_row(type, x, dst, n);
+}
+
+namespace {
+
+// The attention loop, for any cache type: kdot(q, k row of kv head hk at key j) and vaxpy(w, v row, acc)
+// read the cache (f16: the same function pointers the loop always called, so that path is unchanged).
+template <class KDot, class VAxpy>
+void attend(const AttentionArgs& a, ThreadPool& pool, KDot kdot, VAxpy vaxpy) {
   const int64_t group = a.n_head / a.n_head_kv;
-  const int64_t kv_row = a.n_head_kv * a.head_dim;
   const int64_t D = a.head_dim;
   const F16Kernels& f16 = f16_kernels();
   // One unit of work = one (token, head) pair.
@@ -121,7 +134,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const int64_t hi = std::min<int64_t>(p, a.n_kv - 1);
       float mx = -INFINITY;
       for (int64_t j = lo; j <= hi; ++j) {
-        const float s = f16.dot(qh.data(), a.k + j * kv_row + hk * D, D) * a.kq_scale;
+        const float s = kdot(qh.data(), j, hk) * a.kq_scale;
         scores[j] = s;
         mx = std::max(mx, s);
       }
@@ -132,10 +145,41 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       // The weights meet an f16 V cache as f16 in llama.cpp's product.
       f16.round_f16(sc, n_keys);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = lo; j <= hi; ++j) f16.axpy(scores[j], a.v + j * kv_row + hk * D, acc.data(), D);
+      for (int64_t j = lo; j <= hi; ++j) vaxpy(scores[j], j, hk, acc.data());
       std::copy(acc.begin(), acc.end(), a.out + (t * a.n_head + h) * D);
     }
   });
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  const int64_t D = a.head_dim, kv_row = a.n_head_kv * D;
+  if (a.k_type == DType::F16 && a.v_type == DType::F16) {
+    const F16Kernels& f16 = f16_kernels();
+    const auto* k = static_cast<const uint16_t*>(a.k);
+    const auto* v = static_cast<const uint16_t*>(a.v);
+    return attend(
+        a, pool, [&](const float* q, int64_t j, int64_t hk) { return f16.dot(q, k + j * kv_row + hk * D, D); },
+        [&](float w, int64_t j, int64_t hk, float* acc) { f16.axpy(w, v + j * kv_row + hk * D, acc, D); });
+  }
+  // Mixed or quantized: each side through its own row reader, rows addressed in bytes.
+  auto reader = [&](DType t) -> KvRowKernels {
+    if (t != DType::F16) return kv_row_kernels(t);
+    return {[](const float* q, const void* k, int64_t n) { return f16_kernels().dot(q, static_cast<const uint16_t*>(k), n); },
+            [](float w, const void* v, float* acc, int64_t n) {
+              f16_kernels().axpy(w, static_cast<const uint16_t*>(v), acc, n);
+            }};
+  };
+  XP_ASSERT(D % 32 == 0 || (a.k_type == DType::F16 && a.v_type == DType::F16));
+  const KvRowKernels kr = reader(a.k_type), vr = reader(a.v_type);
+  const size_t k_row = row_bytes(a.k_type, kv_row), k_head = row_bytes(a.k_type, D);
+  const size_t v_row = row_bytes(a.v_type, kv_row), v_head = row_bytes(a.v_type, D);
+  const auto* k = static_cast<const uint8_t*>(a.k);
+  const auto* v = static_cast<const uint8_t*>(a.v);
+  attend(
+      a, pool, [&](const float* q, int64_t j, int64_t hk) { return kr.dot(q, k + j * k_row + hk * k_head, D); },
+      [&](float w, int64_t j, int64_t hk, float* acc) { vr.axpy(w, v + j * v_row + hk * v_head, acc, D); });
 }
 
 }  // namespace xpert::cpu

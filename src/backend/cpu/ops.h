@@ -1,5 +1,5 @@
 // Plain CPU ops used by the model forward passes (everything except the quantized matmul, which is
-// matmul.h). Activations are f32 rows; the KV cache is f16. Precision follows llama.cpp's CPU backend
+// matmul.h). Activations are f32 rows; the KV cache is f16, q8_0 or q4_0. Precision follows llama.cpp's CPU backend
 // where it changes results: rms_norm sums in double, rope angles are built by repeated multiplication,
 // the GELU of gated FFNs goes through an f16 table, attention rounds q and the softmax weights to f16.
 #pragma once
@@ -26,11 +26,16 @@ void add(const float* a, const float* b, float* y, int64_t n);
 void scale(float* x, float s, int64_t n);
 void add_bias(float* x, const float* bias, int64_t rows, int64_t n);
 
-// One sequence's causal attention over its f16 cache (see op_types.h).
+// One sequence's causal attention over its cache (see op_types.h). Every cache type takes the same steps
+// (q rounded to f16, f32 products with the cache's values, softmax weights rounded to f16), so a quantized
+// cache differs from f16 only by its values; Q8_0 / Q4_0 rows are read block by block (ops_kv.h).
 using xpert::AttentionArgs;
 void attention(const AttentionArgs& a, ThreadPool& pool);
 
 // Copy f32 rows into f16 cache rows.
 void store_f16(const float* x, uint16_t* dst, int64_t n);
+// f32 -> cache rows of `type`: F16 as store_f16, Q8_0 / Q4_0 by quant's reference quantizers (n a
+// multiple of 32).
+void store_kv(const float* x, void* dst, int64_t n, DType type);
 
 }  // namespace xpert::cpu

@@ -1,5 +1,6 @@
-// Attention over the f16 KV cache on a CUDA device, with cpu::attention's meaning (backend/op_types.h):
-// cache rows [n_ctx][n_head_kv][head_dim], positions index rows, a query at position p sees keys
+// Attention over the KV cache on a CUDA device, with cpu::attention's meaning (backend/op_types.h):
+// cache rows [n_ctx][n_head_kv][head_dim] of f16 or GGUF Q8_0 / Q4_0 blocks (k_type / v_type, each on its
+// own; the block types need head_dim a multiple of 32), positions index rows, a query at position p sees keys
 // lo..min(p, n_kv-1) (lo = p - sliding_window + 1 with a window), GQA (query head h reads kv head
 // h / (n_head / n_head_kv)), scores q.k * kq_scale. Every pointer is device memory, pos included, and
 // every call is asynchronous on `stream`.
@@ -13,7 +14,9 @@
 //             depends only on the shapes and `max_kv`, never on positions, so a decode step can be
 //             captured in a CUDA graph and replayed at any depth.
 // Precision as the CPU: q is rounded to f16, products accumulate in f32, the softmax weights meet V as
-// f16 (unnormalized here, normalized on the CPU: results agree to a few f16 ulps of the output).
+// f16 (unnormalized here, normalized on the CPU: results agree to a few f16 ulps of the output). A
+// quantized row is dequantized into the f16 tiles (q * d rounded to f16, where the CPU keeps it in f32:
+// one more f16 rounding per cache value; attention_kv.cuh).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -32,9 +35,9 @@ void attention(const AttentionArgs& a, void* workspace, cudaStream_t stream);
 // One decode step of several sequences: one query row each, each in its own cache slot.
 struct DecodeAttentionArgs {
   const float* q;        // [n_seq][n_head][head_dim]
-  const uint16_t* k;     // slot 0's K rows; slot s starts at k + s * slot_stride
-  const uint16_t* v;     // slot 0's V rows; slot s starts at v + s * slot_stride
-  int64_t slot_stride;   // f16 elements from one slot to the next (0 with one sequence)
+  const void* k;         // slot 0's K rows; slot s starts at k + s * slot_stride bytes
+  const void* v;         // slot 0's V rows; slot s starts at v + s * slot_stride bytes
+  int64_t slot_stride;   // bytes from one slot to the next (0 with one sequence)
   const int32_t* slots;  // [n_seq] the slot of each sequence; null: sequence i uses slot i
   const int32_t* pos;    // [n_seq] query positions: keys 0..pos are visible (window permitting)
   float* out;            // [n_seq][n_head][head_dim]
@@ -43,6 +46,7 @@ struct DecodeAttentionArgs {
   float kq_scale = 1.0f;
   int32_t sliding_window = 0;
   int32_t min_keys_per_split = 64;  // a warp streams at least this many keys before another joins
+  DType k_type = DType::F16, v_type = DType::F16;
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);
@@ -50,5 +54,12 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
 // The plain kernel (one warp per query row and head), for any head_dim up to 512: the fallback, and a
 // second opinion in tests.
 void attention_simple(const AttentionArgs& a, cudaStream_t stream);
+
+// KV rows into the cache in its type: token t's `row` f32 values go to cache row r = pos[t] (pos null:
+// r = t) of slot slots[t] (null: slot 0), at cache + slot * slot_stride + r * row_bytes(type, row) bytes.
+// F16 rounds to nearest even; Q8_0 / Q4_0 are bit for bit quant's reference quantizers (quantize_row).
+// Positions and slots on the device, so a decode step can be captured once and replayed.
+void store_kv(const float* x, int64_t n_tokens, int64_t row, DType type, void* cache, int64_t slot_stride,
+              const int32_t* slots, const int32_t* pos, cudaStream_t stream);
 
 }  // namespace xpert::cuda

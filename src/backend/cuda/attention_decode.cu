@@ -1,4 +1,4 @@
-// Flash decoding over the f16 KV cache: one query row per sequence, the visible keys split over many
+// Flash decoding over the KV cache (f16, q8_0, q4_0): one query row per sequence, the visible keys split over many
 // warps, partial (max, sum, unnormalized output) per warp, then a combine kernel. See attention.h.
 //
 // One warp = one split of one (sequence, kv head, group of up to 8 query heads). It streams its keys
@@ -9,13 +9,15 @@
 //                                                                 S^T's accumulators via movmatrix
 // so the 8 query heads of Qwen3's and Qwen3.5's GQA groups fill the n8 side exactly and nothing is padded.
 // The grid is one wave of resident warps; the number of active splits is computed on the device from
-// the position, so a fixed grid serves every depth; surplus warps exit at once.
+// the position, so a fixed grid serves every depth; surplus warps exit at once. Quantized K or V rows are
+// loaded by the warp's lanes and dequantized into the ring's f16 rows (attention_kv.cuh).
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
@@ -32,15 +34,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
   const float* q;
-  const __half* k;
-  const __half* v;
-  int64_t slot_stride;
+  const char* k;
+  const char* v;
+  int64_t slot_stride;  // bytes
   const int32_t* slots;
   const int32_t* pos;
   float* out;
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
-  int64_t row_stride;  // n_head_kv * D
+  int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
   int n_head, group, n_hchunk, max_splits, min_keys, max_kv, window;
   float scale_log2;  // kq_scale * log2(e)
 };
@@ -60,7 +62,7 @@ __device__ __forceinline__ SplitRange split_range(const DecodeParams& p, int seq
   return {lo, nk, n, per};
 }
 
-template <int D>
+template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
@@ -96,8 +98,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   constexpr int kStageBytes = 2 * kStepKeys * D * 2;  // K then V, 16 rows each
   const uint32_t ring = smem_addr(smem_raw) + warp * kStages * kStageBytes;
   const int64_t slot = p.slots ? p.slots[seq] : seq;
-  const __half* kg = p.k + slot * p.slot_stride + (int64_t)hk * D;
-  const __half* vg = p.v + slot * p.slot_stride + (int64_t)hk * D;
+  const char* kg = p.k + slot * p.slot_stride + hk * kv_bytes<KT>(D);
+  const char* vg = p.v + slot * p.slot_stride + hk * kv_bytes<VT>(D);
 
   auto load_step = [&](int step) {
     const uint32_t ks = ring + (step % kStages) * kStageBytes, vs = ks + kStepKeys * D * 2;
@@ -107,10 +109,12 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
       const int i = lane + 32 * it;
       const int row = i / kChunks, ch = i % kChunks;
       const bool valid = key0 + row < ke;
-      const int64_t off = (int64_t)(valid ? key0 + row : kb) * p.row_stride + ch * 8;
+      const int64_t r = valid ? key0 + row : kb;
       const uint32_t so = swizzle<D>(row, ch) * 16;
-      cp_async16(ks + so, kg + off, valid);
-      cp_async16(vs + so, vg + off, valid);
+      if constexpr (KT == kKvF16) cp_async16(ks + so, kg + r * p.k_row + ch * 16, valid);
+      else st_shared16(ks + so, valid ? kv_load8<KT>(kg + r * p.k_row, ch) : make_uint4(0, 0, 0, 0));
+      if constexpr (VT == kKvF16) cp_async16(vs + so, vg + r * p.v_row + ch * 16, valid);
+      else st_shared16(vs + so, valid ? kv_load8<VT>(vg + r * p.v_row, ch) : make_uint4(0, 0, 0, 0));
     }
   };
 
@@ -255,10 +259,23 @@ struct DecodePlan {
   size_t smem_bytes, ml_bytes, o_bytes;
 };
 
-const void* decode_kernel_ptr(int64_t D) {
-  return D == 64    ? (const void*)decode_kernel<64>
-         : D == 128 ? (const void*)decode_kernel<128>
-                    : (const void*)decode_kernel<256>;
+template <int D, int KT>
+const void* decode_kernel_ptr_v(int vt) {
+  return vt == kKvQ8   ? (const void*)decode_kernel<D, KT, kKvQ8>
+         : vt == kKvQ4 ? (const void*)decode_kernel<D, KT, kKvQ4>
+                       : (const void*)decode_kernel<D, KT, kKvF16>;
+}
+template <int D>
+const void* decode_kernel_ptr_k(int kt, int vt) {
+  return kt == kKvQ8   ? decode_kernel_ptr_v<D, kKvQ8>(vt)
+         : kt == kKvQ4 ? decode_kernel_ptr_v<D, kKvQ4>(vt)
+                       : decode_kernel_ptr_v<D, kKvF16>(vt);
+}
+// The kernel for this head_dim and these cache kinds (kv_kind).
+const void* decode_kernel_ptr(int64_t D, int kt, int vt) {
+  return D == 64    ? decode_kernel_ptr_k<64>(kt, vt)
+         : D == 128 ? decode_kernel_ptr_k<128>(kt, vt)
+                    : decode_kernel_ptr_k<256>(kt, vt);
 }
 
 // Warps per block (as many as shared memory allows, up to 4) and resident blocks per SM, per head_dim.
@@ -266,20 +283,21 @@ struct DecodeConfig {
   int warps = 0, blocks_per_sm = 0;
   size_t smem_bytes = 0;
 };
-DecodeConfig decode_config(int64_t D) {
+DecodeConfig decode_config(int64_t D, int kt, int vt) {
   static std::mutex mu;
   static std::map<std::pair<int, int64_t>, DecodeConfig> cache;
   int dev = 0;
   XPERT_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  DecodeConfig& c = cache[{dev, D}];
+  DecodeConfig& c = cache[{dev, D * 16 + kt * 4 + vt}];
+  const void* kernel = decode_kernel_ptr(D, kt, vt);
   if (c.warps) return c;
   const size_t per_warp = (size_t)kStages * 2 * kStepKeys * D * 2;
   c.warps = (int)std::clamp<size_t>((size_t)max_smem_optin() / per_warp, 1, 4);
   c.smem_bytes = per_warp * c.warps;
-  set_smem_limit(decode_kernel_ptr(D), c.smem_bytes);
-  XPERT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.blocks_per_sm, decode_kernel_ptr(D),
-                                                                 32 * c.warps, c.smem_bytes));
+  set_smem_limit(kernel, c.smem_bytes);
+  XPERT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.blocks_per_sm, kernel, 32 * c.warps,
+                                                                 c.smem_bytes));
   if (c.blocks_per_sm < 1)
     detail::fail_rt("cuda attention_decode: the kernel does not fit an SM (head_dim ", D, ")");
   return c;
@@ -293,7 +311,10 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
                     a.n_head_kv);
   if (a.max_kv <= 0 || a.max_kv > INT32_MAX)
     detail::fail_rt("cuda attention_decode: max_kv ", a.max_kv, " out of range");
-  const DecodeConfig cfg = decode_config(a.head_dim);
+  for (DType t : {a.k_type, a.v_type})
+    if (t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0)
+      detail::fail_rt("cuda attention_decode: KV cache type ", (int)t, " is not supported (f16, q8_0, q4_0)");
+  const DecodeConfig cfg = decode_config(a.head_dim, kv_kind(a.k_type), kv_kind(a.v_type));
   DecodePlan pl{};
   const int64_t group = a.n_head / a.n_head_kv;
   pl.n_hchunk = (int)((group + 7) / 8);
@@ -312,15 +333,32 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   return pl;
 }
 
-template <int D>
+template <int D, int KT, int VT>
 void launch(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid((pl.max_splits + pl.warps - 1) / pl.warps, (unsigned)(a.n_head_kv * pl.n_hchunk),
                   (unsigned)a.n_seq);
-  decode_kernel<D><<<grid, 32 * pl.warps, pl.smem_bytes, stream>>>(p);
+  decode_kernel<D, KT, VT><<<grid, 32 * pl.warps, pl.smem_bytes, stream>>>(p);
   XPERT_CUDA_CHECK_LAUNCH();
   combine_kernel<<<dim3((unsigned)a.n_head, (unsigned)a.n_seq, D / 32), 32 * kCombineWarps, 0, stream>>>(p,
                                                                                                          D);
   XPERT_CUDA_CHECK_LAUNCH();
+}
+
+template <int D, int KT>
+void launch_v(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodeParams& p, cudaStream_t stream) {
+  switch (kv_kind(a.v_type)) {
+    case kKvQ8: return launch<D, KT, kKvQ8>(a, pl, p, stream);
+    case kKvQ4: return launch<D, KT, kKvQ4>(a, pl, p, stream);
+    default: return launch<D, KT, kKvF16>(a, pl, p, stream);
+  }
+}
+template <int D>
+void launch_k(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodeParams& p, cudaStream_t stream) {
+  switch (kv_kind(a.k_type)) {
+    case kKvQ8: return launch_v<D, kKvQ8>(a, pl, p, stream);
+    case kKvQ4: return launch_v<D, kKvQ4>(a, pl, p, stream);
+    default: return launch_v<D, kKvF16>(a, pl, p, stream);
+  }
 }
 
 }  // namespace
@@ -336,15 +374,16 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   if (!workspace) detail::fail_rt("cuda attention_decode: no workspace");
   DecodeParams p{};
   p.q = a.q;
-  p.k = reinterpret_cast<const __half*>(a.k);
-  p.v = reinterpret_cast<const __half*>(a.v);
+  p.k = static_cast<const char*>(a.k);
+  p.v = static_cast<const char*>(a.v);
   p.slot_stride = a.slot_stride;
   p.slots = a.slots;
   p.pos = a.pos;
   p.out = a.out;
   p.part_ml = static_cast<float2*>(workspace);
   p.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
-  p.row_stride = a.n_head_kv * a.head_dim;
+  p.k_row = kv_bytes_of(kv_kind(a.k_type), a.n_head_kv * a.head_dim);
+  p.v_row = kv_bytes_of(kv_kind(a.v_type), a.n_head_kv * a.head_dim);
   p.n_head = (int)a.n_head;
   p.group = (int)(a.n_head / a.n_head_kv);
   p.n_hchunk = pl.n_hchunk;
@@ -355,11 +394,11 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.scale_log2 = a.kq_scale * kLog2e;
   switch (a.head_dim) {
     case 64:
-      return launch<64>(a, pl, p, stream);
+      return launch_k<64>(a, pl, p, stream);
     case 128:
-      return launch<128>(a, pl, p, stream);
+      return launch_k<128>(a, pl, p, stream);
     default:
-      return launch<256>(a, pl, p, stream);
+      return launch_k<256>(a, pl, p, stream);
   }
 }
 

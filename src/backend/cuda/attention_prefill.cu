@@ -1,16 +1,18 @@
-// Flash attention for prefill (several query tokens of one sequence) over the f16 KV cache, and the
-// plain warp-per-row kernel used as the fallback. See attention.h.
+// Flash attention for prefill (several query tokens of one sequence) over the KV cache (f16, q8_0, q4_0),
+// and the plain warp-per-row kernel used as the fallback. See attention.h.
 //
 // Prefill: a block of 4 warps takes 64 query tokens of one head (16 rows per warp). K and V tiles of BN
 // keys of that head's kv head go through shared memory with cp.async, two stages deep, while the warps
 // compute S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16, f16 in, f32 accumulate), with the
 // softmax running online per row (the FlashAttention-2 register layout: S's accumulators are P's A
 // fragments). Key tiles outside the block's visible range (causal, window, n_kv) are skipped; masks
-// inside a tile are per element, so any positions array works.
+// inside a tile are per element, so any positions array works. A quantized K or V tile is loaded by the
+// threads and dequantized into the same f16 tile (attention_kv.cuh) instead of copied by cp.async.
 #include <algorithm>
 #include <climits>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
@@ -25,11 +27,11 @@ constexpr int kBlockRows = 64;
 
 struct PrefillParams {
   const float* q;
-  const __half* k;
-  const __half* v;
+  const char* k;
+  const char* v;
   float* out;
   const int32_t* pos;
-  int64_t row_stride;  // n_head_kv * D
+  int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
   int n_tokens, n_head, group, n_kv, window;
   float scale_log2;
 };
@@ -39,7 +41,7 @@ constexpr size_t prefill_smem_bytes() {
   return (size_t)kBlockRows * D * 2 + (size_t)2 * 2 * BN * D * 2;
 }
 
-template <int D, int BN>
+template <int D, int BN, int KT, int VT>
 __global__ void __launch_bounds__(128) prefill_kernel(PrefillParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int block_pmin, block_pmax;
@@ -82,8 +84,8 @@ __global__ void __launch_bounds__(128) prefill_kernel(PrefillParams p) {
   const int hi = min(block_pmax, p.n_kv - 1);
   const int tile_begin = lo / BN, tile_end = hi >= lo ? hi / BN + 1 : tile_begin;
 
-  const __half* kg = p.k + (int64_t)hk * D;
-  const __half* vg = p.v + (int64_t)hk * D;
+  const char* kg = p.k + hk * kv_bytes<KT>(D);
+  const char* vg = p.v + hk * kv_bytes<VT>(D);
   auto load_tile = [&](int tile, int stage) {
     const uint32_t ks = kv0 + stage * 2 * kTileBytes, vs = ks + kTileBytes;
 #pragma unroll
@@ -91,10 +93,12 @@ __global__ void __launch_bounds__(128) prefill_kernel(PrefillParams p) {
       const int i = threadIdx.x + 128 * it;
       const int row = i / kChunks, ch = i % kChunks, key = tile * BN + row;
       const bool valid = key < p.n_kv;
-      const int64_t off = (int64_t)(valid ? key : 0) * p.row_stride + ch * 8;
+      const int64_t r = valid ? key : 0;
       const uint32_t so = swizzle<D>(row, ch) * 16;
-      cp_async16(ks + so, kg + off, valid);
-      cp_async16(vs + so, vg + off, valid);
+      if constexpr (KT == kKvF16) cp_async16(ks + so, kg + r * p.k_row + ch * 16, valid);
+      else st_shared16(ks + so, valid ? kv_load8<KT>(kg + r * p.k_row, ch) : make_uint4(0, 0, 0, 0));
+      if constexpr (VT == kKvF16) cp_async16(vs + so, vg + r * p.v_row + ch * 16, valid);
+      else st_shared16(vs + so, valid ? kv_load8<VT>(vg + r * p.v_row, ch) : make_uint4(0, 0, 0, 0));
     }
   };
 
@@ -216,15 +220,16 @@ __global__ void __launch_bounds__(128) prefill_kernel(PrefillParams p) {
   }
 }
 
-template <int D, int BN>
+template <int D, int BN, int KT, int VT>
 void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   PrefillParams p{};
   p.q = a.q;
-  p.k = reinterpret_cast<const __half*>(a.k);
-  p.v = reinterpret_cast<const __half*>(a.v);
+  p.k = static_cast<const char*>(a.k);
+  p.v = static_cast<const char*>(a.v);
   p.out = a.out;
   p.pos = a.pos;
-  p.row_stride = a.n_head_kv * D;
+  p.k_row = kv_bytes<KT>(a.n_head_kv * D);
+  p.v_row = kv_bytes<VT>(a.n_head_kv * D);
   p.n_tokens = (int)a.n_tokens;
   p.n_head = (int)a.n_head;
   p.group = (int)(a.n_head / a.n_head_kv);
@@ -232,10 +237,28 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t stream) {
   p.window = a.sliding_window;
   p.scale_log2 = a.kq_scale * kLog2e;
   constexpr size_t smem = prefill_smem_bytes<D, BN>();
-  set_smem_limit((const void*)prefill_kernel<D, BN>, smem);
+  set_smem_limit((const void*)prefill_kernel<D, BN, KT, VT>, smem);
   const dim3 grid((unsigned)((a.n_tokens + kBlockRows - 1) / kBlockRows), (unsigned)a.n_head);
-  prefill_kernel<D, BN><<<grid, 128, smem, stream>>>(p);
+  prefill_kernel<D, BN, KT, VT><<<grid, 128, smem, stream>>>(p);
   XPERT_CUDA_CHECK_LAUNCH();
+}
+
+// The kernel for this head_dim and these cache types (each of K and V: f16, q8_0, q4_0).
+template <int D, int BN, int KT>
+void dispatch_prefill_v(const AttentionArgs& a, cudaStream_t stream) {
+  switch (kv_kind(a.v_type)) {
+    case kKvQ8: return launch_prefill<D, BN, KT, kKvQ8>(a, stream);
+    case kKvQ4: return launch_prefill<D, BN, KT, kKvQ4>(a, stream);
+    default: return launch_prefill<D, BN, KT, kKvF16>(a, stream);
+  }
+}
+template <int D, int BN>
+void dispatch_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  switch (kv_kind(a.k_type)) {
+    case kKvQ8: return dispatch_prefill_v<D, BN, kKvQ8>(a, stream);
+    case kKvQ4: return dispatch_prefill_v<D, BN, kKvQ4>(a, stream);
+    default: return dispatch_prefill_v<D, BN, kKvF16>(a, stream);
+  }
 }
 
 // One warp per (token, head): keys one by one, the dot product across the lanes, online softmax.
@@ -250,8 +273,10 @@ __global__ void __launch_bounds__(256) simple_kernel(AttentionArgs a) {
   const int p = a.pos[t];
   const int64_t hi = min((int64_t)p, a.n_kv - 1);
   const int64_t lo = a.sliding_window > 0 ? max((int64_t)0, (int64_t)p - a.sliding_window + 1) : 0;
-  const __half* kc = reinterpret_cast<const __half*>(a.k) + hk * D;
-  const __half* vc = reinterpret_cast<const __half*>(a.v) + hk * D;
+  const int kt = kv_kind(a.k_type), vt = kv_kind(a.v_type);
+  const int64_t k_row = kv_bytes_of(kt, kv_row), v_row = kv_bytes_of(vt, kv_row);
+  const char* kc = static_cast<const char*>(a.k) + hk * kv_bytes_of(kt, D);
+  const char* vc = static_cast<const char*>(a.v) + hk * kv_bytes_of(vt, D);
   constexpr int R = kSimpleMaxDim / 32;
   float q[R], acc[R];
 #pragma unroll
@@ -266,7 +291,7 @@ __global__ void __launch_bounds__(256) simple_kernel(AttentionArgs a) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) dot += q[i] * __half2float(kc[j * kv_row + d]);
+      if (d < D) dot += q[i] * kv_value(kc + j * k_row, kt, d);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -277,7 +302,7 @@ __global__ void __launch_bounds__(256) simple_kernel(AttentionArgs a) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t d = lane + 32 * i;
-      if (d < D) acc[i] = acc[i] * alpha + w * __half2float(vc[j * kv_row + d]);
+      if (d < D) acc[i] = acc[i] * alpha + w * kv_value(vc + j * v_row, vt, d);
     }
     m = mn;
   }
@@ -295,6 +320,12 @@ void check_args(const AttentionArgs& a) {
   if (a.head_dim <= 0 || a.head_dim > kSimpleMaxDim)
     detail::fail_rt("cuda attention: head_dim ", a.head_dim, " out of range (1..", kSimpleMaxDim, ")");
   if (a.n_kv > INT32_MAX || a.n_tokens > INT32_MAX) detail::fail_rt("cuda attention: too many tokens");
+  for (DType t : {a.k_type, a.v_type}) {
+    if (t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0)
+      detail::fail_rt("cuda attention: KV cache type ", (int)t, " is not supported (f16, q8_0, q4_0)");
+    if (t != DType::F16 && a.head_dim % 32 != 0)
+      detail::fail_rt("cuda attention: a q8_0 / q4_0 cache needs head_dim a multiple of 32, got ", a.head_dim);
+  }
 }
 
 bool fast_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
@@ -314,7 +345,9 @@ DecodeAttentionArgs decode_args(const AttentionArgs& a) {
           .max_kv = a.n_kv,
           .kq_scale = a.kq_scale,
           .sliding_window = a.sliding_window,
-          .min_keys_per_split = 64};
+          .min_keys_per_split = 64,
+          .k_type = a.k_type,
+          .v_type = a.v_type};
 }
 
 }  // namespace
@@ -333,11 +366,11 @@ void attention(const AttentionArgs& a, void* workspace, cudaStream_t stream) {
   if (a.n_tokens == 1) return attention_decode(decode_args(a), workspace, stream);
   switch (a.head_dim) {
     case 64:
-      return launch_prefill<64, 64>(a, stream);
+      return dispatch_prefill<64, 64>(a, stream);
     case 128:
-      return launch_prefill<128, 64>(a, stream);
+      return dispatch_prefill<128, 64>(a, stream);
     default:
-      return launch_prefill<256, 32>(a, stream);
+      return dispatch_prefill<256, 32>(a, stream);
   }
 }
 

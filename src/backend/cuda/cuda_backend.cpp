@@ -199,9 +199,10 @@ class CudaBackend final : public Backend {
     }
     ar.release(mark);
   }
-  void store_f16(const float* x, uint16_t* dst, int64_t n) override {
+  void store_kv(const float* x, void* dst, int64_t n, DType type) override {
     if (skip_) return;
-    cuda::store_f16(x, dst, n, s());
+    if (type == DType::F16) return cuda::store_f16(x, static_cast<uint16_t*>(dst), n, s());
+    cuda::store_kv(x, n / 32, 32, type, dst, 0, nullptr, nullptr, s());  // n / 32 contiguous blocks
   }
   void attention(const AttentionArgs& a) override {
     if (skip_) return;
@@ -218,13 +219,15 @@ class CudaBackend final : public Backend {
       no_graphs_ = true;  // the per-sequence kernels bake positions in: no graphs for this model
       return false;
     }
-    cuda::store_kv_f16(d.k, d.n_seq, d.n_head_kv * d.head_dim, d.k_cache, d.slot_stride, d.slots, d.pos, s());
-    cuda::store_kv_f16(d.v, d.n_seq, d.n_head_kv * d.head_dim, d.v_cache, d.slot_stride, d.slots, d.pos, s());
+    const int64_t row = d.n_head_kv * d.head_dim;
+    cuda::store_kv(d.k, d.n_seq, row, d.k_type, d.k_cache, d.slot_stride, d.slots, d.pos, s());
+    cuda::store_kv(d.v, d.n_seq, row, d.v_type, d.v_cache, d.slot_stride, d.slots, d.pos, s());
     const cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
                                       .slots = d.slots, .pos = d.pos, .out = d.out, .n_seq = d.n_seq,
                                       .n_head = d.n_head, .n_head_kv = d.n_head_kv, .head_dim = d.head_dim,
                                       .max_kv = d.n_ctx, .kq_scale = d.kq_scale,
-                                      .sliding_window = d.sliding_window, .min_keys_per_split = 128};
+                                      .sliding_window = d.sliding_window, .min_keys_per_split = 128,
+                                      .k_type = d.k_type, .v_type = d.v_type};
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::attention_decode_workspace_bytes(a);
