@@ -4,8 +4,11 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_kernels.h"
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "base/half.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 
 namespace xpert {
@@ -28,9 +31,12 @@ struct Shape {
 // Real projection widths (640..2560), decode (m=1), small and odd batches, odd n; the 19 x 29 case is
 // split over X rows instead of weight rows. k=640 at m=1 is the output projection's shape; k=96 and 160
 // give an odd block count (a lone last block in the two-blocks-per-vector decode kernels).
+// From 8 X rows on AVX-512 takes the panel kernels (16 weight rows repacked, X rows in tiles of 8): the
+// m = 29, 37, 13 and 64 cases cover a partial last panel (n % 16) and every tile height.
 const Shape kShapes[] = {
-    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64},
-    {640, 19, 29}, {640, 1027, 1}, {96, 9, 1},     {96, 9, 2},     {160, 70, 1},
+    {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64}, {640, 19, 29},
+    {640, 1027, 1}, {96, 9, 1},    {96, 9, 2},     {160, 70, 1},   {1024, 40, 37}, {2048, 33, 13},
+    {512, 16, 8},   {256, 1, 9},
 };
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
@@ -117,6 +123,66 @@ TEST(Matmul, ReferenceRoundsActivationsLikeLlamaCpp) {
   float y_fast = 0;
   cpu::matmul(DType::Q8_0, w.data(), 1, k, x.data(), 1, &y_fast, 1, pool);
   EXPECT_NEAR(y_fast, y, 1e-5f * std::fabs(y));
+}
+
+// X rows for the packing test: random blocks, plus an all-zero block, a block whose largest magnitude
+// appears twice with both signs (Q8_K keeps the first), and tiny and huge values.
+std::vector<float> awkward_row(int64_t k, uint64_t seed) {
+  std::vector<float> x = random_values((size_t)k, seed);
+  for (int64_t i = 0; i < 32; ++i) x[i] = 0.0f;
+  x[300] = -1.5f;
+  x[301] = 1.5f;
+  for (int64_t i = 320; i < 352; ++i) x[i] *= 1e-30f;
+  for (int64_t i = 512; i < 544; ++i) x[i] *= 1e4f;
+  return x;
+}
+
+TEST(Matmul, FastPackingMatchesActivationQuantizers) {
+  if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  const int64_t k = 1024;
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    const std::vector<float> x = awkward_row(k, seed);
+    {
+      std::vector<quant::BlockQ8_0> ref(k / 32);
+      quantize_row_activation(DType::Q8_0, x.data(), ref.data(), k);
+      const cpu::PackedLayout l{.d_offset = (size_t)k, .sum_offset = (size_t)k + 4 * (k / 32), .aux_offset = 0,
+                                .row_bytes = (size_t)k + 8 * (k / 32)};
+      std::vector<uint8_t> out(l.row_bytes);
+      cpu::pack_row_q8_0_avx512(x.data(), k, l, 16, out.data());
+      for (int64_t b = 0; b < k / 32; ++b) {
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          ASSERT_EQ((int8_t)out[32 * b + j], ref[b].qs[j]) << "Q8_0 block " << b << " element " << j;
+          sum += ref[b].qs[j];
+        }
+        float d;
+        int32_t neg_sum;
+        std::memcpy(&d, out.data() + l.d_offset + 4 * b, 4);
+        std::memcpy(&neg_sum, out.data() + l.sum_offset + 4 * b, 4);
+        EXPECT_EQ(f32_to_bits(d), f32_to_bits(f16_to_f32(ref[b].d))) << "Q8_0 block " << b;
+        EXPECT_EQ(neg_sum, -sum) << "Q8_0 block " << b;
+      }
+    }
+    {
+      std::vector<quant::BlockQ8_K> ref(k / 256);
+      quantize_row_activation(DType::Q8_K, x.data(), ref.data(), k);
+      const cpu::PackedLayout l{.d_offset = (size_t)k, .sum_offset = (size_t)k + 4 * (k / 256), .aux_offset = 0,
+                                .row_bytes = (size_t)k + 4 * (k / 256) + 2 * (k / 16)};
+      std::vector<uint8_t> out(l.row_bytes);
+      cpu::pack_row_q8_k_avx512(x.data(), k, l, false, out.data());
+      for (int64_t b = 0; b < k / 256; ++b) {
+        for (int j = 0; j < 256; ++j) ASSERT_EQ((int8_t)out[256 * b + j], ref[b].qs[j]) << "Q8_K block " << b << " element " << j;
+        float d;
+        std::memcpy(&d, out.data() + l.d_offset + 4 * b, 4);
+        EXPECT_EQ(f32_to_bits(d), f32_to_bits(ref[b].d)) << "Q8_K block " << b;
+        for (int g = 0; g < 16; ++g) {
+          int16_t s;
+          std::memcpy(&s, out.data() + l.sum_offset + 2 * (16 * b + g), 2);
+          EXPECT_EQ(s, ref[b].bsums[g]) << "Q8_K block " << b << " group " << g;
+        }
+      }
+    }
+  }
 }
 
 TEST(Matmul, EmptyShapesAreNoOps) {

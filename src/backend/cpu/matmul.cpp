@@ -2,6 +2,7 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -18,7 +19,19 @@ namespace {
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-PackedLayout packed_layout(DType act, int64_t k) {
+// The aux plane the panel kernels read (matmul_kernels.h): entries per row, and for the Q8_0 family the
+// weight levels' offset.
+int64_t aux_entries(DType w, int64_t k) {
+  switch (w) {
+    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::Q4_K: case DType::Q5_K: return k / 32;
+    case DType::Q6_K: return k / 16;
+    default: return 0;
+  }
+}
+int32_t level_offset(DType w) { return w == DType::Q4_0 ? 8 : w == DType::Q5_0 ? 16 : 128; }
+
+// aux_for: the weight type whose aux plane to add (DType::F32: none).
+PackedLayout packed_layout(DType act, int64_t k, DType aux_for) {
   PackedLayout l;
   switch (act) {
     case DType::Q8_0:
@@ -33,13 +46,21 @@ PackedLayout packed_layout(DType act, int64_t k) {
       break;
     default: l.row_bytes = 4 * (size_t)k; break;
   }
+  if (const int64_t n_aux = aux_entries(aux_for, k)) {
+    l.aux_offset = round_up(l.row_bytes, 4);
+    l.row_bytes = l.aux_offset + 4 * (size_t)n_aux;
+  }
   l.row_bytes = round_up(l.row_bytes, kPackAlign);
   return l;
 }
 
 // One X row into its packed planes. `scratch` holds the ggml-layout blocks in between.
-void pack_row(DType act, const float* x, int64_t k, const PackedLayout& l, uint8_t* out,
+void pack_row(DType act, DType aux_for, const float* x, int64_t k, const PackedLayout& l, uint8_t* out,
               std::vector<uint8_t>& scratch) {
+  if (best_isa() == Isa::avx512) {
+    if (act == DType::Q8_0) return pack_row_q8_0_avx512(x, k, l, level_offset(aux_for), out);
+    if (act == DType::Q8_K) return pack_row_q8_k_avx512(x, k, l, aux_for == DType::Q6_K, out);
+  }
   scratch.resize(std::max(row_bytes(act, k), (size_t)4 * k));
   quantize_row_activation(act, x, scratch.data(), k);
   switch (act) {
@@ -53,6 +74,7 @@ void pack_row(DType act, const float* x, int64_t k, const PackedLayout& l, uint8
         int sum = 0;
         for (int j = 0; j < quant::kQK; ++j) sum += b[i].qs[j];
         s[i] = -sum;
+        if (l.aux_offset) reinterpret_cast<int32_t*>(out + l.aux_offset)[i] = -sum * level_offset(aux_for);
       }
       return;
     }
@@ -64,6 +86,14 @@ void pack_row(DType act, const float* x, int64_t k, const PackedLayout& l, uint8
         std::memcpy(out + i * quant::kQKK, b[i].qs, quant::kQKK);
         d[i] = b[i].d;
         std::memcpy(s + i * 16, b[i].bsums, sizeof b[i].bsums);
+        if (!l.aux_offset) continue;
+        if (aux_for == DType::Q6_K) {
+          auto* aux = reinterpret_cast<int32_t*>(out + l.aux_offset) + i * 16;
+          for (int j = 0; j < 16; ++j) aux[j] = -32 * b[i].bsums[j];
+        } else {
+          auto* aux = reinterpret_cast<float*>(out + l.aux_offset) + i * 8;
+          for (int j = 0; j < 8; ++j) aux[j] = (float)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
       }
       return;
     }
@@ -89,6 +119,18 @@ TileKernel pick_kernel(const MatmulKernels& t, DType w) {
   }
 }
 
+PanelKernel pick_panel_kernel(const PanelKernels& t, DType w) {
+  switch (w) {
+    case DType::Q4_0: return t.q4_0;
+    case DType::Q5_0: return t.q5_0;
+    case DType::Q8_0: return t.q8_0;
+    case DType::Q4_K: return t.q4_k;
+    case DType::Q5_K: return t.q5_k;
+    case DType::Q6_K: return t.q6_k;
+    default: return nullptr;
+  }
+}
+
 const MatmulKernels& kernels_for(Isa isa) {
   switch (isa) {
     case Isa::avx512: return matmul_kernels_avx512();
@@ -103,6 +145,9 @@ const MatmulKernels& kernels_for(Isa isa) {
 constexpr int64_t kXChunkRows = 64;
 constexpr int64_t kWChunkRows = 16;
 
+// From this many X rows on, repacking the weights into panels (once per call) pays for itself.
+constexpr int64_t kPanelMinRows = 8;
+
 }  // namespace
 
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
@@ -111,8 +156,11 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   if (n == 0 || m == 0) return;
   XP_ASSERT(k % dtype_info(w_type).block_size == 0);
   const DType act = activation_type(w_type);
-  const PackedLayout layout = packed_layout(act, k);
-  const TileKernel kernel = pick_kernel(kernels_for(best_isa()), w_type);
+  const Isa isa = best_isa();
+  const PanelKernel panel =
+      m >= kPanelMinRows && isa == Isa::avx512 ? pick_panel_kernel(matmul_panel_kernels_avx512(), w_type) : nullptr;
+  const PackedLayout layout = packed_layout(act, k, panel ? w_type : DType::F32);
+  const TileKernel kernel = pick_kernel(kernels_for(isa), w_type);
   XP_ASSERT(kernel != nullptr);
 
   // Packed X lives in a per-caller buffer that only grows: no allocation per call at decode.
@@ -122,13 +170,33 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
       round_up(reinterpret_cast<uintptr_t>(packed_storage.data()), kPackAlign));
   auto pack = [&](int64_t b, int64_t e) {
     thread_local std::vector<uint8_t> scratch;
-    for (int64_t i = b; i < e; ++i) pack_row(act, x + i * k, k, layout, packed + i * layout.row_bytes, scratch);
+    for (int64_t i = b; i < e; ++i) pack_row(act, w_type, x + i * k, k, layout, packed + i * layout.row_bytes, scratch);
   };
   if (m * k >= 16384) pool.parallel_for(m, pack, 1);
   else pack(0, m);
 
   const auto* w_bytes = static_cast<const uint8_t*>(w);
   const size_t w_row_bytes = row_bytes(w_type, k);
+  if (panel) {
+    // Panels of kPanelRows weight rows, handed out one at a time: a thread that the OS (or another
+    // process on a shared machine) slows down takes fewer, instead of the others waiting for it.
+    const int64_t n_panels = (n + kPanelRows - 1) / kPanelRows;
+    std::atomic<int64_t> next{0};
+    auto work = [&](int, int) {
+      thread_local std::vector<uint8_t> scratch_storage;
+      scratch_storage.resize(panel_scratch_bytes(k) + 64);
+      uint8_t* scratch =
+          reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(scratch_storage.data()), 64));
+      for (int64_t p; (p = next.fetch_add(1, std::memory_order_relaxed)) < n_panels;) {
+        const int64_t j = p * kPanelRows;
+        panel(k, w_bytes + j * w_row_bytes, w_row_bytes, std::min(kPanelRows, n - j), packed, layout, m, y + j,
+              ldy, scratch);
+      }
+    };
+    if (pool.size() == 1 || n_panels == 1) work(0, 1);
+    else pool.run(work);
+    return;
+  }
   auto compute = [&](int64_t j0, int64_t j1, int64_t i0, int64_t i1) {
     for (int64_t xc = i0; xc < i1; xc += kXChunkRows) {
       const int64_t nx = std::min(kXChunkRows, i1 - xc);

@@ -6,6 +6,10 @@
 //   Q8_0 : qs int8[k] | d f32[k/32] | neg_sum int32[k/32]   (-sum of the block's quants: folds weight offsets)
 //   Q8_K : qs int8[k] | d f32[k/256] | bsums int16[k/16]
 //   F32, F16, BF16 : f32[k], the value rounded through the activation type.
+// When the panel kernels below run, each row also gets an aux plane (aux_offset), per weight type:
+//   Q4_0 / Q5_0 / Q8_0 : int32[k/32], -offset * sum(a) per block (offset 8 / 16 / 128)
+//   Q4_K / Q5_K        : f32[k/32], sum(a) per 32 (what the sub-block mins multiply)
+//   Q6_K               : int32[k/16], -32 * sum(a) per 16
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +21,7 @@ constexpr size_t kPackAlign = 64;
 struct PackedLayout {
   size_t d_offset = 0;    // bytes from the row start to the scale plane
   size_t sum_offset = 0;  // bytes from the row start to the sum / bsums plane
+  size_t aux_offset = 0;  // bytes from the row start to the panel kernels' aux plane (0: none)
   size_t row_bytes = 0;   // stride between packed rows
 };
 
@@ -34,5 +39,26 @@ struct MatmulKernels {
 const MatmulKernels& matmul_kernels_scalar();
 const MatmulKernels& matmul_kernels_avx2();
 const MatmulKernels& matmul_kernels_avx512();
+
+// Prefill (many X rows): a kernel takes one panel of n_w <= kPanelRows weight rows, repacks it into
+// `scratch` (panel_scratch_bytes(k), 64-byte aligned), then multiplies it with all n_x packed X rows (which
+// carry the aux plane). Only where the ISA has them (matmul_panel_avx512.cpp); null entries use the tiles.
+constexpr int64_t kPanelRows = 16;
+constexpr size_t panel_scratch_bytes(int64_t k) { return (size_t)(kPanelRows * k) * 5 / 4 + 64; }
+
+using PanelKernel = void (*)(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
+                             const PackedLayout& x_layout, int64_t n_x, float* y, int64_t ldy, uint8_t* scratch);
+
+struct PanelKernels {
+  PanelKernel q4_0 = nullptr, q5_0 = nullptr, q8_0 = nullptr, q4_k = nullptr, q5_k = nullptr, q6_k = nullptr;
+};
+
+const PanelKernels& matmul_panel_kernels_avx512();
+
+// One X row quantized straight into its packed planes (aux included when l.aux_offset != 0), bit for bit
+// what matmul.cpp's portable packing writes; AVX-512 only (matmul_pack_avx512.cpp). level_offset: the
+// weight levels' offset the Q8_0 aux plane folds in; aux_q6_k: Q6_K's aux plane rather than Q4_K / Q5_K's.
+void pack_row_q8_0_avx512(const float* x, int64_t k, const PackedLayout& l, int32_t level_offset, uint8_t* out);
+void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, bool aux_q6_k, uint8_t* out);
 
 }  // namespace xpert::cpu
