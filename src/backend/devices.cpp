@@ -15,8 +15,15 @@
 #ifdef XPERT_HAS_CUDA
 #include "backend/cuda/device.h"
 #endif
+#include "backend/opencl/opencl_backend.h"
 #ifdef XPERT_HAVE_OPENCL
 #include "backend/opencl/expert_executor.h"
+#else
+namespace xpert {
+std::shared_ptr<Backend> make_opencl_backend(int) {
+  fail("this xpert was built without OpenCL (install Debian's opencl-headers and rebuild)");
+}
+}  // namespace xpert
 #endif
 
 namespace xpert {
@@ -50,7 +57,6 @@ std::optional<DeviceId> gpu_of(const PlacementOptions& o) {
       if (o.n_gpu_layers > 0) fail("--device cpu and -ngl {} contradict each other", o.n_gpu_layers);
       return std::nullopt;
     case DeviceKind::opencl:
-      fail("the whole model on {} is not supported yet; OpenCL devices run experts (--expert-device)", dev.str());
     case DeviceKind::cuda: break;
   }
   return dev;
@@ -114,7 +120,7 @@ Placement plan(const Model& m, const PlacementOptions& o) {
     po.n_gpu_layers = o.n_gpu_layers < 0 ? c.n_layer : std::min(o.n_gpu_layers, c.n_layer);
     po.gpu = dev->str();
     if (po.n_gpu_layers > 0) {
-      p.gpu = make_cuda_backend(dev->index);
+      p.gpu = dev->kind == DeviceKind::opencl ? make_opencl_backend(dev->index) : make_cuda_backend(dev->index);
       po.gpu_free_bytes = p.gpu->free_memory();
     }
   }

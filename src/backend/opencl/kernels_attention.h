@@ -1,0 +1,87 @@
+// OpenCL C of the whole-model backend's attention (op_types.h AttentionArgs): one sequence's causal
+// attention of f32 queries over its f16 KV cache, GQA and sliding window, as one pass of tiled online
+// softmax. Core OpenCL C 1.2: the cache is read with vload_half.
+//
+// One work-group of ATT_WG work-items per (head, token): the query (rounded to f16, as the CPU does) sits
+// in local memory; each tile of ATT_WG keys gets one score per work-item. Two passes over the key tiles:
+// the first keeps the running max and sum of the softmax (online), the second recomputes the scores and
+// adds each normalized weight, rounded to f16 as the CPU (and llama.cpp's f16 V product) rounds it, times V
+// (each work-item owns head_dim / ATT_WG output dims, head_dim <= ATT_MAXD). The scores cost twice, but
+// the output matches the CPU's to ~1e-6, so a model's routing near-ties resolve the same way on both.
+#pragma once
+#include <string_view>
+
+namespace xpert::opencl {
+
+inline constexpr std::string_view kAttentionSource = R"CLC(
+#define ATT_WG 64
+#define ATT_MAXD 512
+#define ATT_DPT (ATT_MAXD / ATT_WG)
+
+// q.k * kq_scale, k read from the f16 cache.
+float score(local const float* qs, global const half* kr, int d, float kq_scale) {
+  float dot = 0.0f;
+  for (int i = 0; i < d; ++i) dot += qs[i] * vload_half(i, kr);
+  return dot * kq_scale;
+}
+
+kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
+                      global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
+                      int window) {
+  local float qs[ATT_MAXD];
+  local float ps[ATT_WG];
+  const int h = get_group_id(0), lid = get_local_id(0);
+  const long t = get_group_id(1);
+  const int hk = h / (n_head / n_head_kv);
+  const long kv_row = (long)n_head_kv * d;
+  global const float* qr = q + (t * n_head + h) * d;
+  for (int i = lid; i < d; i += ATT_WG) qs[i] = round_f16(qr[i]);
+  barrier(CLK_LOCAL_MEM_FENCE);
+
+  const int p = pos[t];
+  const int lo = window > 0 ? max(0, p - window + 1) : 0;
+  const int hi = min(p, n_kv - 1);
+  // Pass 1: the running max and sum of exp over every key tile.
+  float mx = -INFINITY, l = 0.0f;
+  for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
+    const int j = j0 + lid;
+    ps[lid] = j <= hi ? score(qs, kc + j * kv_row + hk * d, d, kq_scale) : -INFINITY;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int nt = min(ATT_WG, hi - j0 + 1);
+    float tmax = -INFINITY;
+    for (int i = 0; i < nt; ++i) tmax = max(tmax, ps[i]);
+    const float mnew = max(mx, tmax);  // finite: key j0 <= hi is in the tile
+    float tsum = 0.0f;
+    for (int i = 0; i < nt; ++i) tsum += exp(ps[i] - mnew);
+    l = l * exp(mx - mnew) + tsum;
+    mx = mnew;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V.
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float acc[ATT_DPT];
+  for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
+  for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
+    const int j = j0 + lid;
+    ps[lid] = j <= hi ? round_f16(exp(score(qs, kc + j * kv_row + hk * d, d, kq_scale) - mx) * inv) : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int nt = min(ATT_WG, hi - j0 + 1);
+    for (int a = 0; a < ATT_DPT; ++a) {
+      const int dd = lid + a * ATT_WG;
+      if (dd >= d) break;
+      float v = acc[a];
+      global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
+      for (int i = 0; i < nt; ++i) v += ps[i] * vload_half(i * kv_row, vr);
+      acc[a] = v;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  global float* o = out + (t * n_head + h) * d;
+  for (int a = 0; a < ATT_DPT; ++a) {
+    const int dd = lid + a * ATT_WG;
+    if (dd < d) o[dd] = acc[a];
+  }
+}
+)CLC";
+
+}  // namespace xpert::opencl

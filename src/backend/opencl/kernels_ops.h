@@ -1,0 +1,204 @@
+// OpenCL C of the whole-model backend's small ops (opencl_backend.h): elementwise, rmsnorm, rope, f16
+// stores, row gathers and the MoE gather / combine. Core OpenCL C 1.2 only: halves are read and written
+// with vload_half / vstore_half_rte, no fp16 arithmetic, no subgroups. kClCommonSource is prepended to
+// every program of the backend.
+//
+// Reductions run over one work-group of RED_WG (a power of two) work-items through local memory.
+#pragma once
+#include <string_view>
+
+namespace xpert::opencl {
+
+inline constexpr std::string_view kClCommonSource = R"CLC(
+#define RED_WG 64
+
+// x rounded to the nearest f16 (ties to even), back in f32: what the CPU does where llama.cpp keeps
+// values in f16 (q before the K product, the GELU table).
+float round_f16(float x) {
+  ushort h;
+  vstore_half_rte(x, 0, (half*)&h);
+  return vload_half(0, (const half*)&h);
+}
+
+// Sum of v over the RED_WG work-items of the group (every work-item gets it); buf: RED_WG floats.
+float wg_sum(float v, local float* buf) {
+  const int lid = get_local_id(0);
+  buf[lid] = v;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = RED_WG / 2; s > 0; s >>= 1) {
+    if (lid < s) buf[lid] += buf[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float r = buf[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
+}
+
+float silu_f(float x) { return x / (1.0f + exp(-x)); }
+float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
+)CLC";
+
+inline constexpr std::string_view kOpsSource = R"CLC(
+// One work-group per row: y = x / sqrt(mean(x^2) + eps) * w (w optional).
+kernel void rmsnorm(global const float* x, global const float* w, int has_w, global float* y, int n, float eps) {
+  local float buf[RED_WG];
+  const long r = get_group_id(0);
+  const int lid = get_local_id(0);
+  global const float* xr = x + r * n;
+  global float* yr = y + r * n;
+  float s = 0.0f;
+  for (int i = lid; i < n; i += RED_WG) s += xr[i] * xr[i];
+  s = wg_sum(s, buf);
+  const float scale = 1.0f / sqrt(s / (float)n + eps);
+  for (int i = lid; i < n; i += RED_WG) yr[i] = has_w ? (xr[i] * scale) * w[i] : xr[i] * scale;
+}
+
+// Work-item (t, i): pair i of token t, every head. The angle is built by repeated multiplication as the
+// CPU (and ggml) does, so it rounds the same way. neox: pairs (i, i + n_rot/2), else (2i, 2i+1).
+kernel void rope(global float* x, global const int* pos, int n_heads, int head_dim, int n_rot, float theta_scale,
+                 float freq_scale, int neox) {
+  const int i = get_global_id(0);
+  const long t = get_global_id(1);
+  if (i >= n_rot / 2) return;
+  float theta = (float)pos[t];
+  for (int j = 0; j < i; ++j) theta *= theta_scale;
+  const float th = freq_scale * theta;
+  const float c = cos(th), s = sin(th);
+  const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+  for (int h = 0; h < n_heads; ++h) {
+    global float* v = x + (t * n_heads + h) * head_dim;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+  }
+}
+
+kernel void swiglu(global const float* gate, global const float* up, global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i < n) y[i] = silu_f(gate[i]) * up[i];
+}
+
+// gelu_tanh through f16 as llama.cpp's CPU table: f16(gelu(f16(gate))) * up.
+kernel void geglu(global const float* gate, global const float* up, global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i >= n) return;
+  const float g = round_f16(gate[i]);
+  const float k = 0.79788456080286535587989211986876f;
+  const float ge = 0.5f * g * (1.0f + tanh(k * g * (1.0f + 0.044715f * g * g)));
+  y[i] = round_f16(ge) * up[i];
+}
+
+kernel void add(global const float* a, global const float* b, global float* y, long n) {
+  const long i = get_global_id(0);
+  if (i < n) y[i] = a[i] + b[i];
+}
+
+kernel void scale(global float* x, float s, long n) {
+  const long i = get_global_id(0);
+  if (i < n) x[i] *= s;
+}
+
+kernel void add_bias(global float* x, global const float* bias, int n, long total) {
+  const long i = get_global_id(0);
+  if (i < total) x[i] += bias[i % n];
+}
+
+kernel void mul_sigmoid(global float* x, global const float* gate, long n) {
+  const long i = get_global_id(0);
+  if (i < n) x[i] *= sigmoid_f(gate[i]);
+}
+
+kernel void add_sigmoid_scaled(global float* y, global const float* s, global const float* g, int n, long total) {
+  const long i = get_global_id(0);
+  if (i < total) y[i] += s[i] * sigmoid_f(g[i / n]);
+}
+
+kernel void deinterleave(global const float* src, int width, global float* a, global float* b, long total) {
+  const long i = get_global_id(0);
+  if (i >= total) return;
+  const long r = i / width, c = i % width;
+  a[i] = src[r * 2 * width + c];
+  b[i] = src[r * 2 * width + width + c];
+}
+
+// y[i] = x[rows[i]], rows of width.
+kernel void gather_rows(global const float* x, global const long* rows, int width, global float* y, long total) {
+  const long i = get_global_id(0);
+  if (i >= total) return;
+  const long r = i / width, c = i % width;
+  y[i] = x[rows[r] * width + c];
+}
+
+kernel void store_f16(global const float* x, global half* dst, long n) {
+  const long i = get_global_id(0);
+  if (i < n) vstore_half_rte(x[i], i, dst);
+}
+
+// Activations rounded as the CPU's matmul rounds them before multiplying (quant/quant.h
+// quantize_row_activation then dequantize): mode 0: Q8_0 per 32 (scale f16(amax / 127), ties to even),
+// 1: Q8_K per 256 (scale -max / 127 from the signed value of largest magnitude), 2: f16, 3: bf16.
+// Work-item (b, r): block b of row r (modes 0, 1) or element b (modes 2, 3). The matmul then sees the
+// same values as the CPU's integer dot products, so the two agree up to summation order.
+#pragma OPENCL FP_CONTRACT OFF
+kernel void round_activations(global const float* x, int k, global float* y, int mode) {
+  const int b = get_global_id(0);
+  const long r = get_global_id(1);
+  global const float* xr = x + r * k;
+  global float* yr = y + r * k;
+  if (mode == 2) {
+    yr[b] = round_f16(xr[b]);
+  } else if (mode == 3) {
+    const uint u = as_uint(xr[b]);
+    const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
+    yr[b] = as_float(h << 16);
+  } else if (mode == 0) {
+    const int i0 = b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = max(amax, fabs(xr[i0 + i]));
+    const float d = round_f16(amax / 127.f);
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    for (int i = 0; i < 32; ++i) yr[i0 + i] = rint(xr[i0 + i] * id) * d;
+  } else {
+    const int i0 = b * 256;
+    float mx = 0.0f, amax = 0.0f;
+    for (int i = 0; i < 256; ++i)
+      if (fabs(xr[i0 + i]) > amax) {
+        amax = fabs(xr[i0 + i]);
+        mx = xr[i0 + i];
+      }
+    if (amax == 0.0f) {
+      for (int i = 0; i < 256; ++i) yr[i0 + i] = 0.0f;
+      return;
+    }
+    const float iscale = -127.f / mx, d = 1.0f / iscale;
+    for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
+  }
+}
+#pragma OPENCL FP_CONTRACT ON
+
+// MoE: grouped row g holds the token of slot row_slot[g] (slot = t * k + j).
+kernel void moe_gather(global const float* x, global const int* row_slot, int k, int width, global float* xg,
+                       long total) {
+  const long i = get_global_id(0);
+  if (i >= total) return;
+  const long g = i / width, c = i % width;
+  xg[i] = x[(long)(row_slot[g] / k) * width + c];
+}
+
+// out[t] = sum_j weights[t*k+j] * yg[slot_row[t*k+j]], in slot order (as the CPU sums); slot_row -1: a slot
+// another device computes.
+kernel void moe_combine(global const float* yg, global const int* slot_row, global const float* weights, int k,
+                        int width, global float* out, long total) {
+  const long i = get_global_id(0);
+  if (i >= total) return;
+  const long t = i / width, c = i % width;
+  float acc = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int g = slot_row[t * k + j];
+    if (g >= 0) acc += weights[t * k + j] * yg[(long)g * width + c];
+  }
+  out[i] = acc;
+}
+)CLC";
+
+}  // namespace xpert::opencl

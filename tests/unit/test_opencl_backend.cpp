@@ -1,0 +1,455 @@
+// The whole-model OpenCL backend (backend/opencl/opencl_backend.h), op by op, against the CPU: the matmul and
+// the MoE FFN against cpu::matmul_reference / moe_ffn_reference (dequantized weights, activations rounded
+// through the CPU's activation type, double sums), every other op against CpuBackend. Random data, shapes of the tiny test models and of real
+// ones (head_dim 128, K-quant rows of 256+). CI runs it on PoCL; without an OpenCL device it skips.
+#include <gtest/gtest.h>
+
+#ifdef XPERT_HAVE_OPENCL
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul.h"
+#include "backend/opencl/discovery.h"
+#include "backend/opencl/opencl_backend.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/thread_pool.h"
+#include "model/gated_delta_net.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "quant/quant.h"
+
+namespace xpert {
+namespace {
+
+// One backend for the whole suite (its programs are built once); null when the machine has no device.
+Backend* device() {
+  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
+    try {
+      if (opencl::list_devices().empty()) return nullptr;
+      return make_opencl_backend(0);
+    } catch (const Error&) {
+      return nullptr;
+    }
+  }();
+  return b.get();
+}
+
+#define DEVICE_OR_SKIP()                                    \
+  Backend* dev_ = device();                                 \
+  if (!dev_) GTEST_SKIP() << "no OpenCL device with SVM"; \
+  Backend& dev = *dev_;
+
+std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Device memory holding a copy of host data.
+template <typename T>
+DeviceBuffer upload(Backend& b, const std::vector<T>& v) {
+  DeviceBuffer buf(b, std::max<size_t>(v.size() * sizeof(T), 1));
+  b.copy_from_host(buf.data(), v.data(), v.size() * sizeof(T));
+  return buf;
+}
+template <typename T>
+std::vector<T> download(Backend& b, const DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  b.copy_to_host(v.data(), buf.data(), n * sizeof(T));
+  return v;
+}
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return static_cast<T*>(b.data());
+}
+
+// max |a - b| / max(max |b|, floor)
+float rel_err(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-6f) {
+  float worst = 0, scale = floor;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return worst / scale;
+}
+
+struct Threads {
+  ThreadPool pool{2};
+  CpuBackend cpu{pool};
+};
+
+// --- matmul ----------------------------------------------------------------------------------------------
+
+class OpenCLBackendMatmul : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(OpenCLBackendMatmul, MatchesDequantizedReference) {
+  DEVICE_OR_SKIP();
+  const auto [type, m] = GetParam();
+  std::mt19937 rng(1234 + (int)type * 31 + m);
+  // Rows of 512 (two K-quant blocks) and 80 output features (not a multiple of the 64-feature tile).
+  const int64_t k = 512, n = 80;
+  const std::vector<float> wf = random_vec(n * k, rng, 0.05f);
+  const size_t rb = row_bytes(type, k);
+  std::vector<uint8_t> wq(rb * n);
+  for (int64_t r = 0; r < n; ++r) quantize_row(type, wf.data() + r * k, wq.data() + r * rb, k);
+  const std::vector<float> x = random_vec(m * k, rng);
+  std::vector<float> ref(m * n);
+  cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);
+  DeviceBuffer wbuf = upload(dev, wq), xbuf = upload(dev, x), ybuf(dev, m * n * sizeof(float));
+  Weight w{.type = type, .data = wbuf.data(), .ne = {k, n, 1}, .n_bytes = wq.size()};
+  dev.matmul(w, ptr<float>(xbuf), m, ptr<float>(ybuf));
+  EXPECT_LT(rel_err(download<float>(dev, ybuf, m * n), ref), 1e-5f) << dtype_name(type) << " m=" << m;
+
+  // Into a wider output (ldy): the columns beyond n stay untouched.
+  const int64_t ldy = n + 16;
+  std::vector<float> wide(m * ldy, 7.0f);
+  DeviceBuffer wbufy = upload(dev, wide);
+  dev.matmul(w, ptr<float>(xbuf), m, ptr<float>(wbufy), ldy);
+  const std::vector<float> got = download<float>(dev, wbufy, m * ldy);
+  std::vector<float> packed(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy(got.begin() + i * ldy, got.begin() + i * ldy + n, packed.begin() + i * n);
+    EXPECT_EQ(got[i * ldy + n], 7.0f);
+  }
+  EXPECT_LT(rel_err(packed, ref), 1e-5f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, OpenCLBackendMatmul,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                                                              DType::Q4_0, DType::Q5_0, DType::Q4_K, DType::Q5_K,
+                                                              DType::Q6_K),
+                                            ::testing::Values(1, 3, 6, 45)),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_m" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// F32 rows of a length that is not a multiple of 32 (router-sized matrices of odd models).
+TEST(OpenCLBackendOps, MatmulF32OddRows) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(5);
+  const int64_t k = 70, n = 9;
+  for (int64_t m : {2, 33}) {
+    const std::vector<float> wf = random_vec(n * k, rng), x = random_vec(m * k, rng);
+    Weight wc{.type = DType::F32, .data = wf.data(), .ne = {k, n, 1}, .n_bytes = wf.size() * 4};
+    std::vector<float> ref(m * n);
+    static_cast<Backend&>(th.cpu).matmul(wc, x.data(), m, ref.data());
+    DeviceBuffer wbuf = upload(dev, wf), xbuf = upload(dev, x), ybuf(dev, m * n * sizeof(float));
+    Weight wd = wc;
+    wd.data = wbuf.data();
+    dev.matmul(wd, ptr<float>(xbuf), m, ptr<float>(ybuf));
+    EXPECT_LT(rel_err(download<float>(dev, ybuf, m * n), ref), 1e-5f);
+  }
+}
+
+// --- small ops ---------------------------------------------------------------------------------------
+
+TEST(OpenCLBackendOps, RmsnormAndElementwise) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  Backend& cpu = th.cpu;
+  std::mt19937 rng(7);
+  const int64_t rows = 5, n = 320, N = rows * n;
+  const std::vector<float> a = random_vec(N, rng), b = random_vec(N, rng), w = random_vec(n, rng);
+  const std::vector<float> g = random_vec(rows, rng), bias = random_vec(n, rng);
+  DeviceBuffer da = upload(dev, a), db = upload(dev, b), dw = upload(dev, w), dg = upload(dev, g);
+  DeviceBuffer dbias = upload(dev, bias), dy(dev, N * sizeof(float));
+
+  auto check = [&](const char* what, auto&& on_cpu, auto&& on_dev, float tol) {
+    std::vector<float> ref(N, 0.0f);
+    on_cpu(ref.data());
+    dev.copy_from_host(dy.data(), std::vector<float>(N, 0.0f).data(), N * sizeof(float));
+    on_dev(ptr<float>(dy));
+    EXPECT_LE(rel_err(download<float>(dev, dy, N), ref), tol) << what;
+  };
+  check("rmsnorm", [&](float* y) { cpu.rmsnorm(a.data(), w.data(), y, rows, n, 1e-6f); },
+        [&](float* y) { dev.rmsnorm(ptr<float>(da), ptr<float>(dw), y, rows, n, 1e-6f); }, 1e-5f);
+  check("rmsnorm no weight", [&](float* y) { cpu.rmsnorm(a.data(), nullptr, y, rows, n, 1e-5f); },
+        [&](float* y) { dev.rmsnorm(ptr<float>(da), nullptr, y, rows, n, 1e-5f); }, 1e-5f);
+  check("swiglu", [&](float* y) { cpu.swiglu(a.data(), b.data(), y, N); },
+        [&](float* y) { dev.swiglu(ptr<float>(da), ptr<float>(db), y, N); }, 1e-5f);
+  check("geglu", [&](float* y) { cpu.geglu(a.data(), b.data(), y, N); },
+        [&](float* y) { dev.geglu(ptr<float>(da), ptr<float>(db), y, N); }, 1e-5f);
+  check("add", [&](float* y) { cpu.add(a.data(), b.data(), y, N); },
+        [&](float* y) { dev.add(ptr<float>(da), ptr<float>(db), y, N); }, 1e-6f);
+  check("scale",
+        [&](float* y) {
+          std::copy(a.begin(), a.end(), y);
+          cpu.scale(y, 0.37f, N);
+        },
+        [&](float* y) {
+          dev.copy(y, da.data(), N * sizeof(float));
+          dev.scale(y, 0.37f, N);
+        },
+        1e-6f);
+  check("add_bias",
+        [&](float* y) {
+          std::copy(a.begin(), a.end(), y);
+          cpu.add_bias(y, bias.data(), rows, n);
+        },
+        [&](float* y) {
+          dev.copy(y, da.data(), N * sizeof(float));
+          dev.add_bias(y, ptr<float>(dbias), rows, n);
+        },
+        1e-6f);
+  check("mul_sigmoid",
+        [&](float* y) {
+          std::copy(a.begin(), a.end(), y);
+          cpu.mul_sigmoid(y, b.data(), N);
+        },
+        [&](float* y) {
+          dev.copy(y, da.data(), N * sizeof(float));
+          dev.mul_sigmoid(y, ptr<float>(db), N);
+        },
+        1e-5f);
+  check("add_sigmoid_scaled",
+        [&](float* y) {
+          std::copy(a.begin(), a.end(), y);
+          cpu.add_sigmoid_scaled(y, b.data(), g.data(), rows, n);
+        },
+        [&](float* y) {
+          dev.copy(y, da.data(), N * sizeof(float));
+          dev.add_sigmoid_scaled(y, ptr<float>(db), ptr<float>(dg), rows, n);
+        },
+        1e-5f);
+  // deinterleave: rows of 2 * width into two halves.
+  check("deinterleave", [&](float* y) { cpu.deinterleave(a.data(), rows, n / 2, y, y + N / 2); },
+        [&](float* y) { dev.deinterleave(ptr<float>(da), rows, n / 2, y, y + N / 2); }, 0.0f);
+}
+
+TEST(OpenCLBackendOps, GatherRowsAndStoreF16) {
+  DEVICE_OR_SKIP();
+  std::mt19937 rng(9);
+  const int64_t rows = 7, width = 96;
+  const std::vector<float> x = random_vec(rows * width, rng);
+  const std::vector<int64_t> pick = {6, 0, 3, 3};
+  std::vector<float> ref;
+  for (int64_t r : pick) ref.insert(ref.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+  DeviceBuffer dx = upload(dev, x), dy(dev, pick.size() * width * sizeof(float));
+  dev.gather_rows(ptr<float>(dx), pick, width, ptr<float>(dy));
+  EXPECT_EQ(download<float>(dev, dy, ref.size()), ref);
+  dev.gather_rows(ptr<float>(dx), pick, width, ptr<float>(dx));  // in place
+  EXPECT_EQ(download<float>(dev, dx, ref.size()), ref);
+
+  std::vector<uint16_t> h(rows * width);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_f16(x[i]);
+  DeviceBuffer dx2 = upload(dev, x), dh(dev, h.size() * 2);
+  dev.store_kv(ptr<float>(dx2), dh.data(), (int64_t)h.size(), DType::F16);
+  EXPECT_EQ(download<uint16_t>(dev, dh, h.size()), h);
+  EXPECT_THROW(dev.store_kv(ptr<float>(dx2), dh.data(), 64, DType::Q8_0), Error);
+}
+
+class OpenCLBackendRope : public ::testing::TestWithParam<std::tuple<RopeMode, int>> {};
+
+TEST_P(OpenCLBackendRope, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  const auto [mode, n_rot] = GetParam();
+  std::mt19937 rng(11);
+  const int64_t T = 6, H = 3, D = 128;
+  std::vector<float> x = random_vec(T * H * D, rng);
+  const std::vector<int32_t> pos = {0, 1, 2, 17, 300, 4095};
+  DeviceBuffer dx = upload(dev, x), dp = upload(dev, pos);
+  th.cpu.rope(x.data(), pos.data(), T, H, D, n_rot, 1e6f, 1.0f, mode);
+  dev.rope(ptr<float>(dx), ptr<int32_t>(dp), T, H, D, n_rot, 1e6f, 1.0f, mode);
+  EXPECT_LT(rel_err(download<float>(dev, dx, x.size()), x), 2e-5f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OpenCLBackendRope,
+                         ::testing::Combine(::testing::Values(RopeMode::normal, RopeMode::neox),
+                                            ::testing::Values(128, 64)));  // full and partial rotary
+
+// --- attention ---------------------------------------------------------------------------------------
+
+struct AttCase {
+  int64_t n_tokens, pos0, n_head, n_head_kv, head_dim;
+  int32_t window;
+};
+
+class OpenCLBackendAttention : public ::testing::TestWithParam<AttCase> {};
+
+TEST_P(OpenCLBackendAttention, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  const AttCase c = GetParam();
+  std::mt19937 rng(13 + (int)c.head_dim + c.window);
+  const int64_t n_kv = c.pos0 + c.n_tokens, kv_row = c.n_head_kv * c.head_dim, q_dim = c.n_head * c.head_dim;
+  const std::vector<float> q = random_vec(c.n_tokens * q_dim, rng), kf = random_vec(n_kv * kv_row, rng),
+                           vf = random_vec(n_kv * kv_row, rng);
+  std::vector<uint16_t> k(kf.size()), v(vf.size());
+  for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_f16(kf[i]), v[i] = f32_to_f16(vf[i]);
+  std::vector<int32_t> pos(c.n_tokens);
+  for (int64_t t = 0; t < c.n_tokens; ++t) pos[t] = (int32_t)(c.pos0 + t);
+  const float kq_scale = 1.0f / std::sqrt((float)c.head_dim);
+  std::vector<float> ref(q.size());
+  th.cpu.attention({.q = q.data(), .k = k.data(), .v = v.data(), .out = ref.data(), .pos = pos.data(),
+                    .n_tokens = c.n_tokens, .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
+                    .n_kv = n_kv, .kq_scale = kq_scale, .sliding_window = c.window});
+  DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dp = upload(dev, pos);
+  DeviceBuffer dout(dev, q.size() * sizeof(float));
+  dev.attention({.q = ptr<float>(dq), .k = dk.data(), .v = dv.data(), .out = ptr<float>(dout),
+                 .pos = ptr<int32_t>(dp), .n_tokens = c.n_tokens, .n_head = c.n_head, .n_head_kv = c.n_head_kv,
+                 .head_dim = c.head_dim, .n_kv = n_kv, .kq_scale = kq_scale, .sliding_window = c.window});
+  // Weights and q rounded to f16 as the CPU rounds them; a weight on a rounding boundary may flip (~3e-5).
+  EXPECT_LT(rel_err(download<float>(dev, dout, q.size()), ref), 2e-4f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, OpenCLBackendAttention,
+                         ::testing::Values(AttCase{1, 0, 4, 2, 64, 0},      // first token
+                                           AttCase{1, 150, 8, 2, 128, 0},   // decode, several key tiles
+                                           AttCase{20, 0, 4, 4, 64, 0},     // prefill, MHA
+                                           AttCase{9, 70, 6, 2, 128, 0},    // prefill after a prefix, GQA
+                                           AttCase{12, 90, 4, 1, 256, 16},  // sliding window, MQA, wide heads
+                                           AttCase{1, 200, 4, 2, 64, 32}));
+
+// --- MoE -----------------------------------------------------------------------------------------------
+
+// A qwen3moe-shaped layer of random experts, on the host and uploaded.
+struct MoeLayer {
+  ModelConfig c;
+  std::vector<uint8_t> router, gate, up, down;
+  LayerWeights host, dev;
+  std::vector<DeviceBuffer> bufs;
+
+  MoeLayer(Backend& d, DType type, std::mt19937& rng) {
+    c.n_embd = 256, c.n_expert = 8, c.n_expert_used = 3, c.n_ff_exp = 512;
+    c.expert_weights_norm = true;
+    const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
+    auto make = [&](DType t, int64_t k, int64_t n, int64_t m, std::vector<uint8_t>& bytes, Weight& w) {
+      const size_t rb = row_bytes(t, k);
+      bytes.resize(rb * n * m);
+      const std::vector<float> f = random_vec(k * n * m, rng, 1.0f / std::sqrt((float)k));
+      for (int64_t r = 0; r < n * m; ++r) quantize_row(t, f.data() + r * k, bytes.data() + r * rb, k);
+      w = {.type = t, .data = bytes.data(), .ne = {k, n, m}, .n_bytes = bytes.size()};
+    };
+    make(DType::F32, E, X, 1, router, host.ffn_gate_inp);
+    make(type, E, F, X, gate, host.ffn_gate_exps);
+    make(type, E, F, X, up, host.ffn_up_exps);
+    make(type == DType::Q4_K ? DType::Q6_K : type, F, E, X, down, host.ffn_down_exps);
+    dev = host;
+    for (Weight* w : {&dev.ffn_gate_inp, &dev.ffn_gate_exps, &dev.ffn_up_exps, &dev.ffn_down_exps}) {
+      bufs.emplace_back(d, w->n_bytes);
+      d.copy_from_host(bufs.back().data(), w->data, w->n_bytes);
+      w->data = bufs.back().data();
+    }
+  }
+};
+
+class OpenCLBackendMoe : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(OpenCLBackendMoe, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  const auto [type, n] = GetParam();
+  std::mt19937 rng(17 + n);
+  MoeLayer L(dev, type, rng);
+  const int64_t E = L.c.n_embd;
+  const std::vector<float> x = random_vec(n * E, rng);
+  std::vector<float> ref(n * E);
+  moe_ffn_reference(L.c, L.host, x.data(), n, ref.data());
+  std::vector<float> cpu(n * E);
+  th.cpu.moe_ffn(L.c, L.host, x.data(), n, cpu.data());
+  DeviceBuffer dx = upload(dev, x), dout(dev, ref.size() * sizeof(float));
+  dev.moe_ffn(L.c, L.dev, ptr<float>(dx), n, ptr<float>(dout));
+  const std::vector<float> got = download<float>(dev, dout, ref.size());
+  // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
+  EXPECT_LT(rel_err(got, ref), 2e-3f) << "n=" << n;
+  EXPECT_LT(rel_err(got, cpu), 2e-3f) << "n=" << n;
+}
+
+// n = 1 and 5: every expert in the batched gemv; n = 60: most experts tiled (>= 16 rows each).
+INSTANTIATE_TEST_SUITE_P(Batches, OpenCLBackendMoe,
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 5, 60)));
+
+// Split layer: experts 0, 2, 4, 6 on the device, the rest on the host's threads.
+TEST(OpenCLBackendOps, MoeSplitExperts) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(19);
+  MoeLayer L(dev, DType::Q4_K, rng);
+  const int64_t E = L.c.n_embd, X = L.c.n_expert, n = 24;
+  ExpertSplit sp;
+  sp.on_device.resize(X);
+  sp.host = &L.host;
+  sp.gate.assign(X, nullptr), sp.up.assign(X, nullptr), sp.down.assign(X, nullptr);
+  for (int64_t e = 0; e < X; e += 2) {
+    sp.on_device[e] = true;
+    sp.gate[e] = expert_matrix(L.dev.ffn_gate_exps, e).data;
+    sp.up[e] = expert_matrix(L.dev.ffn_up_exps, e).data;
+    sp.down[e] = expert_matrix(L.dev.ffn_down_exps, e).data;
+  }
+  LayerWeights lw = L.dev;
+  lw.split = &sp;
+  const std::vector<float> x = random_vec(n * E, rng);
+  std::vector<float> ref(n * E);
+  th.cpu.moe_ffn(L.c, L.host, x.data(), n, ref.data());
+  DeviceBuffer dx = upload(dev, x), dout(dev, ref.size() * sizeof(float));
+  dev.set_host_pool(&th.pool);
+  dev.moe_ffn(L.c, lw, ptr<float>(dx), n, ptr<float>(dout));
+  dev.set_host_pool(nullptr);
+  const std::vector<float> got = download<float>(dev, dout, ref.size());
+  EXPECT_LT(rel_err(got, ref), 2e-3f);
+}
+
+// --- Gated DeltaNet -------------------------------------------------------------------------------------
+
+TEST(OpenCLBackendOps, GatedDeltaNetMatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(23);
+  // Qwen3.5-like heads (key heads tiled over twice as many value heads), small counts.
+  const GdnShape s{.d_conv = 4, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 128, .head_v_dim = 128, .eps = 1e-6f};
+  const int64_t CD = s.conv_dim(), Hv = s.n_v_heads, VD = s.value_dim();
+  const std::vector<float> conv1d = random_vec(CD * s.d_conv, rng, 0.5f), dt_bias = random_vec(Hv, rng);
+  std::vector<float> a = random_vec(Hv, rng);
+  for (float& v : a) v = -std::exp(v * 0.5f);
+  const std::vector<float> norm = random_vec(s.head_v_dim, rng);
+  DeviceBuffer d_conv1d = upload(dev, conv1d), d_dt = upload(dev, dt_bias), d_a = upload(dev, a),
+               d_norm = upload(dev, norm);
+  std::vector<float> conv_state(s.conv_state_size(), 0.0f), ssm_state(s.ssm_state_size(), 0.0f);
+  DeviceBuffer d_conv_state = upload(dev, conv_state), d_ssm_state = upload(dev, ssm_state);
+  GdnScratch scratch;
+  // A prefill of 7 tokens, then two single-token steps: the state carries over.
+  for (int64_t T : {7, 1, 1}) {
+    const std::vector<float> qkv = random_vec(T * CD, rng), z = random_vec(T * VD, rng),
+                             alpha = random_vec(T * Hv, rng), beta = random_vec(T * Hv, rng);
+    std::vector<float> ref(T * VD);
+    gated_delta_net(s, {.conv1d = conv1d.data(), .dt_bias = dt_bias.data(), .a = a.data(), .norm = norm.data()},
+                    {.qkv = qkv.data(), .z = z.data(), .alpha = alpha.data(), .beta = beta.data(), .n_tokens = T},
+                    conv_state.data(), ssm_state.data(), ref.data(), scratch, th.pool);
+    DeviceBuffer d_qkv = upload(dev, qkv), d_z = upload(dev, z), d_alpha = upload(dev, alpha),
+                 d_beta = upload(dev, beta), d_out(dev, ref.size() * sizeof(float));
+    dev.gated_delta_net(s,
+                        {.conv1d = ptr<float>(d_conv1d), .dt_bias = ptr<float>(d_dt), .a = ptr<float>(d_a),
+                         .norm = ptr<float>(d_norm)},
+                        {.qkv = ptr<float>(d_qkv), .z = ptr<float>(d_z), .alpha = ptr<float>(d_alpha),
+                         .beta = ptr<float>(d_beta), .n_tokens = T},
+                        ptr<float>(d_conv_state), ptr<float>(d_ssm_state), ptr<float>(d_out));
+    EXPECT_LT(rel_err(download<float>(dev, d_out, ref.size()), ref), 1e-4f) << "T=" << T;
+    EXPECT_LT(rel_err(download<float>(dev, d_conv_state, conv_state.size()), conv_state), 1e-6f) << "T=" << T;
+    EXPECT_LT(rel_err(download<float>(dev, d_ssm_state, ssm_state.size()), ssm_state), 1e-4f) << "T=" << T;
+  }
+}
+
+TEST(OpenCLBackendOps, NamesAndRefusals) {
+  DEVICE_OR_SKIP();
+  EXPECT_EQ(dev.kind(), DeviceKind::opencl);
+  EXPECT_EQ(dev.name().rfind("opencl:0 (", 0), 0u) << dev.name();
+  EXPECT_THROW(make_opencl_backend(1000), Error);
+  DeviceBuffer w(dev, 64);
+  const Weight iq{.type = DType::Q4_1, .data = w.data(), .ne = {32, 1, 1}, .n_bytes = 20};
+  DeviceBuffer x(dev, 32 * sizeof(float)), y(dev, sizeof(float));
+  EXPECT_THROW(dev.matmul(iq, ptr<float>(x), 1, ptr<float>(y)), Error);
+}
+
+}  // namespace
+}  // namespace xpert
+
+#else
+TEST(OpenCLBackendOps, NotBuiltIn) { GTEST_SKIP() << "built without the OpenCL backend"; }
+#endif
