@@ -175,6 +175,13 @@ TEST(OpenCLBackendOps, RmsnormAndElementwise) {
         [&](float* y) { dev.swiglu(ptr<float>(da), ptr<float>(db), y, N); }, 1e-5f);
   check("geglu", [&](float* y) { cpu.geglu(a.data(), b.data(), y, N); },
         [&](float* y) { dev.geglu(ptr<float>(da), ptr<float>(db), y, N); }, 1e-5f);
+  {  // gate values past the CPU's GELU table (|x| >= 10)
+    std::vector<float> wide(N);
+    for (int64_t i = 0; i < N; ++i) wide[i] = a[i] * 8.0f;
+    DeviceBuffer dwide = upload(dev, wide);
+    check("geglu wide", [&](float* y) { cpu.geglu(wide.data(), b.data(), y, N); },
+          [&](float* y) { dev.geglu(ptr<float>(dwide), ptr<float>(db), y, N); }, 1e-5f);
+  }
   check("add", [&](float* y) { cpu.add(a.data(), b.data(), y, N); },
         [&](float* y) { dev.add(ptr<float>(da), ptr<float>(db), y, N); }, 1e-6f);
   check("scale",

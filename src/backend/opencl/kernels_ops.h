@@ -78,11 +78,16 @@ kernel void swiglu(global const float* gate, global const float* up, global floa
   if (i < n) y[i] = silu_f(gate[i]) * up[i];
 }
 
-// gelu_tanh through f16 as llama.cpp's CPU table: f16(gelu(f16(gate))) * up.
+// gelu_tanh through f16 as llama.cpp's CPU table: f16(gelu(f16(gate))) * up (gate outside (-10, 10): 0 or gate).
 kernel void geglu(global const float* gate, global const float* up, global float* y, long n) {
   const long i = get_global_id(0);
   if (i >= n) return;
-  const float g = round_f16(gate[i]);
+  const float x = gate[i];
+  if (x <= -10.0f || x >= 10.0f) {  // the CPU's table covers (-10, 10)
+    y[i] = x <= -10.0f ? 0.0f : x * up[i];
+    return;
+  }
+  const float g = round_f16(x);
   const float k = 0.79788456080286535587989211986876f;
   const float ge = 0.5f * g * (1.0f + tanh(k * g * (1.0f + 0.044715f * g * g)));
   y[i] = round_f16(ge) * up[i];
