@@ -3,7 +3,7 @@
 // (K-quant rows of 256), with every layer on the device and with half of them, against the same model on
 // the CPU: logits of a prefill, then greedy decoding token by token. The device rounds activations and
 // attention weights as the CPU does, but sums in another order, so logits agree within a tolerance (seen:
-// ~2e-7 dense, up to ~1e-2 MoE, where an int8 rounding flip of a hidden state moves an expert's output);
+// ~2e-7 dense, up to ~1e-2 MoE on PoCL, 2.7e-2 on NVIDIA's OpenCL);
 // greedy tokens must agree until a near-tie (a gap under kTieGap in the CPU's logits), where either
 // choice is right (seen: all 12 agree on every model). CI runs it on PoCL; without a device it skips.
 #include <gtest/gtest.h>
@@ -25,7 +25,10 @@
 namespace xpert {
 namespace {
 
-constexpr float kLogitTol = 2e-2f;  // max |device - cpu| / max |cpu logit|
+// max |device - cpu| / max |cpu logit|. MoE models get more room: a hidden state's int8 rounding flip moves
+// an expert's output, and near-ties in the routing amplify it (NVIDIA's OpenCL, whose division and exp
+// round differently from the CPU's, shows 2.7e-2 on tiny_qwen35moe with all 12 greedy tokens equal).
+constexpr float kLogitTol = 2e-2f, kLogitTolMoe = 5e-2f;
 constexpr float kTieGap = 0.05f;    // relative to max |logit|
 
 bool have_device() {
@@ -77,12 +80,12 @@ float max_abs(const std::vector<float>& v) {
   return m;
 }
 
-void compare(const std::string& what, const Outputs& a, const Outputs& b, int64_t V) {
+void compare(const std::string& what, const Outputs& a, const Outputs& b, int64_t V, float tol) {
   ASSERT_EQ(a.prefill.size(), b.prefill.size());
   const float scale = max_abs(a.prefill);
   float worst = 0;
   for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
-  EXPECT_LT(worst / scale, kLogitTol) << what;
+  EXPECT_LT(worst / scale, tol) << what;
   size_t agree = 0;
   while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
   if (agree < a.tokens.size()) {
@@ -120,7 +123,7 @@ TEST_P(OpenCLBackendModel, MatchesCpu) {
   ThreadPool pool(2);
   const Outputs a = run(*cpu, prompt, 12, pool), b = run(*dev, prompt, 12, pool);
   compare(std::filesystem::path(file).filename().string() + (fraction == 2 ? ", all layers" : ", half the layers"),
-          a, b, V);
+          a, b, V, cpu->config().n_expert > 0 ? kLogitTolMoe : kLogitTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, OpenCLBackendModel,
