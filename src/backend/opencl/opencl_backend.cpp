@@ -1,6 +1,7 @@
 #include "backend/opencl/opencl_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <string>
@@ -382,14 +383,19 @@ void OpenclBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const 
       for (int32_t g = offsets[e]; g < offsets[e + 1]; ++g) tasks.push_back(g), tasks.push_back((int32_t)e);
   }
 
-  int32_t* row_slot_d = ar.take<int32_t>((int64_t)row_slot.size());
-  int32_t* slot_row_d = ar.take<int32_t>(S);
-  float* weights_d = ar.take<float>(S);
-  int32_t* tasks_d = ar.take<int32_t>(std::max<int64_t>((int64_t)tasks.size(), 1));
-  copy_from_host(row_slot_d, row_slot.data(), row_slot.size() * sizeof(int32_t));
-  copy_from_host(slot_row_d, slot_row.data(), S * sizeof(int32_t));
-  copy_from_host(weights_d, weights.data(), S * sizeof(float));
-  copy_from_host(tasks_d, tasks.data(), tasks.size() * sizeof(int32_t));
+  // The four tables in one upload (each blocking write drains the queue).
+  thread_local std::vector<int32_t> tables;
+  tables.clear();
+  tables.insert(tables.end(), row_slot.begin(), row_slot.end());
+  tables.insert(tables.end(), slot_row.begin(), slot_row.end());
+  for (float w : weights) tables.push_back(std::bit_cast<int32_t>(w));
+  tables.insert(tables.end(), tasks.begin(), tasks.end());
+  int32_t* tables_d = ar.take<int32_t>((int64_t)tables.size());
+  copy_from_host(tables_d, tables.data(), tables.size() * sizeof(int32_t));
+  const int32_t* row_slot_d = tables_d;
+  const int32_t* slot_row_d = row_slot_d + row_slot.size();
+  const float* weights_d = reinterpret_cast<const float*>(slot_row_d + S);
+  const int32_t* tasks_d = slot_row_d + 2 * S;
 
   const int64_t Gd = std::max<int64_t>(G, 1);
   float* xg = ar.take<float>(Gd * E);
