@@ -45,6 +45,11 @@ size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel, K
   return (size_t)n_ctx * (size_t)n_parallel * (kv_row_bytes(c, types.k) + kv_row_bytes(c, types.v));
 }
 
+size_t kv_prefill_copy_bytes(const ModelConfig& c, int64_t n_ctx, KvTypes types) {
+  const size_t side = (size_t)n_ctx * (size_t)c.n_head_kv * (size_t)c.head_dim * 2;
+  return (types.k != DType::F16 ? side : 0) + (types.v != DType::F16 ? side : 0);
+}
+
 size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel) {
   if (!c.has_recurrent_layers()) return 0;
   const GdnShape s = gdn_shape(c);
@@ -90,6 +95,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
     else d.kv += kv;
   }
   (offloaded ? *p.gpu : p.host).scratch = scratch_bytes(c, o.n_batch, o.n_parallel);
+  if (offloaded) p.gpu->scratch += kv_prefill_copy_bytes(c, o.n_ctx, o.cache_types);
   return p;
 }
 

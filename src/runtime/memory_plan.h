@@ -64,6 +64,9 @@ struct MemoryPlan {
 // KV cache: per attention layer n_ctx × n_parallel × (K row + V row bytes), a row being n_head_kv × head_dim
 // values in the cache type: 2 bytes each for f16, 34 per 32 for q8_0, 18 per 32 for q4_0.
 size_t kv_bytes_per_layer(const ModelConfig& c, int64_t n_ctx, int n_parallel, KvTypes types = {});
+// GPU prefill over a q8_0 / q4_0 cache reads an f16 copy of the layer's rows 0..n_kv (cuda/attention.h):
+// n_ctx × n_head_kv × head_dim × 2 bytes per quantized side, added to the GPU's scratch.
+size_t kv_prefill_copy_bytes(const ModelConfig& c, int64_t n_ctx, KvTypes types);
 // Recurrent state: per recurrent layer and slot, (conv state + delta-rule state) × 4 bytes.
 size_t recurrent_bytes_per_layer(const ModelConfig& c, int n_parallel);
 // Scratch (an estimate of the activations of one step of n_batch tokens, fp32):

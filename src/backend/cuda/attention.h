@@ -15,8 +15,9 @@
 //             captured in a CUDA graph and replayed at any depth.
 // Precision as the CPU: q is rounded to f16, products accumulate in f32, the softmax weights meet V as
 // f16 (unnormalized here, normalized on the CPU: results agree to a few f16 ulps of the output). A
-// quantized row is dequantized into the f16 tiles (q * d rounded to f16, where the CPU keeps it in f32:
-// one more f16 rounding per cache value; attention_kv.cuh).
+// quantized value becomes f16 (q * d rounded once, where the CPU keeps it in f32: one more f16 rounding
+// per cache value; attention_kv.cuh): prefill first dequantizes the rows into the workspace and runs the
+// f16 kernel, decode dequantizes each K/V step inside the kernel (its work per key is not repeated).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -27,7 +28,9 @@
 
 namespace xpert::cuda {
 
-// Workspace `attention` needs (bytes; 0 for prefill shapes). Give at least this much, 256-byte aligned.
+// Workspace `attention` needs (bytes): decode's split partials; for prefill over a q8_0 / q4_0 cache the
+// f16 copy of rows 0..n_kv-1 of each quantized side (n_kv x n_head_kv x head_dim x 2 bytes each), which
+// the flash kernel reads; 0 for f16 prefill. Give at least this much, 256-byte aligned.
 size_t attention_workspace_bytes(const AttentionArgs& a);
 // One sequence, any number of tokens (n_tokens == 1 takes the decode kernel).
 void attention(const AttentionArgs& a, void* workspace, cudaStream_t stream);
