@@ -25,6 +25,9 @@ struct PlacementOptions {
   // (ignored with a warning when it belongs to another model), "none" = index order, else a file that must
   // match the model.
   std::string expert_profile = "";
+  // Batches of at least this many tokens copy a split layer's host experts to the GPU rather than
+  // computing them on the CPU (prefill); 0: never; -1: the backend's default.
+  int64_t stream_experts = -1;
   size_t gpu_extra_bytes = 0;  // what else the GPU will hold (KV cache, scratch): counted in the fit check
 };
 

@@ -26,6 +26,7 @@ struct ModelFlags {
   std::string device;         // --device
   int64_t n_gpu_layers = -1;  // -ngl
   int64_t num_gpu_experts = -1;      // --num-gpu-experts
+  int64_t stream_experts = -1;       // --stream-experts
   std::string gpu_expert_budget;     // --gpu-expert-budget
   std::string expert_device = "cpu";  // --expert-device
   std::string expert_profile;        // --expert-profile

@@ -1,3 +1,7 @@
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -31,6 +35,10 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   app.add_option("--gpu-expert-budget", gpu_expert_budget,
                  "MoE: GPU memory for experts over all GPU layers, e.g. 12GiB or 800MiB (instead of --num-gpu-experts)");
   app.add_option("--expert-device", expert_device, "MoE: where the experts not on the GPU run (cpu)");
+  app.add_option("--stream-experts", stream_experts,
+                 "MoE: batches of at least N tokens copy the host's experts to the GPU instead of computing them "
+                 "on the CPU (0: never; default: the measured crossover)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--expert-profile", expert_profile,
                  "MoE: routing profile that picks the GPU experts (default: MODEL.xpert-profile.json when it exists; "
                  "none: by index)");
@@ -45,6 +53,7 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .gpu_expert_budget = f.gpu_expert_budget,
           .expert_device = f.expert_device,
           .expert_profile = f.expert_profile,
+          .stream_experts = f.stream_experts,
           .gpu_extra_bytes = 0};
 }
 
@@ -93,8 +102,25 @@ void add_sampling_flags(CLI::App& app, SamplingParams& sp) {
 
 }  // namespace xpert::cli
 
+namespace {
+
+// A crash says where it happened (addresses: `addr2line -e xpert ADDR` on an unstripped build resolves
+// them), then dies of the same signal.
+void on_fatal_signal(int sig) {
+  char head[64];
+  const int n = std::snprintf(head, sizeof head, "xpert: fatal signal %d; backtrace:\n", sig);
+  if (n > 0) (void)!write(STDERR_FILENO, head, (size_t)n);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace xpert;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) std::signal(sig, on_fatal_signal);
   CLI::App app{"xpert — LLM inference for Mixture-of-Experts models on ordinary hardware"};
   app.require_subcommand(1);
   bool verbose = false, quiet = false;

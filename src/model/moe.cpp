@@ -75,6 +75,10 @@ RoutingTap& routing_tap() {
 
 namespace {
 
+// The batched schedule when no expert of the batch has more rows than this; past it, splitting each
+// expert's X rows (by_rows) reuses the weights better.
+constexpr int64_t kBatchedMaxRows = 8;
+
 void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
   cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);
 }
@@ -94,6 +98,41 @@ void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t
   mm(expert_matrix(lw.ffn_up_exps, e), xg, m, up, pool);
   cpu::swiglu(gate, up, gate, m * F);
   mm(expert_matrix(lw.ffn_down_exps, e), gate, m, s.yg.data() + r0 * D, pool);
+}
+
+// Every expert's rows in two parallel regions (MoeSchedule::batched). An expert with one row reads x in
+// place, so the experts of one decode token share one quantized copy of it.
+void run_experts_batched(const ModelConfig& c, const LayerWeights& lw, const std::vector<int32_t>& active,
+                         const float* x, MoeScratch& s, ThreadPool& pool) {
+  const int64_t D = c.n_embd, F = c.n_ff_exp, k = c.n_expert_used;
+  std::vector<cpu::MatmulJob> jobs;
+  auto job = [](const Weight& w, const float* xr, int64_t m, float* y) {
+    return cpu::MatmulJob{.w_type = w.type, .w = w.data, .n = w.ne[1], .k = w.ne[0], .x = xr, .m = m, .y = y,
+                          .ldy = w.ne[1]};
+  };
+  for (int32_t e : active) {
+    const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
+    const float* xr = x + (s.row_slot[r0] / k) * D;
+    if (m > 1) {
+      float* xg = s.xg.data() + r0 * D;
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = s.row_slot[r0 + i] / k;
+        std::copy(x + t * D, x + (t + 1) * D, xg + i * D);
+      }
+      xr = xg;
+    }
+    jobs.push_back(job(expert_matrix(lw.ffn_gate_exps, e), xr, m, s.gate.data() + r0 * F));
+    jobs.push_back(job(expert_matrix(lw.ffn_up_exps, e), xr, m, s.up.data() + r0 * F));
+  }
+  cpu::matmul_batch(jobs, pool);
+  const int64_t n_rows = s.offsets.back();
+  cpu::swiglu(s.gate.data(), s.up.data(), s.gate.data(), n_rows * F);
+  jobs.clear();
+  for (int32_t e : active) {
+    const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
+    jobs.push_back(job(expert_matrix(lw.ffn_down_exps, e), s.gate.data() + r0 * F, m, s.yg.data() + r0 * D));
+  }
+  cpu::matmul_batch(jobs, pool);
 }
 
 // The experts of routing r (only those with (*include)[e] when include is given), grouped by expert, and
@@ -156,10 +195,16 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
     const int nth = pool.size();
     if (schedule == MoeSchedule::automatic) {
       // Whole experts per thread when there are enough of them and none dominates the batch.
+      // Few rows per expert: one region for all of them.
       const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
-      schedule = nth > 1 && balanced ? MoeSchedule::by_expert : MoeSchedule::by_rows;
+      schedule = nth == 1 ? MoeSchedule::by_rows
+                 : balanced ? MoeSchedule::by_expert
+                 : max_rows <= kBatchedMaxRows ? MoeSchedule::batched
+                            : MoeSchedule::by_rows;
     }
-    if (schedule == MoeSchedule::by_expert) {
+    if (schedule == MoeSchedule::batched) {
+      run_experts_batched(c, lw, active, x, s, pool);
+    } else if (schedule == MoeSchedule::by_expert) {
       static ThreadPool serial(1);  // no workers: safe to share between threads
       std::atomic<size_t> next{0};
       pool.run([&](int, int) {

@@ -42,8 +42,11 @@ Weight expert_matrix(const Weight& exps, int64_t e);
 // How the experts of one batch share the threads. by_expert: each thread runs whole experts (taken
 // from a shared queue) with a single-threaded matmul, no synchronization between experts: the choice
 // when many experts get few rows each (decode). by_rows: experts one after another, each matmul split
-// over all threads: the choice when a few experts get most rows. automatic picks per batch.
-enum class MoeSchedule { automatic, by_expert, by_rows };
+// over all threads: the choice when a few experts get most rows. batched: the gate and up products of
+// every expert in one parallel region, then every down product in another, each thread streaming an
+// equal share of the weight bytes: the choice when each expert has few rows (decode, with fewer
+// experts than threads twice over). automatic picks per batch.
+enum class MoeSchedule { automatic, by_expert, by_rows, batched };
 
 // Reusable buffers of one MoE evaluation.
 struct MoeScratch {

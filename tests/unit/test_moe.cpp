@@ -121,15 +121,17 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
 
   ThreadPool pool(2);
   MoeScratch s;
-  std::vector<float> by_expert(x.size()), by_rows(x.size()), automatic(x.size());
+  std::vector<float> by_expert(x.size()), by_rows(x.size()), batched(x.size()), automatic(x.size());
   moe_ffn(c, lw, x.data(), m, by_expert.data(), s, pool, MoeSchedule::by_expert);
   moe_ffn(c, lw, x.data(), m, by_rows.data(), s, pool, MoeSchedule::by_rows);
+  moe_ffn(c, lw, x.data(), m, batched.data(), s, pool, MoeSchedule::batched);
   moe_ffn(c, lw, x.data(), m, automatic.data(), s, pool);
   double max_err = 0;
   for (size_t i = 0; i < want.size(); ++i) max_err = std::max(max_err, (double)std::fabs(by_expert[i] - want[i]));
   EXPECT_LT(max_err, 2e-3 * max_ref) << "m = " << m << ", max |ref| = " << max_ref;
   // The schedules only change which thread computes what: the same bits.
   EXPECT_EQ(by_expert, by_rows);
+  EXPECT_EQ(by_expert, batched);
   EXPECT_EQ(by_expert, automatic);
   // And each token's result does not depend on the other tokens of the batch.
   std::vector<float> one(c.n_embd);

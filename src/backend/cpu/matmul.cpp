@@ -228,6 +228,84 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   });
 }
 
+void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
+  struct Prepared {
+    TileKernel kernel;
+    PackedLayout layout;
+    const uint8_t* packed;
+    size_t w_row_bytes;
+    size_t bytes_before;  // weight bytes of the jobs before this one
+  };
+  std::vector<Prepared> prep(jobs.size());
+  // Packed X of every distinct (x, m, k, activation type), in one per-caller buffer that only grows.
+  struct Key {
+    const float* x;
+    int64_t m, k;
+    DType act;
+    size_t offset;
+  };
+  std::vector<Key> keys;
+  size_t packed_bytes = 0;
+  std::vector<size_t> offset(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& j = jobs[i];
+    XP_ASSERT(j.n >= 0 && j.m >= 0 && j.ldy >= j.n && j.k % dtype_info(j.w_type).block_size == 0);
+    const DType act = activation_type(j.w_type);
+    prep[i].layout = packed_layout(act, j.k, DType::F32);
+    prep[i].kernel = pick_kernel(kernels_for(best_isa()), j.w_type);
+    XP_ASSERT(prep[i].kernel != nullptr);
+    prep[i].w_row_bytes = row_bytes(j.w_type, j.k);
+    prep[i].bytes_before = i == 0 ? 0 : prep[i - 1].bytes_before + prep[i - 1].w_row_bytes * (size_t)jobs[i - 1].n;
+    auto same = [&](const Key& key) { return key.x == j.x && key.m == j.m && key.k == j.k && key.act == act; };
+    auto it = std::find_if(keys.begin(), keys.end(), same);
+    if (it == keys.end()) {
+      keys.push_back({j.x, j.m, j.k, act, packed_bytes});
+      packed_bytes += prep[i].layout.row_bytes * (size_t)j.m;
+      it = keys.end() - 1;
+    }
+    offset[i] = it->offset;
+  }
+  if (jobs.empty()) return;
+  const size_t total = prep.back().bytes_before + prep.back().w_row_bytes * (size_t)jobs.back().n;
+  thread_local std::vector<uint8_t> storage;
+  storage.resize(packed_bytes + kPackAlign);
+  uint8_t* packed = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(storage.data()), kPackAlign));
+  {
+    thread_local std::vector<uint8_t> scratch;
+    for (const Key& key : keys) {
+      const PackedLayout l = packed_layout(key.act, key.k, DType::F32);
+      for (int64_t r = 0; r < key.m; ++r)
+        pack_row(key.act, DType::F32, key.x + r * key.k, key.k, l, packed + key.offset + r * l.row_bytes, scratch);
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) prep[i].packed = packed + offset[i];
+
+  // Thread t computes the weight rows whose bytes fall in [t, t + 1) * total / nth, in groups of 4 rows.
+  pool.run([&](int ith, int nth) {
+    const size_t b0 = total * ith / nth, b1 = total * (ith + 1) / nth;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const MatmulJob& j = jobs[i];
+      const Prepared& p = prep[i];
+      const size_t end = p.bytes_before + p.w_row_bytes * (size_t)j.n;
+      if (end <= b0 || p.bytes_before >= b1) continue;
+      auto row_at = [&](size_t byte) {  // the first row of 4 starting at or after this byte
+        const size_t rows = byte <= p.bytes_before ? 0 : (byte - p.bytes_before + p.w_row_bytes - 1) / p.w_row_bytes;
+        return std::min(j.n, (int64_t)round_up(rows, 4));
+      };
+      const int64_t r0 = row_at(b0), r1 = ith == nth - 1 ? j.n : row_at(b1);
+      const auto* w = static_cast<const uint8_t*>(j.w);
+      for (int64_t xc = 0; xc < j.m; xc += kXChunkRows) {
+        const int64_t nx = std::min(kXChunkRows, j.m - xc);
+        for (int64_t wc = r0; wc < r1; wc += kWChunkRows) {
+          const int64_t nw = std::min(kWChunkRows, r1 - wc);
+          p.kernel(j.k, w + wc * p.w_row_bytes, p.w_row_bytes, nw, p.packed + xc * p.layout.row_bytes, p.layout,
+                   nx, j.y + xc * j.ldy + wc, j.ldy);
+        }
+      }
+    }
+  });
+}
+
 void matmul_reference(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
                       int64_t ldy) {
   XP_ASSERT(ldy >= n);

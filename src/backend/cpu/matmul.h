@@ -6,6 +6,7 @@
 // are the same as llama.cpp's. The ISA is chosen once per call from best_isa().
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "base/thread_pool.h"
 #include "quant/dtype.h"
@@ -14,6 +15,21 @@ namespace xpert::cpu {
 
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool);
+
+// Several independent products in one parallel region (the experts of a MoE layer at decode): the
+// weight rows of all jobs are split into equal shares of bytes, one per thread, so small products pay
+// one fork-join in all instead of one each and every thread streams a long run of weights. Jobs with
+// the same x, m, k and activation type share one quantized copy of X.
+struct MatmulJob {
+  DType w_type;
+  const void* w;
+  int64_t n, k;
+  const float* x;
+  int64_t m;
+  float* y;
+  int64_t ldy;
+};
+void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool);
 
 // Scalar reference of the same product: dequantize W to f32, round X through its activation type,
 // accumulate in double. Tests compare every ISA path to it.

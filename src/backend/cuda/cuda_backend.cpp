@@ -2,13 +2,19 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/host_transfer.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
@@ -22,6 +28,13 @@
 namespace xpert {
 namespace {
 
+// Batches of at least this many tokens stream a split layer's host experts to the GPU (see moe_split);
+// measured on an H200 host (docs/PERF.md).
+constexpr int64_t kDefaultStreamMinTokens = 64;
+// Smaller batches copy this share of the host experts they use and compute the rest on the host, at the
+// same time (0: the host computes them all, from a host node, so decode steps can be graphs).
+constexpr double kDefaultStreamShare = 0.0;
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -32,20 +45,31 @@ class CudaBackend final : public Backend {
     info_ = devs[device];
     XPERT_CUDA_CHECK(cudaSetDevice(device));
     stream_ = std::make_unique<cuda::Stream>();
+    if (const char* v = std::getenv("XPERT_STREAM_SHARE")) stream_share_ = std::clamp(std::atof(v), 0.0, 1.0);
     cuda::matmul_init();
   }
   ~CudaBackend() override {
     if (capturing_) abort_graph();
+    cudaStreamSynchronize(s());  // host nodes in flight use this object
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     drop_scratch();
     expert_tables_.clear();
+    stream_buf_ = DeviceBuffer();  // frees through this object: before its members go
   }
+
+  void set_expert_streaming(int64_t min_tokens) override { stream_min_tokens_ = min_tokens; }
+  void set_expert_stream_share(double share) { stream_share_ = share; }
 
   // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
   // graph; after that its ops are skipped and the graph replays.
   bool begin_graph(const std::string& key) override {
     if (no_graphs_ || capturing_ || skip_) return false;
+    graph_pass_ = true;
+    if (stale_graphs_) {
+      clear_graphs();
+      stale_graphs_ = false;
+    }
     auto it = graphs_.find(key);
     if (it != graphs_.end() && it->second.exec) {
       skip_ = true;
@@ -64,6 +88,7 @@ class CudaBackend final : public Backend {
   }
 
   void end_graph() override {
+    graph_pass_ = false;
     if (skip_) {
       skip_ = false;
       XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
@@ -88,6 +113,7 @@ class CudaBackend final : public Backend {
   }
 
   void abort_graph() override {
+    graph_pass_ = false;
     skip_ = false;
     if (!capturing_) return;
     capturing_ = false;
@@ -126,7 +152,10 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
   }
-  void synchronize() override { XPERT_CUDA_CHECK(cudaStreamSynchronize(s())); }
+  void synchronize() override {
+    XPERT_CUDA_CHECK(cudaStreamSynchronize(s()));
+    check_host_error();
+  }
   size_t free_memory() const override {
     size_t free_b = 0, total_b = 0;
     XPERT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -249,7 +278,6 @@ class CudaBackend final : public Backend {
                                 .weights_scale = c.expert_weights_scale}, ids, weights, s());
     const ExpertTables& t = experts(c, lw);
     if (lw.split && t.fused) {
-      no_graphs_ = true;  // the host's share needs the routing on the host
       moe_split(c, lw, t.e, x, n, ids, weights, out);
       ar.release(mark);
       return;
@@ -281,38 +309,211 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Experts split between this GPU and the host: the routing and x go to the host; the GPU computes its
-  // resident experts while the host threads compute the rest (moe_experts_partial over the mmap); the
-  // host's sum is then added on the GPU.
+  // Experts split between this GPU and the host. Small batches (decode) are driven by the stream, so a
+  // decode step stays one CUDA graph: a second stream waits for the routing, copies ids, weights and x
+  // to pinned host memory and calls the host's threads from a host node (moe_experts_partial over the
+  // mmap); meanwhile the main stream computes the resident experts, then waits for the host's sum,
+  // uploads it and adds it. Batches of stream_min_tokens_ or more instead copy the host experts they use
+  // to the GPU and run every expert there (moe_streamed): a batch then reads each host expert once over
+  // PCIe instead of the CPU computing hundreds of rows of it.
+  struct SplitCall {
+    CudaBackend* self;
+    const ModelConfig* c;
+    const LayerWeights* lw;
+    int64_t n;
+    std::vector<bool> on_host;
+  };
   void moe_split(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x, int64_t n,
                  const int32_t* ids_d, const float* weights_d, float* out) {
     if (!host_pool_) fail("{}: a split MoE layer needs the host's threads", name());
+    // Streaming needs the routing on the host before it can copy: not in a graph.
+    if (!graph_pass_ && stream_min_tokens_ > 0 && n >= stream_min_tokens_) {
+      moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, 1.0);
+      return;
+    }
+    if (stream_share_ > 0) {
+      no_graphs_ = true;  // every step then waits for its routing
+      if (!graph_pass_) {
+        moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, stream_share_);
+        return;
+      }
+    }
     const int64_t k = c.n_expert_used, E = c.n_embd;
-    Routing r;
-    r.n_tokens = n;
-    r.k = k;
-    r.ids.resize(n * k);
-    r.weights.resize(n * k);
-    thread_local std::vector<float> xh, yh;
-    xh.resize(n * E);
-    yh.resize(n * E);
-    copy_to_host(r.ids.data(), ids_d, r.ids.size() * sizeof(int32_t));
-    copy_to_host(r.weights.data(), weights_d, r.weights.size() * sizeof(float));
-    copy_to_host(xh.data(), x, xh.size() * sizeof(float));
+    const size_t ids_b = n * k * sizeof(int32_t), w_b = n * k * sizeof(float), x_b = n * E * sizeof(float);
+    // The copies bake these addresses into recorded graphs: when a buffer moves, drop the graphs.
+    void* const in0 = split_in_.data();
+    void* const out0 = split_out_.data();
+    auto* in = static_cast<uint8_t*>(split_in_.get(ids_b + w_b + x_b, s()));
+    auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
+    if ((in0 && in != in0) || (out0 && yh != out0)) stale_graphs_ = true;
+    SplitCall& call = split_call(c, lw, n);
+    // The thread that launched the step spins in its wait for the step's end meanwhile (the lowest
+    // latency for the step): the host node gets the other cores. One thread more measured 1.5x slower.
+    const int node_threads = std::max(1, host_pool_->size() - 1);
+    if (!node_pool_ || (node_pool_->size() != node_threads && !capturing_)) {
+      if (node_pool_) synchronize();  // a host node may be running on it
+      node_pool_ = std::make_unique<ThreadPool>(node_threads);
+    }
+    cudaStream_t aux = aux_stream();
+    XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
+    XPERT_CUDA_CHECK(cudaStreamWaitEvent(aux, fork_.get(), 0));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(in, ids_d, ids_b, cudaMemcpyDeviceToHost, aux));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(in + ids_b, weights_d, w_b, cudaMemcpyDeviceToHost, aux));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(in + ids_b + w_b, x, x_b, cudaMemcpyDeviceToHost, aux));
+    XPERT_CUDA_CHECK(cudaLaunchHostFunc(aux, &CudaBackend::host_experts, &call));
+    XPERT_CUDA_CHECK(cudaEventRecord(join_.get(), aux));
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::moe_workspace_bytes(e, n, k);
     cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = k, .ids = ids_d, .weights = weights_d, .out = out,
                           .accumulate = false, .path = cuda::MoePath::automatic},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
-    std::vector<bool> on_host(c.n_expert);
-    for (int64_t i = 0; i < c.n_expert; ++i) on_host[i] = !lw.split->on_device[i];
-    thread_local MoeScratch ms;
-    moe_experts_partial(c, *lw.split->host, xh.data(), n, r, on_host, yh.data(), false, ms, *host_pool_);
+    XPERT_CUDA_CHECK(cudaStreamWaitEvent(s(), join_.get(), 0));
     float* yd = ar.take<float>(n * E);
-    copy_from_host(yd, yh.data(), yh.size() * sizeof(float));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
     cuda::add(out, yd, out, n * E, s());
-    synchronize();  // yh is reused by the next layer
+    ar.release(mark);
+  }
+
+  // The host node of moe_split, on a CUDA driver thread (no CUDA calls here). The main thread is then
+  // waiting for the step, so the host pool is free.
+  static void CUDART_CB host_experts(void* p) {
+    auto* call = static_cast<SplitCall*>(p);
+    CudaBackend& b = *call->self;
+    try {
+      const ModelConfig& c = *call->c;
+      const int64_t n = call->n, k = c.n_expert_used;
+      const auto* in = static_cast<const uint8_t*>(b.split_in_.data());
+      thread_local Routing r;
+      r.n_tokens = n;
+      r.k = k;
+      const auto* ids = reinterpret_cast<const int32_t*>(in);
+      const auto* w = reinterpret_cast<const float*>(in + n * k * sizeof(int32_t));
+      r.ids.assign(ids, ids + n * k);
+      r.weights.assign(w, w + n * k);
+      const auto* x = reinterpret_cast<const float*>(in + 2 * n * k * sizeof(int32_t));
+      thread_local MoeScratch ms;
+      moe_experts_partial(c, *call->lw->split->host, x, n, r, call->on_host,
+                          static_cast<float*>(b.split_out_.data()), false, ms, *b.node_pool_);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(b.host_error_mutex_);
+      if (b.host_error_.empty()) b.host_error_ = e.what();
+    }
+  }
+
+  SplitCall& split_call(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
+    auto& slot = split_calls_[{&lw, n}];
+    if (!slot) {
+      slot = std::make_unique<SplitCall>(SplitCall{.self = this, .c = &c, .lw = &lw, .n = n, .on_host = {}});
+      slot->on_host.resize(c.n_expert);
+      for (int64_t i = 0; i < c.n_expert; ++i) slot->on_host[i] = !lw.split->on_device[i];
+    }
+    return *slot;
+  }
+
+  cudaStream_t aux_stream() {
+    if (!aux_) aux_ = std::make_unique<cuda::Stream>();
+    return aux_->get();
+  }
+
+  // A host node that failed: its error, raised on the caller's thread at the next wait.
+  void check_host_error() {
+    std::lock_guard<std::mutex> lock(host_error_mutex_);
+    if (host_error_.empty()) return;
+    const std::string e = std::move(host_error_);
+    host_error_.clear();
+    fail("host experts: {}", e);
+  }
+
+  // The batch's routing comes to the host; of the host experts it uses, the `share` with the most rows
+  // are copied into a device buffer and run on the GPU with the resident ones (one fused MoE over a
+  // table of resident and copied experts; the others null: absent), while the host's threads compute
+  // the rest from the mmap at the same time. share 1: every used host expert is copied (prefill).
+  void moe_streamed(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x,
+                    int64_t n, const int32_t* ids_d, const float* weights_d, float* out, double share) {
+    const int64_t k = c.n_expert_used, X = c.n_expert, E = c.n_embd;
+    const bool host_part = share < 1.0;
+    const size_t ids_b = n * k * sizeof(int32_t), w_b = n * k * sizeof(float), x_b = n * E * sizeof(float);
+    auto* in = static_cast<uint8_t*>(split_in_.get(ids_b + w_b + x_b, s()));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(in, ids_d, ids_b, cudaMemcpyDeviceToHost, s()));
+    if (host_part) {
+      XPERT_CUDA_CHECK(cudaMemcpyAsync(in + ids_b, weights_d, w_b, cudaMemcpyDeviceToHost, s()));
+      XPERT_CUDA_CHECK(cudaMemcpyAsync(in + ids_b + w_b, x, x_b, cudaMemcpyDeviceToHost, s()));
+    }
+    XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
+    XPERT_CUDA_CHECK(cudaEventSynchronize(fork_.get()));
+    const auto* ids = reinterpret_cast<const int32_t*>(in);
+
+    // The used host experts, most rows first; the first `share` of them are copied.
+    std::vector<int64_t> rows(X, 0);
+    for (int64_t i = 0; i < n * k; ++i) ++rows[ids[i]];
+    std::vector<int32_t> used;
+    for (int64_t i = 0; i < X; ++i)
+      if (rows[i] > 0 && !lw.split->on_device[i]) used.push_back((int32_t)i);
+    std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return rows[a] > rows[b]; });
+    const size_t n_copy = host_part ? (size_t)std::lround(share * (double)used.size()) : used.size();
+    std::vector<bool> copied(X, false), on_cpu(X, false);
+    for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
+
+    const LayerWeights& hw = *lw.split->host;
+    const Weight* mats[3] = {&hw.ffn_gate_exps, &hw.ffn_up_exps, &hw.ffn_down_exps};
+    size_t per_expert = 0;
+    for (const Weight* w : mats) {
+      per_expert += row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
+      pins_.pin(w->data, row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1] * (size_t)w->ne[2]);
+    }
+    if (n_copy * per_expert > stream_buf_.size()) {
+      synchronize();
+      stream_buf_ = DeviceBuffer(*this, (size_t)X * per_expert);  // a whole layer: every later batch fits
+    }
+    auto* table = static_cast<const void**>(stream_table_.get(3 * X * sizeof(void*), s()));
+    auto* dst = static_cast<uint8_t*>(stream_buf_.data());
+    const std::vector<const void*>* resident[3] = {&lw.split->gate, &lw.split->up, &lw.split->down};
+    for (int64_t i = 0; i < X; ++i) {
+      for (int m = 0; m < 3; ++m) {
+        const void* p = nullptr;
+        if (lw.split->on_device[i]) {
+          p = (*resident[m])[i];
+        } else if (copied[i]) {
+          const Weight ex = expert_matrix(*mats[m], i);
+          p = dst;
+          pins_.for_each_piece(ex.data, ex.n_bytes, [&](const void* src, size_t bytes) {
+            XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
+            dst += bytes;
+          });
+        }
+        table[m * X + i] = p;
+      }
+    }
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    auto* table_d = static_cast<const void**>(ar.take_bytes(3 * X * sizeof(void*)));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(table_d, table, 3 * X * sizeof(void*), cudaMemcpyHostToDevice, s()));
+    cuda::MoeExperts all = e;
+    all.gate = table_d;
+    all.up = table_d + X;
+    all.down = table_d + 2 * X;
+    const size_t ws = cuda::moe_workspace_bytes(all, n, k);
+    cuda::moe_experts(all, {.x = x, .n_tokens = n, .k = k, .ids = ids_d, .weights = weights_d, .out = out,
+                            .accumulate = false, .path = cuda::MoePath::automatic},
+                      ws ? ar.take_bytes(ws) : nullptr, ws, s());
+    if (host_part && n_copy < used.size()) {
+      // The host's share, while the copies and the GPU run.
+      thread_local Routing r;
+      r.n_tokens = n;
+      r.k = k;
+      r.ids.assign(ids, ids + n * k);
+      const auto* w = reinterpret_cast<const float*>(in + ids_b);
+      r.weights.assign(w, w + n * k);
+      auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
+      thread_local MoeScratch ms;
+      moe_experts_partial(c, hw, reinterpret_cast<const float*>(in + ids_b + w_b), n, r, on_cpu, yh, false, ms,
+                          *host_pool_);
+      float* yd = ar.take<float>(n * E);
+      XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
+      cuda::add(out, yd, out, n * E, s());
+    }
+    // The pinned buffers are rewritten only after the next layer's wait, which follows these copies.
     ar.release(mark);
   }
 
@@ -396,16 +597,32 @@ class CudaBackend final : public Backend {
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     graphs_.clear();
+    if (split_calls_.size() > 4096) split_calls_.clear();  // only graphs and in-flight nodes point at them
   }
   std::map<std::string, Graph> graphs_;
   std::string capture_key_;
   cudaGraphExec_t pending_ = nullptr;
   bool capturing_ = false, skip_ = false, no_graphs_ = false;
+  bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
   int device_;
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
+
+  // Split MoE layers (moe_split / moe_streamed).
+  int64_t stream_min_tokens_ = kDefaultStreamMinTokens;
+  double stream_share_ = kDefaultStreamShare;
+  std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
+  cuda::PinnedBuffer split_in_, split_out_, stream_table_;
+  cuda::Event fork_, join_;
+  std::unique_ptr<cuda::Stream> aux_;
+  std::map<std::pair<const LayerWeights*, int64_t>, std::unique_ptr<SplitCall>> split_calls_;
+  bool stale_graphs_ = false;  // a pinned buffer that recorded graphs copy from has moved
+  std::mutex host_error_mutex_;
+  std::string host_error_;
+  cuda::HostPins pins_;
+  DeviceBuffer stream_buf_;
 };
 
 }  // namespace
