@@ -9,11 +9,16 @@
 //                                                                 S^T's accumulators via movmatrix
 // so the 8 query heads of Qwen3's and Qwen3.5's GQA groups fill the n8 side exactly and nothing is padded.
 // The grid is one wave of resident warps; the number of active splits is computed on the device from
-// the position, so a fixed grid serves every depth; surplus warps exit at once. Quantized K or V rows are
-// loaded by the warp's lanes and dequantized into the ring's f16 rows (attention_kv.cuh).
+// the position, so a fixed grid serves every depth; surplus warps exit at once.
+//
+// A quantized side (q8_0 / q4_0) goes through the ring as raw bytes (each key's head slice, whole blocks,
+// copied by 4-byte cp.async: blocks sit at 2-byte alignment, slices at 4), and at its step the warp
+// dequantizes the stage into one f16 tile of the same swizzled layout, which the tensor-core code reads
+// as it reads an f16 stage (attention_kv.cuh). So loads stay asynchronous, kStages - 1 steps ahead.
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/attention.h"
@@ -62,6 +67,62 @@ __device__ __forceinline__ SplitRange split_range(const DecodeParams& p, int seq
   return {lo, nk, n, per};
 }
 
+// Shared memory of one warp: kStages stages of (K, V) rows of kStepKeys keys (f16 tiles, or the raw
+// slices of a quantized side), then an f16 tile per quantized side.
+template <int D, int T>
+constexpr int stage_side_bytes() {
+  return T == kKvF16 ? kStepKeys * D * 2 : kStepKeys * (int)kv_bytes<T>(D);
+}
+template <int D, int KT, int VT>
+constexpr int warp_smem_bytes() {
+  return kStages * (stage_side_bytes<D, KT>() + stage_side_bytes<D, VT>()) +
+         (KT != kKvF16 ? kStepKeys * D * 2 : 0) + (VT != kKvF16 ? kStepKeys * D * 2 : 0);
+}
+
+// Raw slices of a stage (kStepKeys rows of kv_bytes(D)) -> an f16 tile (swizzled rows of D).
+template <int D, int T>
+__device__ __forceinline__ void dequantize_stage(const char* raw, uint32_t tile, int lane) {
+  constexpr int kChunks = D / 8;
+  constexpr int64_t kSlice = kv_bytes<T>(D);
+#pragma unroll
+  for (int it = 0; it < kStepKeys * kChunks / 32; ++it) {
+    const int i = lane + 32 * it;
+    const int row = i / kChunks, ch = i % kChunks;
+    st_shared16(tile + swizzle<D>(row, ch) * 16, kv_load8<T>(raw + row * kSlice, ch));
+  }
+}
+
+// One side's kStepKeys rows (keys key0.., those at or past `end` zero) into a stage at dst: f16 rows
+// swizzled, 16 bytes at a time; quantized slices as they are, 4 bytes at a time. `src` is the side's
+// head slice of key 0, rows row_bytes apart; `fallback` a key that may be read for the invalid rows.
+template <int D, int T>
+__device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t row_bytes, int key0, int end,
+                                          int fallback, int lane) {
+  if constexpr (T == kKvF16) {
+    constexpr int kChunks = D / 8;
+#pragma unroll
+    for (int it = 0; it < kStepKeys * kChunks / 32; ++it) {
+      const int i = lane + 32 * it;
+      const int row = i / kChunks, ch = i % kChunks;
+      const bool valid = key0 + row < end;
+      const int64_t r = valid ? key0 + row : fallback;
+      cp_async16(dst + swizzle<D>(row, ch) * 16, src + r * row_bytes + ch * 16, valid);
+    }
+  } else {
+    constexpr int kWords = (int)kv_bytes<T>(D) / 4;  // per slice
+#pragma unroll
+    for (int it = 0; it < (kStepKeys * kWords + 31) / 32; ++it) {
+      const int i = lane + 32 * it;
+      if (i < kStepKeys * kWords) {
+        const int row = i / kWords, w = i % kWords;
+        const bool valid = key0 + row < end;
+        const int64_t r = valid ? key0 + row : fallback;
+        cp_async4(dst + (row * kWords + w) * 4, src + r * row_bytes + w * 4, valid);
+      }
+    }
+  }
+}
+
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -94,28 +155,21 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     }
   }
 
-  constexpr int kChunks = D / 8;                      // 16-byte chunks per row
-  constexpr int kStageBytes = 2 * kStepKeys * D * 2;  // K then V, 16 rows each
-  const uint32_t ring = smem_addr(smem_raw) + warp * kStages * kStageBytes;
+  constexpr int kKBytes = stage_side_bytes<D, KT>(), kVBytes = stage_side_bytes<D, VT>();
+  constexpr int kStageBytes = kKBytes + kVBytes;  // K then V
+  const uint32_t base = smem_addr(smem_raw);
+  const uint32_t ring = base + warp * warp_smem_bytes<D, KT, VT>();
+  const uint32_t tiles = ring + kStages * kStageBytes;  // f16 tiles of the quantized sides: K, then V
+  const uint32_t k_tile = tiles, v_tile = tiles + (KT != kKvF16 ? kStepKeys * D * 2 : 0);
   const int64_t slot = p.slots ? p.slots[seq] : seq;
   const char* kg = p.k + slot * p.slot_stride + hk * kv_bytes<KT>(D);
   const char* vg = p.v + slot * p.slot_stride + hk * kv_bytes<VT>(D);
 
   auto load_step = [&](int step) {
-    const uint32_t ks = ring + (step % kStages) * kStageBytes, vs = ks + kStepKeys * D * 2;
+    const uint32_t ks = ring + (step % kStages) * kStageBytes;
     const int key0 = kb + step * kStepKeys;
-#pragma unroll
-    for (int it = 0; it < kStepKeys * kChunks / 32; ++it) {
-      const int i = lane + 32 * it;
-      const int row = i / kChunks, ch = i % kChunks;
-      const bool valid = key0 + row < ke;
-      const int64_t r = valid ? key0 + row : kb;
-      const uint32_t so = swizzle<D>(row, ch) * 16;
-      if constexpr (KT == kKvF16) cp_async16(ks + so, kg + r * p.k_row + ch * 16, valid);
-      else st_shared16(ks + so, valid ? kv_load8<KT>(kg + r * p.k_row, ch) : make_uint4(0, 0, 0, 0));
-      if constexpr (VT == kKvF16) cp_async16(vs + so, vg + r * p.v_row + ch * 16, valid);
-      else st_shared16(vs + so, valid ? kv_load8<VT>(vg + r * p.v_row, ch) : make_uint4(0, 0, 0, 0));
-    }
+    load_side<D, KT>(ks, kg, p.k_row, key0, ke, kb, lane);
+    load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, ke, kb, lane);
   };
 
   float o[D / 16][4];
@@ -133,7 +187,17 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const uint32_t ks = ring + (step % kStages) * kStageBytes, vs = ks + kStepKeys * D * 2;
+    const uint32_t stage = ring + (step % kStages) * kStageBytes;
+    uint32_t ks = stage, vs = stage + kKBytes;
+    if constexpr (KT != kKvF16) {
+      dequantize_stage<D, KT>(reinterpret_cast<const char*>(smem_raw) + (ks - base), k_tile, lane);
+      ks = k_tile;
+    }
+    if constexpr (VT != kKvF16) {
+      dequantize_stage<D, VT>(reinterpret_cast<const char*>(smem_raw) + (vs - base), v_tile, lane);
+      vs = v_tile;
+    }
+    if constexpr (KT != kKvF16 || VT != kKvF16) __syncwarp();  // the tiles are written before ldmatrix
 
     // S^T: keys gid, gid+8 (rows) x heads 2tig, 2tig+1 (columns).
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -271,6 +335,23 @@ const void* decode_kernel_ptr_k(int kt, int vt) {
          : kt == kKvQ4 ? decode_kernel_ptr_v<D, kKvQ4>(vt)
                        : decode_kernel_ptr_v<D, kKvF16>(vt);
 }
+// warp_smem_bytes for these run-time kinds.
+template <int D>
+size_t warp_bytes_d(int kt, int vt) {
+  auto with_v = [&](auto k) -> size_t {
+    constexpr int K = decltype(k)::value;
+    return vt == kKvQ8   ? warp_smem_bytes<D, K, kKvQ8>()
+           : vt == kKvQ4 ? warp_smem_bytes<D, K, kKvQ4>()
+                         : warp_smem_bytes<D, K, kKvF16>();
+  };
+  return kt == kKvQ8   ? with_v(std::integral_constant<int, kKvQ8>{})
+         : kt == kKvQ4 ? with_v(std::integral_constant<int, kKvQ4>{})
+                       : with_v(std::integral_constant<int, kKvF16>{});
+}
+size_t warp_bytes(int64_t D, int kt, int vt) {
+  return D == 64 ? warp_bytes_d<64>(kt, vt) : D == 128 ? warp_bytes_d<128>(kt, vt) : warp_bytes_d<256>(kt, vt);
+}
+
 // The kernel for this head_dim and these cache kinds (kv_kind).
 const void* decode_kernel_ptr(int64_t D, int kt, int vt) {
   return D == 64    ? decode_kernel_ptr_k<64>(kt, vt)
@@ -292,7 +373,7 @@ DecodeConfig decode_config(int64_t D, int kt, int vt) {
   DecodeConfig& c = cache[{dev, D * 16 + kt * 4 + vt}];
   const void* kernel = decode_kernel_ptr(D, kt, vt);
   if (c.warps) return c;
-  const size_t per_warp = (size_t)kStages * 2 * kStepKeys * D * 2;
+  const size_t per_warp = warp_bytes(D, kt, vt);
   c.warps = (int)std::clamp<size_t>((size_t)max_smem_optin() / per_warp, 1, 4);
   c.smem_bytes = per_warp * c.warps;
   set_smem_limit(kernel, c.smem_bytes);
@@ -314,6 +395,10 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   for (DType t : {a.k_type, a.v_type})
     if (t != DType::F16 && t != DType::Q8_0 && t != DType::Q4_0)
       detail::fail_rt("cuda attention_decode: KV cache type ", (int)t, " is not supported (f16, q8_0, q4_0)");
+  // Quantized slices are copied 4 bytes at a time (f16 rows 16): the bases and the slot stride must allow it.
+  const bool quant = a.k_type != DType::F16 || a.v_type != DType::F16;
+  if (quant && (((uintptr_t)a.k | (uintptr_t)a.v | (uintptr_t)a.slot_stride) & 3) != 0)
+    detail::fail_rt("cuda attention_decode: a quantized cache must be 4-byte aligned (bases and slot stride)");
   const DecodeConfig cfg = decode_config(a.head_dim, kv_kind(a.k_type), kv_kind(a.v_type));
   DecodePlan pl{};
   const int64_t group = a.n_head / a.n_head_kv;

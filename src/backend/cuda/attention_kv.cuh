@@ -1,8 +1,9 @@
-// Reading the KV cache in its type inside the attention kernels. F16 rows are copied into shared memory as
-// they are (cp.async); Q8_0 / Q4_0 rows (GGUF blocks of 32 values along each head's dims: f16 d, then 32
-// int8 / 16 bytes of nibbles, element j low and j+16 high) are loaded by the threads, dequantized to f16
-// (q * d, rounded once) and stored into the same swizzled tiles, so the tensor-core code after the load
-// does not change with the type.
+// Reading the KV cache in its type inside the attention kernels. Q8_0 / Q4_0 rows (GGUF blocks of 32
+// values along each head's dims: f16 d, then 32 int8 / 16 bytes of nibbles, element j low and j+16 high)
+// become f16 (q * d, rounded once) in the same swizzled tiles the f16 path fills, so the tensor-core code
+// after the load does not change with the type. Blocks are 34 / 18 bytes, so a block sits at an even
+// address only; one head's slice (D/32 blocks, D in 64/128/256) is a multiple of 4 bytes, so whole slices
+// can be staged into shared memory with 4-byte cp.async.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -37,38 +38,54 @@ __device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
                : "memory");
 }
 
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
+// 16-bit elements of 16-byte-unaligned blocks: two loads make a 32-bit word.
+__device__ __forceinline__ uint32_t load_u32_a2(const char* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
 }
 
-// Values 8c .. 8c+7 of one head's slice (`head` points at its first block) as 8 f16 (uint4, lowest index
-// in the low half of .x). Blocks sit at even addresses only (34 / 18 bytes), so loads are 16-bit.
+// 4 bytes of u (each 0..255) -> two half2 holding (byte - bias) exactly: 0x64XX is the half 1024 + XX.
+// `bias` is the half2 of 1024 + the value offset (128 for int8 flipped to unsigned, 8 for nibbles).
+__device__ __forceinline__ void bytes_to_half2(uint32_t u, __half2 bias, __half2& lo, __half2& hi) {
+  const uint32_t a = __byte_perm(u, 0x64646464u, 0x4140), b = __byte_perm(u, 0x64646464u, 0x4342);
+  lo = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
+  hi = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
+}
+
+__device__ __forceinline__ uint32_t half2_u32(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+
+// Values 8c .. 8c+7 of one head's slice (`head` points at its first block; global or shared memory) as 8
+// f16 (uint4, lowest index in the low half of .x): each an exact half of q (or nibble - 8) times d, one
+// correctly rounded half multiply, the same bits as rounding the f32 product.
 template <int T>
 __device__ __forceinline__ uint4 kv_load8(const char* head, int c) {
   static_assert(T == kKvQ8 || T == kKvQ4, "f16 rows are copied, not converted");
   const char* blk = head + (c / 4) * kv_block_bytes<T>();
-  const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+  const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
   const int e0 = (c % 4) * 8;
-  uint32_t w[4];
+  uint32_t w0, w1;
+  __half2 bias;
   if constexpr (T == kKvQ8) {
-    const uint16_t* qs = reinterpret_cast<const uint16_t*>(blk + 2 + e0);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint16_t u = qs[i];
-      w[i] = half2_bits((float)(int8_t)(u & 0xFF) * d, (float)(int8_t)(u >> 8) * d);
-    }
+    w0 = load_u32_a2(blk + 2 + e0) ^ 0x80808080u;  // int8 -> unsigned + 128
+    w1 = load_u32_a2(blk + 6 + e0) ^ 0x80808080u;
+    bias = __half2half2(__ushort_as_half((unsigned short)0x6480));  // 1152 = 1024 + 128
   } else {
-    const uint16_t* qs = reinterpret_cast<const uint16_t*>(blk + 2 + (e0 & 15));
     const int shift = e0 >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint16_t u = qs[i];
-      const int lo = (u >> shift) & 0xF, hi = (u >> (8 + shift)) & 0xF;
-      w[i] = half2_bits((float)(lo - 8) * d, (float)(hi - 8) * d);
-    }
+    w0 = (load_u32_a2(blk + 2 + (e0 & 15)) >> shift) & 0x0F0F0F0Fu;
+    w1 = (load_u32_a2(blk + 6 + (e0 & 15)) >> shift) & 0x0F0F0F0Fu;
+    bias = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032 = 1024 + 8
   }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  __half2 v0, v1, v2, v3;
+  bytes_to_half2(w0, bias, v0, v1);
+  bytes_to_half2(w1, bias, v2, v3);
+  return make_uint4(half2_u32(__hmul2(v0, d)), half2_u32(__hmul2(v1, d)), half2_u32(__hmul2(v2, d)),
+                    half2_u32(__hmul2(v3, d)));
+}
+
+// 4 bytes global -> shared (cache-all: the only cp.async size below 16); valid = false writes zeros.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 
 // Value i of one head's slice, for the plain kernel (any type, chosen at run time).
