@@ -280,24 +280,29 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
   }
   for (size_t i = 0; i < jobs.size(); ++i) prep[i].packed = packed + offset[i];
 
-  // Thread t computes the weight rows whose bytes fall in [t, t + 1) * total / nth, in groups of 4 rows.
-  pool.run([&](int ith, int nth) {
-    const size_t b0 = total * ith / nth, b1 = total * (ith + 1) / nth;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const MatmulJob& j = jobs[i];
-      const Prepared& p = prep[i];
-      const size_t end = p.bytes_before + p.w_row_bytes * (size_t)j.n;
-      if (end <= b0 || p.bytes_before >= b1) continue;
-      auto row_at = [&](size_t byte) {  // the first row of 4 starting at or after this byte
-        const size_t rows = byte <= p.bytes_before ? 0 : (byte - p.bytes_before + p.w_row_bytes - 1) / p.w_row_bytes;
-        return std::min(j.n, (int64_t)round_up(rows, 4));
-      };
-      const int64_t r0 = row_at(b0), r1 = ith == nth - 1 ? j.n : row_at(b1);
+  // Chunks of whole 4-row tiles, about a quarter of a thread's share of the bytes each, handed out one
+  // at a time: a thread that loses part of its core (a busy host, a GPU driver thread) does fewer
+  // chunks instead of holding every other thread at the join.
+  struct Chunk {
+    size_t job;
+    int64_t r0, r1;
+  };
+  std::vector<Chunk> chunks;
+  const size_t chunk_bytes = std::clamp<size_t>(total / (size_t)pool.size() / 4, 32 << 10, 256 << 10);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const int64_t rows = (int64_t)round_up(std::max<size_t>(1, chunk_bytes / prep[i].w_row_bytes), 4);
+    for (int64_t r = 0; r < jobs[i].n; r += rows) chunks.push_back({i, r, std::min(jobs[i].n, r + rows)});
+  }
+  std::atomic<size_t> next{0};
+  pool.run([&](int, int) {
+    for (size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) {
+      const MatmulJob& j = jobs[chunks[c].job];
+      const Prepared& p = prep[chunks[c].job];
       const auto* w = static_cast<const uint8_t*>(j.w);
       for (int64_t xc = 0; xc < j.m; xc += kXChunkRows) {
         const int64_t nx = std::min(kXChunkRows, j.m - xc);
-        for (int64_t wc = r0; wc < r1; wc += kWChunkRows) {
-          const int64_t nw = std::min(kWChunkRows, r1 - wc);
+        for (int64_t wc = chunks[c].r0; wc < chunks[c].r1; wc += kWChunkRows) {
+          const int64_t nw = std::min(kWChunkRows, chunks[c].r1 - wc);
           p.kernel(j.k, w + wc * p.w_row_bytes, p.w_row_bytes, nw, p.packed + xc * p.layout.row_bytes, p.layout,
                    nx, j.y + xc * j.ldy + wc, j.ldy);
         }
