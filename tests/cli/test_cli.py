@@ -159,3 +159,22 @@ def test_info_prints_the_memory_plan(xpert):
     out = r.stdout.decode()
     assert r.returncode == 0 and "memory plan: -c 128 (trained 256)" in out, out
     assert "KV cache 64.0 KiB" in out and "recurrent states" in out, out  # 2 attention layers of 6
+
+
+def test_kv_cache_types_and_chunk_size(xpert):
+    # --cache-type-k/-v (-ctk/-ctv): the memory plan counts the types' bytes (2 attention layers x 128
+    # positions x (64 values as q8_0 = 68 B + as q4_0 = 36 B) = 26 KiB); a run with them and --chunk-size works.
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures")
+    hybrid = os.path.join(fixtures, "tiny_qwen35.gguf")
+    r = xpert("info", "-m", hybrid, "-c", 128, "-ctk", "q8_0", "--cache-type-v", "q4_0")
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "KV q8_0/q4_0" in out and "KV cache 26.0 KiB" in out, out
+    r = xpert("run", "-m", hybrid, "-p", "hello there", "-n", 4, "--temp", 0, "-t", 2, "-ctk", "q8_0", "-ctv", "q8_0",
+              "--chunk-size", 3)
+    assert r.returncode == 0 and "KV q8_0/q8_0" in r.stderr.decode(), r.stderr.decode()
+    # Refusals: an unknown type, and a block type on heads of 16 (not whole blocks of 32).
+    r = xpert("run", "-m", hybrid, "-p", "hi", "-n", 1, "-ctk", "q5_1")
+    assert r.returncode == 1 and "unknown KV cache type 'q5_1' (known: f16, q8_0, q4_0)" in r.stderr.decode()
+    r = xpert("run", "-m", os.path.join(fixtures, "tiny_llama.gguf"), "-p", "hi", "-n", 1, "-ctv", "q4_0")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "--cache-type-v q4_0 stores blocks of 32" in err and "head_dim is 16" in err, err
