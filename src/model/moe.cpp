@@ -76,8 +76,8 @@ RoutingTap& routing_tap() {
 namespace {
 
 // The batched schedule when no expert of the batch has more rows than this; past it, splitting each
-// expert's X rows (by_rows) reuses the weights better.
-constexpr int64_t kBatchedMaxRows = 8;
+// expert's X rows (by_rows) reuses the weights better, and cpu::matmul takes its panel kernels.
+constexpr int64_t kBatchedMaxRows = 7;
 
 void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
   cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);

@@ -131,7 +131,15 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
   EXPECT_LT(max_err, 2e-3 * max_ref) << "m = " << m << ", max |ref| = " << max_ref;
   // The schedules only change which thread computes what: the same bits.
   EXPECT_EQ(by_expert, by_rows);
-  EXPECT_EQ(by_expert, batched);
+  // batched runs the tile kernels at every row count; cpu::matmul switches to the panel kernels at 8
+  // rows (other summation order): the same bits only below that.
+  if (m < 8) {
+    EXPECT_EQ(by_expert, batched);
+  } else {
+    double batched_err = 0;
+    for (size_t i = 0; i < want.size(); ++i) batched_err = std::max(batched_err, (double)std::fabs(batched[i] - want[i]));
+    EXPECT_LT(batched_err, 2e-3 * max_ref);
+  }
   EXPECT_EQ(by_expert, automatic);
   // And each token's result does not depend on the other tokens of the batch.
   std::vector<float> one(c.n_embd);
