@@ -14,7 +14,7 @@
 namespace xpert {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this] { worker(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -27,7 +27,7 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::worker(int ith) {
+void ThreadPool::worker() {
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
@@ -47,7 +47,15 @@ void ThreadPool::worker(int ith) {
     }
     seen = gen;
     if (stop_.load()) return;
-    (*job_)(ith, n_threads_);
+    run_unclaimed_slots();
+  }
+}
+
+void ThreadPool::run_unclaimed_slots() {
+  // A claim made after this job's reset of next_slot_ (release) sees its job_; a late claim that finds
+  // the counter past the end (this job done, or an earlier one) runs nothing.
+  for (int slot; (slot = next_slot_.fetch_add(1, std::memory_order_acq_rel)) < n_threads_;) {
+    (*job_)(slot, n_threads_);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
@@ -59,6 +67,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   job_ = &fn;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  next_slot_.store(1, std::memory_order_release);
   {
     // Taking the lock orders the generation bump with a worker that is about to sleep.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -66,7 +75,11 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   if (sleepers_.load() > 0) cv_.notify_all();
   fn(0, n_threads_);
-  // A worker the OS descheduled must get a core to finish: yield instead of spinning hard.
+  // Slots no worker has started yet run here. When another process holds one of the cores, a worker
+  // may not be scheduled for a whole time slice; waiting for it made every op cost a slice or a
+  // yield round trip (decode at ~50 instead of ~68 t/s, see docs/PERF.md). Now the caller just goes on.
+  run_unclaimed_slots();
+  // Slots a worker has started must finish: yield instead of spinning hard, in case it was descheduled.
   for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
     if (spin < 2000) _mm_pause();
     else std::this_thread::yield();
