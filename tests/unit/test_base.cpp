@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "base/half.h"
 #include "base/thread_pool.h"
@@ -42,6 +44,21 @@ TEST(ThreadPool, ParallelForCoversRangeOnce) {
       for (int64_t i = b; i < e; ++i) hits[i]++;
     }, 4);
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1);
+  }
+}
+
+// Slots go to whichever thread claims them first (the caller takes those no worker has started), so
+// back-to-back runs, some with slow slots, must still run each slot exactly once per run.
+TEST(ThreadPool, EverySlotRunsOncePerRun) {
+  ThreadPool pool(3);
+  std::atomic<int> hits[3] = {};
+  for (int run = 0; run < 2000; ++run) {
+    pool.run([&](int ith, int nth) {
+      ASSERT_EQ(nth, 3);
+      hits[ith]++;
+      if (run % 100 == ith) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    });
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(hits[i].load(), run + 1) << "slot " << i << " run " << run;
   }
 }
 
