@@ -101,7 +101,8 @@ double attention_error(const Shape& s, DType kt, DType vt, int64_t n_tokens, int
 }
 
 // The CPU rounds q and the softmax weights to f16 (llama.cpp's rounding points): with outputs ~ N(0, 1)
-// that is up to ~1e-3 of error whatever the cache type (observed up to 1.3e-3); the bound leaves 2x.
+// that is up to ~1e-3 of error whatever the cache type (measured: 1.7e-3 at worst, scalar and AVX2); the
+// bound leaves ~2x.
 constexpr double kAttentionBound = 3e-3;
 
 TEST(KvCacheAttention, EveryTypePairMatchesReference) {
@@ -112,15 +113,20 @@ TEST(KvCacheAttention, EveryTypePairMatchesReference) {
     if (!isa_supported(isa)) continue;
     set_isa_cap(isa);
     uint32_t seed = 1;
+    double worst = 0;
     for (const Shape& s : shapes)
       for (DType kt : kTypes)
         for (DType vt : kTypes) {
           const std::string what = std::string(isa_name(isa)) + " K " + kv_type_name(kt) + " V " +
                                    kv_type_name(vt) + " heads " + std::to_string(s.n_head) + "/" +
                                    std::to_string(s.n_head_kv) + " D " + std::to_string(s.head_dim);
-          EXPECT_LT(attention_error(s, kt, vt, 13, 40, 0, seed += 3, pool), kAttentionBound) << what << " prefill";
-          EXPECT_LT(attention_error(s, kt, vt, 1, 299, 0, seed += 3, pool), kAttentionBound) << what << " decode";
+          const double prefill = attention_error(s, kt, vt, 13, 40, 0, seed += 3, pool);
+          const double decode = attention_error(s, kt, vt, 1, 299, 0, seed += 3, pool);
+          EXPECT_LT(prefill, kAttentionBound) << what << " prefill";
+          EXPECT_LT(decode, kAttentionBound) << what << " decode";
+          worst = std::max({worst, prefill, decode});
         }
+    std::printf("%s: max |attention - reference| over every type pair and shape: %.2e\n", isa_name(isa), worst);
     EXPECT_LT(attention_error({8, 1, 256}, DType::Q8_0, DType::Q4_0, 9, 120, 32, 99, pool), kAttentionBound)
         << "sliding window";
   }
