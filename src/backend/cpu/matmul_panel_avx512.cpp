@@ -13,16 +13,14 @@
 //
 // Integer dot products per block are llama.cpp's for Q4_0 / Q5_0 / Q8_0; K-quants sum their sub-blocks
 // in float (d * sc * dot) rather than in int32 first: the same products, rounded a little differently.
-// This file uses no standard-library templates (see matmul_simd.inl: nothing built with AVX-512 flags may
-// be merged into baseline code).
+// This file uses no standard-library templates and no inline functions of shared headers (see
+// matmul_simd.inl: nothing built with AVX-512 flags may be merged into baseline code).
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
 #include "backend/cpu/matmul_kernels.h"
-#include "base/half.h"
-#include "quant/blocks.h"
 
 // GCC 12 flags the _mm512_undefined_* inside the 512-bit intrinsic headers as "maybe uninitialized".
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -131,6 +129,17 @@ void gemm_q8_0_family(int64_t nb, const uint8_t* panel, const uint8_t* x, const 
 constexpr size_t kKBlockBytes = 64 * 64 + 2 * 8 * 64;
 constexpr size_t kQ6KBlockBytes = 64 * 64 + 16 * 64;
 
+// The 6-bit scale and min of sub-block j (quant::unpack_scale_min_k4, kept local: see the top of the file).
+XP_INLINE void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *min = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
 template <bool kFiveBit>
 void repack_q45_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uint8_t* panel) {
   constexpr size_t kBytes = kFiveBit ? 176 : 144;
@@ -161,7 +170,7 @@ void repack_q45_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uin
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
       for (int s = 0; s < 8; ++s) {
         uint8_t sc, m;
-        quant::unpack_scale_min_k4(s, blk + 4, &sc, &m);
+        scale_min_k4(s, blk + 4, &sc, &m);
         const float dsc = d * (float)sc, dm = dmin * (float)m;
         std::memcpy(pb + 4096 + 64 * s + 4 * r, &dsc, 4);
         std::memcpy(pb + 4096 + 512 + 64 * s + 4 * r, &dm, 4);
