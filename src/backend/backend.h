@@ -116,9 +116,10 @@ class Backend {
   // The CPU threads of the pass (a GPU backend runs host-resident experts on them).
   void set_host_pool(ThreadPool* p) { host_pool_ = p; }
   // Split MoE layers (experts partly on the host): batches of at least min_tokens tokens copy the host
-  // experts they use to this device instead of computing them on the host; 0: never. Backends without
-  // split layers ignore it.
-  virtual void set_expert_streaming(int64_t min_tokens) {}
+  // experts they use to this device instead of computing them on the host (0: never); smaller batches
+  // copy `share` of them and compute the rest on the host at the same time (0: the host computes them
+  // all). A negative value keeps the backend's default. Backends without split layers ignore it.
+  virtual void set_expert_streaming(int64_t min_tokens, double share) {}
 
  protected:
   ThreadPool* host_pool_ = nullptr;

@@ -28,6 +28,9 @@ struct PlacementOptions {
   // Batches of at least this many tokens copy a split layer's host experts to the GPU rather than
   // computing them on the CPU (prefill); 0: never; -1: the backend's default.
   int64_t stream_experts = -1;
+  // Smaller batches copy this share of the host experts they use while the CPU computes the rest;
+  // -1: the backend's default.
+  double stream_share = -1;
   size_t gpu_extra_bytes = 0;  // what else the GPU will hold (KV cache, scratch): counted in the fit check
 };
 

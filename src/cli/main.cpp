@@ -39,6 +39,10 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
                  "MoE: batches of at least N tokens copy the host's experts to the GPU instead of computing them "
                  "on the CPU (0: never; default: the measured crossover)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
+  app.add_option("--stream-share", stream_share,
+                 "MoE: of the host experts a smaller batch uses, the share copied to the GPU while the CPU computes "
+                 "the rest (0: the CPU computes them all, inside the step's CUDA graph; default 0.5)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--expert-profile", expert_profile,
                  "MoE: routing profile that picks the GPU experts (default: MODEL.xpert-profile.json when it exists; "
                  "none: by index)");
@@ -54,6 +58,7 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .expert_device = f.expert_device,
           .expert_profile = f.expert_profile,
           .stream_experts = f.stream_experts,
+          .stream_share = f.stream_share,
           .gpu_extra_bytes = 0};
 }
 

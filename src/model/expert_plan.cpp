@@ -176,6 +176,8 @@ ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const Exp
       }
       layer_routed += pe;
     }
+    if (gpu && layer_gpu < layer_routed)
+      p.gpu_stream_bytes = std::max(p.gpu_stream_bytes, (size_t)c.n_expert * lb.expert);
     if (gpu) {
       routed += layer_routed;
       routed_gpu += layer_gpu;
@@ -190,7 +192,7 @@ ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const Exp
   if (routed > 0) p.gpu_routing_share = routed_gpu / routed;
 
   if (o.gpu_free_bytes > 0 && p.gpu_bytes() > o.gpu_free_bytes) {
-    const double fixed = (double)(p.gpu_dense_bytes + p.gpu_output_bytes + p.gpu_extra_bytes);
+    const double fixed = (double)(p.gpu_dense_bytes + p.gpu_output_bytes + p.gpu_stream_bytes + p.gpu_extra_bytes);
     const double room = (double)o.gpu_free_bytes - fixed;
     std::string advice;
     if (room <= 0) {
@@ -201,9 +203,10 @@ ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const Exp
     } else {
       advice = "lower -ngl";
     }
-    fail("the placement needs {} on {} (dense {} + experts {} + output {}{}), but {} is free; {}",
+    fail("the placement needs {} on {} (dense {} + experts {} + output {}{}{}), but {} is free; {}",
          format_bytes((double)p.gpu_bytes()), p.gpu, format_bytes((double)p.gpu_dense_bytes),
          format_bytes((double)p.gpu_expert_bytes), format_bytes((double)p.gpu_output_bytes),
+         p.gpu_stream_bytes ? fmt::format(" + expert staging {}", format_bytes((double)p.gpu_stream_bytes)) : "",
          p.gpu_extra_bytes ? fmt::format(" + cache and scratch {}", format_bytes((double)p.gpu_extra_bytes))
                            : "",
          format_bytes((double)o.gpu_free_bytes), advice);
@@ -246,6 +249,7 @@ std::string ExpertPlan::summary(bool per_layer) const {
     s += fmt::format("  {}: {} = dense {} + experts {} + output {}", gpu, format_bytes((double)gpu_bytes()),
                      format_bytes((double)gpu_dense_bytes), format_bytes((double)gpu_expert_bytes),
                      format_bytes((double)gpu_output_bytes));
+    if (gpu_stream_bytes) s += fmt::format(" + expert staging {}", format_bytes((double)gpu_stream_bytes));
     if (gpu_extra_bytes) s += fmt::format(" + cache and scratch {}", format_bytes((double)gpu_extra_bytes));
     if (gpu_free_bytes) s += fmt::format(" ({} free)", format_bytes((double)gpu_free_bytes));
     s += "\n";

@@ -81,7 +81,12 @@ struct ExpertPlan {
   int64_t n_gpu_experts(int64_t il) const;
   // Some offloaded MoE layer keeps experts on the expert device: the GPU backend must run it split.
   bool splits_experts() const;
-  size_t gpu_bytes() const { return gpu_dense_bytes + gpu_expert_bytes + gpu_output_bytes + gpu_extra_bytes; }
+  // Room for one layer's host experts copied to the GPU (prefill batches and the decode share stream
+  // them): when a GPU layer keeps experts on the host.
+  size_t gpu_stream_bytes = 0;
+  size_t gpu_bytes() const {
+    return gpu_dense_bytes + gpu_expert_bytes + gpu_output_bytes + gpu_stream_bytes + gpu_extra_bytes;
+  }
   // For `xpert info` and start-up logs; per_layer adds one line per offloaded MoE layer.
   std::string summary(bool per_layer = false) const;
 };

@@ -102,13 +102,17 @@ TEST_P(CudaModel, MatchesCpu) {
 // but one); the rest run on the host's threads over the mmap. Compared with the same model wholly on the
 // GPU (the split changes only which device computes an expert and the order of the final sum), same
 // tolerance. The synth tiny-qwen3moe (Q4_K_M, rows of 256) has expert types the fused GPU kernels take.
-// Streamed: batches of 2 tokens or more copy the host experts to the GPU (--stream-experts 2), so the
-// prefill runs the same kernels over the same experts as the reference: the same bits.
-class CudaSplitExperts : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// Modes: the host computes every host expert (from a host node: decode steps are graphs); a step copies
+// half its host experts to the GPU while the host computes the rest (--stream-share 0.5); batches of 2
+// tokens or more copy every host expert they use (--stream-experts 2), so the prefill runs the same
+// kernels over the same experts as the reference: the same bits.
+enum class SplitMode { host, shared, streamed };
+class CudaSplitExperts : public ::testing::TestWithParam<std::tuple<int, SplitMode>> {};
 
 TEST_P(CudaSplitExperts, MatchesCpu) {
   XPERT_REQUIRE_GPU();
-  const auto [split, streamed] = GetParam();
+  const auto [split, mode] = GetParam();
+  const bool streamed = mode == SplitMode::streamed;
   const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_split_tiny.gguf").string();
   synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
   auto cpu = Model::load(file);  // the reference: every expert on the GPU
@@ -120,7 +124,7 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
     for (int64_t e = 0; e < c.n_expert; ++e)
       m[e] = split == 0 ? false : split == 1 ? e % 2 == 0 : e != 3;
   std::shared_ptr<Backend> dev = make_cuda_backend(0);
-  if (streamed) dev->set_expert_streaming(2);
+  dev->set_expert_streaming(streamed ? 2 : 0, mode == SplitMode::shared ? 0.5 : 0.0);
   gpu->offload(std::move(dev), c.n_layer, &masks);
   const int64_t V = c.n_vocab;
   std::vector<int32_t> prompt;
@@ -148,10 +152,13 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
     EXPECT_LT(std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l), kTieGap);
   }
   std::printf("%s, split %d%s: prefill max|d|/max|logit| %.2e (CPU alone %.2e), greedy agrees on %zu of %zu tokens\n",
-              file.c_str(), split, streamed ? " streamed" : "", worst / scale, cpu_gap / scale, agree, a.tokens.size());
+              file.c_str(), split, streamed ? " streamed" : mode == SplitMode::shared ? " shared" : "", worst / scale,
+              cpu_gap / scale, agree, a.tokens.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Splits, CudaSplitExperts, ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Splits, CudaSplitExperts,
+                         ::testing::Combine(::testing::Values(0, 1, 2),
+                                            ::testing::Values(SplitMode::host, SplitMode::shared, SplitMode::streamed)));
 
 // Quantized KV cache (issue #10): synth tiny models (head_dim 64, so the flash prefill and the split-K
 // decode kernels run, decode steps as graphs) with every layer on the GPU and q8_0 / q4_0 (and mixed) caches,

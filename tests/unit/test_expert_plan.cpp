@@ -67,7 +67,7 @@ TEST(ExpertPlan, WithoutCountsEveryExpertOfAGpuLayerIsOnTheGpu) {
   EXPECT_EQ(p.gpu_expert_bytes, 1600u);
   EXPECT_EQ(p.gpu_output_bytes, 300u);  // the output head goes with any offload (Model::offload)
   EXPECT_EQ(p.host_bytes, 500u + 2000u + 1600u);
-  EXPECT_EQ(p.gpu_bytes() + p.host_bytes, all_bytes(c, sizes()));
+  EXPECT_EQ(p.gpu_bytes() - p.gpu_stream_bytes + p.host_bytes, all_bytes(c, sizes()));
   EXPECT_DOUBLE_EQ(p.gpu_routing_share, 1.0);
 
   const ExpertPlan all = plan_experts(c, sizes(), {.n_gpu_layers = 4});
@@ -90,7 +90,8 @@ TEST(ExpertPlan, CountPerLayerByIndexWithoutAProfile) {
   EXPECT_EQ(gpu_list(p, 3), (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(p.gpu_expert_bytes, 600u);
   EXPECT_EQ(p.host_expert_bytes, 2600u);
-  EXPECT_EQ(p.gpu_bytes() + p.host_bytes, all_bytes(c, sizes()));
+  EXPECT_EQ(p.gpu_stream_bytes, 800u);  // one layer's 8 experts, copied to the GPU for a batch
+  EXPECT_EQ(p.gpu_bytes() - p.gpu_stream_bytes + p.host_bytes, all_bytes(c, sizes()));
   EXPECT_DOUBLE_EQ(p.gpu_routing_share, 3.0 / 8.0);  // uniform routing assumed
   // Expected host expert bytes per token: every layer routes 2 of 8 experts: P = 1/4 per expert.
   EXPECT_DOUBLE_EQ(p.host_expert_bytes_per_token, 0.25 * 100 * (8 + 8 + 5 + 5));
@@ -138,7 +139,7 @@ TEST(ExpertPlan, BudgetGoesRoundRobinByIndexWithoutAProfile) {
   EXPECT_EQ(gpu_list(p, 2), (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(gpu_list(p, 3), (std::vector<int32_t>{0}));
   EXPECT_EQ(p.gpu_expert_bytes, 300u);
-  EXPECT_EQ(p.gpu_bytes() + p.host_bytes, all_bytes(c, sizes()));
+  EXPECT_EQ(p.gpu_bytes() - p.gpu_stream_bytes + p.host_bytes, all_bytes(c, sizes()));
 }
 
 TEST(ExpertPlan, BudgetGoesGloballyToTheMostRoutedExperts) {
@@ -171,7 +172,7 @@ TEST(ExpertPlan, BudgetWeighsRoutingAgainstExpertSize) {
   EXPECT_EQ(gpu_list(p, 2), (std::vector<int32_t>{0}));
   EXPECT_EQ(gpu_list(p, 3), (std::vector<int32_t>{6, 7}));
   EXPECT_LE(p.gpu_expert_bytes, 200u);
-  EXPECT_EQ(p.gpu_bytes() + p.host_bytes, all_bytes(c, b));
+  EXPECT_EQ(p.gpu_bytes() - p.gpu_stream_bytes + p.host_bytes, all_bytes(c, b));
 }
 
 TEST(ExpertPlan, ContradictionsAndImpossibleRequestsAreErrors) {
@@ -200,12 +201,18 @@ TEST(ExpertPlan, APlanThatDoesNotFitTheGpuIsRefusedSayingWhatFits) {
     EXPECT_NE(m.find("free"), std::string::npos) << m;
     EXPECT_NE(m.find("--gpu-expert-budget"), std::string::npos) << m;
   }
-  // With the output and the extra bytes counted, 6 experts fit in 3000 - 2000 - 300 - 100 = 600 bytes.
+  // With the output, the staging of one layer's host experts (8 x 100) and the extra bytes counted, 6
+  // experts fit in 3800 - 2000 - 300 - 800 - 100 = 600 bytes.
   const ExpertPlan p = plan_experts(
       c, sizes(),
-      {.n_gpu_layers = 2, .gpu_expert_budget_bytes = 600, .gpu_free_bytes = 3000, .gpu_extra_bytes = 100});
+      {.n_gpu_layers = 2, .gpu_expert_budget_bytes = 600, .gpu_free_bytes = 3800, .gpu_extra_bytes = 100});
   EXPECT_EQ(p.gpu_expert_bytes, 600u);
-  EXPECT_EQ(p.gpu_bytes(), 3000u);
+  EXPECT_EQ(p.gpu_stream_bytes, 800u);
+  EXPECT_EQ(p.gpu_bytes(), 3800u);
+  EXPECT_THROW(plan_experts(c, sizes(),
+                            {.n_gpu_layers = 2, .gpu_expert_budget_bytes = 600, .gpu_free_bytes = 3000,
+                             .gpu_extra_bytes = 100}),
+               Error);
   try {
     plan_experts(c, sizes(), {.n_gpu_layers = 2, .num_gpu_experts = 0, .gpu_free_bytes = 1500});
     FAIL() << "expected an Error";

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the GPU machine, with xpert built elsewhere and carried: the machine has no Debian dev packages, so
+# build here with -DCMAKE_CUDA_ARCHITECTURES=90, copy xpert (+ tests/xpert_cuda_tests) and the shared
+# libraries it needs (fmt, cpp-httplib, pcre2, ssl/crypto, brotli) into .devbin/ and .devbin/lib, and
+# carry .devbin plus .lcp/ (llama.cpp's source from llama-cpp-python, trimmed). Steps:
+#   bench/h200_carry.sh llama           # build llama.cpp's llama-bench with CUDA (~4 min on 16 cores)
+#   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
+#   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
+# Results go to $OUT (or /tmp/xpw/out).
+set -uo pipefail
+W=/tmp/xpw
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=$PWD/.devbin/lib XPERT_SOURCE_DIR=$PWD
+X=$PWD/.devbin/xpert
+L=$W/lcpb/bin/llama-bench
+synth() {  # preset -> file, written once per machine, flushed so writeback does not disturb a bench
+  local f=$W/$1.gguf
+  [[ -s $f ]] || { "$X" synth --preset "$1" --type Q4_K_M -o "$f" 2>&1 | tail -1; sync; }
+  echo "$f"
+}
+case "${1:-}" in
+  llama)
+    cmake -S .lcp -B "$W/lcpb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+      -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON >"$OUT/lcp_build.log" 2>&1 &&
+      cmake --build "$W/lcpb" -j 16 --target llama-bench >>"$OUT/lcp_build.log" 2>&1
+    echo "llama.cpp build rc=$?"
+    ;;
+  het)
+    f=$(synth qwen3-30b-a3b | tail -1)
+    {
+      echo "## llama.cpp, every expert on the CPU"
+      "$L" -m "$f" -ngl 99 --n-cpu-moe 48 -p 512 -n 64 -r 2
+      for g in 0 32 64 96; do
+        echo "## xpert --num-gpu-experts $g"
+        "$X" bench -m "$f" -p 512 -n 64 -r 2 --num-gpu-experts $g 2>&1 | tail -2
+      done
+      for share in 0.5 0.25; do
+        echo "## xpert --num-gpu-experts 0, XPERT_STREAM_SHARE=$share"
+        XPERT_STREAM_SHARE=$share "$X" bench -m "$f" -p 0 -n 64 -r 2 --num-gpu-experts 0 2>&1 | tail -1
+      done
+    } 2>&1 | tee "$OUT/het.md"
+    ;;
+  depth)
+    f=$(synth qwen3.5-35b-a3b | tail -1)
+    d=${2:-0,8192,32768,131072}
+    {
+      for kv in f16 q8_0; do
+        echo "## KV $kv: xpert"
+        "$X" bench -m "$f" -p 0 -n 32 -r 2 -d "$d" -ctk $kv -ctv $kv 2>&1 | grep '|'
+        echo "## KV $kv: llama.cpp"
+        "$L" -m "$f" -ngl 99 -fa 1 -p 0 -n 32 -r 2 -d "$d" -ctk $kv -ctv $kv
+      done
+    } 2>&1 | tee "$OUT/depth.md"
+    ;;
+  *) echo "usage: $0 llama|het|depth [DEPTHS]" >&2; exit 2 ;;
+esac
