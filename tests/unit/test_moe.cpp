@@ -141,10 +141,14 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
     EXPECT_LT(batched_err, 2e-3 * max_ref);
   }
   EXPECT_EQ(by_expert, automatic);
-  // And each token's result does not depend on the other tokens of the batch.
+  // And each token's result does not depend on the other tokens of the batch: the same bits while every
+  // expert sees fewer than 8 rows; past that the panel kernels sum in another order (last-bit differences).
   std::vector<float> one(c.n_embd);
   moe_ffn(c, lw, x.data() + (m - 1) * c.n_embd, 1, one.data(), s, pool);
-  for (int64_t i = 0; i < c.n_embd; ++i) EXPECT_EQ(one[i], by_expert[(m - 1) * c.n_embd + i]) << i;
+  for (int64_t i = 0; i < c.n_embd; ++i) {
+    if (m < 8) EXPECT_EQ(one[i], by_expert[(m - 1) * c.n_embd + i]) << i;
+    else EXPECT_NEAR(one[i], by_expert[(m - 1) * c.n_embd + i], 1e-5 * max_ref) << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, MoeGrouped, ::testing::Values(1, 7, 64));
