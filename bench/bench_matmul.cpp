@@ -71,20 +71,25 @@ struct Projection {
   int64_t n, k;
 };
 
-// One layer of the default model (models/default.gguf): W is n x k.
-const Projection kDefaultLayer[] = {
+// Two layers of the default model (models/default.gguf, Q4_K_M mixes types: attn_v and ffn_down alternate
+// between layers): W is n x k.
+const Projection kDefaultLayerPair[] = {
     {"attn_q", DType::Q5_0, 1024, 640},   {"attn_k", DType::Q5_0, 256, 640},
     {"attn_v", DType::Q8_0, 256, 640},    {"attn_output", DType::Q4_K, 640, 1024},
     {"ffn_gate", DType::Q5_0, 2048, 640}, {"ffn_up", DType::Q5_0, 2048, 640},
     {"ffn_down", DType::Q6_K, 640, 2048},
+    {"attn_q", DType::Q5_0, 1024, 640},   {"attn_k", DType::Q5_0, 256, 640},
+    {"attn_v", DType::Q5_0, 256, 640},    {"attn_output", DType::Q4_K, 640, 1024},
+    {"ffn_gate", DType::Q5_0, 2048, 640}, {"ffn_up", DType::Q5_0, 2048, 640},
+    {"ffn_down", DType::Q4_K, 640, 2048},
 };
-constexpr int kDefaultLayers = 18;
+constexpr int kDefaultLayerPairs = 9;
 
 void bench_default_model(ThreadPool& pool) {
   // Separate weights per layer so decode reads them from memory as a real forward would.
   std::vector<std::vector<uint8_t>> weights;
-  for (int l = 0; l < kDefaultLayers; ++l)
-    for (const Projection& p : kDefaultLayer) weights.push_back(make_weights(p.type, p.n, p.k));
+  for (int l = 0; l < kDefaultLayerPairs; ++l)
+    for (const Projection& p : kDefaultLayerPair) weights.push_back(make_weights(p.type, p.n, p.k));
   for (int64_t m : {512, 1}) {
     const std::vector<float> x = random_values((size_t)(m * 2048), 3);
     std::vector<float> y((size_t)(m * 2048));
@@ -93,8 +98,8 @@ void bench_default_model(ThreadPool& pool) {
         [&] {
           flop = 0;
           size_t wi = 0;
-          for (int l = 0; l < kDefaultLayers; ++l)
-            for (const Projection& p : kDefaultLayer) {
+          for (int l = 0; l < kDefaultLayerPairs; ++l)
+            for (const Projection& p : kDefaultLayerPair) {
               cpu::matmul(p.type, weights[wi++].data(), p.n, p.k, x.data(), m, y.data(), p.n, pool);
               flop += 2.0 * (double)p.n * p.k * m;
             }
@@ -129,7 +134,7 @@ int main(int argc, char** argv) {
     types = {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K,
              DType::Q6_K, DType::F16,  DType::BF16, DType::F32};
   std::printf("isa %s, %d threads, cpu: %s\n", isa_name(best_isa()), threads, cpu_features_string().c_str());
-  std::printf("%-5s | decode m=1: k=4096, 96 MB of W   | k=640, 200 KB of W | prefill m=512, k=n=2560\n",
+  std::printf("%-5s | decode m=1: k=4096, 96 MB of W   | k=640 (K: 1024), 200 KB of W | prefill m=512, k=n=2560\n",
               "type");
   for (DType t : types) {
     // Decode: ~96 MB of weights so every call streams W from DRAM.
@@ -143,9 +148,9 @@ int main(int argc, char** argv) {
     const double gbs = (double)w_dec.size() / s_dec / 1e9;
     const double cpu_dec = g_cpu_utilization;
 
-    // Decode from cache: k = 640 (the default model's width), ~200 KB of W that stays in L2: the kernel's
-    // own speed, without DRAM.
-    const int64_t k_hot = 640, n_hot = (int64_t)(200e3 / (double)row_bytes(t, k_hot));
+    // Decode from cache: k = 640 (the default model's width; K-quants: 1024), ~200 KB of W that stays in
+    // L2: the kernel's own speed, without DRAM.
+    const int64_t k_hot = 640 % dtype_info(t).block_size == 0 ? 640 : 1024, n_hot = (int64_t)(200e3 / (double)row_bytes(t, k_hot));
     const std::vector<uint8_t> w_hot = make_weights(t, n_hot, k_hot);
     std::vector<float> y_hot(n_hot);
     const double s_hot = seconds_per_run(
