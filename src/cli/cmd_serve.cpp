@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "cli/commands.h"
 #include "model/model.h"
+#include "model/routing_stats.h"
 #include "runtime/engine.h"
 #include "runtime/state_cache.h"
 #include "server/server.h"
@@ -25,6 +26,7 @@ Command add_serve(CLI::App& app) {
     int queue = 64;
     int64_t cache_ram_mib = -1;  // -1: default_cache_ram_bytes()
     int64_t checkpoint_every = 1024;
+    std::string profile_out;
   };
   auto o = std::make_shared<Opts>();
   o->m.batch = 128;  // prefill chunk per step: small, so a long prompt does not stall the running streams
@@ -46,6 +48,10 @@ Command add_serve(CLI::App& app) {
                  "hybrid models: also checkpoint the recurrent state every N tokens (0: only at prompt and "
                  "request ends)")
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 30));
+  app.add_option("--profile-out", o->profile_out,
+                 "MoE models: at shutdown, write how often each layer routed to each expert while serving to this "
+                 "file (a routing profile: pass it as --expert-profile, or name it MODEL.xpert-profile.json, so "
+                 "the next start puts the most used experts on the GPU)");
   return [o] {
     // SIGINT / SIGTERM are taken by one thread with sigwait, so stopping is not done in a signal handler.
     sigset_t set;
@@ -55,6 +61,11 @@ Command add_serve(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that closes mid-write is an error return, not a signal
 
+    if (!o->profile_out.empty()) {
+      const std::filesystem::path dir = std::filesystem::absolute(o->profile_out).parent_path();
+      if (!std::filesystem::is_directory(dir))
+        fail("--profile-out {}: the folder {} does not exist", o->profile_out, dir.string());
+    }
     o->http.n_http_threads = o->parallel + o->queue + 8;
     server::Server srv(o->http);
     srv.start();
@@ -96,6 +107,18 @@ Command add_serve(CLI::App& app) {
     std::printf("xpert serve: listening on http://%s:%d\n", o->http.host.c_str(), srv.port());
     std::fflush(stdout);
     srv.wait();
+    if (!o->profile_out.empty()) {
+      const RoutingStats* r = engine.routing();
+      if (!r) {
+        log::warn("--profile-out: {} is not a MoE model; no profile written", o->m.model);
+      } else if (r->empty()) {
+        log::warn("--profile-out: no routing was counted (every MoE layer ran wholly on the GPU, or no "
+                  "request came); no profile written");
+      } else {
+        r->save(o->profile_out, ModelIdentity::of(*model));
+        log::info("routing profile of {} tokens written to {}", r->max_tokens(), o->profile_out);
+      }
+    }
     return 0;
   };
 }

@@ -107,6 +107,7 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
              model.layer_devices(), opts.cache_types),
       state_cache_(model.config(), cache_.types(), opts.cache_ram_bytes) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
+  if (model.config().n_expert > 0) routing_ = std::make_unique<RoutingStats>(model);
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel, model.layer_devices());
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);
   opts_.checkpoint_every = std::max<int64_t>(0, opts_.checkpoint_every);
@@ -173,6 +174,19 @@ Engine::Stats Engine::stats() const {
   s.generated_tokens = generated_tokens_.load();
   s.steps = steps_.load();
   s.forward_seconds = forward_seconds_.load();
+  if (routing_) {
+    // Relaxed counters read while the engine adds: a snapshot a few tokens behind at worst.
+    s.routed_tokens = routing_->max_tokens();
+    const int64_t top = std::max<int64_t>(1, routing_->n_expert() / 4);
+    double sum = 0;
+    int64_t layers = 0;
+    for (int64_t il = 0; il < routing_->n_layer(); ++il) {
+      if (routing_->layer_total(il) == 0) continue;
+      sum += routing_->top_share(il, top);
+      ++layers;
+    }
+    s.top_quarter_share = layers ? sum / (double)layers : 0.0;
+  }
   std::lock_guard lk(mu_);
   s.cache = cache_stats_;
   s.checkpoints_stored = cache_stats_.checkpoints_stored;
@@ -378,7 +392,9 @@ void Engine::step(std::vector<Slot*>& active) {
   if (segs.empty()) return;
 
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs, .state = state_.get()}, logits_, pool_);
+  model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs, .state = state_.get(),
+                  .routing_stats = routing_.get()},
+                 logits_, pool_);
   const auto t1 = std::chrono::steady_clock::now();
   forward_seconds_.store(forward_seconds_.load() + std::chrono::duration<double>(t1 - t0).count());
   steps_.fetch_add(1);

@@ -31,6 +31,7 @@
 #include "model/model.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
+#include "model/routing_stats.h"
 #include "runtime/state_cache.h"
 #include "sample/sampler.h"
 
@@ -137,8 +138,16 @@ class Engine {
     StateCacheStats cache;
     double forward_seconds = 0;
     double tokens_per_second = 0;  // generated tokens over the last 10 s
+    // MoE models: tokens whose routing was counted (the most-counted layer), and the share of routings
+    // the most routed quarter of each layer's experts took, averaged over the layers (0.25: flat).
+    uint64_t routed_tokens = 0;
+    double top_quarter_share = 0;
   };
   Stats stats() const;
+  // MoE models: how often each layer routed to each expert while serving (layers whose experts the
+  // host or a split GPU layer computes; a layer wholly on the GPU routes there and is not counted).
+  // Null for dense models. A profile (`--expert-profile`) is a saved copy.
+  const RoutingStats* routing() const { return routing_.get(); }
 
  private:
   struct Slot;
@@ -159,6 +168,7 @@ class Engine {
   KvCache cache_;
   std::unique_ptr<RecurrentState> state_;  // hybrid models: one recurrent state per slot
   StateCache state_cache_;                 // touched by the engine thread only
+  std::unique_ptr<RoutingStats> routing_;  // MoE models: counted by every forward pass
   std::vector<std::unique_ptr<Slot>> slots_;
 
   mutable std::mutex mu_;

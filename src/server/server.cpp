@@ -358,6 +358,13 @@ std::string Server::Impl::metrics_text() {
   metric("xpert_cache_evictions_total", "counter",
          "Runs of KV rows or checkpoints evicted from the state cache.", s.cache.evictions);
   metric("xpert_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
+  metric("xpert_routed_tokens_total", "counter",
+         "MoE models: tokens whose expert routing was counted (layers computed on the host or split).",
+         s.routed_tokens);
+  metric("xpert_routing_top_quarter_share", "gauge",
+         "MoE models: share of routings taken by each layer's most routed quarter of experts, averaged over "
+         "layers (0.25: flat routing; higher: placing experts by --expert-profile pays more).",
+         s.top_quarter_share);
   metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.tokens_per_second);
   metric("xpert_forward_seconds_total", "counter", "Time spent in batched forward passes.",

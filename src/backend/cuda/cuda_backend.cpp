@@ -23,6 +23,7 @@
 #include "model/gated_delta_net.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/routing_stats.h"
 #include "quant/dtype.h"
 
 namespace xpert {
@@ -325,6 +326,8 @@ class CudaBackend final : public Backend {
     const LayerWeights* lw;
     int64_t n;
     std::vector<bool> on_host;
+    RoutingStats* stats = nullptr;  // the pass's routing counter (routing_tap) and this layer's index
+    int64_t layer = -1;
   };
   void moe_split(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x, int64_t n,
                  const int32_t* ids_d, const float* weights_d, float* out) {
@@ -350,6 +353,8 @@ class CudaBackend final : public Backend {
     auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
     if ((in0 && in != in0) || (out0 && yh != out0)) stale_graphs_ = true;
     SplitCall& call = split_call(c, lw, n);
+    call.stats = routing_tap().stats;  // a replayed graph counts into the pass that recorded it
+    call.layer = routing_tap().layer;
     // The thread that launched the step spins in its wait for the step's end meanwhile (the lowest
     // latency for the step): the host node gets the other cores. One thread more measured 1.5x slower.
     const int node_threads = std::max(1, host_pool_->size() - 1);
@@ -395,6 +400,7 @@ class CudaBackend final : public Backend {
       r.ids.assign(ids, ids + n * k);
       r.weights.assign(w, w + n * k);
       const auto* x = reinterpret_cast<const float*>(in + 2 * n * k * sizeof(int32_t));
+      if (call->stats && call->layer >= 0) call->stats->add(call->layer, r.ids);
       thread_local MoeScratch ms;
       moe_experts_partial(c, *call->lw->split->host, x, n, r, call->on_host,
                           static_cast<float*>(b.split_out_.data()), false, ms, *b.node_pool_);
@@ -407,7 +413,7 @@ class CudaBackend final : public Backend {
   SplitCall& split_call(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
     auto& slot = split_calls_[{&lw, n}];
     if (!slot) {
-      slot = std::make_unique<SplitCall>(SplitCall{.self = this, .c = &c, .lw = &lw, .n = n, .on_host = {}});
+      slot = std::make_unique<SplitCall>(SplitCall{.self = this, .c = &c, .lw = &lw, .n = n, .on_host = {}, .stats = nullptr, .layer = -1});
       slot->on_host.resize(c.n_expert);
       for (int64_t i = 0; i < c.n_expert; ++i) slot->on_host[i] = !lw.split->on_device[i];
     }
@@ -446,6 +452,8 @@ class CudaBackend final : public Backend {
     XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
     XPERT_CUDA_CHECK(cudaEventSynchronize(fork_.get()));
     const auto* ids = reinterpret_cast<const int32_t*>(in);
+    if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0)
+      tap.stats->add(tap.layer, std::span<const int32_t>(ids, n * k));
 
     // The used host experts, most rows first; the first `share` of them are copied.
     std::vector<int64_t> rows(X, 0);
