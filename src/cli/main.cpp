@@ -26,7 +26,7 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
   }
   app.add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type of K: f16, q8_0, q4_0 (default f16)");
   app.add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type of V: f16, q8_0, q4_0 (default f16)");
-  app.add_option("--device", device, "where the layers run: cpu or cuda:N (default: cuda:0 when there is a GPU)");
+  app.add_option("--device", device, "where the layers run: cpu, cuda:N or opencl:N (default: cuda:0 when there is a GPU; `xpert devices` lists them)");
   app.add_option("--n-gpu-layers", n_gpu_layers, "-ngl: the last N layers on the GPU (default: all when there is one)")
       ->check(CLI::Range((int64_t)-1, (int64_t)1 << 20));
   app.add_option("--num-gpu-experts", num_gpu_experts,
@@ -34,7 +34,7 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--gpu-expert-budget", gpu_expert_budget,
                  "MoE: GPU memory for experts over all GPU layers, e.g. 12GiB or 800MiB (instead of --num-gpu-experts)");
-  app.add_option("--expert-device", expert_device, "MoE: where the experts not on the GPU run (cpu)");
+  app.add_option("--expert-device", expert_device, "MoE: where the experts not on the GPU run: cpu, or opencl:N when every MoE layer runs on the host (-ngl 0)");
   app.add_option("--stream-experts", stream_experts,
                  "MoE: batches of at least N tokens copy the host's experts to the GPU instead of computing them "
                  "on the CPU (0: never; default: the measured crossover)")
