@@ -37,6 +37,8 @@ const Shape kShapes[] = {
     {640, 256, 7}, {1024, 512, 3}, {2048, 257, 1}, {2560, 512, 1}, {2560, 66, 64}, {640, 19, 29},
     {640, 1027, 1}, {96, 9, 1},    {96, 9, 2},     {160, 70, 1},   {1024, 40, 37}, {2048, 33, 13},
     {512, 16, 8},   {256, 1, 9},
+    // Decode at the MoE and default-model widths, n not a multiple of the 8-row decode tiles.
+    {4096, 45, 1},  {1024, 523, 1}, {512, 1029, 1}, {640, 13, 1},   {2048, 7, 1},
 };
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,

@@ -224,11 +224,11 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
     return;
   }
   // Weight rows in chunks handed out one at a time (about 1/8 of a thread's share, 16-128 KB of weights,
-  // whole tiles of 4 rows). With fixed equal shares, a thread that loses part of its core (another
+  // whole tiles of 8 rows). With fixed equal shares, a thread that loses part of its core (another
   // process, a busy hypervisor) made every op wait for it: decode ran at ~50 instead of ~68 t/s.
   const size_t share_bytes = w_row_bytes * (size_t)n / (size_t)nth;
   const size_t chunk_bytes = std::clamp<size_t>(share_bytes / 8, 16 << 10, 128 << 10);
-  const int64_t chunk_rows = (int64_t)round_up(std::max<size_t>(1, chunk_bytes / w_row_bytes), 4);
+  const int64_t chunk_rows = (int64_t)round_up(std::max<size_t>(1, chunk_bytes / w_row_bytes), 8);
   const int64_t n_chunks = (n + chunk_rows - 1) / chunk_rows;
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
@@ -299,7 +299,7 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
   std::vector<Chunk> chunks;
   const size_t chunk_bytes = std::clamp<size_t>(total / (size_t)pool.size() / 4, 32 << 10, 256 << 10);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const int64_t rows = (int64_t)round_up(std::max<size_t>(1, chunk_bytes / prep[i].w_row_bytes), 4);
+    const int64_t rows = (int64_t)round_up(std::max<size_t>(1, chunk_bytes / prep[i].w_row_bytes), 8);
     for (int64_t r = 0; r < jobs[i].n; r += rows) chunks.push_back({i, r, std::min(jobs[i].n, r + rows)});
   }
   std::atomic<size_t> next{0};

@@ -85,6 +85,22 @@ XP_INLINE __m512 load_scales2(const uint8_t* b, bool two) {
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(d0), d1, 1));
 }
 
+// Horizontal sums of R accumulators into y[0..R-1]; 4 at a time through hadd, as in the Q8_0 kernel.
+template <int R>
+XP_INLINE void store_sums_512(const __m512 (&acc)[R], float* y) {
+  if constexpr (R % 4 == 0) {
+    for (int r0 = 0; r0 < R; r0 += 4) {
+      __m256 h[4];
+      for (int r = 0; r < 4; ++r)
+        h[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[r0 + r]), _mm512_extractf32x8_ps(acc[r0 + r], 1));
+      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+      _mm_storeu_ps(y + r0, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    }
+  } else {
+    for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
 // Each step prefetches (to L2) the same position of the next tile's rows, i.e. one tile ahead: the hardware
 // streamers alone left decode at ~15 GB/s for 2 threads. Measured on a quiet 16-core Xeon, 2 threads, Q8_0:
 // k=640 (the output projection) 13-21 GB/s with a fixed +512 B in-row prefetch, 35-42 with this; k=4096
@@ -120,16 +136,7 @@ void gemv_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) step(b, true);
   if (b < nb) step(b, false);
-  if constexpr (R == 4) {
-    // Four horizontal sums at once: fold 512 -> 256, then two hadd levels and the 128-bit halves.
-    __m256 h[4];
-    for (int r = 0; r < 4; ++r)
-      h[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-    _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-  } else {
-    for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
-  }
+  store_sums_512<R>(acc, y);
 }
 
 template <class W>
@@ -139,8 +146,161 @@ void run_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_
   if (n_x != 1) return fallback(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
   int64_t j = 0;
+  for (; j + 8 <= n_w; j += 8) gemv_q8_0_family_512<W, 8>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
   for (; j + 4 <= n_w; j += 4) gemv_q8_0_family_512<W, 4>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
   for (; j < n_w; ++j) gemv_q8_0_family_512<W, 1>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+}
+
+// ---- decode (one X row) of Q4_K weights on 512-bit vectors ------------------------------------------
+// The 256-bit tile spent most of its time outside the products (scales unpacked byte by byte into the
+// stack and read back, one broadcast per sub-block and row): ~8 GB/s per core even from L2. Here a zmm
+// holds 64 bytes of levels = two 32-byte chunks, so its low nibbles are sub-blocks 2c and 2c+2 and its high
+// nibbles 2c+1 and 2c+3. The activations are permuted once per block to match (shared by the R rows), the
+// 6-bit scales and mins are unpacked with a few 32-bit word operations, and one pshufb per 64 levels spreads
+// the two sub-blocks' scales over their int16 lanes. Integer sums are exactly the 256-bit kernel's (and
+// llama.cpp's): sum sc * maddubs(q, a), minus sum m * (bsum pair); only the float accumulation differs.
+
+// The 12 scale bytes of a Q4_K / Q5_K block -> sc[0..7] (low qword) and m[0..7] (high qword).
+XP_INLINE void unpack_scales_k4_words(const uint8_t* s, uint64_t& sc8, uint64_t& m8) {
+  const uint32_t u0 = load_u32(s), u1 = load_u32(s + 4), u2 = load_u32(s + 8);
+  const uint32_t sc_lo = u0 & 0x3f3f3f3fu, m_lo = u1 & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+  sc8 = sc_lo | (uint64_t)sc_hi << 32;
+  m8 = m_lo | (uint64_t)m_hi << 32;
+}
+
+// pshufb control: int16 lanes 0..15 = scale byte s0 zero-extended, lanes 16..31 = byte s1.
+XP_INLINE __m512i scale_pick(int s0, int s1) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(0x8000 | s0))),
+                            _mm256_set1_epi16((short)(0x8000 | s1)), 1);
+}
+
+template <int R>
+void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
+  constexpr size_t kBytes = 144;
+  const int8_t* xq = x.qs(0);
+  const float* xd = x.d(0);
+  const uint8_t* xs = x.sums(0);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
+                pick57 = scale_pick(5, 7);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t nb = k / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    // Shared by the R rows: the activations in the levels' order, the 8 sub-block sums (bsum pairs), da.
+    const int8_t* a = xq + 256 * b;
+    const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64), a2 = _mm512_loadu_si512(a + 128),
+                  a3 = _mm512_loadu_si512(a + 192);
+    const __m512i a02 = _mm512_shuffle_i64x2(a0, a1, 0x44), a13 = _mm512_shuffle_i64x2(a0, a1, 0xEE);
+    const __m512i a46 = _mm512_shuffle_i64x2(a2, a3, 0x44), a57 = _mm512_shuffle_i64x2(a2, a3, 0xEE);
+    const __m128i ones = _mm_set1_epi16(1);
+    const __m128i bsum8 = _mm_packs_epi32(_mm_madd_epi16(load128(xs + 32 * b), ones),
+                                          _mm_madd_epi16(load128(xs + 32 * b + 16), ones));
+    const __m128 da = _mm_set1_ps(xd[b]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
+      prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
+      uint64_t sc8, m8;
+      unpack_scales_k4_words(blk + 4, sc8, m8);
+      const __m512i scv = _mm512_broadcastq_epi64(_mm_cvtsi64_si128((long long)sc8));
+      const __m512i raw0 = _mm512_loadu_si512(blk + 16), raw1 = _mm512_loadu_si512(blk + 80);
+      const __m512i lo0 = _mm512_and_si512(raw0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
+      const __m512i lo1 = _mm512_and_si512(raw1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
+      __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lo0, a02),
+                                       _mm512_shuffle_epi8(scv, pick02));
+      __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(hi0, a13),
+                                       _mm512_shuffle_epi8(scv, pick13));
+      s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46), _mm512_shuffle_epi8(scv, pick46));
+      s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57), _mm512_shuffle_epi8(scv, pick57));
+      const __m128i summ = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8)), bsum8);
+      // [d, dmin] * da
+      const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(blk))), da);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_broadcastss_ps(dd), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(_mm_cvtepi32_ps(summ)),
+                                _mm512_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r]);
+    }
+  }
+  store_sums_512<R>(acc, y);
+}
+
+void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
+                 const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
+  if (n_x != 1) return run_tiles<Q45KTile<false>::T>(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
+  const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
+  int64_t j = 0;
+  for (; j + 8 <= n_w; j += 8) gemv_q4_k_512<8>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+  for (; j + 4 <= n_w; j += 4) gemv_q4_k_512<4>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+  for (; j < n_w; ++j) gemv_q4_k_512<1>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+}
+
+// ---- decode (one X row) of Q6_K weights on 512-bit vectors ------------------------------------------
+// 64 bytes of ql are a half-block's two 32-byte runs, so their low nibbles are elements 128h..128h+63 and
+// their high nibbles the next 64, in order: the activations need no permutation. The qh byte run is
+// broadcast to both 256-bit halves and shifted per half (64-bit variable shifts; the bits that cross bytes
+// are masked off). Each int16 product pair belongs to one 16-element scale group: vpermw spreads 4 of the
+// 16 signed scales over 8 lanes each. As in the 256-bit kernel: sum sc * q * a - 32 * sum sc_g * bsum_g.
+template <int R>
+void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
+  constexpr size_t kBytes = 210;
+  const int8_t* xq = x.qs(0);
+  const float* xd = x.d(0);
+  const uint8_t* xs = x.sums(0);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  // High bits of elements 0..31 / 32..63 of a half are qh bits 0-1 / 2-3 (moved to 4-5); of 64..95 /
+  // 96..127 bits 4-5 / 6-7.
+  const __m512i shl_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shr_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+  __m512i spread[4];  // int16 lane l of the 64 levels q -> scale 4q + l / 8
+  for (int q = 0; q < 4; ++q) {
+    alignas(64) int16_t idx[32];
+    for (int l = 0; l < 32; ++l) idx[l] = (int16_t)(4 * q + l / 8);
+    spread[q] = _mm512_load_si512(idx);
+  }
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t nb = k / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* a = xq + 256 * b;
+    const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
+                           _mm512_loadu_si512(a + 192)};
+    const __m256i bsums = load256(xs + 32 * b);
+    const __m128 da = _mm_set1_ps(xd[b]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
+      prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
+      const __m512i sc16z = _mm512_castsi256_si512(sc16);
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(load256(blk + 128 + 32 * h));
+        const __m512i q_lo = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                             _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), m30));
+        const __m512i q_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                             _mm512_and_si512(_mm512_srlv_epi64(qh, shr_hi), m30));
+        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(q_lo, av[2 * h]),
+                                 _mm512_permutexvar_epi16(spread[2 * h], sc16z));
+        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(q_hi, av[2 * h + 1]),
+                                 _mm512_permutexvar_epi16(spread[2 * h + 1], sc16z));
+      }
+      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
+      const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(blk + 208))), da);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_broadcastss_ps(dd), acc[r]);
+    }
+  }
+  store_sums_512<R>(acc, y);
+}
+
+void q6_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
+                 const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
+  if (n_x != 1) return run_tiles<Q6KTile>(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
+  const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
+  int64_t j = 0;
+  for (; j + 8 <= n_w; j += 8) gemv_q6_k_512<8>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+  for (; j + 4 <= n_w; j += 4) gemv_q6_k_512<4>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
+  for (; j < n_w; ++j) gemv_q6_k_512<1>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
 }
 
 void q4_0_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
@@ -167,6 +327,8 @@ const MatmulKernels& matmul_kernels_avx512() {
     t.q4_0 = q4_0_kernel;
     t.q5_0 = q5_0_kernel;
     t.q8_0 = q8_0_kernel;
+    t.q4_k = q4_k_kernel;
+    t.q6_k = q6_k_kernel;
     return t;
   }();
   return kernels;
