@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/ops_attn.h"
 #include "backend/cpu/ops_f16.h"
 #include "backend/cpu/ops_kv.h"
 #include "base/error.h"
@@ -113,10 +114,17 @@ void store_kv(const float* x, void* dst, int64_t n, DType type) {
 
 namespace {
 
-// The attention loop, for any cache type: kdot(q, k row of kv head hk at key j) and vaxpy(w, v row, acc)
-// read the cache (f16: the same function pointers the loop always called, so that path is unchanged).
+// Keys a query row at position p sees.
+int64_t row_keys(const AttentionArgs& a, int32_t p) {
+  const int64_t lo = a.sliding_window > 0 ? std::max<int64_t>(0, p - a.sliding_window + 1) : 0;
+  return std::min<int64_t>(p, a.n_kv - 1) - lo + 1;
+}
+
+// The short path (llama.cpp's rounding points), for any cache type: kdot(q, k row of kv head hk at key j)
+// and vaxpy(w, v row, acc) read the cache (f16: the same function pointers the loop always called, so that
+// path is unchanged). Rows that see more than max_keys keys are left to the tiled path.
 template <class KDot, class VAxpy>
-void attend(const AttentionArgs& a, ThreadPool& pool, KDot kdot, VAxpy vaxpy) {
+void attend(const AttentionArgs& a, ThreadPool& pool, int64_t max_keys, KDot kdot, VAxpy vaxpy) {
   const int64_t group = a.n_head / a.n_head_kv;
   const int64_t D = a.head_dim;
   const F16Kernels& f16 = f16_kernels();
@@ -126,6 +134,7 @@ void attend(const AttentionArgs& a, ThreadPool& pool, KDot kdot, VAxpy vaxpy) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t t = u / a.n_head, h = u % a.n_head, hk = h / group;
       const int32_t p = a.pos[t];
+      if (row_keys(a, p) > max_keys) continue;
       const float* q = a.q + (t * a.n_head + h) * D;
       // q is rounded to f16 as llama.cpp's f16 K-cache product does.
       std::copy(q, q + D, qh.begin());
@@ -153,14 +162,14 @@ void attend(const AttentionArgs& a, ThreadPool& pool, KDot kdot, VAxpy vaxpy) {
 
 }  // namespace
 
-void attention(const AttentionArgs& a, ThreadPool& pool) {
+void attention_plain(const AttentionArgs& a, ThreadPool& pool, int64_t max_keys) {
   const int64_t D = a.head_dim, kv_row = a.n_head_kv * D;
   if (a.k_type == DType::F16 && a.v_type == DType::F16) {
     const F16Kernels& f16 = f16_kernels();
     const auto* k = static_cast<const uint16_t*>(a.k);
     const auto* v = static_cast<const uint16_t*>(a.v);
     return attend(
-        a, pool, [&](const float* q, int64_t j, int64_t hk) { return f16.dot(q, k + j * kv_row + hk * D, D); },
+        a, pool, max_keys, [&](const float* q, int64_t j, int64_t hk) { return f16.dot(q, k + j * kv_row + hk * D, D); },
         [&](float w, int64_t j, int64_t hk, float* acc) { f16.axpy(w, v + j * kv_row + hk * D, acc, D); });
   }
   // Mixed or quantized: each side through its own row reader, rows addressed in bytes.
@@ -178,8 +187,16 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
   const auto* k = static_cast<const uint8_t*>(a.k);
   const auto* v = static_cast<const uint8_t*>(a.v);
   attend(
-      a, pool, [&](const float* q, int64_t j, int64_t hk) { return kr.dot(q, k + j * k_row + hk * k_head, D); },
+      a, pool, max_keys, [&](const float* q, int64_t j, int64_t hk) { return kr.dot(q, k + j * k_row + hk * k_head, D); },
       [&](float w, int64_t j, int64_t hk, float* acc) { vr.axpy(w, v + j * v_row + hk * v_head, acc, D); });
+}
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  int64_t most = 0;
+  for (int64_t t = 0; t < a.n_tokens; ++t) most = std::max(most, row_keys(a, a.pos[t]));
+  if (most < kAttentionTiledMinKeys) return attention_plain(a, pool);
+  attention_plain(a, pool, kAttentionTiledMinKeys - 1);  // the batch's short rows, if any
+  attention_tiled(a, pool, kAttentionTiledMinKeys);
 }
 
 }  // namespace xpert::cpu

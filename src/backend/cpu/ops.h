@@ -26,11 +26,18 @@ void add(const float* a, const float* b, float* y, int64_t n);
 void scale(float* x, float s, int64_t n);
 void add_bias(float* x, const float* bias, int64_t rows, int64_t n);
 
-// One sequence's causal attention over its cache (see op_types.h). Every cache type takes the same steps
-// (q rounded to f16, f32 products with the cache's values, softmax weights rounded to f16), so a quantized
-// cache differs from f16 only by its values; Q8_0 / Q4_0 rows are read block by block (ops_kv.h).
+// One sequence's causal attention over its cache (see op_types.h). A query row that sees fewer than
+// kAttentionTiledMinKeys keys takes the short path, llama.cpp's steps (q rounded to f16, f32 products
+// with the cache's values, a score row, softmax weights rounded to f16), parallel over (token, head): the
+// model tests compare its tokens with llama.cpp's. A row that sees more takes the tiled path
+// (ops_attn.h: online softmax over key tiles, split-K at decode; q rounded to f16, weights not), whose
+// result for a row depends only on that row, not on the batch or the thread count. Every cache type
+// takes the same steps, so a quantized cache differs from f16 only by its values.
 using xpert::AttentionArgs;
+constexpr int64_t kAttentionTiledMinKeys = 1024;
 void attention(const AttentionArgs& a, ThreadPool& pool);
+// Every row (or those seeing at most max_keys keys) through the short path: the reference for the tests.
+void attention_plain(const AttentionArgs& a, ThreadPool& pool, int64_t max_keys = INT64_MAX);
 
 // Copy f32 rows into f16 cache rows.
 void store_f16(const float* x, uint16_t* dst, int64_t n);
