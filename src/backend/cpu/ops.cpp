@@ -192,10 +192,14 @@ void attention_plain(const AttentionArgs& a, ThreadPool& pool, int64_t max_keys)
 }
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
-  int64_t most = 0;
-  for (int64_t t = 0; t < a.n_tokens; ++t) most = std::max(most, row_keys(a, a.pos[t]));
+  int64_t most = 0, least = INT64_MAX;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const int64_t n = row_keys(a, a.pos[t]);
+    most = std::max(most, n);
+    least = std::min(least, n);
+  }
   if (most < kAttentionTiledMinKeys) return attention_plain(a, pool);
-  attention_plain(a, pool, kAttentionTiledMinKeys - 1);  // the batch's short rows, if any
+  if (least < kAttentionTiledMinKeys) attention_plain(a, pool, kAttentionTiledMinKeys - 1);  // the short rows
   attention_tiled(a, pool, kAttentionTiledMinKeys);
 }
 

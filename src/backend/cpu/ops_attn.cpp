@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "backend/cpu/ops_f16.h"
-#include "backend/cpu/ops_kv.h"
 #include "base/cpu_features.h"
 #include "quant/quant.h"
 
@@ -41,31 +40,26 @@ void attn_pv_scalar(const float* p, int64_t ldp, int64_t R, const float* v, int6
     }
 }
 
+void attn_rows_f32_scalar(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out) {
+  for (int64_t j = 0; j < J; ++j) dequantize_row(type, src + j * stride, out + j * D, D);
+}
+
 const AttnTileKernels& attn_tile_kernels() {
-  static const AttnTileKernels scalar{attn_scores_scalar, attn_pv_scalar};
-  static const AttnTileKernels avx2{attn_scores_avx2, attn_pv_avx2};
+  static const AttnTileKernels scalar{attn_scores_scalar, attn_pv_scalar, attn_rows_f32_scalar};
+  static const AttnTileKernels avx2{attn_scores_avx2, attn_pv_avx2, attn_rows_f32_avx2};
   return best_isa() >= Isa::avx2 ? avx2 : scalar;
 }
 
 namespace {
 
-// Reads one kv head's slice of cache rows as f32: f16 and the blocks' q * d, through the row kernels'
-// axpy with weight 1 into zeros (exact: fma(1, x, 0) = x, and 1 * d = d).
+// One kv head's slice of cache rows as f32.
 struct SliceReader {
   DType type;
   const uint8_t* base;
   size_t row, head;  // bytes per cache row, per head slice
   int64_t D;
   void read(int64_t j0, int64_t J, int64_t hk, float* out) const {
-    std::fill(out, out + J * D, 0.0f);
-    if (type == DType::F16) {
-      const auto axpy = f16_kernels().axpy;
-      for (int64_t j = 0; j < J; ++j)
-        axpy(1.0f, reinterpret_cast<const uint16_t*>(base + (j0 + j) * row + hk * head), out + j * D, D);
-    } else {
-      const auto axpy = kv_row_kernels(type).axpy;
-      for (int64_t j = 0; j < J; ++j) axpy(1.0f, base + (j0 + j) * row + hk * head, out + j * D, D);
-    }
+    attn_tile_kernels().rows_f32(type, base + j0 * row + hk * head, row, J, D, out);
   }
 };
 
@@ -258,17 +252,17 @@ void attention_tiled(const AttentionArgs& a, ThreadPool& pool, int64_t min_keys)
       run_chunk(c, rs, ch, w.qh.data(), w, parts[task]);
     }
   });
-  pool.parallel_for(n_items, [&](int64_t begin, int64_t end) {
-    State run;
-    for (int64_t item = begin; item < end; ++item) {
-      const Rows& rs = items[item];
-      if (rs.hi_max < 0) continue;
-      run.reset(rs.R, D);
-      for (int64_t ch = rs.lo_min / kAttnChunk; ch <= rs.hi_max / kAttnChunk; ++ch)
-        merge(run, parts[item * n_chunks + ch], rs.R, D);
-      write_out(c, rs, run);
-    }
-  });
+  // The merge is small (items x chunks x rows x D): here, rather than a second fork-join, which on
+  // shared cores costs more than it saves.
+  State run;
+  for (int64_t item = 0; item < n_items; ++item) {
+    const Rows& rs = items[item];
+    if (rs.hi_max < 0) continue;
+    run.reset(rs.R, D);
+    for (int64_t ch = rs.lo_min / kAttnChunk; ch <= rs.hi_max / kAttnChunk; ++ch)
+      merge(run, parts[item * n_chunks + ch], rs.R, D);
+    write_out(c, rs, run);
+  }
 }
 
 }  // namespace xpert::cpu

@@ -6,6 +6,7 @@
 
 #include "backend/op_types.h"
 #include "base/thread_pool.h"
+#include "quant/dtype.h"
 
 namespace xpert::cpu {
 
@@ -17,11 +18,16 @@ struct AttnTileKernels {
   void (*scores)(const float* q, int64_t R, const float* k, int64_t J, int64_t D, float* s, int64_t lds);
   // o[r * D + c] += sum_j p[r * ldp + j] * v[j * D + c], j in order   (r < R, j < J)
   void (*pv)(const float* p, int64_t ldp, int64_t R, const float* v, int64_t J, int64_t D, float* o);
+  // out[j * D + c] = value c of the head slice at src + j * stride (F16, Q8_0 or Q4_0), exactly as
+  // quant's dequantize_row gives it (q * d in f32).
+  void (*rows_f32)(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out);
 };
 const AttnTileKernels& attn_tile_kernels();
 
 void attn_scores_scalar(const float* q, int64_t R, const float* k, int64_t J, int64_t D, float* s, int64_t lds);
 void attn_pv_scalar(const float* p, int64_t ldp, int64_t R, const float* v, int64_t J, int64_t D, float* o);
+void attn_rows_f32_scalar(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out);
+void attn_rows_f32_avx2(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out);
 void attn_scores_avx2(const float* q, int64_t R, const float* k, int64_t J, int64_t D, float* s, int64_t lds);
 void attn_pv_avx2(const float* p, int64_t ldp, int64_t R, const float* v, int64_t J, int64_t D, float* o);
 

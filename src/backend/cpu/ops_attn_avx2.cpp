@@ -2,7 +2,7 @@
 // headers here (the linker could keep this file's AVX2 copy for baseline callers).
 //
 // Every (row, key) score is one 8-lane FMA accumulator over the dims in order, then the same horizontal
-// sum, then the dims past the last multiple of 8 one by one; every output element one FMA per key in
+// sum order, then the dims past the last multiple of 8 one by one; every output element one FMA per key in
 // order. Tiles of several rows and keys only interleave these sequences, so a row's bits do not depend
 // on the tile it lands in.
 #include <immintrin.h>
@@ -13,13 +13,22 @@ namespace xpert::cpu {
 
 namespace {
 
-float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// The sum of a vector's 8 lanes as ((0+1)+(2+3)) + ((4+5)+(6+7)): the order hsum4 gives each of its
+// four vectors, so a score has the same bits from either.
+float hsum1(__m256 v) {
+  __m256 t = _mm256_hadd_ps(v, v);
+  t = _mm256_hadd_ps(t, t);
+  return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
+// The lane sums of a, b, c, d (hsum1's order for each), stored to out[0..3].
+void hsum4(__m256 a, __m256 b, __m256 c, __m256 d, float* out) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+// RR rows x JJ keys (JJ 1 or 4): one 8-lane accumulator per pair over the dims in order, summed in
+// hsum1's order, then the dims past the last multiple of 8.
 template <int RR, int JJ>
 void score_tile(const float* q, const float* k, int64_t D, float* s, int64_t lds) {
   __m256 acc[RR][JJ];
@@ -34,12 +43,17 @@ void score_tile(const float* q, const float* k, int64_t D, float* s, int64_t lds
       for (int j = 0; j < JJ; ++j) acc[r][j] = _mm256_fmadd_ps(qv, kv[j], acc[r][j]);
     }
   }
-  for (int r = 0; r < RR; ++r)
+  for (int r = 0; r < RR; ++r) {
+    float x[4];
+    if constexpr (JJ == 4)
+      hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], x);
+    else
+      x[0] = hsum1(acc[r][0]);
     for (int j = 0; j < JJ; ++j) {
-      float x = hsum(acc[r][j]);
-      for (int64_t c = D8; c < D; ++c) x = __builtin_fmaf(q[r * D + c], k[j * D + c], x);
-      s[r * lds + j] = x;
+      for (int64_t c = D8; c < D; ++c) x[j] = __builtin_fmaf(q[r * D + c], k[j * D + c], x[j]);
+      s[r * lds + j] = x[j];
     }
+  }
 }
 
 template <int RR>
@@ -79,14 +93,53 @@ void pv_tile(const float* p, int64_t ldp, const float* v, int64_t J, int64_t D, 
     }
 }
 
+float load_d(const uint8_t* b) {
+  uint16_t h;
+  __builtin_memcpy(&h, b, 2);
+  return _cvtsh_ss(h);
+}
+
 }  // namespace
+
+// q * d per value, the same product as the reference dequantization.
+void attn_rows_f32_avx2(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out) {
+  for (int64_t j = 0; j < J; ++j, src += stride, out += D) {
+    if (type == DType::F16) {
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      int64_t c = 0;
+      for (; c + 8 <= D; c += 8) _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + c))));
+      for (; c < D; ++c) out[c] = _cvtsh_ss(h[c]);
+    } else if (type == DType::Q8_0) {
+      for (int64_t b = 0; b < D / 32; ++b) {
+        const uint8_t* blk = src + b * 34;
+        const __m256 d = _mm256_set1_ps(load_d(blk));
+        for (int i = 0; i < 32; i += 8) {
+          const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 2 + i))));
+          _mm256_storeu_ps(out + b * 32 + i, _mm256_mul_ps(x, d));
+        }
+      }
+    } else {  // Q4_0: low nibbles are values 0-15, high nibbles 16-31, minus 8
+      for (int64_t b = 0; b < D / 32; ++b) {
+        const uint8_t* blk = src + b * 18;
+        const __m256 d = _mm256_set1_ps(load_d(blk));
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)(blk + 2));
+        const __m128i m = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, m), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), eight);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int i = 0; i < 4; ++i)
+          _mm256_storeu_ps(out + b * 32 + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i])), d));
+      }
+    }
+  }
+}
 
 void attn_scores_avx2(const float* q, int64_t R, const float* k, int64_t J, int64_t D, float* s, int64_t lds) {
   int64_t r = 0;
-  for (; r + 4 <= R; r += 4) {
+  for (; r + 2 <= R; r += 2) {
     int64_t j = 0;
-    for (; j + 2 <= J; j += 2) score_tile<4, 2>(q + r * D, k + j * D, D, s + r * lds + j, lds);
-    for (; j < J; ++j) score_tile<4, 1>(q + r * D, k + j * D, D, s + r * lds + j, lds);
+    for (; j + 4 <= J; j += 4) score_tile<2, 4>(q + r * D, k + j * D, D, s + r * lds + j, lds);
+    for (; j < J; ++j) score_tile<2, 1>(q + r * D, k + j * D, D, s + r * lds + j, lds);
   }
   for (; r < R; ++r) {
     int64_t j = 0;
