@@ -187,6 +187,28 @@ TEST(Matmul, FastPackingMatchesActivationQuantizers) {
   }
 }
 
+// Decode (one X row) of the K-quants on AVX-512 runs 512-bit kernels, small batches (2..7 rows) the 256-bit
+// tiles; they sum in the same order, so a token's result does not depend on the batch it came in (the MoE
+// and server tests rely on it).
+TEST(Matmul, KQuantDecodeHasTheSmallBatchBits) {
+  ThreadPool pool(1);
+  for (DType wt : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const int64_t k = 1024, n = 45, m = 5;
+    const std::vector<float> w_f32 = random_values((size_t)(n * k), 31);
+    const size_t rb = row_bytes(wt, k);
+    std::vector<uint8_t> w(rb * n);
+    for (int64_t j = 0; j < n; ++j) quantize_row(wt, w_f32.data() + j * k, w.data() + j * rb, k);
+    const std::vector<float> x = random_values((size_t)(m * k), 32);
+    std::vector<float> batch((size_t)(m * n)), one((size_t)n);
+    cpu::matmul(wt, w.data(), n, k, x.data(), m, batch.data(), n, pool);
+    for (int64_t i = 0; i < m; ++i) {
+      cpu::matmul(wt, w.data(), n, k, x.data() + i * k, 1, one.data(), n, pool);
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(one[j], batch[i * n + j]) << dtype_name(wt) << " row " << i << " col " << j;
+    }
+  }
+}
+
 TEST(Matmul, EmptyShapesAreNoOps) {
   ThreadPool pool(2);
   float y = 7.0f;

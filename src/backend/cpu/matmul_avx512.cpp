@@ -158,7 +158,8 @@ void run_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_
 // nibbles 2c+1 and 2c+3. The activations are permuted once per block to match (shared by the R rows), the
 // 6-bit scales and mins are unpacked with a few 32-bit word operations, and one pshufb per 64 levels spreads
 // the two sub-blocks' scales over their int16 lanes. Integer sums are exactly the 256-bit kernel's (and
-// llama.cpp's): sum sc * maddubs(q, a), minus sum m * (bsum pair); only the float accumulation differs.
+// llama.cpp's): sum sc * maddubs(q, a), minus sum m * (bsum pair); folded to 8 lanes, the float steps are
+// the 256-bit tile's too, so the results are bit for bit tile_q45_k's (what the small-batch tiles give).
 
 // The 12 scale bytes of a Q4_K / Q5_K block -> sc[0..7] (low qword) and m[0..7] (high qword).
 XP_INLINE void unpack_scales_k4_words(const uint8_t* s, uint64_t& sc8, uint64_t& m8) {
@@ -185,22 +186,22 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
                 pick57 = scale_pick(5, 7);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
-    // Shared by the R rows: the activations in the levels' order, the 8 sub-block sums (bsum pairs), da.
+    // Shared by the R rows: the activations in the levels' order, the 16 bsums, da.
     const int8_t* a = xq + 256 * b;
     const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64), a2 = _mm512_loadu_si512(a + 128),
                   a3 = _mm512_loadu_si512(a + 192);
     const __m512i a02 = _mm512_shuffle_i64x2(a0, a1, 0x44), a13 = _mm512_shuffle_i64x2(a0, a1, 0xEE);
     const __m512i a46 = _mm512_shuffle_i64x2(a2, a3, 0x44), a57 = _mm512_shuffle_i64x2(a2, a3, 0xEE);
-    const __m128i ones = _mm_set1_epi16(1);
-    const __m128i bsum8 = _mm_packs_epi32(_mm_madd_epi16(load128(xs + 32 * b), ones),
-                                          _mm_madd_epi16(load128(xs + 32 * b + 16), ones));
+    const __m256i bsums = load256(xs + 32 * b);
     const __m128 da = _mm_set1_ps(xd[b]);
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
+      // One tile ahead, to L2 (measured on the MoE experts, `bench_matmul 1 moe`: 2 or 4 tiles ahead, or
+      // to L1, were no faster; none was 10-15 % slower).
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
       uint64_t sc8, m8;
       unpack_scales_k4_words(blk + 4, sc8, m8);
@@ -214,15 +215,20 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
                                        _mm512_shuffle_epi8(scv, pick13));
       s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46), _mm512_shuffle_epi8(scv, pick46));
       s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57), _mm512_shuffle_epi8(scv, pick57));
-      const __m128i summ = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8)), bsum8);
+      // Folded to the 256-bit tile's 8 lanes (lane i: elements 4i..4i+3 of every sub-block), then the same
+      // float steps as tile_q45_k<false, NR, 1>: the same bits per row, so a token's result does not depend
+      // on whether it was decoded alone or in a small batch (the tiles).
+      const __m512i s01 = _mm512_add_epi32(s0, s1);
+      const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
+      const __m128i mv = _mm_cvtsi64_si128((long long)m8);
+      const __m256i summ = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv)));
       // [d, dmin] * da
       const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(blk))), da);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_broadcastss_ps(dd), acc[r]);
-      acc[r] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(_mm_cvtepi32_ps(summ)),
-                                _mm512_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcastss_ps(dd), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r]);
     }
   }
-  store_sums_512<R>(acc, y);
+  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
 }
 
 void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
@@ -257,15 +263,15 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
     for (int l = 0; l < 32; ++l) idx[l] = (int16_t)(4 * q + l / 8);
     spread[q] = _mm512_load_si512(idx);
   }
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* a = xq + 256 * b;
     const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
                            _mm512_loadu_si512(a + 192)};
     const __m256i bsums = load256(xs + 32 * b);
-    const __m128 da = _mm_set1_ps(xd[b]);
+    const __m256 da = _mm256_broadcast_ss(xd + b);
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
@@ -284,13 +290,15 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
         s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(q_hi, av[2 * h + 1]),
                                  _mm512_permutexvar_epi16(spread[2 * h + 1], sc16z));
       }
+      // Folded to tile_q6_k's 8 lanes and the same float steps: the same bits per row (see gemv_q4_k_512).
+      const __m512i s01 = _mm512_add_epi32(s0, s1);
+      const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_zextsi256_si512(offset));
-      const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(load_u16(blk + 208))), da);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_broadcastss_ps(dd), acc[r]);
+      const __m256 d = _mm256_set1_ps(load_f16(blk + 208));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), _mm256_mul_ps(d, da), acc[r]);
     }
   }
-  store_sums_512<R>(acc, y);
+  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
 }
 
 void q6_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
