@@ -7,6 +7,8 @@
 #ifdef XPERT_HAVE_OPENCL
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -442,6 +444,104 @@ TEST(OpenCLBackendOps, GatedDeltaNetMatchesCpu) {
     EXPECT_LT(rel_err(download<float>(dev, d_ssm_state, ssm_state.size()), ssm_state), 1e-4f) << "T=" << T;
   }
 }
+
+// The chunked delta rule (prefill) against the recurrent one and the CPU's two forms, through the whole
+// mixer, on real Qwen3.5 shapes and tiny / odd ones. Prompts of 1, 63, 64 and 130 tokens (one chunk short,
+// exact and three with a short last one), each continuing the state the one before left.
+struct GdnCase {
+  int64_t n_k_heads, n_v_heads, head_k_dim, head_v_dim;
+  std::vector<int64_t> prompts;
+};
+class OpenCLBackendGdnChunked : public ::testing::TestWithParam<GdnCase> {};
+
+Backend* device_with_form(DeltaRuleForm form) {
+  static std::map<DeltaRuleForm, std::shared_ptr<Backend>> made;
+  if (!device()) return nullptr;
+  auto& b = made[form];
+  if (!b) b = make_opencl_backend(0, form);
+  return b.get();
+}
+
+TEST_P(OpenCLBackendGdnChunked, MatchesRecurrentAndCpu) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  const GdnCase& gc = GetParam();
+  Threads th;
+  std::mt19937 rng(31);
+  const GdnShape s{.d_conv = 4, .n_k_heads = gc.n_k_heads, .n_v_heads = gc.n_v_heads, .head_k_dim = gc.head_k_dim,
+                   .head_v_dim = gc.head_v_dim, .eps = 1e-6f};
+  const int64_t CD = s.conv_dim(), Hv = s.n_v_heads, VD = s.value_dim();
+  const std::vector<float> conv1d = random_vec(CD * s.d_conv, rng, 0.5f), dt_bias = random_vec(Hv, rng);
+  std::vector<float> a = random_vec(Hv, rng);
+  for (float& v : a) v = -std::exp(v * 0.5f);
+  const std::vector<float> norm = random_vec(s.head_v_dim, rng);
+  const GdnLayerParams hp{.conv1d = conv1d.data(), .dt_bias = dt_bias.data(), .a = a.data(), .norm = norm.data()};
+
+  // Per run: a backend's state; the CPU's two forms and the device's two forms.
+  struct Run {
+    Backend* b = nullptr;  // null: the CPU
+    DeltaRuleForm form;
+    std::vector<float> conv_state, ssm_state, out;
+    std::unique_ptr<DeviceBuffer> d_conv1d, d_dt, d_a, d_norm, d_conv_state, d_ssm_state;
+  };
+  std::vector<Run> runs(4);
+  runs[0].form = runs[2].form = DeltaRuleForm::chunked;
+  runs[1].form = runs[3].form = DeltaRuleForm::recurrent;
+  runs[2].b = device_with_form(DeltaRuleForm::chunked);
+  runs[3].b = device_with_form(DeltaRuleForm::recurrent);
+  for (Run& r : runs) {
+    r.conv_state.assign(s.conv_state_size(), 0.0f);
+    r.ssm_state.assign(s.ssm_state_size(), 0.0f);
+    if (!r.b) continue;
+    r.d_conv1d = std::make_unique<DeviceBuffer>(upload(*r.b, conv1d));
+    r.d_dt = std::make_unique<DeviceBuffer>(upload(*r.b, dt_bias));
+    r.d_a = std::make_unique<DeviceBuffer>(upload(*r.b, a));
+    r.d_norm = std::make_unique<DeviceBuffer>(upload(*r.b, norm));
+    r.d_conv_state = std::make_unique<DeviceBuffer>(upload(*r.b, r.conv_state));
+    r.d_ssm_state = std::make_unique<DeviceBuffer>(upload(*r.b, r.ssm_state));
+  }
+  GdnScratch scratch;
+  for (int64_t T : gc.prompts) {
+    const std::vector<float> qkv = random_vec(T * CD, rng), z = random_vec(T * VD, rng),
+                             alpha = random_vec(T * Hv, rng), beta = random_vec(T * Hv, rng);
+    for (Run& r : runs) {
+      r.out.assign(T * VD, 0.0f);
+      if (!r.b) {
+        gated_delta_net(s, hp, {.qkv = qkv.data(), .z = z.data(), .alpha = alpha.data(), .beta = beta.data(), .n_tokens = T},
+                        r.conv_state.data(), r.ssm_state.data(), r.out.data(), scratch, th.pool, r.form);
+        continue;
+      }
+      Backend& b = *r.b;
+      DeviceBuffer d_qkv = upload(b, qkv), d_z = upload(b, z), d_alpha = upload(b, alpha), d_beta = upload(b, beta),
+                   d_out(b, r.out.size() * sizeof(float));
+      b.gated_delta_net(s,
+                        {.conv1d = ptr<float>(*r.d_conv1d), .dt_bias = ptr<float>(*r.d_dt), .a = ptr<float>(*r.d_a),
+                         .norm = ptr<float>(*r.d_norm)},
+                        {.qkv = ptr<float>(d_qkv), .z = ptr<float>(d_z), .alpha = ptr<float>(d_alpha),
+                         .beta = ptr<float>(d_beta), .n_tokens = T},
+                        ptr<float>(*r.d_conv_state), ptr<float>(*r.d_ssm_state), ptr<float>(d_out));
+      r.out = download<float>(b, d_out, r.out.size());
+      r.ssm_state = download<float>(b, *r.d_ssm_state, r.ssm_state.size());
+    }
+    // Bound 1e-4 of max |ref| between any two of the four (the forms sum in different orders).
+    const Run &cpu_c = runs[0], &cpu_r = runs[1], &dev_c = runs[2], &dev_r = runs[3];
+    EXPECT_LT(rel_err(dev_c.out, cpu_c.out), 1e-4f) << "T=" << T;
+    EXPECT_LT(rel_err(dev_c.out, dev_r.out), 1e-4f) << "T=" << T;
+    EXPECT_LT(rel_err(dev_c.out, cpu_r.out), 1e-4f) << "T=" << T;
+    EXPECT_LT(rel_err(dev_c.ssm_state, cpu_c.ssm_state), 1e-4f) << "T=" << T;
+    EXPECT_LT(rel_err(dev_c.ssm_state, dev_r.ssm_state), 1e-4f) << "T=" << T;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, OpenCLBackendGdnChunked,
+    ::testing::Values(GdnCase{16, 32, 128, 128, {130, 64}},  // Qwen3.5-35B-A3B's linear-attention heads
+                      GdnCase{2, 4, 128, 128, {1, 63, 64, 130}},
+                      GdnCase{1, 2, 16, 8, {1, 63, 64, 130}},     // tiny
+                      GdnCase{3, 3, 32, 48, {5, 70}}),            // key heads not tiled, dv not a multiple of 16
+    [](const ::testing::TestParamInfo<GdnCase>& i) {
+      return fmt::format("k{}x{}_v{}x{}", i.param.n_k_heads, i.param.head_k_dim, i.param.n_v_heads, i.param.head_v_dim);
+    });
 
 TEST(OpenCLBackendOps, NamesAndRefusals) {
   DEVICE_OR_SKIP();

@@ -2,9 +2,20 @@
 // the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k, the decay and beta gates, the
 // delta rule in its recurrent form, and the gated RMS norm. Core OpenCL C 1.2.
 //
-// The delta rule runs one work-group per value head; work-item j owns column j of the head's state
-// S [head_k_dim][head_v_dim] (kept in the state buffer: each step reads and writes it once, coalesced
-// across the work-group), q_t and k_t of the step sit in local memory.
+// The recurrent delta rule (decode) runs one work-group per value head; work-item j owns column j of the
+// head's state S [head_k_dim][head_v_dim] (kept in the state buffer: each step reads and writes it once,
+// coalesced across the work-group), q_t and k_t of the step sit in local memory.
+//
+// The chunked form (prefill; the algorithm of delta_rule_chunked on the CPU and gdn_chunked.cu on CUDA,
+// chunks of GDN_C = 64 tokens) is two kernels. delta_chunk_prep, a work-group of 64 per (chunk, value
+// head), does everything that does not need the state, for all chunks at once: the decayed K K^T (A) and
+// Q K^T (QK), T = (I - A)^-1 by forward substitution in local memory, u = T (beta v), w = T (beta e^G k),
+// and, since v_new = u - w S makes o = e^G q S + QK v_new = (e^G q - QK w) S + QK u, also q' = e^G q - QK w
+// and QK u: the scan then needs no Q K^T of its own. delta_chunk_scan, per (value head, block of state
+// columns), runs the chunks in order; the state is column-separable, so work-item j owns column j (in
+// the state buffer, as the recurrent kernel): v_new = u - w S and o = scale (q' S + QK u) in one pass over
+// S, then S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i. The workspace (global) holds per
+// (chunk, head) block: G [64], QK [64][64], u (later v_new) [64][dv], w [64][dk], q' [64][dk], QK u [64][dv].
 #pragma once
 #include <string_view>
 
@@ -93,6 +104,149 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
       out[((long)t * n_v_heads + h) * dv + j] = o * scale;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+
+#define GDN_C 64
+#define GDN_P (GDN_C + 1)  // row pitch of A in local memory
+
+// Work-group (chunk c, value head h) of GDN_C work-items. Rows past the chunk's L tokens are never read.
+kernel void delta_chunk_prep(global const float* q, global const float* k, global const float* v, long qk_stride,
+                             long v_stride, global const float* g, global const float* beta, int n_tokens,
+                             int n_k_heads, int n_v_heads, int dk, int dv, global float* ws_g, global float* ws_qk,
+                             global float* ws_u, global float* ws_w, global float* ws_qp, global float* ws_qku) {
+  local float A[GDN_C * GDN_P];
+  local float G[GDN_C], B[GDN_C], old[GDN_C];
+  const int c = get_group_id(0), h = get_group_id(1), kh = h % n_k_heads, lid = get_local_id(0);
+  const long t0 = (long)c * GDN_C;
+  const int L = (int)min((long)GDN_C, (long)n_tokens - t0);
+  const long base = (long)c * n_v_heads + h;
+  global const float* qc = q + t0 * qk_stride + (long)kh * dk;
+  global const float* kc = k + t0 * qk_stride + (long)kh * dk;
+  global const float* vc = v + t0 * v_stride + (long)h * dv;
+  global float* QK = ws_qk + base * GDN_C * GDN_C;
+  global float* U = ws_u + base * GDN_C * dv;
+  global float* W = ws_w + base * GDN_C * dk;
+  global float* QP = ws_qp + base * GDN_C * dk;
+  global float* QKU = ws_qku + base * GDN_C * dv;
+
+  G[lid] = lid < L ? g[(t0 + lid) * n_v_heads + h] : 0.0f;
+  B[lid] = lid < L ? beta[(t0 + lid) * n_v_heads + h] : 0.0f;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid == 0) {  // cumulative log decay, in order as the CPU sums it
+    float cum = 0.0f;
+    for (int i = 0; i < GDN_C; ++i) G[i] = cum += G[i];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  ws_g[base * GDN_C + lid] = G[lid];
+
+  // Row i = lid: A (strictly lower) and the decayed q.k scores (lower with the diagonal).
+  if (lid < L) {
+    const int i = lid;
+    global const float* ki = kc + i * qk_stride;
+    global const float* qi = qc + i * qk_stride;
+    for (int j = 0; j <= i; ++j) {
+      global const float* kj = kc + j * qk_stride;
+      float kk = 0.0f, qk = 0.0f;
+      for (int d = 0; d < dk; ++d) {
+        kk += ki[d] * kj[d];
+        qk += qi[d] * kj[d];
+      }
+      const float e = exp(G[i] - G[j]);
+      A[i * GDN_P + j] = j < i ? -B[i] * kk * e : 0.0f;
+      QK[i * GDN_C + j] = qk * e;
+    }
+  }
+  // T - I in A by forward substitution, row by row (rows m < i final):
+  // T[i][j] = A[i][j] + sum_{j<m<i} A[i][m] T[m][j], the sum in increasing m as on the CPU.
+  for (int i = 1; i < L; ++i) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < i) old[lid] = A[i * GDN_P + lid];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < i) {
+      float acc = old[lid];
+      for (int m = lid + 1; m < i; ++m) acc += old[m] * A[m * GDN_P + lid];
+      A[i * GDN_P + lid] = acc;
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+
+  // Column d per work-item: u = T (B v), w = T (B e^G k), T = A + I.
+  for (int d = lid; d < dv; d += GDN_C)
+    for (int i = 0; i < L; ++i) {
+      float acc = 0.0f;
+      for (int j = 0; j <= i; ++j) acc += ((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * vc[j * v_stride + d];
+      U[i * dv + d] = acc;
+    }
+  for (int d = lid; d < dk; d += GDN_C)
+    for (int i = 0; i < L; ++i) {
+      float acc = 0.0f;
+      for (int j = 0; j <= i; ++j)
+        acc += (((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * exp(G[j])) * kc[j * qk_stride + d];
+      W[i * dk + d] = acc;
+    }
+  // QK into A (T is no longer needed); the barrier publishes the other rows' global writes.
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (lid < L)
+    for (int j = 0; j <= lid; ++j) A[lid * GDN_P + j] = QK[lid * GDN_C + j];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // q' = e^G q - QK w and QK u, per column (the columns of u and w this work-item wrote itself).
+  for (int d = lid; d < dk; d += GDN_C)
+    for (int i = 0; i < L; ++i) {
+      float acc = 0.0f;
+      for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * W[m * dk + d];
+      QP[i * dk + d] = qc[i * qk_stride + d] * exp(G[i]) - acc;
+    }
+  for (int d = lid; d < dv; d += GDN_C)
+    for (int i = 0; i < L; ++i) {
+      float acc = 0.0f;
+      for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * U[m * dv + d];
+      QKU[i * dv + d] = acc;
+    }
+}
+
+// Work-group (column block, value head h); work-item j = state column j (S[r][j] in the state buffer).
+// v_new overwrites u in the workspace (each work-item its own column).
+kernel void delta_chunk_scan(global const float* k, long qk_stride, global float* state, global float* out,
+                             int n_tokens, int n_k_heads, int n_v_heads, int dk, int dv, global const float* ws_g,
+                             global float* ws_u, global const float* ws_w, global const float* ws_qp,
+                             global const float* ws_qku) {
+  local float G[GDN_C], ed[GDN_C];
+  const int h = get_group_id(1), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
+  const int j = get_global_id(0);
+  global float* S = state + (long)h * dk * dv;
+  const float scale = 1.0f / sqrt((float)dk);
+  const long n_chunks = ((long)n_tokens + GDN_C - 1) / GDN_C;
+  for (long c = 0; c < n_chunks; ++c) {
+    const long t0 = c * GDN_C, base = c * n_v_heads + h;
+    const int L = (int)min((long)GDN_C, (long)n_tokens - t0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = lid; i < GDN_C; i += wg) G[i] = ws_g[base * GDN_C + i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = lid; i < L; i += wg) ed[i] = exp(G[L - 1] - G[i]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (j >= dv) continue;
+    global float* U = ws_u + base * GDN_C * dv;
+    global const float* W = ws_w + base * GDN_C * dk;
+    global const float* QP = ws_qp + base * GDN_C * dk;
+    global const float* QKU = ws_qku + base * GDN_C * dv;
+    for (int i = 0; i < L; ++i) {
+      float vn = U[i * dv + j], o = 0.0f;
+      for (int r = 0; r < dk; ++r) {
+        const float s = S[(long)r * dv + j];
+        vn -= W[i * dk + r] * s;
+        o += QP[i * dk + r] * s;
+      }
+      U[i * dv + j] = vn;
+      out[((t0 + i) * n_v_heads + h) * dv + j] = (o + QKU[i * dv + j]) * scale;
+    }
+    const float e_last = exp(G[L - 1]);
+    global const float* kc = k + t0 * qk_stride + (long)kh * dk;
+    for (int r = 0; r < dk; ++r) {
+      float s = S[(long)r * dv + j] * e_last;
+      for (int i = 0; i < L; ++i) s += (kc[i * qk_stride + r] * ed[i]) * U[i * dv + j];
+      S[(long)r * dv + j] = s;
+    }
   }
 }
 

@@ -34,6 +34,7 @@ constexpr int kMvRows = 4;         // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
 constexpr int kAttWg = 64, kAttMaxD = 512;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;     // kernels_gdn.h
+constexpr int kGdnChunk = 64;      // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
 // A matmul with more activation rows than this takes the tiled kernel.
 constexpr int64_t kGemvMaxRows = 8;
 // An expert with at least this many rows in a MoE batch takes the tiled kernel, the others one batched gemv.
@@ -67,7 +68,7 @@ size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
 class OpenclBackend final : public Backend {
  public:
-  explicit OpenclBackend(int index) : index_(index), info_(device_info(index)) {
+  OpenclBackend(int index, DeltaRuleForm gdn_form) : index_(index), info_(device_info(index)), gdn_form_(gdn_form) {
     cl_device_svm_capabilities svm = 0;
     if (api().clGetDeviceInfo(info_.device, CL_DEVICE_SVM_CAPABILITIES, sizeof svm, &svm, nullptr) != CL_SUCCESS ||
         !(svm & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER))
@@ -328,6 +329,7 @@ class OpenclBackend final : public Backend {
   DeviceInfo info_;
   Context ctx_;
   Queue queue_;
+  DeltaRuleForm gdn_form_;
   int mv_wg_ = 32;
   void* dummy_ = nullptr;
   std::map<void*, size_t> sizes_;
@@ -466,10 +468,31 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
          (cl_long)CD, s.eps);
   launch(gdn("gdn_gates"), {(size_t)(T * Hv)}, {}, in.alpha, in.beta, p.dt_bias, p.a, (cl_int)Hv, g, beta,
          (cl_long)(T * Hv));
-  const size_t wg = (size_t)std::min<int64_t>({dv, 256, (int64_t)info_.max_work_group_size});
-  launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, conv, conv + s.key_dim(), conv + 2 * s.key_dim(),
-         (cl_long)CD, (cl_long)CD, g, beta, ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk,
-         (cl_int)dv);
+  const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
+  DeltaRuleForm form = gdn_form_;
+  if (form == DeltaRuleForm::automatic) form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
+  if (info_.max_work_group_size < (size_t)kGdnChunk) form = DeltaRuleForm::recurrent;  // the prep kernel's group
+  if (form == DeltaRuleForm::chunked) {
+    // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
+    const int64_t blocks = groups(T, kGdnChunk) * Hv, C = kGdnChunk;
+    float* ws_g = ar.take<float>(blocks * C);
+    float* ws_qk = ar.take<float>(blocks * C * C);
+    float* ws_u = ar.take<float>(blocks * C * dv);
+    float* ws_w = ar.take<float>(blocks * C * dk);
+    float* ws_qp = ar.take<float>(blocks * C * dk);
+    float* ws_qku = ar.take<float>(blocks * C * dv);
+    launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * kGdnChunk, (size_t)Hv}, {(size_t)kGdnChunk, 1}, q, k, v,
+           (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_qk,
+           ws_u, ws_w, ws_qp, ws_qku);
+    // Narrow column blocks: more work-groups for the few heads of a layer (the scan is serial over chunks).
+    const size_t wg = (size_t)std::min<int64_t>({dv, info_.is_cpu() ? 16 : 32, (int64_t)info_.max_work_group_size});
+    launch(gdn("delta_chunk_scan"), {groups(dv, (int64_t)wg) * wg, (size_t)Hv}, {wg, 1}, k, (cl_long)CD, ssm_state,
+           out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
+  } else {
+    const size_t wg = (size_t)std::min<int64_t>({dv, 256, (int64_t)info_.max_work_group_size});
+    launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta, ssm_state,
+           out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv);
+  }
   launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);
 }
@@ -478,7 +501,10 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
 }  // namespace opencl
 
 std::shared_ptr<Backend> make_opencl_backend(int opencl_index) {
-  return std::make_shared<opencl::OpenclBackend>(opencl_index);
+  return std::make_shared<opencl::OpenclBackend>(opencl_index, DeltaRuleForm::automatic);
+}
+std::shared_ptr<Backend> make_opencl_backend(int opencl_index, DeltaRuleForm gdn_form) {
+  return std::make_shared<opencl::OpenclBackend>(opencl_index, gdn_form);
 }
 
 }  // namespace xpert
