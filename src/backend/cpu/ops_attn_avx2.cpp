@@ -103,7 +103,12 @@ float load_d(const uint8_t* b) {
 
 // q * d per value, the same product as the reference dequantization.
 void attn_rows_f32_avx2(DType type, const uint8_t* src, size_t stride, int64_t J, int64_t D, float* out) {
+  // At depth the cache is read from DRAM in head slices (every stride bytes a slice of 128 B or less):
+  // without a prefetch of the next tile's slices the hardware left the threads at ~3 GB/s.
+  const int64_t slice = type == DType::F16 ? 2 * D : type == DType::Q8_0 ? D / 32 * 34 : D / 32 * 18;
+  const size_t ahead = kAttnBlock * stride;
   for (int64_t j = 0; j < J; ++j, src += stride, out += D) {
+    for (int64_t b = 0; b < slice; b += 64) _mm_prefetch((const char*)src + ahead + b, _MM_HINT_T0);
     if (type == DType::F16) {
       const auto* h = reinterpret_cast<const uint16_t*>(src);
       int64_t c = 0;
