@@ -96,7 +96,7 @@ class ChatPage:
     def streamed(self, n):
         """The answer the n-th response streamed: its delta contents, joined."""
         text = ""
-        for line in self.responses[n].text().splitlines():
+        for line in self.responses[n].body().decode("utf-8").splitlines():  # SSE is UTF-8; text() may guess latin-1
             if line.startswith("data: {"):
                 for c in json.loads(line[6:]).get("choices", []):
                     text += (c.get("delta") or {}).get("content") or ""
