@@ -1,7 +1,7 @@
 // Plain CPU ops used by the model forward passes (everything except the quantized matmul, which is
 // matmul.h). Activations are f32 rows; the KV cache is f16, q8_0 or q4_0. Precision follows llama.cpp's CPU backend
 // where it changes results: rms_norm sums in double, rope angles are built by repeated multiplication,
-// the GELU of gated FFNs goes through an f16 table, attention rounds q and the softmax weights to f16.
+// the GELU of gated FFNs goes through an f16 table, attention rounds q and (short rows) the softmax weights to f16.
 #pragma once
 #include <cstdint>
 
