@@ -9,6 +9,7 @@
 // everything; with k = 3 (tiny_qwen3moe) a split adds a token's terms in another order than slot order,
 // so results agree to a few float ulps, and greedy tokens must still be identical.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,15 +35,22 @@ std::string fixture(const std::string& name) {
   return std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/" + name;
 }
 
-// The synth tiny preset, written once per test binary run.
+// The synth tiny preset, written once per test process under a name of its own (ctest runs the tests
+// of this file in parallel processes: a shared name had one reading while another rewrote it), and
+// removed when the process ends.
 const std::string& synth_tiny() {
-  static const std::string path = [] {
-    const std::string p =
-        (std::filesystem::temp_directory_path() / "xpert_test_moe_split_tiny.gguf").string();
+  struct File {
+    std::string path;
+    ~File() { std::filesystem::remove(path); }
+  };
+  static const File file = [] {
+    const std::string p = (std::filesystem::temp_directory_path() /
+                           ("xpert_test_moe_split_tiny_" + std::to_string(getpid()) + ".gguf"))
+                              .string();
     synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = p, .seed = 3});
-    return p;
+    return File{p};
   }();
-  return path;
+  return file.path;
 }
 
 std::string model_path(const std::string& which) {
