@@ -100,7 +100,11 @@ class ChatPage:
             if line.startswith("data: {"):
                 for c in json.loads(line[6:]).get("choices", []):
                     text += (c.get("delta") or {}).get("content") or ""
-        return text
+        # Chromium may keep a text/event-stream body without a charset as latin-1 text (seen in CI): undo it.
+        try:
+            return text.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            return text
 
     def texts(self, cls):
         return self.page.locator(".msg." + cls).all_text_contents()
