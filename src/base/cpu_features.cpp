@@ -1,10 +1,15 @@
 #include "base/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+
+#include "base/log.h"
 
 namespace xpert {
 namespace {
@@ -98,6 +103,35 @@ const char* isa_name(Isa isa) {
     case Isa::avx512: return "avx512-vnni";
   }
   return "?";
+}
+
+bool amx_usable() {
+  static const bool usable = [] {
+    const CpuFeatures& f = cpu_features();
+    if (!f.amx_tile || !f.amx_int8) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    // Linux >= 5.16 enables tile data per process on request (x86 arch_prctl.h: ARCH_REQ_XCOMP_PERM 0x1023,
+    // XFEATURE_XTILEDATA 18); the grant covers every thread of the process, present and future.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+      log::debug("AMX: the kernel refused tile data (arch_prctl ARCH_REQ_XCOMP_PERM: {}); prefill uses AVX-512",
+                 std::strerror(errno));
+      return false;
+    }
+    return true;
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
+bool amx_enabled() {
+  static const bool env_off = [] {
+    const char* e = std::getenv("XPERT_NO_AMX");
+    return e && std::strcmp(e, "0") != 0 && *e;
+  }();
+  return !env_off && best_isa() == Isa::avx512 && amx_usable();
 }
 
 std::string cpu_features_string() {

@@ -21,4 +21,13 @@ bool isa_supported(Isa isa);
 const char* isa_name(Isa isa);
 std::string cpu_features_string();
 
+// AMX-INT8 tiles are usable: the CPU has AMX-TILE and AMX-INT8, the OS saves their state, and Linux granted
+// this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, requested here on the first call, once per
+// process, thread-safe). Without the grant the first tile instruction kills the process (SIGILL), so every
+// AMX kernel sits behind this. A refusal is logged once at debug level.
+bool amx_usable();
+// The prefill kernels may use AMX: amx_usable(), best_isa() is avx512 (their epilogue is AVX-512) and
+// XPERT_NO_AMX is not set to 1 (A/B benches).
+bool amx_enabled();
+
 }  // namespace xpert

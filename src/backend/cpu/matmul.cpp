@@ -148,7 +148,35 @@ constexpr int64_t kWChunkRows = 16;
 // From this many X rows on, repacking the weights into panels (once per call) pays for itself.
 constexpr int64_t kPanelMinRows = 8;
 
+std::atomic<int> g_panel_choice{(int)PanelChoice::automatic};
+
+struct Panel {
+  PanelKernel kernel = nullptr;
+  int64_t x_rows_align = 1;  // the packed X is padded to a multiple of this many rows
+};
+
+// The prefill kernel for m X rows: AMX tiles (16 X rows at a time: from kAmxMinRows rows on, fewer would
+// leave most of a tile empty), the VNNI panels, or none (the tiles).
+Panel pick_panel(DType w, int64_t m, Isa isa) {
+  if (m < kPanelMinRows || isa != Isa::avx512) return {};
+  PanelKernel amx = nullptr;
+  switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
+    case PanelChoice::automatic:
+      if (m >= kAmxMinRows && amx_enabled()) amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);
+      break;
+    case PanelChoice::amx:
+      if (amx_enabled()) amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);
+      break;
+    case PanelChoice::amx_emulated: amx = pick_panel_kernel(matmul_panel_kernels_amx_emulated(), w); break;
+    case PanelChoice::vnni: break;
+  }
+  if (amx) return {amx, kAmxXRows};
+  return {pick_panel_kernel(matmul_panel_kernels_avx512(), w), 1};
+}
+
 }  // namespace
+
+void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
 
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool) {
@@ -157,17 +185,20 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   XP_ASSERT(k % dtype_info(w_type).block_size == 0);
   const DType act = activation_type(w_type);
   const Isa isa = best_isa();
-  const PanelKernel panel =
-      m >= kPanelMinRows && isa == Isa::avx512 ? pick_panel_kernel(matmul_panel_kernels_avx512(), w_type) : nullptr;
+  const Panel pick = pick_panel(w_type, m, isa);
+  const PanelKernel panel = pick.kernel;
   const PackedLayout layout = packed_layout(act, k, panel ? w_type : DType::F32);
   const TileKernel kernel = pick_kernel(kernels_for(isa), w_type);
   XP_ASSERT(kernel != nullptr);
 
   // Packed X lives in a per-caller buffer that only grows: no allocation per call at decode.
   thread_local std::vector<uint8_t> packed_storage;
-  packed_storage.resize(layout.row_bytes * (size_t)m + kPackAlign);
+  const size_t padded_rows = round_up((size_t)m, (size_t)pick.x_rows_align);
+  packed_storage.resize(layout.row_bytes * padded_rows + kPackAlign);
   uint8_t* packed = reinterpret_cast<uint8_t*>(
       round_up(reinterpret_cast<uintptr_t>(packed_storage.data()), kPackAlign));
+  // Rows a tile reads past m: zeros, not a previous call's bytes (whose scales could be NaN or denormal).
+  std::memset(packed + (size_t)m * layout.row_bytes, 0, (padded_rows - (size_t)m) * layout.row_bytes);
   auto pack = [&](int64_t b, int64_t e) {
     thread_local std::vector<uint8_t> scratch;
     for (int64_t i = b; i < e; ++i) pack_row(act, w_type, x + i * k, k, layout, packed + i * layout.row_bytes, scratch);

@@ -55,6 +55,47 @@ struct PanelKernels {
 
 const PanelKernels& matmul_panel_kernels_avx512();
 
+// AMX-INT8 prefill kernels (matmul_amx.cpp), the same PanelKernel contract with two more conditions: the
+// packed X must be readable for n_x rounded up to kAmxXRows rows (a tile loads 16 X rows; the rows past n_x
+// are computed and dropped), and only called when amx_enabled() (base/cpu_features.h). They give the same
+// floats as the VNNI panels, bit for bit: the same integer sums, then the same float steps in the same order.
+constexpr int64_t kAmxXRows = 16;
+const PanelKernels& matmul_panel_kernels_amx();
+
+// The 64-byte operand of ldtilecfg (Intel SDM, "Tile Configuration"): palette 1 has 8 tiles of at most 16
+// rows x 64 bytes; colsb is a tile's bytes per row.
+struct AmxTileConfig {
+  uint8_t palette = 0;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(AmxTileConfig) == 64);
+
+// For tests on CPUs without AMX: the AMX kernels with each tile instruction handed to these functions (tile
+// numbers 0..7), so packing, tile shapes and the float epilogue run everywhere AVX-512 does. The functions
+// must keep tile state per thread, as the hardware does.
+struct AmxEmulator {
+  void (*load_config)(const AmxTileConfig& config);        // ldtilecfg
+  void (*load)(int tile, const void* base, size_t stride);  // tileloadd
+  void (*zero)(int tile);                                   // tilezero
+  void (*dp_bssd)(int c, int a, int b);                     // tdpbssd: c += a (s8) x b (s8, 4-byte pairs)
+  void (*store)(int tile, void* base, size_t stride);       // tilestored
+  void (*release)();                                        // tilerelease
+};
+void set_amx_emulator(const AmxEmulator* emulator);  // not owned; null: none
+const PanelKernels& matmul_panel_kernels_amx_emulated();
+
+// Which prefill kernels cpu::matmul runs, for tests and benches (process-wide, like set_isa_cap):
+//   automatic : AMX from kAmxMinRows X rows on where amx_enabled(), else the VNNI panels (the default)
+//   vnni      : the VNNI panels only
+//   amx       : AMX at every panel size (8+ rows) where amx_enabled(), else the VNNI panels
+//   amx_emulated : the AMX kernels through set_amx_emulator's functions at every panel size
+enum class PanelChoice { automatic, vnni, amx, amx_emulated };
+void set_panel_choice(PanelChoice choice);
+constexpr int64_t kAmxMinRows = 16;
+
 // One X row quantized straight into its packed planes (aux included when l.aux_offset != 0), bit for bit
 // what matmul.cpp's portable packing writes; AVX-512 only (matmul_pack_avx512.cpp). level_offset: the
 // weight levels' offset the Q8_0 aux plane folds in; aux_q6_k: Q6_K's aux plane rather than Q4_K / Q5_K's.
