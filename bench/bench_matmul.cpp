@@ -3,7 +3,10 @@
 //   prefill (m = 512): GFLOP/s and tokens/s on a 2560 x 2560 projection.
 //   model: the matmuls of the default model's 18 layers (Gemma3 270M: dim 640, Q5_0/Q8_0/Q4_K/Q6_K) at
 //          m = 512 and m = 1, as tokens/s of the projections alone.
-// Usage: bench_matmul [threads] [type ... | model | moe] [decode]   (XPERT_ISA=scalar|avx2|avx512 caps the kernels)
+//   amx:   prefill (m = 512) on the MoE expert shapes (n x k = 768 x 2048 gate/up, 2048 x 768 down) and
+//          2048 x 2048, the AMX-INT8 tiles against the AVX-512 VNNI panels: GB/s of W and GFLOP/s.
+// Usage: bench_matmul [threads] [type ... | model | moe | amx [type ...]] [decode]
+//   (XPERT_ISA=scalar|avx2|avx512 caps the kernels, XPERT_NO_AMX=1 turns the AMX tiles off)
 // On a shared machine, compare "cpu" (process CPU seconds per wall second) before trusting a number.
 #include <time.h>
 
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_kernels.h"
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "quant/quant.h"
@@ -149,6 +153,42 @@ void bench_moe_decode(ThreadPool& pool) {
               (double)bytes / s / 1e9, (double)bytes / 1e6, g_cpu_utilization);
 }
 
+// Prefill of one projection under each panel choice (the AMX column only where amx_enabled()).
+void bench_amx(ThreadPool& pool, std::vector<DType> types) {
+  if (types.empty()) types = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_K};
+  const bool amx = amx_enabled();
+  if (!amx)
+    std::printf("AMX not usable here (cpu amx-int8: %d, kernel grant: %d, XPERT_NO_AMX / XPERT_ISA): VNNI only\n",
+                (int)cpu_features().amx_int8, (int)amx_usable());
+  const Projection shapes[] = {{"gate/up", DType::F32, 768, 2048}, {"down", DType::F32, 2048, 768},
+                               {"square", DType::F32, 2048, 2048}};
+  const int64_t m = 512;
+  std::printf("prefill, m = %d X rows\n%-5s | %-7s %-11s | %-47s | %-47s | amx/vnni\n", (int)m, "type", "shape",
+              "n x k", "vnni panels", "amx tiles");
+  for (DType t : types)
+    for (const Projection& p : shapes) {
+      if (p.k % dtype_info(t).block_size != 0) continue;
+      const std::vector<uint8_t> w = make_weights(t, p.n, p.k);
+      const std::vector<float> x = random_values((size_t)(m * p.k), 2);
+      std::vector<float> y((size_t)(m * p.n));
+      const double flop = 2.0 * (double)p.n * p.k * m;
+      double s[2] = {0, 0}, cpu[2] = {0, 0};
+      for (int i = 0; i < (amx ? 2 : 1); ++i) {
+        cpu::set_panel_choice(i == 0 ? cpu::PanelChoice::vnni : cpu::PanelChoice::amx);
+        s[i] = seconds_per_run([&] { cpu::matmul(t, w.data(), p.n, p.k, x.data(), m, y.data(), p.n, pool); }, 1.0);
+        cpu[i] = g_cpu_utilization;
+      }
+      cpu::set_panel_choice(cpu::PanelChoice::automatic);
+      char col[2][64] = {"", "n/a"}, speedup[16] = "-";
+      if (amx) std::snprintf(speedup, sizeof speedup, "%.2fx", s[0] / s[1]);
+      for (int i = 0; i < (amx ? 2 : 1); ++i)
+        std::snprintf(col[i], sizeof col[i], "%6.2f ms %6.1f GB/s %7.1f GFLOP/s (cpu %.1f)", s[i] * 1e3,
+                      (double)w.size() / s[i] / 1e9, flop / s[i] / 1e9, cpu[i]);
+      std::printf("%-5s | %-7s %4d x %-4d | %-47s | %-47s | %s\n", std::string(dtype_name(t)).c_str(), p.name,
+                  (int)p.n, (int)p.k, col[0], col[1], speedup);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +203,16 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[2]) == "moe") {
     std::printf("isa %s, %d threads\n", isa_name(best_isa()), threads);
     bench_moe_decode(pool);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "amx") {
+    std::printf("isa %s, %d threads, cpu: %s\n", isa_name(best_isa()), threads, cpu_features_string().c_str());
+    for (int i = 3; i < argc; ++i)
+      for (uint32_t id = 0; id < 64; ++id) {
+        const DTypeInfo* info = dtype_info(id);
+        if (info && info->computable && info->name == argv[i]) types.push_back((DType)id);
+      }
+    bench_amx(pool, types);
     return 0;
   }
   bool decode_only = false;  // "decode" among the types: skip the (slow) prefill column

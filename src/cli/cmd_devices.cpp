@@ -21,8 +21,9 @@ namespace xpert::cli {
 namespace {
 
 void print_cpu() {
-  fmt::print("cpu       {} cores, ISA {} ({})\n", ThreadPool::default_threads(), isa_name(best_isa()),
-             cpu_features_string());
+  // amx_enabled() also asks Linux for tile data: "amx" here means prefill really runs on the tiles.
+  fmt::print("cpu       {} cores, ISA {}{} ({})\n", ThreadPool::default_threads(), isa_name(best_isa()),
+             amx_enabled() ? " + amx-int8 prefill" : "", cpu_features_string());
 }
 
 #ifdef XPERT_HAS_CUDA
