@@ -120,6 +120,10 @@ class Backend {
   // copy `share` of them and compute the rest on the host at the same time (0: the host computes them
   // all). A negative value keeps the backend's default. Backends without split layers ignore it.
   virtual void set_expert_streaming(int64_t min_tokens, double share) {}
+  // Model::move_experts changed which experts of split layers are resident (ExpertSplit's masks and
+  // pointers): anything derived from them (pointer tables, host masks, recorded graphs) must be rebuilt.
+  // Called between passes.
+  virtual void on_experts_moved() {}
 
  protected:
   ThreadPool* host_pool_ = nullptr;

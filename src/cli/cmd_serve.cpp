@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "model/routing_stats.h"
 #include "runtime/engine.h"
+#include "runtime/expert_rebalancer.h"
 #include "runtime/state_cache.h"
 #include "server/server.h"
 #include "text/builtin_templates.h"
@@ -27,6 +28,8 @@ Command add_serve(CLI::App& app) {
     int64_t cache_ram_mib = -1;  // -1: default_cache_ram_bytes()
     int64_t checkpoint_every = 1024;
     std::string profile_out;
+    int64_t rebalance_every = 0;  // --rebalance-experts; 0: off
+    int64_t rebalance_moves = 4;
   };
   auto o = std::make_shared<Opts>();
   o->m.batch = 128;  // prefill chunk per step: small, so a long prompt does not stall the running streams
@@ -52,6 +55,16 @@ Command add_serve(CLI::App& app) {
                  "MoE models: at shutdown, write how often each layer routed to each expert while serving to this "
                  "file (a routing profile: pass it as --expert-profile, or name it MODEL.xpert-profile.json, so "
                  "the next start puts the most used experts on the GPU)");
+  app.add_option("--rebalance-experts", o->rebalance_every,
+                 "MoE with experts split between the GPU and the host: every N tokens forwarded, move experts "
+                 "now routed clearly more than resident ones to the GPU in their place (0: off, the default: a "
+                 "move re-records CUDA graphs and, with more than 2 experts per token, can change the last bits "
+                 "of outputs)")
+      ->check(CLI::Range((int64_t)0, (int64_t)1 << 40));
+  app.add_option("--rebalance-moves", o->rebalance_moves,
+                 "with --rebalance-experts: at most this many experts moved per layer per round (bounds the copy "
+                 "time of a round; default 4)")
+      ->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
   return [o] {
     // SIGINT / SIGTERM are taken by one thread with sigwait, so stopping is not done in a signal handler.
     sigset_t set;
@@ -80,6 +93,21 @@ Command add_serve(CLI::App& app) {
 
     const size_t cache_ram = o->cache_ram_mib < 0 ? default_cache_ram_bytes() : (size_t)o->cache_ram_mib << 20;
     auto model = load_model(o->m, {.n_parallel = std::max(1, o->parallel), .cache_ram_bytes = cache_ram, .n_ctx = 0});
+    std::unique_ptr<ExpertRebalancer> rebalancer;
+    if (o->rebalance_every > 0) {
+      if (!model->splits_experts())
+        fail("--rebalance-experts: no GPU layer of {} keeps experts on the host, so no expert can move; it "
+             "applies to a MoE model with -ngl and --num-gpu-experts or --gpu-expert-budget below its experts",
+             o->m.model);
+      rebalancer = std::make_unique<ExpertRebalancer>(
+          *model, ExpertRebalancerOptions{.every_tokens = o->rebalance_every,
+                                          .decay = 0.5,
+                                          .plan = {.max_moves_per_layer = o->rebalance_moves,
+                                                   .min_gain = 0.5,
+                                                   .min_z = 3.0}});
+      log::info("rebalancing experts every {} tokens, at most {} per layer per round", o->rebalance_every,
+                o->rebalance_moves);
+    }
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
     const ChatTemplate tmpl = chat_template_for(model->file());
@@ -91,7 +119,8 @@ Command add_serve(CLI::App& app) {
                    .max_queue = o->queue,
                    .cache_ram_bytes = cache_ram,
                    .checkpoint_every = o->checkpoint_every,
-                   .cache_types = o->m.cache_types()});
+                   .cache_types = o->m.cache_types(),
+                   .rebalancer = rebalancer.get()});
     const std::filesystem::path path(o->m.model);
     server::ServedModel served{.model = model.get(),
                                .tokenizer = tok.get(),

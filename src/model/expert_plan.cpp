@@ -278,6 +278,45 @@ std::string ExpertPlan::summary(bool per_layer) const {
   return s;
 }
 
+RebalancePlan plan_rebalance(const std::vector<std::vector<bool>>& resident,
+                             const std::vector<std::vector<double>>& counts, const RebalanceOptions& o) {
+  RebalancePlan plan;
+  double total = 0, before = 0, gained = 0;
+  for (size_t il = 0; il < resident.size(); ++il) {
+    const std::vector<bool>& on = resident[il];
+    if (on.empty() || il >= counts.size() || counts[il].empty()) continue;
+    const std::vector<double>& n = counts[il];
+    XP_ASSERT(n.size() == on.size());
+    const double layer_total = std::accumulate(n.begin(), n.end(), 0.0);
+    if (layer_total <= 0) continue;
+    std::vector<int32_t> host, gpu;
+    for (size_t e = 0; e < on.size(); ++e) (on[e] ? gpu : host).push_back((int32_t)e);
+    double resident_sum = 0;
+    for (int32_t e : gpu) resident_sum += n[e];
+    total += layer_total;
+    before += resident_sum;
+    // Host experts most routed first (lower index on ties); resident ones least routed first (higher
+    // index on ties: index-order placements keep the low indices).
+    std::stable_sort(host.begin(), host.end(), [&](int32_t a, int32_t b) { return n[a] > n[b]; });
+    std::sort(gpu.begin(), gpu.end(), [&](int32_t a, int32_t b) { return n[a] != n[b] ? n[a] < n[b] : a > b; });
+    const double min_diff = o.min_gain * layer_total / (double)on.size();
+    const size_t pairs = std::min({host.size(), gpu.size(), (size_t)std::max<int64_t>(0, o.max_moves_per_layer)});
+    size_t moved = 0;
+    for (; moved < pairs; ++moved) {
+      const double in = n[host[moved]], out = n[gpu[moved]], diff = in - out;
+      if (diff <= 0 || diff < min_diff || diff < o.min_z * std::sqrt(in + out)) break;
+      plan.moves.push_back({.layer = (int64_t)il, .evict = gpu[moved], .admit = host[moved]});
+      gained += diff;
+    }
+    plan.n_layers += moved > 0;
+  }
+  if (total > 0) {
+    plan.gpu_share_before = before / total;
+    plan.gpu_share_after = (before + gained) / total;
+  }
+  return plan;
+}
+
 uint64_t parse_bytes(const std::string& s, const char* what) {
   size_t i = 0;
   while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.')) ++i;

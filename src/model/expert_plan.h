@@ -96,6 +96,32 @@ struct ExpertPlan {
 // gpu_free_bytes (saying what would fit).
 ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const ExpertPlanOptions& o);
 
+// Rebalancing while serving (runtime/expert_rebalancer.h): swaps between the GPU and the host inside
+// split layers, one admitted expert for one evicted, so each layer keeps its resident count (GPU memory
+// unchanged, the evicted expert's buffers reused).
+struct RebalanceOptions {
+  int64_t max_moves_per_layer = 4;  // bounds a round's copy time, and how far one burst of traffic moves
+  // Hysteresis: a swap is made only when the admitted expert's share of the layer's routings exceeds the
+  // evicted one's by min_gain x the uniform share (1 / n_expert), and by min_z standard deviations of
+  // the two counts' noise (as Poisson counts: sqrt(a + b)): flat or thinly counted routing moves nothing.
+  double min_gain = 0.5;
+  double min_z = 3.0;
+};
+struct RebalancePlan {
+  std::vector<ExpertMove> moves;  // layer by layer; in a layer, the most routed admitted expert first
+  int64_t n_layers = 0;           // layers with moves
+  // Of the split layers' counted routings, the share served by resident experts before and after the
+  // moves (-1: nothing counted).
+  double gpu_share_before = -1, gpu_share_after = -1;
+};
+// resident[il]: which experts of layer il are on the GPU (empty: not a split layer, left alone);
+// counts[il][e]: how often expert e was routed (raw or decayed counts: any non-negative weights; an
+// empty row counts nothing). Per layer, the most routed host experts are paired with the least routed
+// resident ones until a pair falls short of the hysteresis or max_moves_per_layer is reached.
+// Deterministic: ties go to the lower index for admission and to the higher index for eviction.
+RebalancePlan plan_rebalance(const std::vector<std::vector<bool>>& resident,
+                             const std::vector<std::vector<double>>& counts, const RebalanceOptions& o);
+
 // "12GiB", "800MiB", "1.5G", "4096": binary units K/KiB M/MiB G/GiB T/TiB (and bare K M G T), decimal
 // KB MB GB TB, optional B, case-insensitive; a plain number is bytes. Throws Error naming the flag.
 uint64_t parse_bytes(const std::string& s, const char* what = "size");

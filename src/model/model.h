@@ -83,6 +83,13 @@ struct ExpertSplit {
   }
 };
 
+// One swap inside a split layer (Model::move_experts): expert `admit` comes to the GPU into the memory of
+// expert `evict`, which from then on runs from the host's copy. The layer's resident count is unchanged.
+struct ExpertMove {
+  int64_t layer = 0;
+  int32_t evict = 0, admit = 0;
+};
+
 struct LayerWeights {
   Weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, attn_post_norm;
   Weight ffn_norm, ffn_gate, ffn_up, ffn_down, ffn_post_norm;
@@ -162,6 +169,20 @@ class Model {
   const ModelWeights& host_weights() const { return w_; }
   // The experts of every MoE layer that runs on the host go to `exec` (the CPU still routes and combines).
   void attach_expert_executor(std::shared_ptr<ExpertExecutor> exec);
+
+  // Offloaded MoE layer il's split (which experts are resident on the GPU), null when it is not split.
+  const ExpertSplit* expert_split(int64_t il) const {
+    return il >= 0 && il < (int64_t)splits_.size() ? splits_[il].get() : nullptr;
+  }
+  bool splits_experts() const;  // some offloaded layer keeps experts on the host
+  // Rebalancing while serving: applies the moves in order, each copying the admitted expert's matrices
+  // from the host's view (the mmap) into the evicted expert's device memory (a layer's experts are all
+  // the same size, so buffers are reused and GPU memory does not change), then tells the device
+  // (Backend::on_experts_moved) so it drops what it derived from the old placement. Must run between
+  // forward passes: nothing may be reading the layer (the engine calls it from its own thread between
+  // steps). Throws Error, changing nothing, for a move that is not a swap of a resident and a host expert
+  // of a split layer. Returns the bytes copied.
+  size_t move_experts(std::span<const ExpertMove> moves);
 
  protected:
   explicit Model(std::unique_ptr<gguf::GGUFFile> file);

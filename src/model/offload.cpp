@@ -1,6 +1,7 @@
 // Model placement: which layers run on a GPU (llama.cpp's -ngl: the last N), with their weights copied
 // once into its memory.
 #include <algorithm>
+#include <map>
 
 #include "backend/backend.h"
 #include "base/error.h"
@@ -103,6 +104,67 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
   log::info("offloaded {} of {} layers and the output to {}: {:.2f} GiB", n, c.n_layer,
            dev_->name(), total / double(1ull << 30));
   return total;
+}
+
+bool Model::splits_experts() const {
+  return std::any_of(splits_.begin(), splits_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+size_t Model::move_experts(std::span<const ExpertMove> moves) {
+  if (moves.empty()) return 0;
+  const ModelConfig& c = config_;
+  // Check the whole list first, on copies of the masks, so a bad list changes nothing.
+  std::map<int64_t, std::vector<bool>> masks;
+  for (const ExpertMove& m : moves) {
+    if (m.layer < 0 || m.layer >= c.n_layer || !expert_split(m.layer))
+      fail("expert move: layer {} is not a split MoE layer on the GPU", m.layer);
+    if (m.evict < 0 || m.evict >= c.n_expert || m.admit < 0 || m.admit >= c.n_expert)
+      fail("expert move in layer {}: evict {} / admit {} is out of range [0, {})", m.layer, m.evict, m.admit,
+           c.n_expert);
+    auto [it, fresh] = masks.try_emplace(m.layer, splits_[m.layer]->on_device);
+    std::vector<bool>& on = it->second;
+    if (!on[m.evict] || on[m.admit])
+      fail("expert move in layer {}: expert {} must be on the GPU and expert {} on the host", m.layer, m.evict,
+           m.admit);
+    on[m.evict] = false;
+    on[m.admit] = true;
+  }
+  dev_->synchronize();  // nothing in flight may still read the buffers that are overwritten
+  size_t bytes = 0;
+  for (const ExpertMove& m : moves) {
+    ExpertSplit& sp = *splits_[m.layer];
+    const LayerWeights& hw = w_.layers[m.layer];
+    const Weight* host[3] = {&hw.ffn_gate_exps, &hw.ffn_up_exps, &hw.ffn_down_exps};
+    std::vector<const void*>* dev[3] = {&sp.gate, &sp.up, &sp.down};
+    // The device buffers are ours (dev_mem_); ExpertSplit shows them const to the backends.
+    auto fill = [&](int32_t from) {
+      for (int i = 0; i < 3; ++i) {
+        const Weight src = expert_matrix(*host[i], from);
+        dev_->copy_from_host(const_cast<void*>((*dev[i])[m.evict]), src.data, src.n_bytes);
+      }
+      dev_->synchronize();
+    };
+    try {
+      fill(m.admit);
+    } catch (...) {
+      // The evicted expert is still marked resident: put its own weights back if the device lets us.
+      try {
+        fill(m.evict);
+      } catch (...) {
+      }
+      dev_->on_experts_moved();
+      throw;
+    }
+    for (int i = 0; i < 3; ++i) {
+      bytes += expert_matrix(*host[i], m.admit).n_bytes;
+      (*dev[i])[m.admit] = (*dev[i])[m.evict];
+      (*dev[i])[m.evict] = nullptr;
+    }
+    sp.on_device[m.evict] = false;
+    sp.on_device[m.admit] = true;
+  }
+  dev_->on_experts_moved();
+  return bytes;
 }
 
 }  // namespace xpert

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/log.h"
+#include "runtime/expert_rebalancer.h"
 #include "text/tokenizer.h"
 #include "text/utf8_stream.h"
 
@@ -108,6 +109,7 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       state_cache_(model.config(), cache_.types(), opts.cache_ram_bytes) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
   if (model.config().n_expert > 0) routing_ = std::make_unique<RoutingStats>(model);
+  if (routing_) rebalancer_ = opts.rebalancer;
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), opts_.n_parallel, model.layer_devices());
   opts_.prefill_chunk = std::max<int64_t>(1, opts_.prefill_chunk);
   opts_.checkpoint_every = std::max<int64_t>(0, opts_.checkpoint_every);
@@ -186,6 +188,10 @@ Engine::Stats Engine::stats() const {
       ++layers;
     }
     s.top_quarter_share = layers ? sum / (double)layers : 0.0;
+  }
+  if (opts_.rebalancer) {
+    s.rebalance_rounds = opts_.rebalancer->rounds_total();
+    s.expert_moves = opts_.rebalancer->moves_total();
   }
   std::lock_guard lk(mu_);
   s.cache = cache_stats_;
@@ -352,19 +358,30 @@ void Engine::loop() {
     admitted.clear();
     for (auto& slot : slots_)
       if (slot->state != Slot::State::idle && slot->job->cancelled()) release(*slot, Finish::cancelled);
+    int64_t n_forwarded = 0;
     try {
-      step(active);
+      n_forwarded = step(active);
     } catch (const std::exception& e) {
       // A failed forward leaves the batch's slots in an unknown state: end those requests, keep serving.
       log::error("engine: step failed: {}", e.what());
       for (Slot* s : active) release(*s, Finish::error, e.what());
+    }
+    if (rebalancer_ && n_forwarded > 0) {
+      // Between passes: no forward reads the weights that move. A move that fails is undone (the ones
+      // before it stay; Model::move_experts); serving goes on without rebalancing.
+      try {
+        rebalancer_->after_pass(n_forwarded, *routing_);
+      } catch (const std::exception& e) {
+        log::error("engine: moving experts failed, rebalancing is off from now: {}", e.what());
+        rebalancer_ = nullptr;
+      }
     }
   }
   for (auto& slot : slots_)
     if (slot->state != Slot::State::idle) release(*slot, Finish::error, "the server is shutting down");
 }
 
-void Engine::step(std::vector<Slot*>& active) {
+int64_t Engine::step(std::vector<Slot*>& active) {
   active.clear();
   std::vector<int32_t> tokens;
   std::vector<BatchSegment> segs;
@@ -389,7 +406,7 @@ void Engine::step(std::vector<Slot*>& active) {
     segs.push_back({.seq = prefill->index, .pos0 = (int32_t)prefill->n_past, .n_tokens = (int32_t)n_prefill});
     active.push_back(prefill);
   }
-  if (segs.empty()) return;
+  if (segs.empty()) return 0;
 
   const auto t0 = std::chrono::steady_clock::now();
   model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs, .state = state_.get(),
@@ -422,6 +439,7 @@ void Engine::step(std::vector<Slot*>& active) {
   std::lock_guard lk(mu_);
   recent_.emplace_back(t1, n_generated);
   while (!recent_.empty() && recent_.front().first < t1 - std::chrono::seconds(10)) recent_.pop_front();
+  return (int64_t)tokens.size();
 }
 
 void Engine::sample_and_emit(Slot& s, std::span<const float> logits) {

@@ -38,6 +38,7 @@
 namespace xpert {
 
 class Tokenizer;
+class ExpertRebalancer;
 
 struct EngineOptions {
   int n_parallel = 4;           // cache slots = sequences generated at once
@@ -50,6 +51,9 @@ struct EngineOptions {
   size_t cache_ram_bytes = size_t{1} << 30;
   int64_t checkpoint_every = 1024;
   KvTypes cache_types = {};  // --cache-type-k / --cache-type-v
+  // MoE models with split GPU layers (--rebalance-experts): called on the engine thread after every
+  // forward pass, between passes, to move experts toward the routing counted while serving. Not owned.
+  ExpertRebalancer* rebalancer = nullptr;
 };
 
 struct GenerateParams {
@@ -142,6 +146,8 @@ class Engine {
     // the most routed quarter of each layer's experts took, averaged over the layers (0.25: flat).
     uint64_t routed_tokens = 0;
     double top_quarter_share = 0;
+    // --rebalance-experts: rounds run and experts moved between the GPU and the host.
+    uint64_t rebalance_rounds = 0, expert_moves = 0;
   };
   Stats stats() const;
   // MoE models: how often each layer routed to each expert while serving (layers whose experts the
@@ -153,7 +159,7 @@ class Engine {
   struct Slot;
   void loop();
   void admit(std::shared_ptr<Job> job);
-  void step(std::vector<Slot*>& active);
+  int64_t step(std::vector<Slot*>& active);  // returns the tokens forwarded
   void sample_and_emit(Slot& s, std::span<const float> logits);
   void release(Slot& s, Finish f, std::string error = {});
   void save_slot(Slot& s);
@@ -170,6 +176,7 @@ class Engine {
   StateCache state_cache_;                 // touched by the engine thread only
   std::unique_ptr<RoutingStats> routing_;  // MoE models: counted by every forward pass
   std::vector<std::unique_ptr<Slot>> slots_;
+  ExpertRebalancer* rebalancer_ = nullptr;  // null when off, or after a round failed
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -365,6 +365,12 @@ std::string Server::Impl::metrics_text() {
          "MoE models: share of routings taken by each layer's most routed quarter of experts, averaged over "
          "layers (0.25: flat routing; higher: placing experts by --expert-profile pays more).",
          s.top_quarter_share);
+  metric("xpert_expert_moves_total", "counter",
+         "MoE models with --rebalance-experts: experts moved between the GPU and the host while serving.",
+         s.expert_moves);
+  metric("xpert_expert_rebalance_rounds_total", "counter",
+         "MoE models with --rebalance-experts: rebalancing rounds run (with or without moves).",
+         s.rebalance_rounds);
   metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.tokens_per_second);
   metric("xpert_forward_seconds_total", "counter", "Time spent in batched forward passes.",
