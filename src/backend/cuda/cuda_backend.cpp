@@ -65,6 +65,17 @@ class CudaBackend final : public Backend {
     if (share >= 0) stream_share_ = std::min(share, 1.0);
   }
 
+  // Model::move_experts swapped experts of split layers: the pointer tables (expert_tables_, keyed by
+  // the split), the host masks of the host nodes (split_calls_) and the graphs that baked both are
+  // rebuilt on next use. clear_graphs waits for the stream first, so nothing in flight reads them.
+  void on_experts_moved() override {
+    if (capturing_) abort_graph();
+    clear_graphs();
+    stale_graphs_ = false;
+    split_calls_.clear();
+    expert_tables_.clear();
+  }
+
   // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
   // graph; after that its ops are skipped and the graph replays.
   bool begin_graph(const std::string& key) override {
