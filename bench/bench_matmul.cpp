@@ -187,6 +187,23 @@ void bench_amx(ThreadPool& pool, std::vector<DType> types) {
       std::printf("%-5s | %-7s %4d x %-4d | %-47s | %-47s | %s\n", std::string(dtype_name(t)).c_str(), p.name,
                   (int)p.n, (int)p.k, col[0], col[1], speedup);
     }
+  if (!amx) return;
+  // Where the tiles start to pay (matmul.cpp takes them from kAmxMinRows X rows on): Q4_K gate/up at
+  // short prompts, time per call.
+  std::printf("Q4_K 768 x 2048, short prompts: m, vnni ms, amx ms, amx/vnni\n");
+  const std::vector<uint8_t> w = make_weights(DType::Q4_K, 768, 2048);
+  for (int64_t ms : {8, 16, 24, 32, 48, 64, 128}) {
+    const std::vector<float> x = random_values((size_t)(ms * 2048), 2);
+    std::vector<float> y((size_t)(ms * 768));
+    double s[2];
+    for (int i = 0; i < 2; ++i) {
+      cpu::set_panel_choice(i == 0 ? cpu::PanelChoice::vnni : cpu::PanelChoice::amx);
+      s[i] = seconds_per_run([&] { cpu::matmul(DType::Q4_K, w.data(), 768, 2048, x.data(), ms, y.data(), 768, pool); },
+                             0.3);
+    }
+    cpu::set_panel_choice(cpu::PanelChoice::automatic);
+    std::printf("  m=%3d  %7.3f  %7.3f  %.2fx\n", (int)ms, s[0] * 1e3, s[1] * 1e3, s[0] / s[1]);
+  }
 }
 
 }  // namespace

@@ -118,6 +118,7 @@ bool amx_usable() {
                  std::strerror(errno));
       return false;
     }
+    log::debug("AMX: tile data granted; prefill runs on AMX-INT8 tiles (XPERT_NO_AMX=1 turns them off)");
     return true;
 #else
     return false;
