@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "model/model.h"
 
 namespace xpert {
 
@@ -36,6 +37,35 @@ std::string DeviceId::str() const {
 }
 
 Backend::~Backend() = default;  // scratch_ is already gone (drop_scratch)
+
+void Backend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
+  for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
+}
+
+void Backend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                          float eps) {
+  add(d, x, x, rows * n);
+  rmsnorm(x, w, y, rows, n, eps);
+}
+
+void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                           int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
+                           float freq_base, float freq_scale, RopeMode mode, float eps) {
+  if (q_norm) rmsnorm(q, q_norm, q, n_tokens * n_head, head_dim, eps);
+  if (k_norm) rmsnorm(k, k_norm, k, n_tokens * n_head_kv, head_dim, eps);
+  rope(q, pos, n_tokens, n_head, head_dim, n_rot, freq_base, freq_scale, mode);
+  rope(k, pos, n_tokens, n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode);
+}
+
+void Backend::moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) {
+  const int64_t E = c.n_embd;
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  float* t = ar.take<float>(n * E);
+  moe_ffn(c, lw, x, n, t);
+  add(t, y, y, n * E);
+  ar.release(mark);
+}
 
 Arena& Backend::scratch() {
   if (!scratch_) scratch_ = std::make_unique<Arena>(*this);

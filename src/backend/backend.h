@@ -56,11 +56,27 @@ class Backend {
 
   // y[m][w.ne[1]] (row stride ldy, 0: w.ne[1]) = x[m][w.ne[0]] . w^T
   virtual void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy = 0) = 0;
+  // Several products of the same x, as matmul each (a layer's q, k and v): one launch on a GPU at decode
+  // sizes. No y may overlap x.
+  struct MatmulJob {
+    const Weight* w;
+    float* y;
+    int64_t ldy = 0;
+  };
+  virtual void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs);
   // y = x / rms(x) * w per row of n; w may be null; y may alias x.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   // x: rows of n_heads * head_dim per token at position pos[t] (pos in this backend's memory).
   virtual void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                     int64_t n_rot, float freq_base, float freq_scale, RopeMode mode) = 0;
+  // Fused forms of the above, for backends that gain from one launch (the defaults call the plain ops):
+  // x += d, then y = rmsnorm(x) * w (the residual add before a norm); and the per-head q/k norms (each only
+  // when its weights are given) followed by RoPE of q and of k.
+  virtual void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                           float eps);
+  virtual void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                            int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
+                            float freq_base, float freq_scale, RopeMode mode, float eps);
   virtual void swiglu(const float* gate, const float* up, float* y, int64_t n) = 0;  // silu(gate) * up
   virtual void geglu(const float* gate, const float* up, float* y, int64_t n) = 0;   // gelu_tanh(gate) * up
   virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;
@@ -80,6 +96,8 @@ class Backend {
 
   // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
   virtual void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) = 0;
+  // The same added to y (the residual): y += moe(x). Default: moe_ffn into scratch, then add.
+  virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;

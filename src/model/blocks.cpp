@@ -208,16 +208,13 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
   const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
   Backend& b = ex.b();
   Activations& a = ex.a();
-  b.matmul(lw.wq, a.cur, n, a.q);
-  b.matmul(lw.wk, a.cur, n, a.k);
-  b.matmul(lw.wv, a.cur, n, a.v);
+  const Backend::MatmulJob qkv[] = {{&lw.wq, a.q}, {&lw.wk, a.k}, {&lw.wv, a.v}};
+  b.matmuls(a.cur, n, qkv);
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);
-  if (lw.q_norm) b.rmsnorm(a.q, lw.q_norm.f32(), a.q, n * c.n_head, D, c.rms_eps);
-  if (lw.k_norm) b.rmsnorm(a.k, lw.k_norm.f32(), a.k, n * c.n_head_kv, D, c.rms_eps);
-  b.rope(a.q, a.pos, n, c.n_head, D, c.n_rot, p.rope_base, p.rope_scale, p.rope_mode);
-  b.rope(a.k, a.pos, n, c.n_head_kv, D, c.n_rot, p.rope_base, p.rope_scale, p.rope_mode);
+  b.qk_norm_rope(a.q, a.k, lw.q_norm ? lw.q_norm.f32() : nullptr, lw.k_norm ? lw.k_norm.f32() : nullptr, a.pos, n,
+                 c.n_head, c.n_head_kv, D, c.n_rot, p.rope_base, p.rope_scale, p.rope_mode, c.rms_eps);
   if (p.q_scale != 1.0f) b.scale(a.q, p.q_scale, n * q_dim);
   attend_segments(c, p, il, ex);
   b.matmul(lw.wo, a.att, n, a.out);

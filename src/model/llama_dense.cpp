@@ -51,11 +51,9 @@ class LlamaDense : public Model {
       const LayerWeights& l = layer(il);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       self_attention(c, l, p, il, ex);
-      b.add(a.out, a.x, a.x, n * E);
-
-      b.rmsnorm(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
-      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
-      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
+      const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
+      b.matmuls(a.cur, n, gate_up);
       b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * F);
       b.matmul(l.ffn_down, a.ff_gate, n, a.out);
       b.add(a.out, a.x, a.x, n * E);

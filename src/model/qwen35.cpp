@@ -97,9 +97,7 @@ class Qwen35 : public Model {
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
-      b.add(a.out, a.x, a.x, n * E);
-
-      b.rmsnorm(a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);
+      b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
       ffn(l, ex);
       b.add(a.out, a.x, a.x, n * E);
     }
@@ -238,10 +236,9 @@ class Qwen35 : public Model {
     float* alpha = ar.take<float>(n * Hv);
     float* beta = ar.take<float>(n * Hv);
     float* y = ar.take<float>(n * VD);
-    b.matmul(l.ssm_qkv, a.cur, n, qkv);
-    b.matmul(l.ssm_gate, a.cur, n, z);
-    b.matmul(l.ssm_alpha, a.cur, n, alpha);
-    b.matmul(l.ssm_beta, a.cur, n, beta);
+    const Backend::MatmulJob proj[] = {
+        {&l.ssm_qkv, qkv}, {&l.ssm_gate, z}, {&l.ssm_alpha, alpha}, {&l.ssm_beta, beta}};
+    b.matmuls(a.cur, n, proj);
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
@@ -272,14 +269,11 @@ class Qwen35 : public Model {
     const size_t mark = ar.mark();
     float* qg = ar.take<float>(n * 2 * q_dim);
     float* gate = ar.take<float>(n * q_dim);
-    b.matmul(l.wq, a.cur, n, qg);
+    const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
+    b.matmuls(a.cur, n, qkv);
     b.deinterleave(qg, n * c.n_head, D, a.q, gate);
-    b.matmul(l.wk, a.cur, n, a.k);
-    b.matmul(l.wv, a.cur, n, a.v);
-    b.rmsnorm(a.q, l.q_norm.f32(), a.q, n * c.n_head, D, c.rms_eps);
-    b.rmsnorm(a.k, l.k_norm.f32(), a.k, n * c.n_head_kv, D, c.rms_eps);
-    b.rope(a.q, a.pos, n, c.n_head, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
-    b.rope(a.k, a.pos, n, c.n_head_kv, D, c.n_rot, c.rope_base, c.rope_scale, RopeMode::neox);
+    b.qk_norm_rope(a.q, a.k, l.q_norm.f32(), l.k_norm.f32(), a.pos, n, c.n_head, c.n_head_kv, D, c.n_rot,
+                   c.rope_base, c.rope_scale, RopeMode::neox, c.rms_eps);
     const AttentionLayerParams p = default_attention_params(c);
     attend_segments(c, p, il, ex);
     b.mul_sigmoid(a.att, gate, n * q_dim);
@@ -294,8 +288,8 @@ class Qwen35 : public Model {
     Backend& b = ex.b();
     Activations& a = ex.a();
     if (!moe_) {
-      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
-      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
+      b.matmuls(a.cur, n, gate_up);
       b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * c.n_ff);
       b.matmul(l.ffn_down, a.ff_gate, n, a.out);
       return;
@@ -307,14 +301,14 @@ class Qwen35 : public Model {
     const size_t mark = ar.mark();
     float* sh_out = ar.take<float>(n * E);
     float* sh_g = ar.take<float>(n);
-    b.matmul(l.ffn_gate_shexp, a.cur, n, a.ff_gate);
-    b.matmul(l.ffn_up_shexp, a.cur, n, a.ff_up);
-    b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * Fs);
-    b.matmul(l.ffn_down_shexp, a.ff_gate, n, sh_out);
     Weight gate_vec = l.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
     gate_vec.ne[0] = E;
     gate_vec.ne[1] = 1;
-    b.matmul(gate_vec, a.cur, n, sh_g);
+    const Backend::MatmulJob shared[] = {
+        {&l.ffn_gate_shexp, a.ff_gate}, {&l.ffn_up_shexp, a.ff_up}, {&gate_vec, sh_g}};
+    b.matmuls(a.cur, n, shared);
+    b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * Fs);
+    b.matmul(l.ffn_down_shexp, a.ff_gate, n, sh_out);
     b.add_sigmoid_scaled(a.out, sh_out, sh_g, n, E);
     ar.release(mark);
   }

@@ -64,11 +64,8 @@ class Qwen3Moe : public Model {
       const LayerWeights& l = layer(il);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       self_attention(c, l, p, il, ex);
-      b.add(a.out, a.x, a.x, n * E);
-
-      b.rmsnorm(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
-      b.moe_ffn(c, l, a.cur, n, a.out);
-      b.add(a.out, a.x, a.x, n * E);
+      b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
+      b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
     }
     ex.output_logits(logits);
   }

@@ -55,6 +55,40 @@ TEST(CudaMoeRoute, MatchesRouteTopK) {
   for (float v : from_device<float>(w, 4)) EXPECT_FLOAT_EQ(v, 0.25f);
 }
 
+// The fused decode router (product + routing in one launch): logits against a double-precision product,
+// the routing against route_top_k on the logits it wrote; three calls in a row (the block counter resets).
+TEST(CudaMoeRouter, ProductAndRouting) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t D = 2048, E = 128, k = 8;
+  const std::vector<float> w = cudatest::random_values((size_t)(E * D), 41);
+  cuda::DeviceBuffer w_dev = to_device(w), done(4);
+  XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
+  for (const int64_t n : {1, 3, 8}) {
+    const std::vector<float> x = cudatest::random_values((size_t)(n * D), 42 + n);
+    const cuda::MoeRouting r{.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f};
+    ASSERT_TRUE(cuda::moe_router_fusable(DType::F32, n, D, r));
+    cuda::DeviceBuffer x_dev = to_device(x), logits((size_t)(n * E) * 4), ids((size_t)(n * k) * 4),
+                       wt((size_t)(n * k) * 4);
+    cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), n, D, r, logits.as<float>(), ids.as<int32_t>(),
+                     wt.as<float>(), done.as<unsigned>(), stream);
+    stream.sync();
+    const std::vector<float> got = from_device<float>(logits, (size_t)(n * E));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        double ref = 0;
+        for (int64_t i = 0; i < D; ++i) ref += (double)w[e * D + i] * x[t * D + i];
+        EXPECT_NEAR(got[t * E + e], ref, 1e-4 * (1 + std::fabs(ref))) << t << " " << e;
+      }
+    Routing want;
+    route_top_k(got.data(), n, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+    EXPECT_EQ(from_device<int32_t>(ids, (size_t)(n * k)), want.ids) << n;
+    const std::vector<float> got_w = from_device<float>(wt, (size_t)(n * k));
+    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+  }
+  EXPECT_EQ(from_device<uint32_t>(done, 1)[0], 0u);
+}
+
 // One MoE layer on the host (reference input) and on the GPU (uploaded expert tensors and tables).
 struct Layer {
   ModelConfig c;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/ops.h"
 #include "base/half.h"
 #include "cuda_ops_test_util.h"
@@ -76,6 +78,68 @@ TEST(CudaOps, Rope) {
     const Err e = compare(dx.download(), x);
     // Same angles (same floats); cos/sin of the CUDA libm vs glibc differ by an ulp.
     EXPECT_LT(e.max_abs, 2e-6 * e.ref_max) << "D " << c.D << " n_rot " << c.n_rot << " " << e;
+  }
+}
+
+// The residual add fused into the norm, and the norm's q8_1 output: the same bits as add, then rmsnorm,
+// then quantize_activations on the GPU (decode rows of 2048 and 768; block and warp forms of the kernel).
+TEST(CudaOps, AddRmsNormWritesQ8Activations) {
+  XPERT_OPS_REQUIRE_GPU();
+  for (const auto& [rows, n] : {std::pair<int64_t, int64_t>{1, 2048}, {8, 2048}, {3, 768}, {5, 4096}}) {
+    const auto x = randn(rows * n, 21, 2.0f), d = randn(rows * n, 22), w = randn(n, 23);
+    Dev<float> dx(x), dd(d), dw(w), dy(x.size()), ex(x), ey(x.size());
+    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, rows, n);
+    Dev<uint8_t> q8(qb), want(qb);
+    auto* q = reinterpret_cast<int8_t*>(q8.get());
+    auto* ds = reinterpret_cast<float2*>(q + cuda::Workspace::round((size_t)(rows * n)));
+    q8.poison();
+    cuda::add_rmsnorm_q8(dd.get(), dx.get(), n, dw.get(), dy.get(), n, rows, n, 1e-6f, q, ds, nullptr);
+    // Unfused: add, norm, convert.
+    cuda::add(dd.get(), ex.get(), ex.get(), rows * n, nullptr);
+    cuda::rmsnorm(ex.get(), dw.get(), ey.get(), rows, n, 1e-6f, nullptr);
+    const cuda::Activations a =
+        cuda::quantize_activations(cuda::ActFormat::q8_1, ey.get(), n, rows, n, want.get(), nullptr);
+    EXPECT_EQ(dx.download(), ex.download()) << rows << "x" << n;
+    EXPECT_EQ(dy.download(), ey.download()) << rows << "x" << n;
+    std::vector<uint8_t> got = q8.download(), ref = want.download();
+    const size_t used = cuda::Workspace::round((size_t)(rows * n)) + (size_t)(rows * (n / 32)) * 8;
+    got.resize(used), ref.resize(used);
+    EXPECT_EQ(got, ref) << rows << "x" << n;
+    EXPECT_EQ(a.m, rows);
+  }
+}
+
+// q/k norms and RoPE in one launch vs the CPU's rmsnorm then rope on each (Qwen3: 32 + 4 heads of 128,
+// full NeoX; Qwen3.5: 16 + 2 heads of 256, partial NeoX; a model without norms: normal pairs).
+TEST(CudaOps, QkNormRope) {
+  XPERT_OPS_REQUIRE_GPU();
+  struct Case {
+    int64_t T, H, HKV, D, n_rot;
+    float base;
+    RopeMode mode;
+    bool norm;
+  };
+  for (const Case c : {Case{3, 32, 4, 128, 128, 1e6f, RopeMode::neox, true},
+                       Case{5, 16, 2, 256, 64, 1e7f, RopeMode::neox, true},
+                       Case{2, 8, 8, 64, 64, 1e4f, RopeMode::normal, false}}) {
+    auto q = randn(c.T * c.H * c.D, 31, 3.0f), k = randn(c.T * c.HKV * c.D, 32, 3.0f);
+    const auto qw = randn(c.D, 33), kw = randn(c.D, 34);
+    std::vector<int32_t> pos(c.T);
+    for (int64_t t = 0; t < c.T; ++t) pos[t] = (int32_t)(t * 4099 + 17);
+    Dev<float> dq(q), dk(k), dqw(qw), dkw(kw);
+    Dev<int32_t> dpos(pos);
+    if (c.norm) {
+      cpu::rmsnorm(q.data(), qw.data(), q.data(), c.T * c.H, c.D, 1e-6f);
+      cpu::rmsnorm(k.data(), kw.data(), k.data(), c.T * c.HKV, c.D, 1e-6f);
+    }
+    cpu::rope(q.data(), pos.data(), c.T, c.H, c.D, c.n_rot, c.base, 1.0f, c.mode);
+    cpu::rope(k.data(), pos.data(), c.T, c.HKV, c.D, c.n_rot, c.base, 1.0f, c.mode);
+    cuda::qk_norm_rope(dq.get(), dk.get(), c.norm ? dqw.get() : nullptr, c.norm ? dkw.get() : nullptr, c.norm,
+                       c.norm, dpos.get(), c.T, c.H, c.HKV, c.D, c.n_rot, c.base, 1.0f, c.mode, 1e-6f, nullptr);
+    const Err eq = compare(dq.download(), q), ek = compare(dk.download(), k);
+    EXPECT_TRUE(eq.finite && ek.finite);
+    EXPECT_LT(eq.max_abs, 4e-6 * eq.ref_max) << "q, D " << c.D << " " << eq;
+    EXPECT_LT(ek.max_abs, 4e-6 * ek.ref_max) << "k, D " << c.D << " " << ek;
   }
 }
 

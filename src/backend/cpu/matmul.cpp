@@ -162,7 +162,8 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
   PanelKernel amx = nullptr;
   switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
     case PanelChoice::automatic:
-      if (m >= kAmxMinRows && amx_enabled()) amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);
+      if (m >= kAmxMinRows && w != DType::Q6_K && amx_enabled())
+        amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);
       break;
     case PanelChoice::amx:
       if (amx_enabled()) amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);

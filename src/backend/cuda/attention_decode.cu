@@ -24,6 +24,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
 
@@ -125,6 +126,7 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
 
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   // Warp-major, so that a few active splits land on different blocks (SMs), not on one block's warps.
@@ -273,6 +275,7 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
 // Block (head, sequence, 32 dims): 8 warps take every 8th split, a lane one dim, then a shared sum.
 constexpr int kCombineWarps = 8;
 __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParams p, int D) {
+  pdl_begin();
   __shared__ float w[kMaxSplits];
   __shared__ float red[kCombineWarps];
   __shared__ float part[kCombineWarps][32];
@@ -422,9 +425,9 @@ template <int D, int KT, int VT>
 void launch(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid((pl.max_splits + pl.warps - 1) / pl.warps, (unsigned)(a.n_head_kv * pl.n_hchunk),
                   (unsigned)a.n_seq);
-  decode_kernel<D, KT, VT><<<grid, 32 * pl.warps, pl.smem_bytes, stream>>>(p);
+  launch_pdl(decode_kernel<D, KT, VT>, grid, 32 * pl.warps, pl.smem_bytes, stream, p);
   XPERT_CUDA_CHECK_LAUNCH();
-  combine_kernel<<<dim3((unsigned)a.n_head, (unsigned)a.n_seq, D / 32), 32 * kCombineWarps, 0, stream>>>(p,
+  launch_pdl(combine_kernel, dim3((unsigned)a.n_head, (unsigned)a.n_seq, D / 32), 32 * kCombineWarps, 0, stream, p,
                                                                                                          D);
   XPERT_CUDA_CHECK_LAUNCH();
 }

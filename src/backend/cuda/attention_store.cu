@@ -5,6 +5,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
 
@@ -19,6 +20,7 @@ template <int T>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     quantize_kv_kernel(const float* x, int64_t n_tokens, int64_t row, char* cache, int64_t slot_stride,
                        const int32_t* slots, const int32_t* pos) {
+  pdl_begin();
   const int64_t nb = row / 32;
   const int64_t blk = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -73,9 +75,9 @@ void store_kv(const float* x, int64_t n_tokens, int64_t row, DType type, void* c
   const unsigned grid = (unsigned)((blocks + kWarpsPerBlock - 1) / kWarpsPerBlock);
   char* c = static_cast<char*>(cache);
   if (type == DType::Q8_0)
-    quantize_kv_kernel<kKvQ8><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(x, n_tokens, row, c, slot_stride, slots, pos);
+    launch_pdl(quantize_kv_kernel<kKvQ8>, grid, 32 * kWarpsPerBlock, 0, stream, x, n_tokens, row, c, slot_stride, slots, pos);
   else
-    quantize_kv_kernel<kKvQ4><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(x, n_tokens, row, c, slot_stride, slots, pos);
+    launch_pdl(quantize_kv_kernel<kKvQ4>, grid, 32 * kWarpsPerBlock, 0, stream, x, n_tokens, row, c, slot_stride, slots, pos);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -58,6 +58,8 @@ class CudaBackend final : public Backend {
     drop_scratch();
     expert_tables_.clear();
     stream_buf_ = DeviceBuffer();  // frees through this object: before its members go
+    prep_buf_ = DeviceBuffer();
+    router_done_ = DeviceBuffer();
   }
 
   void set_expert_streaming(int64_t min_tokens, double share) override {
@@ -156,8 +158,12 @@ class CudaBackend final : public Backend {
     return p;
   }
   void dealloc(void* p) override { cudaFree(p); }
-  void zero(void* p, size_t bytes) override { XPERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s())); }
+  void zero(void* p, size_t bytes) override {
+    touch();
+    XPERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s()));
+  }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    touch();
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
@@ -165,6 +171,7 @@ class CudaBackend final : public Backend {
     synchronize();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
+    touch();
     if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
   }
   void synchronize() override {
@@ -180,6 +187,11 @@ class CudaBackend final : public Backend {
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override {
     if (skip_) return;
     const int64_t k = w.ne[0], n = w.ne[1];
+    if (const cuda::Activations* a = prepared(x, m, k, w.type)) {
+      cuda::matmul_prepared(w.type, w.data, n, *a, y, ldy ? ldy : n, s());
+      if (overlaps(y, (size_t)(m * (ldy ? ldy : n)), x)) prepared_ = {};
+      return;
+    }
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::matmul_workspace_bytes(w.type, m, k);
@@ -187,49 +199,126 @@ class CudaBackend final : public Backend {
     cuda::matmul(w.type, w.data, n, k, x, m, y, ldy ? ldy : n, work, ws, s());
     ar.release(mark);
   }
-  void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+  // At decode sizes the jobs of one weight type share one conversion of x and one launch.
+  void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override {
     if (skip_) return;
-    cuda::rmsnorm(x, w, y, rows, n, eps, s());
+    const int64_t k = jobs.empty() ? 0 : jobs[0].w->ne[0];
+    bool batched = m <= cuda::kDecodeMaxRows;
+    for (const MatmulJob& j : jobs)
+      batched = batched && j.w->ne[0] == k && !overlaps(j.y, (size_t)(m * (j.ldy ? j.ldy : j.w->ne[1])), x);
+    if (!batched) {
+      for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
+      return;
+    }
+    std::vector<bool> done(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (done[i]) continue;
+      const DType t = jobs[i].w->type;
+      cuda::MatmulOut outs[8];
+      int count = 0;
+      for (size_t j = i; j < jobs.size() && count < 8; ++j) {
+        if (done[j] || jobs[j].w->type != t) continue;
+        done[j] = true;
+        outs[count++] = {.w = jobs[j].w->data, .n = jobs[j].w->ne[1], .y = jobs[j].y,
+                         .ldy = jobs[j].ldy ? jobs[j].ldy : jobs[j].w->ne[1]};
+      }
+      cuda::check_matmul_shape(t, k);
+      Arena& ar = scratch();
+      const size_t mark = ar.mark();
+      cuda::Activations act;
+      if (const cuda::Activations* p = prepared(x, m, k, t)) {
+        act = *p;
+      } else {
+        const cuda::ActFormat f = cuda::activation_format(t, m);
+        const size_t ws = cuda::activation_bytes(f, m, k);
+        act = cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s());
+      }
+      cuda::matmul_prepared_multi(t, outs, count, act, s());
+      ar.release(mark);
+    }
+  }
+  void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read
+  }
+  // A decode-sized norm also writes its output's q8_1 activations, which the products that read it next
+  // take instead of converting again (see prepared()).
+  void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                   float eps) override {
+    if (skip_) return;
+    touch();
+    int8_t* q = nullptr;
+    float2* ds = nullptr;
+    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, rows, n);
+    if (rows <= cuda::kDecodeMaxRows && n % 32 == 0 && prep_buf_.size() < qb && !capturing_) {
+      stale_graphs_ = true;  // recorded graphs keep the old buffer's address
+      synchronize();
+      prep_buf_ = DeviceBuffer(*this, std::max(qb, prep_buf_.size() * 2));
+    }
+    if (rows <= cuda::kDecodeMaxRows && n % 32 == 0 && prep_buf_.size() >= qb) {
+      q = static_cast<int8_t*>(prep_buf_.data());
+      ds = reinterpret_cast<float2*>(q + cuda::Workspace::round((size_t)(rows * n)));
+      prepared_ = {.x = y, .act = {.format = cuda::ActFormat::q8_1, .data = q,
+                                   .aux = reinterpret_cast<const float*>(ds), .m = rows, .k = n}};
+    }
+    cuda::add_rmsnorm_q8(d, x, n, w, y, n, rows, n, eps, q, ds, s());
+  }
+  void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                    int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
+                    float freq_base, float freq_scale, RopeMode mode, float eps) override {
+    if (skip_) return;
+    touch();
+    cuda::qk_norm_rope(q, k, q_norm, k_norm, q_norm != nullptr, k_norm != nullptr, pos, n_tokens, n_head,
+                       n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode, eps, s());
   }
   void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
             float freq_base, float freq_scale, RopeMode mode) override {
     if (skip_) return;
+    touch();
     cuda::rope(x, pos, n_tokens, n_heads, head_dim, n_rot, freq_base, freq_scale, mode, s());
   }
   void swiglu(const float* gate, const float* up, float* y, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::swiglu(gate, up, y, n, s());
   }
   void geglu(const float* gate, const float* up, float* y, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::geglu(gate, up, y, n, s());
   }
   void add(const float* a, const float* b, float* y, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::add(a, b, y, n, s());
   }
   void scale(float* x, float v, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::scale(x, v, n, s());
   }
   void add_bias(float* x, const float* bias, int64_t rows, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::add_bias(x, bias, rows, n, s());
   }
   void mul_sigmoid(float* x, const float* gate, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::mul_sigmoid(x, gate, n, s());
   }
   void add_sigmoid_scaled(float* y, const float* v, const float* g, int64_t rows, int64_t n) override {
     if (skip_) return;
+    touch();
     cuda::add_sigmoid_scaled(y, v, g, rows, n, s());
   }
   void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) override {
     if (skip_) return;
+    touch();
     cuda::deinterleave(src, rows, width, a, b, s());
   }
   void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override {
     if (skip_) return;
+    touch();
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     int64_t* idx = ar.take<int64_t>((int64_t)rows.size());
@@ -245,11 +334,13 @@ class CudaBackend final : public Backend {
   }
   void store_kv(const float* x, void* dst, int64_t n, DType type) override {
     if (skip_) return;
+    touch();
     if (type == DType::F16) return cuda::store_f16(x, static_cast<uint16_t*>(dst), n, s());
     cuda::store_kv(x, n / 32, 32, type, dst, 0, nullptr, nullptr, s());  // n / 32 contiguous blocks
   }
   void attention(const AttentionArgs& a) override {
     if (skip_) return;
+    touch();
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::attention_workspace_bytes(a);
@@ -259,6 +350,7 @@ class CudaBackend final : public Backend {
 
   bool decode_attention(const DecodeAttention& d) override {
     if (skip_) return true;
+    touch();
     if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
       no_graphs_ = true;  // the per-sequence kernels bake positions in: no graphs for this model
       return false;
@@ -281,6 +373,16 @@ class CudaBackend final : public Backend {
   }
 
   void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
+    moe(c, lw, x, n, out, false);
+  }
+  // The experts' down product adds into y itself (the same sum as an add after it) when every expert of
+  // the layer is here; split layers take the default (their host part is added separately).
+  void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) override {
+    if (skip_) return;
+    if (lw.split || !experts(c, lw).fused) return Backend::moe_ffn_add(c, lw, x, n, y);
+    moe(c, lw, x, n, y, true);
+  }
+  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, bool accumulate) {
     if (skip_) return;
     const int64_t X = c.n_expert, k = c.n_expert_used;
     Arena& ar = scratch();
@@ -288,9 +390,19 @@ class CudaBackend final : public Backend {
     float* logits = ar.take<float>(n * X);
     int32_t* ids = ar.take<int32_t>(n * k);
     float* weights = ar.take<float>(n * k);
-    matmul(lw.ffn_gate_inp, x, n, logits, X);
-    cuda::moe_route(logits, n, {.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
-                                .weights_scale = c.expert_weights_scale}, ids, weights, s());
+    const cuda::MoeRouting routing{.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
+                                   .weights_scale = c.expert_weights_scale};
+    if (cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing)) {
+      if (!router_done_.data()) {
+        router_done_ = DeviceBuffer(*this, sizeof(unsigned));
+        XPERT_CUDA_CHECK(cudaMemset(router_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
+      }
+      cuda::moe_router(static_cast<const float*>(lw.ffn_gate_inp.data), x, n, c.n_embd, routing, logits, ids,
+                       weights, static_cast<unsigned*>(router_done_.data()), s());
+    } else {
+      matmul(lw.ffn_gate_inp, x, n, logits, X);
+      cuda::moe_route(logits, n, routing, ids, weights, s());
+    }
     const ExpertTables& t = experts(c, lw);
     if (lw.split && t.fused) {
       moe_split(c, lw, t.e, x, n, ids, weights, out);
@@ -307,15 +419,18 @@ class CudaBackend final : public Backend {
     }
     const cuda::MoeExperts& e = t.e;
     const size_t ws = cuda::moe_workspace_bytes(e, n, k);
+    const cuda::Activations* xq = prepared(x, n, c.n_embd, e.gate_type);
     cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = k, .ids = ids, .weights = weights, .out = out,
-                          .accumulate = false, .path = cuda::MoePath::automatic},
+                          .accumulate = accumulate, .path = cuda::MoePath::automatic, .xq = xq},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
+    if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
   }
 
   void gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                        float* ssm_state, float* out) override {
     if (skip_) return;
+    touch();
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
@@ -324,6 +439,22 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The q8_1 activations of the last decode-sized norm output (prep_buf_), valid until any op other than
+  // a product that reads it writes memory: every other op calls touch(). Products of `x` with m rows of
+  // k and a weight type whose decode form is q8_1 take them instead of converting x again.
+  struct Prepared {
+    const float* x = nullptr;
+    cuda::Activations act;
+  };
+  void touch() { prepared_ = {}; }
+  const cuda::Activations* prepared(const float* x, int64_t m, int64_t k, DType w_type) const {
+    if (!prepared_.x || prepared_.x != x || prepared_.act.m != m || prepared_.act.k != k) return nullptr;
+    if (!cuda::matmul_supported(w_type) || cuda::activation_format(w_type, m) != cuda::ActFormat::q8_1)
+      return nullptr;
+    return &prepared_.act;
+  }
+  static bool overlaps(const float* y, size_t n, const float* x) { return x >= y && x < y + n; }
+
   // Experts split between this GPU and the host. Small batches (decode) are driven by the stream, so a
   // decode step stays one CUDA graph: a second stream waits for the routing, copies ids, weights and x
   // to pinned host memory and calls the host's threads from a host node (moe_experts_partial over the
@@ -645,6 +776,9 @@ class CudaBackend final : public Backend {
   std::string host_error_;
   cuda::HostPins pins_;
   DeviceBuffer stream_buf_;
+  Prepared prepared_;
+  DeviceBuffer prep_buf_;
+  DeviceBuffer router_done_;  // moe_router's block counter
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gdn.h"
 #include "backend/cuda/ops_internal.h"
 
@@ -19,6 +20,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 // rounded one by one in the CPU's order.
 __global__ void conv_kernel(const float* x, int64_t T, int64_t C, const float* w, int K, const float* state,
                             float* out) {
+  pdl_begin();
   const int64_t ns = K - 1;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T * C;
        i += (int64_t)gridDim.x * blockDim.x) {
@@ -35,6 +37,7 @@ __global__ void conv_kernel(const float* x, int64_t T, int64_t C, const float* w
 
 // The state's next rows, per channel in ascending order (row r reads row r + T >= r first: in place is safe).
 __global__ void conv_state_kernel(const float* x, int64_t T, int64_t C, int K, float* state) {
+  pdl_begin();
   const int64_t ns = K - 1;
   for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
        c += (int64_t)gridDim.x * blockDim.x)
@@ -47,6 +50,7 @@ __global__ void conv_state_kernel(const float* x, int64_t T, int64_t C, int K, f
 // One warp per (token, head); the sum of squares in double, as cpu::rmsnorm (l2 = rmsnorm(eps/n)/sqrt(n)).
 __global__ void l2_norm_kernel(float* x, int64_t n_tokens, int64_t n_heads, int head_dim,
                                int64_t token_stride, float eps_n, float inv_sqrt_n) {
+  pdl_begin();
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n_tokens * n_heads) return;
@@ -61,6 +65,7 @@ __global__ void l2_norm_kernel(float* x, int64_t n_tokens, int64_t n_heads, int 
 
 __global__ void gates_kernel(const float* alpha, const float* beta_in, const float* dt_bias, const float* a,
                              float* g, float* beta, int64_t n_tokens, int64_t n_v_heads) {
+  pdl_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tokens * n_v_heads;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t h = i % n_v_heads;
@@ -72,6 +77,7 @@ __global__ void gates_kernel(const float* alpha, const float* beta_in, const flo
 }
 
 __global__ void gated_norm_kernel(float* x, const float* z, const float* w, int64_t rows, int n, float eps) {
+  pdl_begin();
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -99,6 +105,7 @@ struct RecurrentParams {
 constexpr int kMaxRowGroups = 8;  // head_k_dim <= 256
 
 __global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(RecurrentParams p) {
+  pdl_begin();
   __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
   __shared__ float red_kv[kMaxRowGroups][32], red_o[kMaxRowGroups][32];
   const int x = threadIdx.x, y = threadIdx.y, R = blockDim.y, tid = y * 32 + x;
@@ -163,11 +170,11 @@ void causal_conv1d_silu(const float* x, int64_t n_tokens, int64_t channels, cons
   if (n_tokens <= 0 || channels <= 0) return;
   if (d_conv < 1 || d_conv > 64)
     detail::fail_rt("cuda causal_conv1d: d_conv ", d_conv, " out of range (1..64)");
-  conv_kernel<<<grid_for(n_tokens * channels, kThreads), kThreads, 0, stream>>>(x, n_tokens, channels, w,
+  launch_pdl(conv_kernel, grid_for(n_tokens * channels, kThreads), kThreads, 0, stream, x, n_tokens, channels, w,
                                                                                 (int)d_conv, conv_state, out);
   XPERT_CUDA_CHECK_LAUNCH();
   if (d_conv > 1) {
-    conv_state_kernel<<<grid_for(channels, kThreads), kThreads, 0, stream>>>(x, n_tokens, channels,
+    launch_pdl(conv_state_kernel, grid_for(channels, kThreads), kThreads, 0, stream, x, n_tokens, channels,
                                                                              (int)d_conv, conv_state);
     XPERT_CUDA_CHECK_LAUNCH();
   }
@@ -178,7 +185,7 @@ void l2_norm_heads(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim
   const int64_t rows = n_tokens * n_heads;
   if (rows <= 0 || head_dim <= 0) return;
   const float eps_n = eps / (float)head_dim, inv = 1.0f / std::sqrt((float)head_dim);
-  l2_norm_kernel<<<(unsigned)((rows + 7) / 8), kThreads, 0, stream>>>(x, n_tokens, n_heads, (int)head_dim,
+  launch_pdl(l2_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, n_tokens, n_heads, (int)head_dim,
                                                                       token_stride, eps_n, inv);
   XPERT_CUDA_CHECK_LAUNCH();
 }
@@ -187,7 +194,7 @@ void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, c
                float* beta, int64_t n_tokens, int64_t n_v_heads, cudaStream_t stream) {
   const int64_t n = n_tokens * n_v_heads;
   if (n <= 0) return;
-  gates_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(alpha, beta_in, dt_bias, a, g, beta, n_tokens,
+  launch_pdl(gates_kernel, grid_for(n, kThreads), kThreads, 0, stream, alpha, beta_in, dt_bias, a, g, beta, n_tokens,
                                                                n_v_heads);
   XPERT_CUDA_CHECK_LAUNCH();
 }
@@ -195,7 +202,7 @@ void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, c
 void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
                         cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return;
-  gated_norm_kernel<<<(unsigned)((rows + 7) / 8), kThreads, 0, stream>>>(x, z, w, rows, (int)n, eps);
+  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -223,7 +230,7 @@ void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_
   p.scale = 1.0f / std::sqrt((float)s.head_k_dim);
   const dim3 grid((unsigned)((s.head_v_dim + 31) / 32), (unsigned)s.n_v_heads);
   const dim3 block(32, (unsigned)((s.head_k_dim + 31) / 32));
-  recurrent_kernel<<<grid, block, 0, stream>>>(p);
+  launch_pdl(recurrent_kernel, grid, block, 0, stream, p);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -126,6 +126,33 @@ void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& 
   detail::launch_gemm(w_type, false, g, stream);
 }
 
+void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
+                           cudaStream_t stream) {
+  check_matmul_shape(w_type, a.k);
+  if (a.format != activation_format(w_type, a.m))
+    fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
+  const bool tensor = a.m > kDecodeMaxRows && w_type != DType::F32 && a.k % 32 == 0;
+  for (int i0 = 0; i0 < count;) {
+    if (tensor) {
+      matmul_prepared(w_type, outs[i0].w, outs[i0].n, a, outs[i0].y, outs[i0].ldy, stream);
+      ++i0;
+      continue;
+    }
+    detail::MatvecOuts o;
+    int64_t rows = 0;
+    for (; i0 < count && o.count < detail::MatvecOuts::kMax; ++i0) {
+      XPERT_CU_ASSERT(outs[i0].ldy >= outs[i0].n);
+      rows += outs[i0].n;
+      o.w[o.count] = outs[i0].w;
+      o.end[o.count] = rows;
+      o.y[o.count] = outs[i0].y;
+      o.ldy[o.count] = outs[i0].ldy;
+      ++o.count;
+    }
+    detail::launch_matvec(w_type, o, a, stream);
+  }
+}
+
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k) {
   return activation_bytes(activation_format(w_type, m), m, k);
 }

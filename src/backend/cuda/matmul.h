@@ -53,6 +53,17 @@ Activations quantize_activations(ActFormat f, const float* x, int64_t ldx, int64
 void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
                      cudaStream_t stream);
 
+// Several products of the same prepared activations (one weight type, row length a.k): at decode sizes
+// one launch for all of them (a layer's q, k and v), else one product after another.
+struct MatmulOut {
+  const void* w = nullptr;
+  int64_t n = 0;  // W rows
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
+                           cudaStream_t stream);
+
 // Scratch `matmul` needs; pass at least this many bytes.
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k);
 

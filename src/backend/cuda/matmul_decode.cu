@@ -1,6 +1,7 @@
 // Decode products (few X rows): one weight row per group of lanes, W streamed once straight from global
 // memory in 16-byte pieces, each piece multiplied with every X row before the next is needed.
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -13,17 +14,23 @@ using dev::Dot;
 
 constexpr int kWarps = 4;
 
-// Lanes per row: 2^lpr_log2 (4..32); rows per warp: 32 / lanes. blockIdx.y picks the M rows of X.
+// Lanes per row: 2^lpr_log2 (4..32); rows per warp: 32 / lanes. blockIdx.y picks the M rows of X. The rows
+// of up to kMaxOuts matrices of one type and row length are one range (q, k and v of a layer in one
+// launch): global row r belongs to the first output whose `end` is above it.
 template <DType T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    matvec_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int nc, ActView a,
-                  const float* __restrict__ row_scale, int64_t m, float* __restrict__ y, int64_t ldy,
-                  int lpr_log2) {
+    matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
+                  int64_t m, int lpr_log2) {
+  pdl_begin();
   constexpr int kActBytes = dev::is_quant(T) ? 1 : T == DType::F32 ? 4 : 2;
   const int lpr = 1 << lpr_log2;
   const int lane = threadIdx.x & 31;
-  const int64_t row =
+  const int64_t gr =
       ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
+  int j = 0;
+  while (j + 1 < o.count && gr >= o.end[j]) ++j;
+  const int64_t row = gr - (j ? o.end[j - 1] : 0);
+  const bool have = gr < o.end[o.count - 1];
   const int sub = lane & (lpr - 1);
   const int64_t m0 = (int64_t)blockIdx.y * M;
   const int mm = (int)min((int64_t)M, m - m0);
@@ -34,8 +41,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[M];
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
-  if (row < n) {
-    const uint8_t* wr = w + (size_t)row * row_bytes;
+  if (have) {
+    const uint8_t* wr = static_cast<const uint8_t*>(o.w[j]) + (size_t)row * row_bytes;
 #pragma unroll 4
     for (int c = sub; c < nc; c += lpr) Dot<T>::template mul<M>(Dot<T>::load(wr, c), c, av, mm, acc);
   }
@@ -43,7 +50,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
   }
-  if (row < n && sub == 0) {
+  if (have && sub == 0) {
+    float* y = o.y[j];
+    const int64_t ldy = o.ldy[j];
 #pragma unroll
     for (int i = 0; i < M; ++i)
       if (i < mm) y[(m0 + i) * ldy + row] = acc[i] * (row_scale ? row_scale[m0 + i] : 1.0f);
@@ -51,36 +60,48 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <DType T, int M>
-void launch(const void* w, int64_t n, const Activations& a, float* y, int64_t ldy, cudaStream_t stream) {
+void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
   int lpr_log2 = 5;
   while (lpr_log2 > 2 && nc < (2 << lpr_log2)) --lpr_log2;
   const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
+  const int64_t n = o.end[o.count - 1];
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));
   XPERT_CU_ASSERT(grid.y <= 65535);
   ActView av{a.data, dev::is_quant(T) ? reinterpret_cast<const float2*>(a.aux) : nullptr, a.k};
   const float* row_scale = a.format == ActFormat::f16 || a.format == ActFormat::bf16 ? a.aux : nullptr;
-  matvec_kernel<T, M><<<grid, kWarps * 32, 0, stream>>>(static_cast<const uint8_t*>(w), row_bytes(T, a.k), n,
-                                                        nc, av, row_scale, a.m, y, ldy, lpr_log2);
+  launch_pdl(matvec_kernel<T, M>, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m,
+             lpr_log2);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
-                   cudaStream_t stream) {
-  if (n == 0 || a.m == 0) return;
+void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
+  XPERT_CU_ASSERT(o.count >= 1 && o.count <= MatvecOuts::kMax);
+  if (o.end[o.count - 1] == 0 || a.m == 0) return;
   const bool ok = dev::dispatch_type(w_type, [&]<DType T>() {
     if (a.m <= 1)
-      launch<T, 1>(w, n, a, y, ldy, stream);
+      launch<T, 1>(o, a, stream);
     else if (a.m <= 2)
-      launch<T, 2>(w, n, a, y, ldy, stream);
+      launch<T, 2>(o, a, stream);
     else if (a.m <= 4)
-      launch<T, 4>(w, n, a, y, ldy, stream);
+      launch<T, 4>(o, a, stream);
     else
-      launch<T, 8>(w, n, a, y, ldy, stream);
+      launch<T, 8>(o, a, stream);
   });
   if (!ok) fail_cat("CUDA matmul: weight type ", dtype_name(w_type), " is not supported");
+}
+
+void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
+                   cudaStream_t stream) {
+  MatvecOuts o;
+  o.count = 1;
+  o.w[0] = w;
+  o.end[0] = n;
+  o.y[0] = y;
+  o.ldy[0] = ldy;
+  launch_matvec(w_type, o, a, stream);
 }
 
 }  // namespace xpert::cuda::detail

@@ -39,6 +39,17 @@ void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream
 void gemm_init();
 
 // Matrix-vector products for m rows of prepared activations (any m; W re-read per 8 rows).
+// Several matrices of one type and row length read the same activations in one launch: output j takes
+// global rows [end[j-1], end[j]) (its own rows 0..n_j) and writes y[j] with row stride ldy[j].
+struct MatvecOuts {
+  static constexpr int kMax = 4;
+  int count = 0;
+  const void* w[kMax] = {};
+  int64_t end[kMax] = {};
+  float* y[kMax] = {};
+  int64_t ldy[kMax] = {};
+};
+void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream);
 void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
                    cudaStream_t stream);
 

@@ -1,7 +1,10 @@
 // CUDA MoE: routing, grouping by expert, the experts' SwiGLU FFN and the weighted sum (see moe.h).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -16,19 +19,15 @@ using dev::Dot;
 constexpr unsigned kFull = 0xffffffffu;
 
 // ------------------------------------------------------------------------------------------ routing
-// One warp per token. The top k is chosen on the logits (softmax is monotonic), largest first, ties to
-// the lower expert; chosen entries are marked NaN, which never compares greater.
-__global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool norm,
-                             float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
-  extern __shared__ float route_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + warp;
-  if (t >= n) return;
-  float* l = route_smem + warp * E;
-  const float* src = logits + t * E;
+// One warp routes one token: src = its E logits, l = E floats of shared memory. The top k is chosen on the
+// logits (softmax is monotonic), largest first, ties to the lower expert; chosen entries are marked NaN,
+// which never compares greater.
+__device__ void route_token(const float* src, float* l, int E, int k, bool norm, float scale,
+                            int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) {
-    const float v = src[e];
+    const float v = __ldcg(src + e);  // may be another block's fresh output (moe_router_kernel)
     l[e] = v;
     mx = fmaxf(mx, v);
   }
@@ -67,22 +66,86 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
     if (norm)
       w /= fmaxf((float)wsum, 6.103515625e-5f);  // llama.cpp clamps the sum to the smallest f16 normal
     if (scale != 0.0f && scale != 1.0f) w *= scale;
-    ids[t * k + lane] = my_id;
-    weights[t * k + lane] = w;
+    ids[lane] = my_id;
+    weights[lane] = w;
   }
 }
 
-// ---------------------------------------------------------------------------------------- decode path
-constexpr int kUpWarps = 8;  // x 4 rows = one 32-block of the SwiGLU output per CTA
+__global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool norm,
+                             float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + warp;
+  if (t >= n) return;
+  route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, ids + t * k, weights + t * k);
+}
 
-// CTA = (32 rows of n_ff, one (token, slot) pair). Lane group g of 4 lanes: matrix g / 4 (gate, up), row
-// g % 4 of the warp's 4. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
-// (One row per warp with 16 lanes per matrix, 1024 threads and x quantized in the CTA measured slower.)
-template <DType T>
-__global__ void __launch_bounds__(kUpWarps * 32)
+// Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
+// sums in a fixed order), and the last block to finish routes the tokens (a warp each). `done` counts the
+// finished blocks and is reset by the last one, so the launch can be replayed from a graph.
+constexpr int kRouterThreads = 256;
+__global__ void __launch_bounds__(kRouterThreads)
+    router_kernel(const float* __restrict__ w, const float* __restrict__ x, int n, int D, int E, int k,
+                  bool norm, float scale, float* __restrict__ logits, int32_t* __restrict__ ids,
+                  float* __restrict__ weights, unsigned* __restrict__ done) {
+  pdl_begin();
+  extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
+  const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  float acc[kMoeDecodeMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kMoeDecodeMaxTokens; ++t) acc[t] = 0.0f;
+  const float4* wr = reinterpret_cast<const float4*>(w + (int64_t)e * D);
+  for (int i = threadIdx.x; i < D / 4; i += kRouterThreads) {
+    const float4 a = __ldg(wr + i);
+#pragma unroll
+    for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {
+      if (t < n) {
+        const float4 b = *(reinterpret_cast<const float4*>(x + (int64_t)t * D) + i);
+        acc[t] = fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc[t]))));
+      }
+    }
+  }
+  float* red = router_smem;
+#pragma unroll
+  for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {
+    if (t >= n) break;
+    float v = acc[t];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+    if (lane == 0) red[warp * kMoeDecodeMaxTokens + t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < n) {
+    float v = 0.0f;
+    for (int i = 0; i < kRouterThreads / 32; ++i) v += red[i * kMoeDecodeMaxTokens + threadIdx.x];
+    logits[(int64_t)threadIdx.x * E + e] = v;
+    __threadfence();  // visible to the last block before it counts this one
+  }
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done, 1u) == (unsigned)E - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp < n)
+    route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * k,
+                weights + warp * k);
+  if (threadIdx.x == 0) *done = 0;
+}
+
+// ---------------------------------------------------------------------------------------- decode path
+// CTA = (32 rows of n_ff, one (token, slot) pair): 64 row dots (gate and up of 32 rows), kLanes lanes
+// each, so 2 * kLanes warps. In a warp, lanes [0, 16) take gate rows and [16, 32) the up rows of the same
+// outputs. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
+template <DType T, int kLanes>
+__global__ void __launch_bounds__(64 * kLanes)
     gate_up_kernel(const void* const* __restrict__ gate, const void* const* __restrict__ up,
                    const int32_t* __restrict__ ids, int kslots, int64_t D, int64_t F, size_t row_bytes,
                    ActView xa, int8_t* __restrict__ hq, float2* __restrict__ hds) {
+  pdl_begin();
+  constexpr int kOutPerWarp = 16 / kLanes;
   const int64_t p = blockIdx.y;
   const int e = ids[p];
   const uint8_t* wg = static_cast<const uint8_t*>(gate[e]);
@@ -90,19 +153,19 @@ __global__ void __launch_bounds__(kUpWarps * 32)
   if (!wg || !wu) return;
   const int64_t t = p / kslots;
   const ActView a{static_cast<const int8_t*>(xa.data) + t * D, xa.ds + t * (D / 32), D};
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane >> 2, sub = lane & 3;
-  const int fl = warp * 4 + (grp & 3);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane / kLanes, sub = lane % kLanes;
+  const int fl = warp * kOutPerWarp + grp % kOutPerWarp;
   const int64_t f = (int64_t)blockIdx.x * 32 + fl;
-  const uint8_t* row = (grp < 4 ? wg : wu) + (size_t)f * row_bytes;
+  const uint8_t* row = (lane < 16 ? wg : wu) + (size_t)f * row_bytes;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
 #pragma unroll 4
-  for (int c = sub; c < nc; c += 4) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
-  acc[0] += __shfl_xor_sync(kFull, acc[0], 2);
-  acc[0] += __shfl_xor_sync(kFull, acc[0], 1);
+  for (int c = sub; c < nc; c += kLanes) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
   __shared__ float h[32];
-  if (grp < 4 && sub == 0) {
+  if (lane < 16 && sub == 0) {
     const float g = acc[0];
     h[fl] = g / (1.0f + expf(-g)) * u;
   }
@@ -119,6 +182,17 @@ __global__ void __launch_bounds__(kUpWarps * 32)
   }
 }
 
+// Lanes per row of the gate/up kernel: 8 by default (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s
+// and qwen3.5-35b-a3b 259 / 266 with 4 / 8 / 16); XPERT_MOE_LANES=4 or 16 to compare.
+int gate_up_lanes() {
+  static const int lanes = [] {
+    const char* env = std::getenv("XPERT_MOE_LANES");
+    const int v = env ? std::atoi(env) : 8;
+    return v == 4 || v == 16 ? v : 8;
+  }();
+  return lanes;
+}
+
 // Warp = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot), so every
 // weight load of the row is in flight together; the slots are then summed in slot order.
 template <DType T>
@@ -127,6 +201,7 @@ __global__ void __launch_bounds__(128)
                 const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
                 const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
                 bool accumulate, int lps_log2) {
+  pdl_begin();
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t d = (int64_t)blockIdx.x * 4 + warp;
@@ -282,8 +357,26 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
   if (n_tokens == 0) return;
   constexpr int kWarps = 4;
   const size_t smem = (size_t)kWarps * r.n_expert * sizeof(float);
-  route_kernel<<<(unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream>>>(
+  launch_pdl(route_kernel, (unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream, 
       logits, n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, ids, weights);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r) {
+  return w_type == DType::F32 && n_tokens >= 1 && n_tokens <= kMoeDecodeMaxTokens && n_embd % 4 == 0 &&
+         r.n_expert >= 1 && r.n_expert <= 1024 && r.k >= 1 && r.k <= 32 && r.k <= r.n_expert;
+}
+
+void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
+                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream) {
+  if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r))
+    fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
+             " (supported: up to ", kMoeDecodeMaxTokens, " tokens, n_embd % 4 == 0, 1024 experts, k <= 32)");
+  const size_t smem = std::max<size_t>((size_t)n_tokens * r.n_expert, (kRouterThreads / 32) * kMoeDecodeMaxTokens) *
+                      sizeof(float);
+  launch_pdl(router_kernel, (unsigned)r.n_expert, kRouterThreads, smem, stream, 
+      w, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, logits, ids,
+      weights, done);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -334,19 +427,30 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat("CUDA MoE: ", n, " tokens in one call (at most 65535)");
   if (decode) {
     const DecodeBufs b = carve_decode(ws, e, n, k);
-    detail::launch_quantize_q8_1(run.x, D, n, D, b.xq, b.xds, stream);
-    const ActView xa{b.xq, b.xds, D};
+    const bool have_xq = run.xq && run.xq->format == ActFormat::q8_1 && run.xq->m == n && run.xq->k == D;
+    if (!have_xq) detail::launch_quantize_q8_1(run.x, D, n, D, b.xq, b.xds, stream);
+    const ActView xa = have_xq ? ActView{static_cast<const int8_t*>(run.xq->data),
+                                         reinterpret_cast<const float2*>(run.xq->aux), D}
+                               : ActView{b.xq, b.xds, D};
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
-      gate_up_kernel<T><<<grid, kUpWarps * 32, 0, stream>>>(e.gate, e.up, run.ids, (int)k, D, F, gu_row_bytes,
-                                                            xa, b.hq, b.hds);
+      const int lanes = gate_up_lanes();
+      if (lanes == 16)
+        launch_pdl(gate_up_kernel<T, 16>, grid, 64 * 16, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+                   gu_row_bytes, xa, b.hq, b.hds);
+      else if (lanes == 8)
+        launch_pdl(gate_up_kernel<T, 8>, grid, 64 * 8, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+                   gu_row_bytes, xa, b.hq, b.hds);
+      else
+        launch_pdl(gate_up_kernel<T, 4>, grid, 64 * 4, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+                   gu_row_bytes, xa, b.hq, b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
     });
     int lps_log2 = 5;
     while ((1 << (5 - lps_log2)) < k) --lps_log2;
     dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
       const dim3 grid((unsigned)((D + 3) / 4), (unsigned)n);
-      down_kernel<T><<<grid, 128, 0, stream>>>(e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes,
+      launch_pdl(down_kernel<T>, grid, 128, 0, stream, e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes,
                                                b.hq, b.hds, run.out, run.accumulate, lps_log2);
       XPERT_CUDA_CHECK_LAUNCH();
     });

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/matmul.h"
 #include "quant/dtype.h"
 
 namespace xpert::cuda {
@@ -32,6 +33,14 @@ struct MoeRouting {
 // n_expert <= 1024, k <= 32.
 void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32_t* ids, float* weights,
                cudaStream_t stream);
+
+// The router product and the routing in one launch, for decode: w = the router, f32 [n_expert][n_embd];
+// x [n_tokens][n_embd] -> logits [n_tokens][n_expert] (also written), ids, weights as moe_route. `done`:
+// one device counter, zero before the first call (the kernel leaves it zero). Takes what
+// moe_router_fusable allows (f32 router, up to kMoeDecodeMaxTokens tokens).
+bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
+void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
+                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream);
 
 // One layer's routed experts as seen from this GPU.
 struct MoeExperts {
@@ -53,6 +62,7 @@ struct MoeRun {
   float* out = nullptr;            // [n_tokens][n_embd]
   bool accumulate = false;         // out += result instead of out = result
   MoePath path = MoePath::automatic;
+  const Activations* xq = nullptr;  // x already in q8_1 (matmul.h), taken by the decode path; may be null
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;

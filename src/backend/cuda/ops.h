@@ -20,6 +20,20 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
 void rmsnorm_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride,
                      int64_t rows, int64_t n, float eps, cudaStream_t stream);
 
+// x += d, then y = rmsnorm(x) * w (rows of n; d may be null: the plain norm, x only read). With q and ds
+// (n % 32 == 0, y dense): also y's q8_1 activations, int8 [rows][n] and float2 [rows][n / 32] as
+// matmul.h's quantize_activations writes them, so decode products can start from them.
+void add_rmsnorm_q8(const float* d, float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride,
+                    int64_t rows, int64_t n, float eps, int8_t* q, float2* ds, cudaStream_t stream);
+
+// Per-head RMS norm of q (when norm_q; weights q_norm, may be null) and of k (norm_k, k_norm), then RoPE of
+// both, in place: q [n_tokens][n_head][head_dim], k [n_tokens][n_head_kv][head_dim] (k may be null with
+// n_head_kv = 0). The same results as rmsnorm then rope on each, in one launch.
+void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, bool norm_q, bool norm_k,
+                  const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                  int64_t n_rot, float freq_base, float freq_scale, RopeMode mode, float eps,
+                  cudaStream_t stream);
+
 // x: rows of n_heads * head_dim, one per token at position pos[t]; rotates the first n_rot dims of each head.
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
           float freq_base, float freq_scale, RopeMode mode, cudaStream_t stream);

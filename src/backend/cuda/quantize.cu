@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul_kernels.h"
 
@@ -14,6 +15,7 @@ namespace {
 // One warp per 32-block: d = amax / 127, q = round(x / d), and d * sum(q) for the weights' offsets.
 __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int64_t ldx, int64_t n_blocks, int64_t bpr,
                                      int8_t* __restrict__ q, float2* __restrict__ ds) {
+  pdl_begin();
   const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (b >= n_blocks) return;
   const int lane = threadIdx.x & 31;
@@ -81,7 +83,7 @@ void launch_quantize_q8_1(const float* x, int64_t ldx, int64_t m, int64_t k, int
   if (n_blocks == 0) return;
   constexpr int kThreads = 256;
   const int64_t grid = (n_blocks + kThreads / 32 - 1) / (kThreads / 32);
-  quantize_q8_1_kernel<<<(unsigned)grid, kThreads, 0, stream>>>(x, ldx, n_blocks, bpr, q, ds);
+  launch_pdl(quantize_q8_1_kernel, (unsigned)grid, kThreads, 0, stream, x, ldx, n_blocks, bpr, q, ds);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,43 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90+): a kernel launched this way may start
+// while the kernel before it on the stream is still finishing, so its launch latency and prologue hide
+// behind that kernel's tail — on a decode step of ~15 small kernels per layer that latency is much of
+// the time. The contract: a kernel launched with `launch_pdl` calls pdl_begin() before it reads or writes any
+// memory another kernel touches (griddepcontrol.wait returns once the previous grid has completed and
+// its writes are visible); pdl_begin also lets the next kernel begin launching. On older GPUs, or with
+// XPERT_PDL=0, launches are plain and pdl_begin is a no-op. CUDA graphs keep the programmatic edges.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/check.h"
+
+namespace xpert::cuda {
+
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+namespace detail {
+bool pdl_enabled();  // the current device is sm_90+ and XPERT_PDL is not 0 (ops.cu)
+}
+
+template <typename... P, typename... A>
+void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = detail::pdl_enabled() ? 1 : 0;
+  XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+
+}  // namespace xpert::cuda
