@@ -102,6 +102,18 @@ class Backend {
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;
 
+  // What q and k still need before attention: per-head norms (weights, when given) and RoPE, as
+  // qk_norm_rope does them (pos: the tokens' positions, in this backend's memory).
+  struct QkPrep {
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+    const int32_t* pos = nullptr;
+    int64_t n_rot = 0;
+    float freq_base = 10000.0f, freq_scale = 1.0f;
+    RopeMode mode = RopeMode::normal;
+    float eps = 1e-6f;
+  };
+
   // One decode step of several sequences, one token each, with positions and slots in this backend's
   // memory (so the step can be replayed from a graph at any depth): stores each token's k/v rows at
   // row pos[i] of slot slots[i] and attends its q over the slot's rows 0..pos[i]. k_cache/v_cache: slot
@@ -117,6 +129,9 @@ class Backend {
     float kq_scale;
     int32_t sliding_window;
     DType k_type = DType::F16, v_type = DType::F16;
+    // Not null: q and k are not yet normalized and rotated; the backend applies prep first (q in place),
+    // folding it into its k/v store where it can. A backend returning false has applied nothing.
+    const QkPrep* prep = nullptr;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
 

@@ -165,7 +165,8 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
           .sliding_window = 0};
 }
 
-void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex) {
+void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
@@ -175,9 +176,13 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .slot_stride = kv.slot_stride(), .slots = a.seq, .pos = a.pos, .out = a.att,
                                      .n_seq = ex.n(), .n_head = c.n_head, .n_head_kv = c.n_head_kv,
                                      .head_dim = c.head_dim, .n_ctx = kv.n_ctx(), .kq_scale = p.kq_scale,
-                                     .sliding_window = p.sliding_window, .k_type = kv.type(0), .v_type = kv.type(1)};
+                                     .sliding_window = p.sliding_window, .k_type = kv.type(0), .v_type = kv.type(1),
+                                     .prep = prep};
     if (b.decode_attention(d)) return;
   }
+  if (prep)
+    b.qk_norm_rope(a.q, a.k, prep->q_norm, prep->k_norm, prep->pos, ex.n(), c.n_head, c.n_head_kv, c.head_dim,
+                   prep->n_rot, prep->freq_base, prep->freq_scale, prep->mode, prep->eps);
   int64_t row = 0;
   for (const BatchSegment& g : ex.segments()) {
     auto* kc = static_cast<uint8_t*>(kv.k(il, g.seq));
@@ -213,10 +218,22 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);
-  b.qk_norm_rope(a.q, a.k, lw.q_norm ? lw.q_norm.f32() : nullptr, lw.k_norm ? lw.k_norm.f32() : nullptr, a.pos, n,
-                 c.n_head, c.n_head_kv, D, c.n_rot, p.rope_base, p.rope_scale, p.rope_mode, c.rms_eps);
-  if (p.q_scale != 1.0f) b.scale(a.q, p.q_scale, n * q_dim);
-  attend_segments(c, p, il, ex);
+  const Backend::QkPrep prep{.q_norm = lw.q_norm ? lw.q_norm.f32() : nullptr,
+                             .k_norm = lw.k_norm ? lw.k_norm.f32() : nullptr,
+                             .pos = a.pos,
+                             .n_rot = c.n_rot,
+                             .freq_base = p.rope_base,
+                             .freq_scale = p.rope_scale,
+                             .mode = p.rope_mode,
+                             .eps = c.rms_eps};
+  if (p.q_scale != 1.0f) {  // the scale goes after RoPE (Gemma): not foldable into the store
+    b.qk_norm_rope(a.q, a.k, prep.q_norm, prep.k_norm, a.pos, n, c.n_head, c.n_head_kv, D, c.n_rot, p.rope_base,
+                   p.rope_scale, p.rope_mode, c.rms_eps);
+    b.scale(a.q, p.q_scale, n * q_dim);
+    attend_segments(c, p, il, ex);
+  } else {
+    attend_segments(c, p, il, ex, &prep);
+  }
   b.matmul(lw.wo, a.att, n, a.out);
 }
 

@@ -79,6 +79,8 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
                     Exec& ex);
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
-void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex);
+// With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).
+void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep = nullptr);
 
 }  // namespace xpert

@@ -272,10 +272,16 @@ class Qwen35 : public Model {
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
     b.matmuls(a.cur, n, qkv);
     b.deinterleave(qg, n * c.n_head, D, a.q, gate);
-    b.qk_norm_rope(a.q, a.k, l.q_norm.f32(), l.k_norm.f32(), a.pos, n, c.n_head, c.n_head_kv, D, c.n_rot,
-                   c.rope_base, c.rope_scale, RopeMode::neox, c.rms_eps);
+    const Backend::QkPrep prep{.q_norm = l.q_norm.f32(),
+                               .k_norm = l.k_norm.f32(),
+                               .pos = a.pos,
+                               .n_rot = c.n_rot,
+                               .freq_base = c.rope_base,
+                               .freq_scale = c.rope_scale,
+                               .mode = RopeMode::neox,
+                               .eps = c.rms_eps};
     const AttentionLayerParams p = default_attention_params(c);
-    attend_segments(c, p, il, ex);
+    attend_segments(c, p, il, ex, &prep);
     b.mul_sigmoid(a.att, gate, n * q_dim);
     b.matmul(l.wo, a.att, n, a.out);
     ar.release(mark);

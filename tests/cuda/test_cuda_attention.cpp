@@ -19,6 +19,8 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/matmul.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
 #include "quant/quant.h"
@@ -209,6 +211,21 @@ void check_batched_decode(KvPair types) {
     EXPECT_LT(e.rel_l2, quantized(types) ? kQuantRelL2 : kRelL2) << name(types) << ": " << e;
     cuda::attention_decode(b, ws.get(), nullptr);
     EXPECT_EQ(dout.download(), got) << "deterministic" << name(types);
+    // The output's q8_1 activations (for the output projection): the bits quantize_activations gives.
+    const int64_t K = s.n_head * D;
+    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, n_seq, K);
+    Dev<uint8_t> oq(qb), want(qb);
+    oq.poison();
+    cuda::DecodeAttentionArgs bq = b;
+    bq.out_q = reinterpret_cast<int8_t*>(oq.get());
+    bq.out_ds = reinterpret_cast<float2*>(oq.get() + cuda::Workspace::round((size_t)(n_seq * K)));
+    cuda::attention_decode(bq, ws.get(), nullptr);
+    EXPECT_EQ(dout.download(), got) << name(types);
+    cuda::quantize_activations(cuda::ActFormat::q8_1, dout.get(), K, n_seq, K, want.get(), nullptr);
+    std::vector<uint8_t> gq = oq.download(), wq = want.download();
+    const size_t used = cuda::Workspace::round((size_t)(n_seq * K)) + (size_t)(n_seq * (K / 32)) * 8;
+    gq.resize(used), wq.resize(used);
+    EXPECT_EQ(gq, wq) << name(types);
   }
 }
 

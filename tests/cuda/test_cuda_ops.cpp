@@ -143,6 +143,32 @@ TEST(CudaOps, QkNormRope) {
   }
 }
 
+// The decode form: q in place, k and v into an f16 cache at (slot, pos): the same bits as qk_norm_rope then
+// store_kv_f16 of each.
+TEST(CudaOps, QkNormRopeStoreF16) {
+  XPERT_OPS_REQUIRE_GPU();
+  const int64_t T = 3, H = 32, HKV = 4, D = 128, n_ctx = 64, row = HKV * D, n_slots = 4;
+  const auto q = randn(T * H * D, 61, 3.0f), k = randn(T * HKV * D, 62, 3.0f), v = randn(T * HKV * D, 63);
+  const auto qw = randn(D, 64), kw = randn(D, 65);
+  const std::vector<int32_t> pos = {5, 63, 0}, slots = {2, 0, 3};
+  Dev<float> dq(q), dk(k), dv(v), dqw(qw), dkw(kw), rq(q), rk(k);
+  Dev<int32_t> dpos(pos), dslots(slots);
+  Dev<uint16_t> kc(n_slots * n_ctx * row), vc(n_slots * n_ctx * row), rkc(n_slots * n_ctx * row),
+      rvc(n_slots * n_ctx * row);
+  for (auto* c : {&kc, &vc, &rkc, &rvc}) XPERT_CUDA_CHECK(cudaMemset(c->get(), 0, c->size() * 2));
+  cuda::qk_norm_rope_store_f16(dq.get(), dk.get(), dv.get(), dqw.get(), dkw.get(), dpos.get(), T, H, HKV, D, D,
+                               1e6f, 1.0f, RopeMode::neox, 1e-6f, kc.get(), vc.get(), n_ctx * row, dslots.get(),
+                               nullptr);
+  cuda::qk_norm_rope(rq.get(), rk.get(), dqw.get(), dkw.get(), true, true, dpos.get(), T, H, HKV, D, D, 1e6f, 1.0f,
+                     RopeMode::neox, 1e-6f, nullptr);
+  cuda::store_kv_f16(rk.get(), T, row, rkc.get(), n_ctx * row, dslots.get(), dpos.get(), nullptr);
+  cuda::store_kv_f16(dv.get(), T, row, rvc.get(), n_ctx * row, dslots.get(), dpos.get(), nullptr);
+  EXPECT_EQ(dq.download(), rq.download());
+  EXPECT_EQ(dk.download(), k);  // k itself is left as it was
+  EXPECT_EQ(kc.download(), rkc.download());
+  EXPECT_EQ(vc.download(), rvc.download());
+}
+
 TEST(CudaOps, GatedActivations) {
   XPERT_OPS_REQUIRE_GPU();
   const int64_t n = 3 * 6144 + 5;

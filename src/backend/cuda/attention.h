@@ -50,6 +50,10 @@ struct DecodeAttentionArgs {
   int32_t sliding_window = 0;
   int32_t min_keys_per_split = 64;  // a warp streams at least this many keys before another joins
   DType k_type = DType::F16, v_type = DType::F16;
+  // Optional: out also as q8_1 activations (matmul.h) of n_seq rows of n_head * head_dim, for the output
+  // projection: int8 [n_seq][n_head * head_dim], float2 [n_seq][n_head * head_dim / 32].
+  int8_t* out_q = nullptr;
+  float2* out_ds = nullptr;
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);

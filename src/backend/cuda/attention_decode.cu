@@ -46,6 +46,8 @@ struct DecodeParams {
   const int32_t* slots;
   const int32_t* pos;
   float* out;
+  int8_t* out_q;       // optional: out's q8_1 blocks (combine_kernel), per sequence a row of n_head * D
+  float2* out_ds;
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -317,7 +319,21 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
   if (warp == 0 && d < D) {
     float o = 0.0f;
     for (int i = 0; i < kCombineWarps; ++i) o += part[i][tid];
-    p.out[((int64_t)seq * p.n_head + h) * D + d] = L > 0.0f ? o / L : 0.0f;
+    const float v = L > 0.0f ? o / L : 0.0f;
+    const int64_t at = ((int64_t)seq * p.n_head + h) * D + d;
+    p.out[at] = v;
+    if (p.out_q) {  // this warp holds one whole 32-block (D % 32 == 0): quantize_q8_1_kernel's rounding
+      float amax = fabsf(v);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
+      int qs = qi;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
+      p.out_q[at] = (int8_t)qi;
+      const float dq = amax / 127.0f;
+      if (tid == 0) p.out_ds[at / 32] = make_float2(dq, dq * (float)qs);
+    }
   }
 }
 
@@ -468,6 +484,8 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.slots = a.slots;
   p.pos = a.pos;
   p.out = a.out;
+  p.out_q = a.out_q;
+  p.out_ds = a.out_ds;
   p.part_ml = static_cast<float2*>(workspace);
   p.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
   p.k_row = kv_bytes_of(kv_kind(a.k_type), a.n_head_kv * a.head_dim);

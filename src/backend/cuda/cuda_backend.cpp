@@ -246,21 +246,11 @@ class CudaBackend final : public Backend {
                    float eps) override {
     if (skip_) return;
     touch();
-    int8_t* q = nullptr;
-    float2* ds = nullptr;
-    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, rows, n);
-    if (rows <= cuda::kDecodeMaxRows && n % 32 == 0 && prep_buf_.size() < qb && !capturing_) {
-      stale_graphs_ = true;  // recorded graphs keep the old buffer's address
-      synchronize();
-      prep_buf_ = DeviceBuffer(*this, std::max(qb, prep_buf_.size() * 2));
-    }
-    if (rows <= cuda::kDecodeMaxRows && n % 32 == 0 && prep_buf_.size() >= qb) {
-      q = static_cast<int8_t*>(prep_buf_.data());
-      ds = reinterpret_cast<float2*>(q + cuda::Workspace::round((size_t)(rows * n)));
-      prepared_ = {.x = y, .act = {.format = cuda::ActFormat::q8_1, .data = q,
-                                   .aux = reinterpret_cast<const float*>(ds), .m = rows, .k = n}};
-    }
+    const cuda::Activations* act = prepare_slot(y, rows, n);
+    int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
+    auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
     cuda::add_rmsnorm_q8(d, x, n, w, y, n, rows, n, eps, q, ds, s());
+    if (act) prepared_.x = y;
   }
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                     int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
@@ -348,6 +338,8 @@ class CudaBackend final : public Backend {
     ar.release(mark);
   }
 
+  // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
+  // its combine step also writes the q8_1 activations the output projection takes (prepared()).
   bool decode_attention(const DecodeAttention& d) override {
     if (skip_) return true;
     touch();
@@ -356,19 +348,40 @@ class CudaBackend final : public Backend {
       return false;
     }
     const int64_t row = d.n_head_kv * d.head_dim;
-    cuda::store_kv(d.k, d.n_seq, row, d.k_type, d.k_cache, d.slot_stride, d.slots, d.pos, s());
-    cuda::store_kv(d.v, d.n_seq, row, d.v_type, d.v_cache, d.slot_stride, d.slots, d.pos, s());
-    const cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
-                                      .slots = d.slots, .pos = d.pos, .out = d.out, .n_seq = d.n_seq,
-                                      .n_head = d.n_head, .n_head_kv = d.n_head_kv, .head_dim = d.head_dim,
-                                      .max_kv = d.n_ctx, .kq_scale = d.kq_scale,
-                                      .sliding_window = d.sliding_window, .min_keys_per_split = 128,
-                                      .k_type = d.k_type, .v_type = d.v_type};
+    auto* q = const_cast<float*>(d.q);  // prep normalizes and rotates q in place (Backend's contract)
+    auto* k = const_cast<float*>(d.k);
+    const QkPrep* pr = d.prep;
+    if (pr && d.k_type == DType::F16 && d.v_type == DType::F16) {
+      cuda::qk_norm_rope_store_f16(q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv,
+                                   d.head_dim, pr->n_rot, pr->freq_base, pr->freq_scale, pr->mode, pr->eps,
+                                   static_cast<uint16_t*>(d.k_cache), static_cast<uint16_t*>(d.v_cache),
+                                   d.slot_stride / 2, d.slots, s());
+    } else {
+      if (pr)
+        cuda::qk_norm_rope(q, k, pr->q_norm, pr->k_norm, pr->q_norm != nullptr, pr->k_norm != nullptr, pr->pos,
+                           d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot, pr->freq_base, pr->freq_scale,
+                           pr->mode, pr->eps, s());
+      cuda::store_kv(d.k, d.n_seq, row, d.k_type, d.k_cache, d.slot_stride, d.slots, d.pos, s());
+      cuda::store_kv(d.v, d.n_seq, row, d.v_type, d.v_cache, d.slot_stride, d.slots, d.pos, s());
+    }
+    cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
+                                .slots = d.slots, .pos = d.pos, .out = d.out, .n_seq = d.n_seq,
+                                .n_head = d.n_head, .n_head_kv = d.n_head_kv, .head_dim = d.head_dim,
+                                .max_kv = d.n_ctx, .kq_scale = d.kq_scale,
+                                .sliding_window = d.sliding_window, .min_keys_per_split = 128,
+                                .k_type = d.k_type, .v_type = d.v_type};
+    const int64_t out_k = d.n_head * d.head_dim;
+    const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
+    if (out_act) {
+      a.out_q = static_cast<int8_t*>(const_cast<void*>(out_act->data));
+      a.out_ds = reinterpret_cast<float2*>(const_cast<float*>(out_act->aux));
+    }
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::attention_decode_workspace_bytes(a);
     cuda::attention_decode(a, ws ? ar.take_bytes(ws) : nullptr, s());
     ar.release(mark);
+    if (out_act) prepared_.x = d.out;  // valid once the launch is in the stream
     return true;
   }
 
@@ -447,6 +460,24 @@ class CudaBackend final : public Backend {
     cuda::Activations act;
   };
   void touch() { prepared_ = {}; }
+  // Room in prep_buf_ for the q8_1 activations of rows x k (decode sizes, k % 32 == 0): describes them
+  // in prepared_.act (prepared_.x stays null until the producer is launched), or null without room. The
+  // buffer grows outside a capture only; graphs recorded with the old one are dropped.
+  const cuda::Activations* prepare_slot(const float* x, int64_t rows, int64_t k) {
+    if (rows > cuda::kDecodeMaxRows || k % 32 != 0 || !x) return nullptr;
+    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, rows, k);
+    if (prep_buf_.size() < qb) {
+      if (capturing_) return nullptr;
+      stale_graphs_ = true;
+      synchronize();
+      prep_buf_ = DeviceBuffer(*this, std::max(qb, prep_buf_.size() * 2));
+    }
+    auto* q = static_cast<int8_t*>(prep_buf_.data());
+    auto* ds = reinterpret_cast<float2*>(q + cuda::Workspace::round((size_t)(rows * k)));
+    prepared_ = {.x = nullptr, .act = {.format = cuda::ActFormat::q8_1, .data = q,
+                                       .aux = reinterpret_cast<const float*>(ds), .m = rows, .k = k}};
+    return &prepared_.act;
+  }
   const cuda::Activations* prepared(const float* x, int64_t m, int64_t k, DType w_type) const {
     if (!prepared_.x || prepared_.x != x || prepared_.act.m != m || prepared_.act.k != k) return nullptr;
     if (!cuda::matmul_supported(w_type) || cuda::activation_format(w_type, m) != cuda::ActFormat::q8_1)

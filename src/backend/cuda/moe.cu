@@ -193,18 +193,22 @@ int gate_up_lanes() {
   return lanes;
 }
 
-// Warp = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot), so every
-// weight load of the row is in flight together; the slots are then summed in slot order.
-template <DType T>
+// kSplit warps = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot,
+// warp p of the row taking every kSplit-th chunk from chunk p), so every weight load of the row is in flight
+// together; the warps' partial sums per slot are added in warp order, then the slots in slot order.
+template <DType T, int kSplit>
 __global__ void __launch_bounds__(128)
     down_kernel(const void* const* __restrict__ down, const int32_t* __restrict__ ids,
                 const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
                 const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
                 bool accumulate, int lps_log2) {
   pdl_begin();
+  constexpr int kRows = 4 / kSplit;  // rows per CTA
+  __shared__ float part[4][32];
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t d = (int64_t)blockIdx.x * 4 + warp;
+  const int r = warp / kSplit, wp = warp % kSplit;
+  const int64_t d = (int64_t)blockIdx.x * kRows + r;
   const bool d_ok = d < D;
   const int lps = 1 << lps_log2, j = lane >> lps_log2, sub = lane & (lps - 1);
   const int nc = (int)(F / Dot<T>::kElems);
@@ -218,10 +222,19 @@ __global__ void __launch_bounds__(128)
       const ActView a{hq + p * F, hds + p * (F / 32), F};
       const uint8_t* row = w + (size_t)d * row_bytes;
 #pragma unroll 4
-      for (int c = sub; c < nc; c += lps) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
+      for (int c = sub + lps * wp; c < nc; c += lps * kSplit)
+        Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
     }
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
+  if constexpr (kSplit > 1) {
+    part[warp][lane] = acc[0];
+    __syncthreads();
+    if (wp != 0) return;
+    float v = 0.0f;
+    for (int q = 0; q < kSplit; ++q) v += part[warp + q][lane];
+    acc[0] = v;
+  }
   float sum = 0.0f;
   for (int jj = 0; jj < kslots; ++jj) {
     const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
@@ -229,6 +242,17 @@ __global__ void __launch_bounds__(128)
     if (hv) sum += weights[t * kslots + jj] * v;
   }
   if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
+}
+
+// Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
+// t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4); XPERT_MOE_DOWN_SPLIT=1 or 4 to compare.
+int down_split() {
+  static const int split = [] {
+    const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
+    const int v = env ? std::atoi(env) : 2;
+    return v == 1 || v == 4 ? v : 2;
+  }();
+  return split;
 }
 
 // --------------------------------------------------------------------------------------- grouped path
@@ -449,9 +473,12 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     int lps_log2 = 5;
     while ((1 << (5 - lps_log2)) < k) --lps_log2;
     dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
-      const dim3 grid((unsigned)((D + 3) / 4), (unsigned)n);
-      launch_pdl(down_kernel<T>, grid, 128, 0, stream, e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes,
-                                               b.hq, b.hds, run.out, run.accumulate, lps_log2);
+      const int split = down_split();
+      const unsigned rows_per_cta = 4 / split;
+      const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
+      auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
+      launch_pdl(kernel, grid, 128, 0, stream, e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
+                 b.hds, run.out, run.accumulate, lps_log2);
       XPERT_CUDA_CHECK_LAUNCH();
     });
     return;

@@ -34,6 +34,16 @@ void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, 
                   int64_t n_rot, float freq_base, float freq_scale, RopeMode mode, float eps,
                   cudaStream_t stream);
 
+// The same for a decode step into an f16 cache: q normalized and rotated in place; k normalized, rotated and
+// stored, and v stored, at row pos[t] of slot slots[t] (cache + slot * slot_stride + pos * n_head_kv *
+// head_dim halves; slots may be null) -- qk_norm_rope then store_kv_f16 of k and of v, in one launch (k
+// itself is left as it was). Norm weights may be null (no norm).
+void qk_norm_rope_store_f16(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
+                            const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
+                            int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, RopeMode mode,
+                            float eps, uint16_t* k_cache, uint16_t* v_cache, int64_t slot_stride,
+                            const int32_t* slots, cudaStream_t stream);
+
 // x: rows of n_heads * head_dim, one per token at position pos[t]; rotates the first n_rot dims of each head.
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
           float freq_base, float freq_scale, RopeMode mode, cudaStream_t stream);
