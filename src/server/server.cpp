@@ -568,6 +568,12 @@ void Server::set_ready(const ServedModel& m) {
 
 void Server::stop() {
   impl_->stopping.store(true);
+  // httplib's stop() does nothing until the listener thread has entered its loop: a stop right after
+  // start() (a model that fails to load) would leave wait() joining a listener that never ends. It
+  // enters at once; the bound covers a listener that already returned.
+  if (impl_->listener.joinable())
+    for (int i = 0; i < 2000 && !impl_->http.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   impl_->http.stop();
 }
 
