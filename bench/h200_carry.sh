@@ -4,6 +4,7 @@
 # libraries it needs (fmt, cpp-httplib, pcre2, ssl/crypto, brotli) into .devbin/ and .devbin/lib, and
 # carry .devbin plus .lcp/ (llama.cpp's source from llama-cpp-python, trimmed). Steps:
 #   bench/h200_carry.sh llama           # build llama.cpp's llama-bench with CUDA (~4 min on 16 cores)
+#   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 # Results go to $OUT (or /tmp/xpw/out).
@@ -28,18 +29,34 @@ case "${1:-}" in
       cmake --build "$W/lcpb" -j 16 --target llama-bench >>"$OUT/lcp_build.log" 2>&1
     echo "llama.cpp build rc=$?"
     ;;
+  cuda)
+    {
+      for preset in qwen3-30b-a3b qwen3.5-35b-a3b; do
+        f=$(synth $preset | tail -1)
+        echo "## $preset: xpert"
+        "$X" bench -m "$f" -p 512 -n 128 -r 3 2>&1 | grep '|'
+        echo "## $preset: llama.cpp"
+        "$L" -m "$f" -ngl 99 -p 512 -n 128 -r 3
+        echo "## $preset: xpert again"
+        "$X" bench -m "$f" -p 512 -n 128 -r 3 2>&1 | grep '|' | tail -2
+      done
+    } 2>&1 | tee "$OUT/cuda.md"
+    ;;
   het)
     f=$(synth qwen3-30b-a3b | tail -1)
+    prof=$W/qwen3-30b-a3b.profile.json
     {
       echo "## llama.cpp, every expert on the CPU"
       "$L" -m "$f" -ngl 99 --n-cpu-moe 48 -p 512 -n 64 -r 2
-      for g in 0 32 64 96; do
-        echo "## xpert --num-gpu-experts $g"
-        "$X" bench -m "$f" -p 512 -n 64 -r 2 --num-gpu-experts $g 2>&1 | tail -2
-      done
-      for share in 0.5 0.25; do
-        echo "## xpert --num-gpu-experts 0, XPERT_STREAM_SHARE=$share"
-        XPERT_STREAM_SHARE=$share "$X" bench -m "$f" -p 0 -n 64 -r 2 --num-gpu-experts 0 2>&1 | tail -1
+      echo "## xpert, every expert on the host"
+      "$X" bench -m "$f" -p 512 -n 64 -r 2 --num-gpu-experts 0 2>&1 | grep '|' | tail -2
+      echo "## routing profile of the synth (xpert profile, CPU)"
+      "$X" profile -m "$f" -n 16 -o "$prof" 2>&1 | tail -12
+      for g in 32 64 96; do
+        for p in none "$prof"; do
+          echo "## xpert --num-gpu-experts $g --expert-profile $(basename "$p")"
+          "$X" bench -m "$f" -p 0 -n 64 -r 2 --num-gpu-experts $g --expert-profile "$p" 2>&1 | grep '|' | tail -1
+        done
       done
     } 2>&1 | tee "$OUT/het.md"
     ;;
@@ -55,5 +72,5 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/depth.md"
     ;;
-  *) echo "usage: $0 llama|het|depth [DEPTHS]" >&2; exit 2 ;;
+  *) echo "usage: $0 llama|cuda|het|depth [DEPTHS]" >&2; exit 2 ;;
 esac
