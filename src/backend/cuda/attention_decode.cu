@@ -52,6 +52,7 @@ struct DecodeParams {
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
   int n_head, group, n_hchunk, max_splits, min_keys, max_kv, window;
+  bool wide;  // cache bases and slot stride 16-byte aligned: quantized slices copied in 16/8-byte pieces
   float scale_log2;  // kq_scale * log2(e)
 };
 
@@ -100,7 +101,7 @@ __device__ __forceinline__ void dequantize_stage(const char* raw, uint32_t tile,
 // head slice of key 0, rows row_bytes apart; `fallback` a key that may be read for the invalid rows.
 template <int D, int T>
 __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t row_bytes, int key0, int end,
-                                          int fallback, int lane) {
+                                          int fallback, int lane, bool wide) {
   if constexpr (T == kKvF16) {
     constexpr int kChunks = D / 8;
 #pragma unroll
@@ -110,6 +111,28 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
       const bool valid = key0 + row < end;
       const int64_t r = valid ? key0 + row : fallback;
       cp_async16(dst + swizzle<D>(row, ch) * 16, src + r * row_bytes + ch * 16, valid);
+    }
+  } else if (wide) {
+    // Slices of 16n (8n) bytes at 16 (8) byte aligned addresses: 4x (2x) fewer copies than by words.
+    constexpr int kSlice = (int)kv_bytes<T>(D);
+    constexpr int kVec = kSlice % 16 == 0 ? 16 : kSlice % 8 == 0 ? 8 : 4;
+    constexpr int kUnits = kSlice / kVec;
+#pragma unroll
+    for (int it = 0; it < (kStepKeys * kUnits + 31) / 32; ++it) {
+      const int i = lane + 32 * it;
+      if (i < kStepKeys * kUnits) {
+        const int row = i / kUnits, u = i % kUnits;
+        const bool valid = key0 + row < end;
+        const int64_t r = valid ? key0 + row : fallback;
+        const uint32_t d = dst + row * kSlice + u * kVec;
+        const char* s = src + r * row_bytes + u * kVec;
+        if constexpr (kVec == 16)
+          cp_async16(d, s, valid);
+        else if constexpr (kVec == 8)
+          cp_async8(d, s, valid);
+        else
+          cp_async4(d, s, valid);
+      }
     }
   } else {
     constexpr int kWords = (int)kv_bytes<T>(D) / 4;  // per slice
@@ -172,8 +195,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   auto load_step = [&](int step) {
     const uint32_t ks = ring + (step % kStages) * kStageBytes;
     const int key0 = kb + step * kStepKeys;
-    load_side<D, KT>(ks, kg, p.k_row, key0, ke, kb, lane);
-    load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, ke, kb, lane);
+    load_side<D, KT>(ks, kg, p.k_row, key0, ke, kb, lane, p.wide);
+    load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, ke, kb, lane, p.wide);
   };
 
   float o[D / 16][4];
@@ -498,6 +521,7 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.max_kv = (int)a.max_kv;
   p.window = a.sliding_window;
   p.scale_log2 = a.kq_scale * kLog2e;
+  p.wide = (((uintptr_t)a.k | (uintptr_t)a.v | (uintptr_t)a.slot_stride) & 15) == 0;
   switch (a.head_dim) {
     case 64:
       return launch_k<64>(a, pl, p, stream);

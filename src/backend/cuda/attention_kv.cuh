@@ -87,6 +87,10 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
   const int n = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 
 // Value i of one head's slice, for the plain kernel (any type, chosen at run time).
 __device__ __forceinline__ float kv_value(const char* head, int kind, int64_t i) {
