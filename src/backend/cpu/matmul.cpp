@@ -179,6 +179,22 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
 
+namespace {
+// W rows [j0, j1) against packed X rows [i0, i1), tile by tile (kXChunkRows x kWChunkRows): the loop of
+// matmul and matmul_batch.
+void tile_rows(TileKernel kernel, int64_t k, const uint8_t* w, size_t w_row_bytes, const uint8_t* packed,
+               const PackedLayout& layout, int64_t j0, int64_t j1, int64_t i0, int64_t i1, float* y, int64_t ldy) {
+  for (int64_t xc = i0; xc < i1; xc += kXChunkRows) {
+    const int64_t nx = std::min(kXChunkRows, i1 - xc);
+    for (int64_t wc = j0; wc < j1; wc += kWChunkRows) {
+      const int64_t nw = std::min(kWChunkRows, j1 - wc);
+      kernel(k, w + wc * w_row_bytes, w_row_bytes, nw, packed + xc * layout.row_bytes, layout, nx, y + xc * ldy + wc,
+             ldy);
+    }
+  }
+}
+}  // namespace
+
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool) {
   XP_ASSERT(n >= 0 && m >= 0 && ldy >= n);
@@ -230,14 +246,7 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
     return;
   }
   auto compute = [&](int64_t j0, int64_t j1, int64_t i0, int64_t i1) {
-    for (int64_t xc = i0; xc < i1; xc += kXChunkRows) {
-      const int64_t nx = std::min(kXChunkRows, i1 - xc);
-      for (int64_t wc = j0; wc < j1; wc += kWChunkRows) {
-        const int64_t nw = std::min(kWChunkRows, j1 - wc);
-        kernel(k, w_bytes + wc * w_row_bytes, w_row_bytes, nw, packed + xc * layout.row_bytes, layout, nx,
-               y + xc * ldy + wc, ldy);
-      }
-    }
+    tile_rows(kernel, k, w_bytes, w_row_bytes, packed, layout, j0, j1, i0, i1, y, ldy);
   };
   // Split the weight rows over threads (each thread reads only its share of W: what decode needs); when
   // there are too few rows for that and many X rows, split X instead.
@@ -339,15 +348,8 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
     for (size_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) {
       const MatmulJob& j = jobs[chunks[c].job];
       const Prepared& p = prep[chunks[c].job];
-      const auto* w = static_cast<const uint8_t*>(j.w);
-      for (int64_t xc = 0; xc < j.m; xc += kXChunkRows) {
-        const int64_t nx = std::min(kXChunkRows, j.m - xc);
-        for (int64_t wc = chunks[c].r0; wc < chunks[c].r1; wc += kWChunkRows) {
-          const int64_t nw = std::min(kWChunkRows, chunks[c].r1 - wc);
-          p.kernel(j.k, w + wc * p.w_row_bytes, p.w_row_bytes, nw, p.packed + xc * p.layout.row_bytes, p.layout,
-                   nx, j.y + xc * j.ldy + wc, j.ldy);
-        }
-      }
+      tile_rows(p.kernel, j.k, static_cast<const uint8_t*>(j.w), p.w_row_bytes, p.packed, p.layout, chunks[c].r0,
+                chunks[c].r1, 0, j.m, j.y, j.ldy);
     }
   });
 }
