@@ -8,13 +8,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "backend/backend.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "cli/commands.h"
 #include "model/model.h"
+#include "model/routing_stats.h"
 #include "runtime/session.h"
 
 namespace xpert::cli {
@@ -73,6 +76,7 @@ Command add_bench(CLI::App& app) {
     int reps = 5;
     std::vector<int64_t> depths = {0};
     std::string output = "md";
+    std::string profile_out;
   };
   auto o = std::make_shared<Opts>();
   o->m.add(app, false);
@@ -84,6 +88,10 @@ Command add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
   app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
+  app.add_option("--profile-out", o->profile_out,
+                 "MoE models: write how often each layer routed to each expert over the benchmarked tokens to this "
+                 "file (a routing profile for --expert-profile). Counted where the routing reaches the host: the "
+                 "CPU, or layers whose experts are split (--num-gpu-experts below all); counting costs some speed");
   return [o] {
     const int64_t max_depth = *std::max_element(o->depths.begin(), o->depths.end());
     SessionOptions so{.n_ctx = max_depth + std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1),
@@ -95,6 +103,12 @@ Command add_bench(CLI::App& app) {
     auto model = load_model(o->m, {.n_parallel = 1, .cache_ram_bytes = so.cache_ram_bytes, .n_ctx = so.n_ctx});
     prefetch_weights(model->file());
     const ModelConfig& c = model->config();
+    std::unique_ptr<RoutingStats> routing;
+    if (!o->profile_out.empty()) {
+      if (c.n_expert <= 0) fail("--profile-out: {} ({}) has no routed experts", o->m.model, c.arch);
+      routing = std::make_unique<RoutingStats>(*model);
+      so.routing_stats = routing.get();
+    }
     Session s(*model, so);
     std::mt19937 rng(1234);
     std::vector<Result> results;
@@ -112,6 +126,13 @@ Command add_bench(CLI::App& app) {
           r.tps.push_back(run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab));
         results.push_back(std::move(r));
       }
+    }
+    if (routing) {
+      if (routing->empty())
+        fail("--profile-out: no routing was counted (every MoE layer ran wholly on the GPU: give "
+             "--num-gpu-experts below the expert count, or run on the CPU)");
+      routing->save(o->profile_out, ModelIdentity::of(*model));
+      log::info("routing profile of {} tokens written to {}", routing->max_tokens(), o->profile_out);
     }
     size_t bytes = 0;
     int64_t params = 0;

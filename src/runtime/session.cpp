@@ -38,7 +38,7 @@ const std::vector<float>& Session::eval(std::span<const int32_t> tokens) {
     size_t n = std::min<size_t>(chunk, tokens.size() - i);
     if (every > 0) n = std::min<size_t>(n, (n_past_ / every + 1) * every - n_past_);  // up to a checkpoint
     ForwardArgs a{.tokens = tokens.subspan(i, n), .pos0 = (int32_t)n_past_, .cache = &cache_, .seq = 0, .all_logits = false,
-                  .state = state_.get()};
+                  .state = state_.get(), .routing_stats = opts_.routing_stats};
     model_.forward(a, logits_, pool_);
     n_past_ += n;
     i += n;

@@ -15,6 +15,8 @@
 
 namespace xpert {
 
+class RoutingStats;
+
 struct SessionOptions {
   int64_t n_ctx = 4096;   // 0: the model's trained context
   int n_threads = 0;      // 0: physical cores
@@ -24,6 +26,7 @@ struct SessionOptions {
   size_t cache_ram_bytes = 0;
   int64_t checkpoint_every = 0;
   KvTypes cache_types = {};  // --cache-type-k / --cache-type-v
+  RoutingStats* routing_stats = nullptr;  // MoE models: count every pass's expert choices here (may be null)
 };
 
 class Session {

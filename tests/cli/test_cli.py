@@ -69,6 +69,21 @@ def test_profile_writes_a_profile(xpert, tmp_path):
     assert r.returncode != 0 and b"missing.txt" in r.stderr
 
 
+def test_bench_profile_out(xpert, model, tmp_path):
+    # The routing of the benchmarked tokens as a profile (warm-up + timed runs, prompt and generated tokens);
+    # refused for a dense model.
+    moe = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen3moe.gguf")
+    out = tmp_path / "bench-profile.json"
+    r = xpert("bench", "-m", moe, "-p", 16, "-n", 4, "-r", 1, "-t", 2, "--profile-out", out)
+    assert r.returncode == 0, r.stderr.decode()
+    p = json.loads(out.read_text())
+    assert p["tokens"] == 2 * (16 + 4)
+    k = p["model"]["n_expert_used"]
+    assert all(sum(layer) == p["tokens"] * k for layer in p["counts"])
+    r = xpert("bench", "-m", model, "-p", 8, "-n", 0, "-r", 1, "--profile-out", out)
+    assert r.returncode != 0 and b"no routed experts" in r.stderr
+
+
 def test_tokenize_matches_llama_cpp(xpert, model):
     c = case("chinese")
     r = xpert("tokenize", "-m", model, "-p", c["prompt"])
