@@ -50,8 +50,8 @@ case "${1:-}" in
       "$L" -m "$f" -ngl 99 --n-cpu-moe 48 -p 512 -n 64 -r 2
       echo "## xpert, every expert on the host"
       "$X" bench -m "$f" -p 512 -n 64 -r 2 --num-gpu-experts 0 2>&1 | grep '|' | tail -2
-      echo "## routing profile of the synth (xpert profile, CPU)"
-      "$X" profile -m "$f" -n 16 -o "$prof" 2>&1 | tail -12
+      echo "## routing profile of the benchmarked tokens (every expert on the host, so every layer is counted)"
+      "$X" bench -m "$f" -p 0 -n 64 -r 2 --num-gpu-experts 0 --profile-out "$prof" 2>&1 | grep '|' | tail -1
       for g in 32 64 96; do
         for p in none "$prof"; do
           echo "## xpert --num-gpu-experts $g --expert-profile $(basename "$p")"
