@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
@@ -37,6 +38,18 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes) { std::memmove(d
 
 void CpuBackend::matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) {
   cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, ldy ? ldy : w.ne[1], *pool_);
+}
+
+// Decode (fewer X rows than the prefill panels take): one parallel region and one quantized copy of x for
+// all the products (q, k and v pay one fork-join instead of three); the same tile kernels, so the same bits.
+void CpuBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
+  if (m >= 8 || jobs.size() < 2) return Backend::matmuls(x, m, jobs);
+  std::vector<cpu::MatmulJob> batch;
+  batch.reserve(jobs.size());
+  for (const MatmulJob& j : jobs)
+    batch.push_back({.w_type = j.w->type, .w = j.w->data, .n = j.w->ne[1], .k = j.w->ne[0], .x = x, .m = m,
+                     .y = j.y, .ldy = j.ldy ? j.ldy : j.w->ne[1]});
+  cpu::matmul_batch(batch, *pool_);
 }
 void CpuBackend::rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   cpu::rmsnorm(x, w, y, rows, n, eps);

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override;
 
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override;
+  void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
             float freq_base, float freq_scale, RopeMode mode) override;
