@@ -209,6 +209,48 @@ TEST(Matmul, KQuantDecodeHasTheSmallBatchBits) {
   }
 }
 
+// matmul_batch (a MoE step's experts, a layer's q/k/v through CpuBackend::matmuls) gives each job the bits
+// matmul gives it alone: the same tile kernels over the same packed X, whatever the chunking. Jobs of
+// several types, two sharing x and one on another x, 1..7 X rows, 1 and 2 threads.
+TEST(Matmul, BatchHasTheBitsOfSeparateProducts) {
+  const int64_t k = 1024;
+  struct Job {
+    DType t;
+    int64_t n;
+    int x;  // which X
+  };
+  const Job kJobs[] = {{DType::Q4_K, 300, 0}, {DType::Q6_K, 77, 0}, {DType::Q8_0, 129, 1}, {DType::F32, 5, 0},
+                       {DType::Q4_0, 64, 0}};
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (int64_t m : {1, 3, 7}) {
+      const std::vector<float> x0 = random_values((size_t)(m * k), 40 + m), x1 = random_values((size_t)(m * k), 50 + m);
+      std::vector<std::vector<uint8_t>> w;
+      std::vector<std::vector<float>> got, want;
+      std::vector<cpu::MatmulJob> batch;
+      for (const Job& j : kJobs) {
+        const std::vector<float> wf = random_values((size_t)(j.n * k), 60 + j.n);
+        const size_t rb = row_bytes(j.t, k);
+        w.emplace_back(rb * j.n);
+        for (int64_t r = 0; r < j.n; ++r) quantize_row(j.t, wf.data() + r * k, w.back().data() + r * rb, k);
+      }
+      for (size_t i = 0; i < std::size(kJobs); ++i) {
+        const Job& j = kJobs[i];
+        const float* x = j.x ? x1.data() : x0.data();
+        got.emplace_back((size_t)(m * j.n), -1.0f);
+        want.emplace_back((size_t)(m * j.n));
+        cpu::matmul(j.t, w[i].data(), j.n, k, x, m, want.back().data(), j.n, pool);
+      }
+      for (size_t i = 0; i < std::size(kJobs); ++i)
+        batch.push_back({.w_type = kJobs[i].t, .w = w[i].data(), .n = kJobs[i].n, .k = k,
+                         .x = kJobs[i].x ? x1.data() : x0.data(), .m = m, .y = got[i].data(), .ldy = kJobs[i].n});
+      cpu::matmul_batch(batch, pool);
+      for (size_t i = 0; i < std::size(kJobs); ++i)
+        EXPECT_EQ(got[i], want[i]) << dtype_name(kJobs[i].t) << " m " << m << " threads " << threads;
+    }
+  }
+}
+
 TEST(Matmul, EmptyShapesAreNoOps) {
   ThreadPool pool(2);
   float y = 7.0f;
