@@ -27,6 +27,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
+#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda {
 namespace {
@@ -345,18 +346,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
     const float v = L > 0.0f ? o / L : 0.0f;
     const int64_t at = ((int64_t)seq * p.n_head + h) * D + d;
     p.out[at] = v;
-    if (p.out_q) {  // this warp holds one whole 32-block (D % 32 == 0): quantize_q8_1_kernel's rounding
-      float amax = fabsf(v);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
-      int qs = qi;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
-      p.out_q[at] = (int8_t)qi;
-      const float dq = amax / 127.0f;
-      if (tid == 0) p.out_ds[at / 32] = make_float2(dq, dq * (float)qs);
-    }
+    // This warp holds one whole 32-block (D % 32 == 0).
+    if (p.out_q) warp_quantize_q8_1(v, p.out_q + at, p.out_ds + at / 32);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda {
 
@@ -171,25 +172,22 @@ __global__ void __launch_bounds__(64 * kLanes)
   }
   __syncthreads();
   if (warp == 0) {
-    const float v = h[lane];
-    float amax = fabsf(v);
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
-    int s = q;
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(kFull, s, off);
-    hq[p * F + blockIdx.x * 32 + lane] = (int8_t)q;
-    if (lane == 0) hds[p * (F / 32) + blockIdx.x] = make_float2(amax / 127.0f, amax / 127.0f * (float)s);
+    warp_quantize_q8_1(h[lane], hq + p * F + blockIdx.x * 32 + lane, hds + p * (F / 32) + blockIdx.x);
   }
+}
+
+// A kernel variant chosen by an environment variable (for A/B measurements): its value when it is one of
+// a or b, else the default.
+int env_variant(const char* name, int dflt, int a, int b) {
+  const char* env = std::getenv(name);
+  const int v = env ? std::atoi(env) : dflt;
+  return v == a || v == b ? v : dflt;
 }
 
 // Lanes per row of the gate/up kernel: 8 by default (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s
 // and qwen3.5-35b-a3b 259 / 266 with 4 / 8 / 16); XPERT_MOE_LANES=4 or 16 to compare.
 int gate_up_lanes() {
-  static const int lanes = [] {
-    const char* env = std::getenv("XPERT_MOE_LANES");
-    const int v = env ? std::atoi(env) : 8;
-    return v == 4 || v == 16 ? v : 8;
-  }();
+  static const int lanes = env_variant("XPERT_MOE_LANES", 8, 4, 16);
   return lanes;
 }
 
@@ -247,11 +245,7 @@ __global__ void __launch_bounds__(128)
 // Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
 // t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4); XPERT_MOE_DOWN_SPLIT=1 or 4 to compare.
 int down_split() {
-  static const int split = [] {
-    const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
-    const int v = env ? std::atoi(env) : 2;
-    return v == 1 || v == 4 ? v : 2;
-  }();
+  static const int split = env_variant("XPERT_MOE_DOWN_SPLIT", 2, 1, 4);
   return split;
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
+#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda {
 
@@ -131,18 +132,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = first; i < n; i += step) {
     const float v = w ? __fmul_rn(__fmul_rn(xr[i], s), w[i]) : __fmul_rn(xr[i], s);
     yr[i] = v;
-    if (q) {  // n % 32 == 0 and step % 32 == 0: this warp holds block i / 32 whole
-      float amax = fabsf(v);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
-      int qs = qi;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
-      q[row * n + i] = (int8_t)qi;
-      const float dq = amax / 127.0f;
-      if (lane == 0) ds[(row * n + i) / 32] = make_float2(dq, dq * (float)qs);
-    }
+    // n % 32 == 0 and step % 32 == 0: this warp holds block i / 32 whole
+    if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
   }
 }
 
@@ -191,18 +182,7 @@ __global__ void __launch_bounds__(kWideThreads)
     if (i >= n) break;  // n % 32 == 0 with q: whole warps leave together
     const float o = w ? __fmul_rn(__fmul_rn(v[j], s), wv[j]) : __fmul_rn(v[j], s);
     yr[i] = o;
-    if (q) {
-      float amax = fabsf(o);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      const int qi = amax == 0.0f ? 0 : __float2int_rn(o * (127.0f / amax));
-      int qs = qi;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, off);
-      q[row * n + i] = (int8_t)qi;
-      const float dq = amax / 127.0f;
-      if (lane == 0) ds[(row * n + i) / 32] = make_float2(dq, dq * (float)qs);
-    }
+    if (q) warp_quantize_q8_1(o, q + row * n + i, ds + (row * n + i) / 32);
   }
 }
 

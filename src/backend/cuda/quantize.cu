@@ -8,6 +8,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul_kernels.h"
+#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda::detail {
 namespace {
@@ -20,17 +21,7 @@ __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int64_t ldx, i
   if (b >= n_blocks) return;
   const int lane = threadIdx.x & 31;
   const int64_t row = b / bpr, col = (b % bpr) * 32 + lane;
-  const float v = x[row * ldx + col];
-  float amax = fabsf(v);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float d = amax / 127.0f;
-  const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
-  int sum = qi;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  q[row * (bpr * 32) + col] = (int8_t)qi;
-  if (lane == 0) ds[b] = make_float2(d, d * (float)sum);
+  warp_quantize_q8_1(x[row * ldx + col], q + row * (bpr * 32) + col, ds + b);
 }
 
 // One CTA per row. f16: scaled by a power of two that puts max |x| in [2^14, 2^15), so nothing overflows

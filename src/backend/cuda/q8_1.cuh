@@ -1,0 +1,26 @@
+// q8_1 activations (matmul.h) made by a warp: lane i holds value i of one 32-block; d = amax / 127,
+// q = round(v / d), and (d, d * sum q) for the weights' offsets. Every CUDA producer of q8_1 (the
+// conversion kernel, the norms, the attention combine, the MoE gate/up) rounds through here, so the
+// products see the same bits whichever kernel made their input.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace xpert::cuda {
+
+// The whole warp calls it; lane i writes *q (its own element), lane 0 also *ds (the block's scale pair).
+__device__ __forceinline__ void warp_quantize_q8_1(float v, int8_t* q, float2* ds) {
+  float amax = fabsf(v);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float d = amax / 127.0f;
+  const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
+  int sum = qi;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  *q = (int8_t)qi;
+  if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * (float)sum);
+}
+
+}  // namespace xpert::cuda
