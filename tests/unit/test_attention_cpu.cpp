@@ -18,21 +18,10 @@
 #include "base/thread_pool.h"
 #include "quant/quant.h"
 #include "runtime/kv_cache.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-struct IsaCapGuard {
-  ~IsaCapGuard() { set_isa_cap(Isa::avx512); }
-};
 
 struct Case {
   int64_t n_head, n_head_kv, head_dim, n_kv;

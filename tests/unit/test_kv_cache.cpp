@@ -33,23 +33,12 @@
 #include "runtime/session.h"
 #include "runtime/state_cache.h"
 #include "sample/sampler.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
 
 const DType kTypes[] = {DType::F16, DType::Q8_0, DType::Q4_0};
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-struct IsaCapGuard {
-  ~IsaCapGuard() { set_isa_cap(Isa::avx512); }
-};
 
 struct Shape {
   int64_t n_head, n_head_kv, head_dim;

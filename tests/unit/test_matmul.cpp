@@ -10,19 +10,10 @@
 #include "base/half.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
-
-// Uniform in [-1, 1) from a fixed-seed 64-bit LCG: the same data on every standard library.
-std::vector<float> random_values(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  for (auto& f : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    f = (float)((double)(seed >> 40) * 0x1p-23 - 1.0);
-  }
-  return v;
-}
 
 struct Shape {
   int64_t k, n, m;
@@ -43,11 +34,6 @@ const Shape kShapes[] = {
 
 const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q5_0,
                               DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
-
-class IsaCapGuard {
- public:
-  ~IsaCapGuard() { set_isa_cap(Isa::avx512); }
-};
 
 TEST(Matmul, EveryIsaMatchesReference) {
   IsaCapGuard guard;

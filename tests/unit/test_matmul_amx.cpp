@@ -15,6 +15,7 @@
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "quant/quant.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
@@ -111,15 +112,6 @@ class PanelGuard {
 };
 
 // ---- data ----------------------------------------------------------------------------------------------
-
-std::vector<float> random_values(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  for (auto& f : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    f = (float)((double)(seed >> 40) * 0x1p-23 - 1.0);
-  }
-  return v;
-}
 
 const DType kTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_K};
 

@@ -8,17 +8,10 @@
 #include "backend/cpu/ops_f16.h"
 #include "base/cpu_features.h"
 #include "base/half.h"
+#include "test_data.h"
 
 namespace xpert::cpu {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 TEST(Ops, F16KernelsMatchScalarOnEveryIsa) {
   for (int64_t n : {1, 7, 16, 64, 255, 256}) {
