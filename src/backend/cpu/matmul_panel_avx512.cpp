@@ -31,17 +31,13 @@ namespace {
 
 #define XP_INLINE inline __attribute__((always_inline))
 
+#include "backend/cpu/matmul_panel_repack.inl"
+
 constexpr int kRows = (int)kPanelRows;
 static_assert(kRows == 16, "one zmm of int32 lanes per panel");
 // X rows per register tile: K-quants hold 3 zmm per row (integer sum, block sum, total), 8 rows fill 24 of
 // the 32 registers. The Q8_0 family holds 2 per row, but 12 rows measured ~3 % slower than 8.
 constexpr int kMaxMR = 8;
-
-XP_INLINE float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 XP_INLINE int32_t i32_at(const void* p) {
   int32_t v;
@@ -49,23 +45,7 @@ XP_INLINE int32_t i32_at(const void* p) {
   return v;
 }
 
-XP_INLINE __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// 16 nibbles -> 32 levels: low nibbles (elements 0..15), then high nibbles (16..31).
-XP_INLINE __m256i nibbles_32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-// Row r's levels (n_groups words of 4 bytes) into the panel: word g goes to panel group g, lane r.
-XP_INLINE void scatter_levels(const uint8_t* levels, int n_groups, uint8_t* groups, int r) {
-  for (int g = 0; g < n_groups; ++g) std::memcpy(groups + 64 * g + 4 * r, levels + 4 * g, 4);
-}
-
 // ---- Q4_0 / Q5_0 / Q8_0: panel block = 8 groups (512 B) + 16 f32 scales (64 B) ------------------------
-
-constexpr size_t kQ8BlockBytes = 8 * 64 + 64;
 
 struct Q4_0P {
   static constexpr size_t kBytes = 18;
@@ -83,21 +63,6 @@ struct Q8_0P {
   static XP_INLINE __m256i levels(const uint8_t* b) { return _mm256_xor_si256(load256(b + 2), _mm256_set1_epi8(-128)); }
 };
 
-template <class W>
-void repack_q8_0_family(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uint8_t* panel) {
-  std::memset(panel, 0, (size_t)nb * kQ8BlockBytes);  // rows past n_w: levels and scales 0
-  for (int r = 0; r < n_w; ++r) {
-    const uint8_t* row = w + (size_t)r * w_row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      alignas(32) uint8_t lv[32];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lv), W::levels(row + b * W::kBytes));
-      uint8_t* pb = panel + b * kQ8BlockBytes;
-      scatter_levels(lv, 8, pb, r);
-      const float d = f16_at(row + b * W::kBytes);
-      std::memcpy(pb + 512 + 4 * r, &d, 4);
-    }
-  }
-}
 
 // MR X rows against the panel. aux: int32 per block, -offset * sum(a).
 template <int MR>
@@ -126,58 +91,6 @@ void gemm_q8_0_family(int64_t nb, const uint8_t* panel, const uint8_t* x, const 
 
 // ---- Q4_K / Q5_K: panel block = 64 groups (4096 B) + d*sc [8][16] f32 + dmin*m [8][16] f32 ------------
 
-constexpr size_t kKBlockBytes = 64 * 64 + 2 * 8 * 64;
-constexpr size_t kQ6KBlockBytes = 64 * 64 + 16 * 64;
-
-// The 6-bit scale and min of sub-block j (quant::unpack_scale_min_k4, kept local: see the top of the file).
-XP_INLINE void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    *min = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
-template <bool kFiveBit>
-void repack_q45_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uint8_t* panel) {
-  constexpr size_t kBytes = kFiveBit ? 176 : 144;
-  constexpr size_t kQsOffset = kFiveBit ? 48 : 16;
-  std::memset(panel, 0, (size_t)nb * kKBlockBytes);
-  for (int r = 0; r < n_w; ++r) {
-    const uint8_t* row = w + (size_t)r * w_row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = row + b * kBytes;
-      uint8_t* pb = panel + b * kKBlockBytes;
-      alignas(32) uint8_t lv[256];
-      for (int ch = 0; ch < 4; ++ch) {
-        const __m256i raw = load256(blk + kQsOffset + 32 * ch);
-        __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-        if constexpr (kFiveBit) {
-          // bit s of qh[l] is bit 4 of element 32s + l
-          const __m256i qh = load256(blk + 16);
-          const __m256i bit_lo = _mm256_set1_epi8((char)(1 << (2 * ch))), bit_hi = _mm256_set1_epi8((char)(2 << (2 * ch)));
-          const __m256i x10 = _mm256_set1_epi8(0x10);
-          lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qh, bit_lo), x10));
-          hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(qh, bit_hi), x10));
-        }
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lv + 64 * ch), lo);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lv + 64 * ch + 32), hi);
-      }
-      scatter_levels(lv, 64, pb, r);
-      const float d = f16_at(blk), dmin = f16_at(blk + 2);
-      for (int s = 0; s < 8; ++s) {
-        uint8_t sc, m;
-        scale_min_k4(s, blk + 4, &sc, &m);
-        const float dsc = d * (float)sc, dm = dmin * (float)m;
-        std::memcpy(pb + 4096 + 64 * s + 4 * r, &dsc, 4);
-        std::memcpy(pb + 4096 + 512 + 64 * s + 4 * r, &dm, 4);
-      }
-    }
-  }
-}
 
 // aux: f32 per 32 elements, sum(a) of the sub-block (for the mins).
 template <int MR>
@@ -217,38 +130,6 @@ void gemm_q45_k(int64_t nb, const uint8_t* panel, const uint8_t* x, const Packed
 
 // ---- Q6_K: panel block = 64 groups (4096 B) + d*sc [16][16] f32 ----------------------------------------
 
-void repack_q6_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uint8_t* panel) {
-  std::memset(panel, 0, (size_t)nb * kQ6KBlockBytes);
-  for (int r = 0; r < n_w; ++r) {
-    const uint8_t* row = w + (size_t)r * w_row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = row + b * 210;
-      uint8_t* pb = panel + b * kQ6KBlockBytes;
-      alignas(32) uint8_t lv[256];
-      for (int half = 0; half < 2; ++half) {
-        // Elements 128 half + 32 g + l: low 4 bits from ql (nibble g/2 of byte 32 (g%2) + l), high 2 bits
-        // from bits 2g of qh[l].
-        const __m256i ql0 = load256(blk + 64 * half), ql1 = load256(blk + 64 * half + 32);
-        const __m256i qh = load256(blk + 128 + 32 * half);
-        const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
-            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
-        for (int g = 0; g < 4; ++g)
-          _mm256_store_si256(reinterpret_cast<__m256i*>(lv + 128 * half + 32 * g), q[g]);
-      }
-      scatter_levels(lv, 64, pb, r);
-      const float d = f16_at(blk + 208);
-      for (int s = 0; s < 16; ++s) {
-        const float dsc = d * (float)(int8_t)blk[192 + s];
-        std::memcpy(pb + 4096 + 64 * s + 4 * r, &dsc, 4);
-      }
-    }
-  }
-}
 
 // aux: int32 per 16 elements, -32 * sum(a) of the sub-block (the levels' offset).
 template <int MR>
@@ -341,7 +222,7 @@ void panel_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, c
 
 void panel_q6_k(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                 const PackedLayout& l, int64_t n_x, float* y, int64_t ldy, uint8_t* scratch) {
-  repack_q6_k(k / 256, w, w_row_bytes, (int)n_w, scratch);
+  repack_q6_k<0>(k / 256, w, w_row_bytes, (int)n_w, scratch);  // levels unsigned for vpdpbusd
   gemm_all_rows<Q6KGemm, kMaxMR>(k / 256, scratch, x, l, n_x, y, ldy, (int)n_w);
 }
 
