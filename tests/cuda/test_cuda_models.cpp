@@ -65,6 +65,20 @@ float max_abs(const std::vector<float>& v) {
   return m;
 }
 
+// How many greedy tokens b agrees with a on; where they part, a's logits for the two choices must be a
+// near-tie (kTieGap of max |logit|).
+size_t greedy_agreement(const Outputs& a, const Outputs& b, int64_t V) {
+  size_t agree = 0;
+  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
+  if (agree < a.tokens.size()) {
+    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
+                                             : a.step_logits[agree - 1];
+    const float gap = std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l);
+    EXPECT_LT(gap, kTieGap) << "greedy diverges at token " << agree << " without a near-tie";
+  }
+  return agree;
+}
+
 class CudaModel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(CudaModel, MatchesCpu) {
@@ -85,15 +99,8 @@ TEST_P(CudaModel, MatchesCpu) {
   float worst = 0;
   for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
   EXPECT_LT(worst / scale, kLogitTol) << file;
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    // First divergence: the CPU's logits for the two choices must be a near-tie.
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    const float gap = std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l);
-    EXPECT_LT(gap, kTieGap) << file << ": greedy diverges at token " << agree << " without a near-tie";
-  }
+  SCOPED_TRACE(file);
+  const size_t agree = greedy_agreement(a, b, V);  // the CPU's logits decide a near-tie
   std::printf("%s, %s on the GPU: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n",
               file.c_str(), fraction == 2 ? "all layers" : "half the layers", worst / scale, agree, a.tokens.size());
 }
@@ -144,13 +151,7 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
   float cpu_gap = 0;
   for (size_t i = 0; i < a.prefill.size(); ++i) cpu_gap = std::max(cpu_gap, std::fabs(a.prefill[i] - h.prefill[i]));
   EXPECT_LT(worst, std::max(kLogitTol * scale, cpu_gap)) << "the CPU alone differs by " << cpu_gap / scale;
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    EXPECT_LT(std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l), kTieGap);
-  }
+  const size_t agree = greedy_agreement(a, b, V);
   std::printf("%s, split %d%s: prefill max|d|/max|logit| %.2e (CPU alone %.2e), greedy agrees on %zu of %zu tokens\n",
               file.c_str(), split, streamed ? " streamed" : mode == SplitMode::shared ? " shared" : "", worst / scale,
               cpu_gap / scale, agree, a.tokens.size());
@@ -216,13 +217,7 @@ TEST_P(CudaSplitExperts, MovingExpertsKeepsOutput) {
       next = argmax(logits.data(), V);
     }
   }
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    EXPECT_LT(std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l), kTieGap);
-  }
+  const size_t agree = greedy_agreement(a, b, V);
   // Fresh prompts through the moved model and the one placed that way from the start: the same bits.
   std::vector<int32_t> prompt2;
   for (int i = 0; i < 12; ++i) prompt2.push_back((int32_t)((i * 4241 + 5) % V));
@@ -267,13 +262,7 @@ TEST_P(CudaQuantizedKv, MatchesCpu) {
   float worst = 0;
   for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
   EXPECT_LT(worst / scale, kLogitTol);
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    EXPECT_LT(std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l), kTieGap);
-  }
+  const size_t agree = greedy_agreement(a, b, V);
   std::printf("%s K %s V %s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", preset.c_str(),
               kt.c_str(), vt.c_str(), worst / scale, agree, a.tokens.size());
 }
