@@ -46,13 +46,7 @@ class Dev {
   size_t n_;
 };
 
-inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using ::xpert::randn;  // the unit tests' normal generator (test_data.h)
 
 struct Err {
   double max_abs = 0, rel_l2 = 0, ref_max = 0;

@@ -15,6 +15,7 @@
 #include "backend/cuda/device.h"
 #include "base/error.h"
 #include "quant/quant.h"
+#include "../unit/test_data.h"
 
 namespace xpert::cudatest {
 
@@ -46,15 +47,8 @@ std::vector<T> from_device(const cuda::DeviceBuffer& b, size_t count) {
   return v;
 }
 
-// Uniform in [-1, 1) from a 64-bit LCG: the same data on every standard library.
-inline std::vector<float> random_values(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  for (auto& f : v) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    f = (float)((double)(seed >> 40) * 0x1p-23 - 1.0);
-  }
-  return v;
-}
+// Uniform in [-1, 1) from a 64-bit LCG: the unit tests' generator (test_data.h).
+using ::xpert::random_values;
 
 inline uint64_t lcg_next(uint64_t& s) {
   s = s * 6364136223846793005ull + 1442695040888963407ull;
