@@ -221,7 +221,9 @@ void GGUFWriter::serialize(const Sink& sink) const {
     out.put<uint64_t>(offset);
     offset += padded(t.data.size(), alignment);
   }
-  out.pad_to(alignment);
+  // The padding only places tensor data: a file without tensors ends with its index (a huge alignment
+  // would otherwise make it that large).
+  if (!tensors_.empty()) out.pad_to(alignment);
   for (const PendingTensor& t : tensors_) {
     out.bytes(t.data.data(), t.data.size());
     out.pad_to(alignment);
