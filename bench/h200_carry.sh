@@ -7,6 +7,10 @@
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
+#   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
+# A later call that carries those parts as .lcpbin/ (instead of .lcp/) gets llama-bench without a rebuild;
+# .lcpbin/devbin.txz (`tar -cJf .lcpbin/devbin.txz .devbin`) carries xpert compressed beside it, and
+# `bench/h200_carry.sh unpack` only unpacks both (for a call that then runs tests).
 # Results go to $OUT (or /tmp/xpw/out).
 set -uo pipefail
 W=/tmp/xpw
@@ -15,6 +19,12 @@ mkdir -p "$W" "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=$PWD/.devbin/lib XPERT_SOURCE_DIR=$PWD
 X=$PWD/.devbin/xpert
 L=$W/lcpb/bin/llama-bench
+if [[ -s .lcpbin/devbin.txz ]]; then  # xpert carried compressed (see pack); replaces a stale .devbin
+  rm -rf .devbin && tar -xJf .lcpbin/devbin.txz || echo "unpacking .lcpbin/devbin.txz failed"
+fi
+if [[ ! -x $L && -d .lcpbin ]]; then  # a carried prebuilt (see pack): same path, so its RPATH holds
+  mkdir -p "$W/lcpb" && cat .lcpbin/lcpbin.txz.* | tar -xJf - -C "$W/lcpb" || echo "unpacking .lcpbin failed"
+fi
 synth() {  # preset -> file, written once per machine, flushed so writeback does not disturb a bench
   local f=$W/$1.gguf
   [[ -s $f ]] || { "$X" synth --preset "$1" --type Q4_K_M -o "$f" 2>&1 | tail -1; sync; }
@@ -28,6 +38,11 @@ case "${1:-}" in
       -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON >"$OUT/lcp_build.log" 2>&1 &&
       cmake --build "$W/lcpb" -j 16 --target llama-bench >>"$OUT/lcp_build.log" 2>&1
     echo "llama.cpp build rc=$?"
+    ;;
+  unpack) ls -l .devbin "$L" ;;
+  pack)
+    (cd "$W/lcpb" && tar -cf - bin/llama-bench bin/*.so* | xz -T16 -6 | split -b 15M - "$OUT/lcpbin.txz.")
+    ls -l "$OUT"/lcpbin.txz.*
     ;;
   cuda)
     {
@@ -72,5 +87,5 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/depth.md"
     ;;
-  *) echo "usage: $0 llama|cuda|het|depth [DEPTHS]" >&2; exit 2 ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]" >&2; exit 2 ;;
 esac
