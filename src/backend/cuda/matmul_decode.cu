@@ -21,6 +21,14 @@ template <DType T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
                   int64_t m, int lpr_log2) {
+  if (blockIdx.y == 0 && threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
+    const int j = threadIdx.x;
+    const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = (int64_t)blockIdx.x * rows;
+    const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
+    if (lo < hi)
+      prefetch_l2(static_cast<const uint8_t*>(o.w[j]) + (size_t)(lo - begin) * row_bytes,
+                  (size_t)(hi - lo) * row_bytes);
+  }
   pdl_begin();
   constexpr int kActBytes = dev::is_quant(T) ? 1 : T == DType::F32 ? 4 : 2;
   const int lpr = 1 << lpr_log2;

@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ x, int n, int D, int E, int k,
                   bool norm, float scale, float* __restrict__ logits, int32_t* __restrict__ ids,
                   float* __restrict__ weights, unsigned* __restrict__ done) {
+  if (threadIdx.x == 0) prefetch_l2(w + (int64_t)blockIdx.x * D, (size_t)D * sizeof(float));
   pdl_begin();
   extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -200,8 +201,17 @@ __global__ void __launch_bounds__(128)
                 const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
                 const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
                 bool accumulate, int lps_log2) {
-  pdl_begin();
   constexpr int kRows = 4 / kSplit;  // rows per CTA
+  if (threadIdx.x < kslots) {
+    // This CTA's rows of slot threadIdx.x's expert, fetched before the wait. The routing is two kernels
+    // back: gate/up let this grid launch only after its own wait, so the router had finished and its
+    // writes were visible; read past L1 all the same (__ldcg).
+    const int64_t p = (int64_t)blockIdx.y * kslots + threadIdx.x, d0 = (int64_t)blockIdx.x * kRows;
+    const int e = __ldcg(ids + p);
+    const auto* w = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(down) + e));
+    if (w && d0 < D) prefetch_l2(w + (size_t)d0 * row_bytes, (size_t)min((int64_t)kRows, D - d0) * row_bytes);
+  }
+  pdl_begin();
   __shared__ float part[4][32];
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
