@@ -20,8 +20,8 @@ constexpr int kWarps = 4;
 template <DType T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
-                  int64_t m, int lpr_log2) {
-  if (blockIdx.y == 0 && threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
+                  int64_t m, int lpr_log2, bool prefetch) {
+  if (prefetch && blockIdx.y == 0 && threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
     const int j = threadIdx.x;
     const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = (int64_t)blockIdx.x * rows;
     const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
@@ -79,7 +79,7 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   ActView av{a.data, dev::is_quant(T) ? reinterpret_cast<const float2*>(a.aux) : nullptr, a.k};
   const float* row_scale = a.format == ActFormat::f16 || a.format == ActFormat::bf16 ? a.aux : nullptr;
   launch_pdl(matvec_kernel<T, M>, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m,
-             lpr_log2);
+             lpr_log2, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -89,8 +89,8 @@ constexpr int kRouterThreads = 256;
 __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ x, int n, int D, int E, int k,
                   bool norm, float scale, float* __restrict__ logits, int32_t* __restrict__ ids,
-                  float* __restrict__ weights, unsigned* __restrict__ done) {
-  if (threadIdx.x == 0) prefetch_l2(w + (int64_t)blockIdx.x * D, (size_t)D * sizeof(float));
+                  float* __restrict__ weights, unsigned* __restrict__ done, bool prefetch) {
+  if (prefetch && threadIdx.x == 0) prefetch_l2(w + (int64_t)blockIdx.x * D, (size_t)D * sizeof(float));
   pdl_begin();
   extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(128)
     down_kernel(const void* const* __restrict__ down, const int32_t* __restrict__ ids,
                 const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
                 const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
-                bool accumulate, int lps_log2) {
+                bool accumulate, int lps_log2, bool prefetch) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
-  if (threadIdx.x < kslots) {
+  if (prefetch && threadIdx.x < kslots) {
     // This CTA's rows of slot threadIdx.x's expert, fetched before the wait. The routing is two kernels
     // back: gate/up let this grid launch only after its own wait, so the router had finished and its
     // writes were visible; read past L1 all the same (__ldcg).
@@ -404,7 +404,7 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
                       sizeof(float);
   launch_pdl(router_kernel, (unsigned)r.n_expert, kRouterThreads, smem, stream, 
       w, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, logits, ids,
-      weights, done);
+      weights, done, detail::prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -482,7 +482,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
       launch_pdl(kernel, grid, 128, 0, stream, e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
-                 b.hds, run.out, run.accumulate, lps_log2);
+                 b.hds, run.out, run.accumulate, lps_log2, detail::prefetch_enabled());
       XPERT_CUDA_CHECK_LAUNCH();
     });
     return;
