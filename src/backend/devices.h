@@ -29,7 +29,7 @@ struct PlacementOptions {
   // computing them on the CPU (prefill); 0: never; -1: the backend's default.
   int64_t stream_experts = -1;
   // Smaller batches copy this share of the host experts they use while the CPU computes the rest;
-  // -1: the backend's default.
+  // -1 (StreamShare::kAuto, the default): as many as balance the measured copy and CPU rates.
   double stream_share = -1;
   size_t gpu_extra_bytes = 0;  // what else the GPU will hold (KV cache, scratch): counted in the fit check
 };

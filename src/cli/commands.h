@@ -27,7 +27,7 @@ struct ModelFlags {
   int64_t n_gpu_layers = -1;  // -ngl
   int64_t num_gpu_experts = -1;      // --num-gpu-experts
   int64_t stream_experts = -1;       // --stream-experts
-  double stream_share = -1;          // --stream-share
+  std::string stream_share = "auto";  // --stream-share
   std::string gpu_expert_budget;     // --gpu-expert-budget
   std::string expert_device = "cpu";  // --expert-device
   std::string expert_profile;        // --expert-profile

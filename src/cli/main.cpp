@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/devices.h"
+#include "backend/stream_share.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
@@ -41,8 +42,8 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--stream-share", stream_share,
                  "MoE: of the host experts a smaller batch uses, the share copied to the GPU while the CPU computes "
-                 "the rest (0: the CPU computes them all, inside the step's CUDA graph; default 0.5)")
-      ->check(CLI::Range(0.0, 1.0));
+                 "the rest: auto (default: as many as balance the measured copy and CPU rates), or 0 to 1 (0: the "
+                 "CPU computes them all, inside the step's CUDA graph)");
   app.add_option("--expert-profile", expert_profile,
                  "MoE: routing profile that picks the GPU experts (default: MODEL.xpert-profile.json when it exists; "
                  "none: by index)");
@@ -58,7 +59,7 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .expert_device = f.expert_device,
           .expert_profile = f.expert_profile,
           .stream_experts = f.stream_experts,
-          .stream_share = f.stream_share,
+          .stream_share = parse_stream_share(f.stream_share),
           .gpu_extra_bytes = 0};
 }
 

@@ -142,6 +142,12 @@ def test_bad_flags_exit_nonzero(xpert, args):
     assert r.returncode > 0 and r.stderr, (r.returncode, r.stdout, r.stderr)
 
 
+@pytest.mark.parametrize("share", ["1.5", "half", "-1"])
+def test_bad_stream_share_is_one_error_line(xpert, model, share):
+    r = xpert("run", "-m", model, "-p", "x", "-n", 1, "--stream-share", share)
+    assert r.returncode == 1 and b"--stream-share" in r.stderr and b"expected auto" in r.stderr, r.stderr
+
+
 def test_context_too_small_is_an_error(xpert, model):
     r = xpert("run", "-m", model, "-p", "word " * 50, "-n", 4, "-c", 16)
     assert r.returncode == 1 and b"context" in r.stderr

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -18,7 +19,9 @@
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
+#include "backend/stream_share.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/thread_pool.h"
 #include "model/gated_delta_net.h"
 #include "model/model.h"
@@ -32,11 +35,8 @@ namespace {
 // Batches of at least this many tokens stream a split layer's host experts to the GPU (see moe_split);
 // measured on an H200 host (docs/PERF.md).
 constexpr int64_t kDefaultStreamMinTokens = 64;
-// Smaller batches copy this share of the host experts they use and compute the rest on the host, at the
-// same time (0: the host computes them all, from a host node, so decode steps can be graphs). On the
-// H200 host (16 cores, PCIe 5), qwen3-30b-a3b decode with every expert on the host: 0 -> 35 t/s,
-// 0.25 -> 46, 0.5 -> 52, 1 -> 33 (docs/PERF.md).
-constexpr double kDefaultStreamShare = 0.5;
+// Smaller batches copy part of the host experts they use and compute the rest on the host, at the same
+// time: by default as many as balance the measured copy and host rates (backend/stream_share.h).
 
 class CudaBackend final : public Backend {
  public:
@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     if (capturing_) abort_graph();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
+    if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     drop_scratch();
@@ -64,7 +65,7 @@ class CudaBackend final : public Backend {
 
   void set_expert_streaming(int64_t min_tokens, double share) override {
     if (min_tokens >= 0) stream_min_tokens_ = min_tokens;
-    if (share >= 0) stream_share_ = std::min(share, 1.0);
+    if (share >= 0) stream_share_.set(std::min(share, 1.0));
   }
 
   // Model::move_experts swapped experts of split layers: the pointer tables (expert_tables_, keyed by
@@ -507,13 +508,13 @@ class CudaBackend final : public Backend {
     if (!host_pool_) fail("{}: a split MoE layer needs the host's threads", name());
     // Streaming needs the routing on the host before it can copy: not in a graph.
     if (!graph_pass_ && stream_min_tokens_ > 0 && n >= stream_min_tokens_) {
-      moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, 1.0);
+      moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, true);
       return;
     }
-    if (stream_share_ > 0) {
+    if (stream_share_.is_auto() || stream_share_.fixed() > 0) {
       no_graphs_ = true;  // every step then waits for its routing
       if (!graph_pass_) {
-        moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, stream_share_);
+        moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, false);
         return;
       }
     }
@@ -607,14 +608,15 @@ class CudaBackend final : public Backend {
     fail("host experts: {}", e);
   }
 
-  // The batch's routing comes to the host; of the host experts it uses, the `share` with the most rows
-  // are copied into a device buffer and run on the GPU with the resident ones (one fused MoE over a
-  // table of resident and copied experts; the others null: absent), while the host's threads compute
-  // the rest from the mmap at the same time. share 1: every used host expert is copied (prefill).
+  // The batch's routing comes to the host; of the host experts it uses, those with the most rows are
+  // copied into a device buffer (how many: stream_share_) and run on the GPU with the resident ones (one
+  // fused MoE over a table of resident and copied experts; the others null: absent), while the host's
+  // threads compute the rest from the mmap at the same time. copy_all: every used host expert is copied
+  // (prefill).
   void moe_streamed(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x,
-                    int64_t n, const int32_t* ids_d, const float* weights_d, float* out, double share) {
+                    int64_t n, const int32_t* ids_d, const float* weights_d, float* out, bool copy_all) {
     const int64_t k = c.n_expert_used, X = c.n_expert, E = c.n_embd;
-    const bool host_part = share < 1.0;
+    const bool host_part = !copy_all;
     const size_t ids_b = n * k * sizeof(int32_t), w_b = n * k * sizeof(float), x_b = n * E * sizeof(float);
     auto* in = static_cast<uint8_t*>(split_in_.get(ids_b + w_b + x_b, s()));
     XPERT_CUDA_CHECK(cudaMemcpyAsync(in, ids_d, ids_b, cudaMemcpyDeviceToHost, s()));
@@ -624,6 +626,7 @@ class CudaBackend final : public Backend {
     }
     XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
     XPERT_CUDA_CHECK(cudaEventSynchronize(fork_.get()));
+    report_copy_times();  // the previous call's copies and MoE are done
     const auto* ids = reinterpret_cast<const int32_t*>(in);
     if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0)
       tap.stats->add(tap.layer, std::span<const int32_t>(ids, n * k));
@@ -635,10 +638,6 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < X; ++i)
       if (rows[i] > 0 && !lw.split->on_device[i]) used.push_back((int32_t)i);
     std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return rows[a] > rows[b]; });
-    const size_t n_copy = host_part ? (size_t)std::lround(share * (double)used.size()) : used.size();
-    std::vector<bool> copied(X, false), on_cpu(X, false);
-    for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
-
     const LayerWeights& hw = *lw.split->host;
     const Weight* mats[3] = {&hw.ffn_gate_exps, &hw.ffn_up_exps, &hw.ffn_down_exps};
     size_t per_expert = 0;
@@ -646,6 +645,11 @@ class CudaBackend final : public Backend {
       per_expert += row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
       pins_.pin(w->data, row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1] * (size_t)w->ne[2]);
     }
+    const size_t n_copy = host_part ? (size_t)stream_share_.copies((int64_t)used.size(), per_expert) : used.size();
+    std::vector<bool> copied(X, false), on_cpu(X, false);
+    for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
+    const bool timed = host_part && n_copy > 0;
+    if (timed) XPERT_CUDA_CHECK(cudaEventRecord(copy_begin_.get(), s()));
     if (n_copy * per_expert > stream_buf_.size()) {
       synchronize();
       stream_buf_ = DeviceBuffer(*this, (size_t)X * per_expert);  // a whole layer: every later batch fits
@@ -673,6 +677,7 @@ class CudaBackend final : public Backend {
     const size_t mark = ar.mark();
     auto* table_d = static_cast<const void**>(ar.take_bytes(3 * X * sizeof(void*)));
     XPERT_CUDA_CHECK(cudaMemcpyAsync(table_d, table, 3 * X * sizeof(void*), cudaMemcpyHostToDevice, s()));
+    if (timed) XPERT_CUDA_CHECK(cudaEventRecord(copy_end_.get(), s()));
     cuda::MoeExperts all = e;
     all.gate = table_d;
     all.up = table_d + X;
@@ -681,6 +686,10 @@ class CudaBackend final : public Backend {
     cuda::moe_experts(all, {.x = x, .n_tokens = n, .k = k, .ids = ids_d, .weights = weights_d, .out = out,
                             .accumulate = false, .path = cuda::MoePath::automatic},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
+    if (timed) {
+      XPERT_CUDA_CHECK(cudaEventRecord(moe_end_.get(), s()));
+      copy_pending_ = n_copy * per_expert;
+    }
     if (host_part && n_copy < used.size()) {
       // The host's share, while the copies and the GPU run.
       thread_local Routing r;
@@ -691,14 +700,27 @@ class CudaBackend final : public Backend {
       r.weights.assign(w, w + n * k);
       auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
       thread_local MoeScratch ms;
+      const auto t0 = std::chrono::steady_clock::now();
       moe_experts_partial(c, hw, reinterpret_cast<const float*>(in + ids_b + w_b), n, r, on_cpu, yh, false, ms,
                           *host_pool_);
+      stream_share_.observe_host((used.size() - n_copy) * per_expert,
+                                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       float* yd = ar.take<float>(n * E);
       XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
       cuda::add(out, yd, out, n * E, s());
     }
     // The pinned buffers are rewritten only after the next layer's wait, which follows these copies.
     ar.release(mark);
+  }
+
+  // The copy and GPU MoE times of the last timed moe_streamed, once its events have completed.
+  void report_copy_times() {
+    if (!copy_pending_) return;
+    float copy_ms = 0, moe_ms = 0;
+    if (cudaEventElapsedTime(&copy_ms, copy_begin_.get(), copy_end_.get()) == cudaSuccess &&
+        cudaEventElapsedTime(&moe_ms, copy_end_.get(), moe_end_.get()) == cudaSuccess)
+      stream_share_.observe_copy(copy_pending_, 1e3 * copy_ms, 1e3 * moe_ms);
+    copy_pending_ = 0;
   }
 
   // The device tables of a layer's expert pointers, made on first use (all experts resident, or the
@@ -796,7 +818,9 @@ class CudaBackend final : public Backend {
 
   // Split MoE layers (moe_split / moe_streamed).
   int64_t stream_min_tokens_ = kDefaultStreamMinTokens;
-  double stream_share_ = kDefaultStreamShare;
+  StreamShare stream_share_;
+  cuda::Event copy_begin_{true}, copy_end_{true}, moe_end_{true};  // moe_streamed's copies and MoE, timed
+  size_t copy_pending_ = 0;  // bytes whose copy times are not reported yet
   std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
   cuda::PinnedBuffer split_in_, split_out_, stream_table_;
   cuda::Event fork_, join_;

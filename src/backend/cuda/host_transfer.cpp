@@ -70,7 +70,7 @@ Event::~Event() {
 }
 
 cudaEvent_t Event::get() {
-  if (!e_) XPERT_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  if (!e_) XPERT_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
   return e_;
 }
 

@@ -66,6 +66,7 @@ class PinnedBuffer {
 class Event {
  public:
   Event() = default;
+  explicit Event(bool timing) : timing_(timing) {}  // timing: cudaEventElapsedTime works on it
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   ~Event();
@@ -73,6 +74,7 @@ class Event {
 
  private:
   cudaEvent_t e_ = nullptr;
+  bool timing_ = false;
 };
 
 }  // namespace xpert::cuda
