@@ -20,6 +20,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "backend/stream_share.h"
+#include "base/background_job.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -52,6 +53,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     if (capturing_) abort_graph();
+    host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
@@ -531,11 +533,7 @@ class CudaBackend final : public Backend {
     call.layer = routing_tap().layer;
     // The thread that launched the step spins in its wait for the step's end meanwhile (the lowest
     // latency for the step): the host node gets the other cores. One thread more measured 1.5x slower.
-    const int node_threads = std::max(1, host_pool_->size() - 1);
-    if (!node_pool_ || (node_pool_->size() != node_threads && !capturing_)) {
-      if (node_pool_) synchronize();  // a host node may be running on it
-      node_pool_ = std::make_unique<ThreadPool>(node_threads);
-    }
+    node_threads();
     cudaStream_t aux = aux_stream();
     XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
     XPERT_CUDA_CHECK(cudaStreamWaitEvent(aux, fork_.get(), 0));
@@ -584,6 +582,28 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // The pool of host nodes and host jobs: one thread fewer than the host's (the caller of run() is one of
+  // them), since the thread that launched the step spins in its wait meanwhile (the lowest latency for the
+  // step; one thread more measured 1.5x slower).
+  ThreadPool& node_threads() {
+    const int n = std::max(1, host_pool_->size() - 1);
+    if (!node_pool_ || (node_pool_->size() != n && !capturing_)) {
+      if (node_pool_) synchronize();  // a host node or job may be running on it
+      node_pool_ = std::make_unique<ThreadPool>(n);
+    }
+    return *node_pool_;
+  }
+
+  static bool async_host() {
+    static const bool on = [] {
+      const char* env = std::getenv("XPERT_ASYNC_HOST");
+      return !(env && std::string(env) == "0");
+    }();
+    return on;
+  }
+  // A host function on the stream: returns once the host's share (moe_streamed) is done.
+  static void CUDART_CB wait_host_job(void* p) { static_cast<CudaBackend*>(p)->host_job_->wait(); }
+
   SplitCall& split_call(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
     auto& slot = split_calls_[{&lw, n}];
     if (!slot) {
@@ -601,6 +621,13 @@ class CudaBackend final : public Backend {
 
   // A host node that failed: its error, raised on the caller's thread at the next wait.
   void check_host_error() {
+    if (std::exception_ptr e = host_job_->take_error()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        fail("host experts: {}", x.what());
+      }
+    }
     std::lock_guard<std::mutex> lock(host_error_mutex_);
     if (host_error_.empty()) return;
     const std::string e = std::move(host_error_);
@@ -626,6 +653,7 @@ class CudaBackend final : public Backend {
     }
     XPERT_CUDA_CHECK(cudaEventRecord(fork_.get(), s()));
     XPERT_CUDA_CHECK(cudaEventSynchronize(fork_.get()));
+    check_host_error();
     report_copy_times();  // the previous call's copies and MoE are done
     const auto* ids = reinterpret_cast<const int32_t*>(in);
     if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0)
@@ -645,7 +673,11 @@ class CudaBackend final : public Backend {
       per_expert += row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
       pins_.pin(w->data, row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1] * (size_t)w->ne[2]);
     }
-    const size_t n_copy = host_part ? (size_t)stream_share_.copies((int64_t)used.size(), per_expert) : used.size();
+    size_t n_copy = used.size();
+    if (host_part) {
+      std::lock_guard<std::mutex> lock(share_mutex_);
+      n_copy = (size_t)stream_share_.copies((int64_t)used.size(), per_expert);
+    }
     std::vector<bool> copied(X, false), on_cpu(X, false);
     for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
     const bool timed = host_part && n_copy > 0;
@@ -691,20 +723,34 @@ class CudaBackend final : public Backend {
       copy_pending_ = n_copy * per_expert;
     }
     if (host_part && n_copy < used.size()) {
-      // The host's share, while the copies and the GPU run.
-      thread_local Routing r;
-      r.n_tokens = n;
-      r.k = k;
-      r.ids.assign(ids, ids + n * k);
+      // The host's share, while the copies and the GPU run: on host_job_ (the caller of node_pool_), so that
+      // this thread goes on to queue the GPU's next kernels (the rest of this layer, the next layer's
+      // attention and router) behind a host function that holds the stream until the job is done. The
+      // launches then cost the step nothing. XPERT_ASYNC_HOST=0: computed here, the launches after it.
+      HostShare& h = host_share_;
+      h.r.n_tokens = n;
+      h.r.k = k;
+      h.r.ids.assign(ids, ids + n * k);
       const auto* w = reinterpret_cast<const float*>(in + ids_b);
-      r.weights.assign(w, w + n * k);
+      h.r.weights.assign(w, w + n * k);
+      h.on_cpu = std::move(on_cpu);
       auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
-      thread_local MoeScratch ms;
-      const auto t0 = std::chrono::steady_clock::now();
-      moe_experts_partial(c, hw, reinterpret_cast<const float*>(in + ids_b + w_b), n, r, on_cpu, yh, false, ms,
-                          *host_pool_);
-      stream_share_.observe_host((used.size() - n_copy) * per_expert,
-                                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      const auto* xh = reinterpret_cast<const float*>(in + ids_b + w_b);
+      const size_t host_bytes = (used.size() - n_copy) * per_expert;
+      auto compute = [this, &c, &hw, xh, n, yh, host_bytes](ThreadPool& pool) {
+        const auto t0 = std::chrono::steady_clock::now();
+        moe_experts_partial(c, hw, xh, n, host_share_.r, host_share_.on_cpu, yh, false, host_share_.ms, pool);
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(share_mutex_);
+        stream_share_.observe_host(host_bytes, us);
+      };
+      if (async_host()) {
+        ThreadPool& pool = node_threads();
+        host_job_->submit([compute, &pool] { compute(pool); });
+        XPERT_CUDA_CHECK(cudaLaunchHostFunc(s(), &CudaBackend::wait_host_job, this));
+      } else {
+        compute(*host_pool_);
+      }
       float* yd = ar.take<float>(n * E);
       XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
       cuda::add(out, yd, out, n * E, s());
@@ -718,8 +764,10 @@ class CudaBackend final : public Backend {
     if (!copy_pending_) return;
     float copy_ms = 0, moe_ms = 0;
     if (cudaEventElapsedTime(&copy_ms, copy_begin_.get(), copy_end_.get()) == cudaSuccess &&
-        cudaEventElapsedTime(&moe_ms, copy_end_.get(), moe_end_.get()) == cudaSuccess)
+        cudaEventElapsedTime(&moe_ms, copy_end_.get(), moe_end_.get()) == cudaSuccess) {
+      std::lock_guard<std::mutex> lock(share_mutex_);
       stream_share_.observe_copy(copy_pending_, 1e3 * copy_ms, 1e3 * moe_ms);
+    }
     copy_pending_ = 0;
   }
 
@@ -818,10 +866,18 @@ class CudaBackend final : public Backend {
 
   // Split MoE layers (moe_split / moe_streamed).
   int64_t stream_min_tokens_ = kDefaultStreamMinTokens;
-  StreamShare stream_share_;
+  StreamShare stream_share_;  // under share_mutex_: host jobs report to it
+  std::mutex share_mutex_;
+  struct HostShare {  // moe_streamed's host job: its routing, experts and scratch
+    Routing r;
+    std::vector<bool> on_cpu;
+    MoeScratch ms;
+  };
+  HostShare host_share_;
   cuda::Event copy_begin_{true}, copy_end_{true}, moe_end_{true};  // moe_streamed's copies and MoE, timed
   size_t copy_pending_ = 0;  // bytes whose copy times are not reported yet
   std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
+  std::unique_ptr<BackgroundJob> host_job_ = std::make_unique<BackgroundJob>();  // after node_pool_: goes first
   cuda::PinnedBuffer split_in_, split_out_, stream_table_;
   cuda::Event fork_, join_;
   std::unique_ptr<cuda::Stream> aux_;
