@@ -113,7 +113,16 @@ TEST_P(CudaModel, MatchesCpu) {
 // half its host experts to the GPU while the host computes the rest (--stream-share 0.5); batches of 2
 // tokens or more copy every host expert they use (--stream-experts 2), so the prefill runs the same
 // kernels over the same experts as the reference: the same bits.
-enum class SplitMode { host, shared, streamed };
+// auto_share: as shared, with the share balanced from measured rates (the default, --stream-share auto).
+enum class SplitMode { host, shared, auto_share, streamed };
+void set_streaming(Backend& dev, SplitMode mode) {
+  dev.set_expert_streaming(mode == SplitMode::streamed ? 2 : 0,
+                           mode == SplitMode::shared ? 0.5 : mode == SplitMode::auto_share ? -1 : 0.0);
+}
+const char* mode_name(SplitMode mode) {
+  return mode == SplitMode::streamed ? " streamed" : mode == SplitMode::shared ? " shared"
+         : mode == SplitMode::auto_share ? " auto share" : "";
+}
 class CudaSplitExperts : public ::testing::TestWithParam<std::tuple<int, SplitMode>> {};
 
 TEST_P(CudaSplitExperts, MatchesCpu) {
@@ -131,7 +140,7 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
     for (int64_t e = 0; e < c.n_expert; ++e)
       m[e] = split == 0 ? false : split == 1 ? e % 2 == 0 : e != 3;
   std::shared_ptr<Backend> dev = make_cuda_backend(0);
-  dev->set_expert_streaming(streamed ? 2 : 0, mode == SplitMode::shared ? 0.5 : 0.0);
+  set_streaming(*dev, mode);
   gpu->offload(std::move(dev), c.n_layer, &masks);
   const int64_t V = c.n_vocab;
   std::vector<int32_t> prompt;
@@ -153,7 +162,7 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
   EXPECT_LT(worst, std::max(kLogitTol * scale, cpu_gap)) << "the CPU alone differs by " << cpu_gap / scale;
   const size_t agree = greedy_agreement(a, b, V);
   std::printf("%s, split %d%s: prefill max|d|/max|logit| %.2e (CPU alone %.2e), greedy agrees on %zu of %zu tokens\n",
-              file.c_str(), split, streamed ? " streamed" : mode == SplitMode::shared ? " shared" : "", worst / scale,
+              file.c_str(), split, mode_name(mode), worst / scale,
               cpu_gap / scale, agree, a.tokens.size());
 }
 
@@ -185,7 +194,7 @@ TEST_P(CudaSplitExperts, MovingExpertsKeepsOutput) {
   auto split_model = [&](const std::vector<std::vector<bool>>& masks) {
     auto m = Model::load(file);
     std::shared_ptr<Backend> dev = make_cuda_backend(0);
-    dev->set_expert_streaming(mode == SplitMode::streamed ? 2 : 0, mode == SplitMode::shared ? 0.5 : 0.0);
+    set_streaming(*dev, mode);
     m->offload(std::move(dev), c.n_layer, &masks);
     return m;
   };
@@ -226,13 +235,14 @@ TEST_P(CudaSplitExperts, MovingExpertsKeepsOutput) {
   EXPECT_EQ(m2.tokens, f2.tokens);
   EXPECT_EQ(m2.step_logits, f2.step_logits);
   std::printf("%s, split %d%s, %zu moves after 8 steps: greedy agrees with all-GPU on %zu of %zu tokens\n",
-              file.c_str(), split, mode == SplitMode::streamed ? " streamed" : mode == SplitMode::shared ? " shared" : "",
+              file.c_str(), split, mode_name(mode),
               moves.size(), agree, a.tokens.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Splits, CudaSplitExperts,
                          ::testing::Combine(::testing::Values(0, 1, 2),
-                                            ::testing::Values(SplitMode::host, SplitMode::shared, SplitMode::streamed)));
+                                            ::testing::Values(SplitMode::host, SplitMode::shared, SplitMode::auto_share,
+                                                              SplitMode::streamed)));
 
 // Quantized KV cache (issue #10): synth tiny models (head_dim 64, so the flash prefill and the split-K
 // decode kernels run, decode steps as graphs) with every layer on the GPU and q8_0 / q4_0 (and mixed) caches,
