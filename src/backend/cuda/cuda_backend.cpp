@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -680,6 +681,37 @@ class CudaBackend final : public Backend {
     }
     std::vector<bool> copied(X, false), on_cpu(X, false);
     for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
+    // The host's share, while the copies and the GPU run: on host_job_ (the caller of node_pool_), started
+    // before this thread issues the copies, which then goes on to queue the GPU's next kernels (the rest of
+    // this layer, the next layer's attention and router) behind a host function that holds the stream until
+    // the job is done: the launches cost the step nothing. XPERT_ASYNC_HOST=0: computed on this thread
+    // after it has issued the copies, the launches after it.
+    const bool host_cpu = host_part && n_copy < used.size(), async = host_cpu && async_host();
+    float* yh = nullptr;
+    std::function<void(ThreadPool&)> compute_host;
+    if (host_cpu) {
+      HostShare& h = host_share_;
+      h.r.n_tokens = n;
+      h.r.k = k;
+      h.r.ids.assign(ids, ids + n * k);
+      const auto* w = reinterpret_cast<const float*>(in + ids_b);
+      h.r.weights.assign(w, w + n * k);
+      h.on_cpu = on_cpu;
+      yh = static_cast<float*>(split_out_.get(x_b, s()));
+      const auto* xh = reinterpret_cast<const float*>(in + ids_b + w_b);
+      const size_t host_bytes = (used.size() - n_copy) * per_expert;
+      compute_host = [this, &c, &hw, xh, n, yh, host_bytes](ThreadPool& pool) {
+        const auto t0 = std::chrono::steady_clock::now();
+        moe_experts_partial(c, hw, xh, n, host_share_.r, host_share_.on_cpu, yh, false, host_share_.ms, pool);
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        std::lock_guard<std::mutex> lock(share_mutex_);
+        stream_share_.observe_host(host_bytes, us);
+      };
+      if (async) {
+        ThreadPool& pool = node_threads();
+        host_job_->submit([compute_host, &pool] { compute_host(pool); });
+      }
+    }
     const bool timed = host_part && n_copy > 0;
     if (timed) XPERT_CUDA_CHECK(cudaEventRecord(copy_begin_.get(), s()));
     if (n_copy * per_expert > stream_buf_.size()) {
@@ -722,35 +754,9 @@ class CudaBackend final : public Backend {
       XPERT_CUDA_CHECK(cudaEventRecord(moe_end_.get(), s()));
       copy_pending_ = n_copy * per_expert;
     }
-    if (host_part && n_copy < used.size()) {
-      // The host's share, while the copies and the GPU run: on host_job_ (the caller of node_pool_), so that
-      // this thread goes on to queue the GPU's next kernels (the rest of this layer, the next layer's
-      // attention and router) behind a host function that holds the stream until the job is done. The
-      // launches then cost the step nothing. XPERT_ASYNC_HOST=0: computed here, the launches after it.
-      HostShare& h = host_share_;
-      h.r.n_tokens = n;
-      h.r.k = k;
-      h.r.ids.assign(ids, ids + n * k);
-      const auto* w = reinterpret_cast<const float*>(in + ids_b);
-      h.r.weights.assign(w, w + n * k);
-      h.on_cpu = std::move(on_cpu);
-      auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
-      const auto* xh = reinterpret_cast<const float*>(in + ids_b + w_b);
-      const size_t host_bytes = (used.size() - n_copy) * per_expert;
-      auto compute = [this, &c, &hw, xh, n, yh, host_bytes](ThreadPool& pool) {
-        const auto t0 = std::chrono::steady_clock::now();
-        moe_experts_partial(c, hw, xh, n, host_share_.r, host_share_.on_cpu, yh, false, host_share_.ms, pool);
-        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard<std::mutex> lock(share_mutex_);
-        stream_share_.observe_host(host_bytes, us);
-      };
-      if (async_host()) {
-        ThreadPool& pool = node_threads();
-        host_job_->submit([compute, &pool] { compute(pool); });
-        XPERT_CUDA_CHECK(cudaLaunchHostFunc(s(), &CudaBackend::wait_host_job, this));
-      } else {
-        compute(*host_pool_);
-      }
+    if (host_cpu) {
+      if (async) XPERT_CUDA_CHECK(cudaLaunchHostFunc(s(), &CudaBackend::wait_host_job, this));
+      else compute_host(*host_pool_);
       float* yd = ar.take<float>(n * E);
       XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
       cuda::add(out, yd, out, n * E, s());
