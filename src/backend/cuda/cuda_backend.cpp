@@ -595,10 +595,14 @@ class CudaBackend final : public Backend {
     return *node_pool_;
   }
 
+  // XPERT_ASYNC_HOST=1: the host's share on host_job_ (see moe_streamed). Off by default: on the H200 host it
+  // measured 3-6 % slower than computing on the launching thread (qwen3-30b-a3b, every expert on the host,
+  // tg64 62.4 vs 66.0 t/s with the auto share: docs/PERF.md), the hidden launches costing less than the
+  // thread the job pool gives up and the host function's wake-up.
   static bool async_host() {
     static const bool on = [] {
       const char* env = std::getenv("XPERT_ASYNC_HOST");
-      return !(env && std::string(env) == "0");
+      return env && std::string(env) == "1";
     }();
     return on;
   }
@@ -681,11 +685,11 @@ class CudaBackend final : public Backend {
     }
     std::vector<bool> copied(X, false), on_cpu(X, false);
     for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
-    // The host's share, while the copies and the GPU run: on host_job_ (the caller of node_pool_), started
-    // before this thread issues the copies, which then goes on to queue the GPU's next kernels (the rest of
-    // this layer, the next layer's attention and router) behind a host function that holds the stream until
-    // the job is done: the launches cost the step nothing. XPERT_ASYNC_HOST=0: computed on this thread
-    // after it has issued the copies, the launches after it.
+    // The host's share, while the copies and the GPU run: computed on this thread after it has issued the
+    // copies, the next kernels launched after it. XPERT_ASYNC_HOST=1: on host_job_ (the caller of
+    // node_pool_), started before the copies are issued, while this thread queues the GPU's next kernels
+    // (the rest of this layer, the next layer's attention and router) behind a host function that holds
+    // the stream until the job is done.
     const bool host_cpu = host_part && n_copy < used.size(), async = host_cpu && async_host();
     float* yh = nullptr;
     std::function<void(ThreadPool&)> compute_host;
