@@ -175,6 +175,10 @@ TEST_P(CudaSplitExperts, MovingExpertsKeepsOutput) {
   XPERT_REQUIRE_GPU();
   const auto [split, mode] = GetParam();
   if (split == 0) GTEST_SKIP() << "no resident expert to move";
+  // The auto share picks how many host experts a step copies from measured times, so two models can send
+  // an expert to different sides (CPU vs GPU arithmetic) and differ in the last bits; bit identity is
+  // checked in the fixed-share modes, and MatchesCpu bounds the auto share's output.
+  if (mode == SplitMode::auto_share) GTEST_SKIP() << "the auto share is not bit-reproducible between two models";
   const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_move_tiny.gguf").string();
   synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
   auto all = Model::load(file);
