@@ -17,67 +17,12 @@
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
 #include "cuda_test_util.h"
+#include "../unit/model_outputs.h"
 
 namespace xpert {
 namespace {
 
 constexpr float kLogitTol = 2e-2f;  // max |gpu - cpu| / max |cpu logit|
-constexpr float kTieGap = 0.05f;    // relative to max |logit|
-
-std::string fixture(const std::string& name) {
-  const char* e = std::getenv("XPERT_SOURCE_DIR");
-  return std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/" + name;
-}
-
-struct Outputs {
-  std::vector<float> prefill;  // logits of every prompt position
-  std::vector<int32_t> tokens; // greedy continuation
-  std::vector<std::vector<float>> step_logits;
-};
-
-int32_t argmax(const float* l, int64_t n) { return (int32_t)(std::max_element(l, l + n) - l); }
-
-Outputs run(const Model& m, const std::vector<int32_t>& prompt, int n_gen, ThreadPool& pool, KvTypes types = {}) {
-  const ModelConfig& c = m.config();
-  KvCache kv(c, 128, 1, m.layer_devices(), types);
-  std::unique_ptr<RecurrentState> st;
-  if (c.has_recurrent_layers()) st = std::make_unique<RecurrentState>(c, 1, m.layer_devices());
-  Outputs r;
-  m.forward({.tokens = prompt, .pos0 = 0, .cache = &kv, .seq = 0, .all_logits = true, .state = st.get()}, r.prefill,
-            pool);
-  int32_t next = argmax(r.prefill.data() + (prompt.size() - 1) * c.n_vocab, c.n_vocab);
-  int32_t pos = (int32_t)prompt.size();
-  std::vector<float> logits;
-  for (int i = 0; i < n_gen; ++i) {
-    r.tokens.push_back(next);
-    const int32_t tok[1] = {next};
-    m.forward({.tokens = tok, .pos0 = pos++, .cache = &kv, .seq = 0, .all_logits = false, .state = st.get()},
-              logits, pool);
-    r.step_logits.push_back(logits);
-    next = argmax(logits.data(), c.n_vocab);
-  }
-  return r;
-}
-
-float max_abs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
-// How many greedy tokens b agrees with a on; where they part, a's logits for the two choices must be a
-// near-tie (kTieGap of max |logit|).
-size_t greedy_agreement(const Outputs& a, const Outputs& b, int64_t V) {
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    const float gap = std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l);
-    EXPECT_LT(gap, kTieGap) << "greedy diverges at token " << agree << " without a near-tie";
-  }
-  return agree;
-}
 
 class CudaModel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

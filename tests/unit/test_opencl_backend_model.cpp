@@ -21,6 +21,7 @@
 #include "model/synth.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
+#include "model_outputs.h"
 
 namespace xpert {
 namespace {
@@ -29,7 +30,6 @@ namespace {
 // an expert's output, and near-ties in the routing amplify it (NVIDIA's OpenCL, whose division and exp
 // round differently from the CPU's, shows 2.7e-2 on tiny_qwen35moe with all 12 greedy tokens equal).
 constexpr float kLogitTol = 2e-2f, kLogitTolMoe = 5e-2f;
-constexpr float kTieGap = 0.05f;    // relative to max |logit|
 
 bool have_device() {
   try {
@@ -39,62 +39,13 @@ bool have_device() {
   }
 }
 
-std::string fixture(const std::string& name) {
-  const char* e = std::getenv("XPERT_SOURCE_DIR");
-  return std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/" + name;
-}
-
-struct Outputs {
-  std::vector<float> prefill;   // logits of every prompt position
-  std::vector<int32_t> tokens;  // greedy continuation
-  std::vector<std::vector<float>> step_logits;
-};
-
-int32_t argmax(const float* l, int64_t n) { return (int32_t)(std::max_element(l, l + n) - l); }
-
-Outputs run(const Model& m, const std::vector<int32_t>& prompt, int n_gen, ThreadPool& pool) {
-  const ModelConfig& c = m.config();
-  KvCache kv(c, 64, 1, m.layer_devices());
-  std::unique_ptr<RecurrentState> st;
-  if (c.has_recurrent_layers()) st = std::make_unique<RecurrentState>(c, 1, m.layer_devices());
-  Outputs r;
-  m.forward({.tokens = prompt, .pos0 = 0, .cache = &kv, .seq = 0, .all_logits = true, .state = st.get()}, r.prefill,
-            pool);
-  int32_t next = argmax(r.prefill.data() + (prompt.size() - 1) * c.n_vocab, c.n_vocab);
-  int32_t pos = (int32_t)prompt.size();
-  std::vector<float> logits;
-  for (int i = 0; i < n_gen; ++i) {
-    r.tokens.push_back(next);
-    const int32_t tok[1] = {next};
-    m.forward({.tokens = tok, .pos0 = pos++, .cache = &kv, .seq = 0, .all_logits = false, .state = st.get()},
-              logits, pool);
-    r.step_logits.push_back(logits);
-    next = argmax(logits.data(), c.n_vocab);
-  }
-  return r;
-}
-
-float max_abs(const std::vector<float>& v) {
-  float m = 0;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
 void compare(const std::string& what, const Outputs& a, const Outputs& b, int64_t V, float tol) {
   ASSERT_EQ(a.prefill.size(), b.prefill.size());
   const float scale = max_abs(a.prefill);
   float worst = 0;
   for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
   EXPECT_LT(worst / scale, tol) << what;
-  size_t agree = 0;
-  while (agree < a.tokens.size() && a.tokens[agree] == b.tokens[agree]) ++agree;
-  if (agree < a.tokens.size()) {
-    // First divergence: the CPU's logits for the two choices must be a near-tie.
-    const std::vector<float>& l = agree == 0 ? std::vector<float>(a.prefill.end() - V, a.prefill.end())
-                                             : a.step_logits[agree - 1];
-    const float gap = std::fabs(l[a.tokens[agree]] - l[b.tokens[agree]]) / max_abs(l);
-    EXPECT_LT(gap, kTieGap) << what << ": greedy diverges at token " << agree << " without a near-tie";
-  }
+  const size_t agree = greedy_agreement(a, b, V, what);
   std::printf("%s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", what.c_str(),
               worst / scale, agree, a.tokens.size());
 }
@@ -121,7 +72,7 @@ TEST_P(OpenCLBackendModel, MatchesCpu) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 20; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
   ThreadPool pool(2);
-  const Outputs a = run(*cpu, prompt, 12, pool), b = run(*dev, prompt, 12, pool);
+  const Outputs a = run(*cpu, prompt, 12, pool, {}, 64), b = run(*dev, prompt, 12, pool, {}, 64);
   compare(std::filesystem::path(file).filename().string() + (fraction == 2 ? ", all layers" : ", half the layers"),
           a, b, V, cpu->config().n_expert > 0 ? kLogitTolMoe : kLogitTol);
 }
