@@ -54,7 +54,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     if (capturing_) abort_graph();
-    host_job_->wait();
+    if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
@@ -626,7 +626,7 @@ class CudaBackend final : public Backend {
 
   // A host node that failed: its error, raised on the caller's thread at the next wait.
   void check_host_error() {
-    if (std::exception_ptr e = host_job_->take_error()) {
+    if (std::exception_ptr e = host_job_ ? host_job_->take_error() : nullptr) {
       try {
         std::rethrow_exception(e);
       } catch (const std::exception& x) {
@@ -700,7 +700,7 @@ class CudaBackend final : public Backend {
       h.r.ids.assign(ids, ids + n * k);
       const auto* w = reinterpret_cast<const float*>(in + ids_b);
       h.r.weights.assign(w, w + n * k);
-      h.on_cpu = on_cpu;
+      h.on_cpu = std::move(on_cpu);
       yh = static_cast<float*>(split_out_.get(x_b, s()));
       const auto* xh = reinterpret_cast<const float*>(in + ids_b + w_b);
       const size_t host_bytes = (used.size() - n_copy) * per_expert;
@@ -713,6 +713,7 @@ class CudaBackend final : public Backend {
       };
       if (async) {
         ThreadPool& pool = node_threads();
+        if (!host_job_) host_job_ = std::make_unique<BackgroundJob>();
         host_job_->submit([compute_host, &pool] { compute_host(pool); });
       }
     }
@@ -887,7 +888,7 @@ class CudaBackend final : public Backend {
   cuda::Event copy_begin_{true}, copy_end_{true}, moe_end_{true};  // moe_streamed's copies and MoE, timed
   size_t copy_pending_ = 0;  // bytes whose copy times are not reported yet
   std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
-  std::unique_ptr<BackgroundJob> host_job_ = std::make_unique<BackgroundJob>();  // after node_pool_: goes first
+  std::unique_ptr<BackgroundJob> host_job_;  // XPERT_ASYNC_HOST=1, made on first use; after node_pool_: goes first
   cuda::PinnedBuffer split_in_, split_out_, stream_table_;
   cuda::Event fork_, join_;
   std::unique_ptr<cuda::Stream> aux_;
