@@ -63,7 +63,28 @@ void Backend::moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const fl
   const size_t mark = ar.mark();
   float* t = ar.take<float>(n * E);
   moe_ffn(c, lw, x, n, t);
+  if (lw.ffn_up_shexp) add_shared_expert(c, lw, x, n, t);
   add(t, y, y, n * E);
+  ar.release(mark);
+}
+
+void Backend::add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,
+                                float* out) {
+  const int64_t E = c.n_embd, Fs = c.n_ff_shexp;
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  float* gate = ar.take<float>(n * Fs);
+  float* up = ar.take<float>(n * Fs);
+  float* sh_out = ar.take<float>(n * E);
+  float* sh_g = ar.take<float>(n);
+  Weight gate_vec = lw.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
+  gate_vec.ne[0] = E;
+  gate_vec.ne[1] = 1;
+  const MatmulJob jobs[] = {{&lw.ffn_gate_shexp, gate}, {&lw.ffn_up_shexp, up}, {&gate_vec, sh_g}};
+  matmuls(x, n, jobs);
+  swiglu(gate, up, gate, n * Fs);
+  matmul(lw.ffn_down_shexp, gate, n, sh_out);
+  add_sigmoid_scaled(out, sh_out, sh_g, n, E);
   ar.release(mark);
 }
 

@@ -96,7 +96,9 @@ class Backend {
 
   // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
   virtual void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) = 0;
-  // The same added to y (the residual): y += moe(x). Default: moe_ffn into scratch, then add.
+  // The layer's whole MoE FFN added to y (the residual): y += moe_ffn(x), plus sigmoid(x . g) * the shared
+  // expert's SwiGLU FFN of x when the layer has one (Qwen3.5). Default: moe_ffn into scratch, the shared
+  // expert added to it (add_shared_expert), then y = that + y.
   virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
@@ -159,6 +161,10 @@ class Backend {
   virtual void on_experts_moved() {}
 
  protected:
+  // out += sigmoid(x . g) * down(silu(x Wg^T) * (x Wu^T)) for the layer's shared expert, with this
+  // backend's plain ops (x: [n][n_embd]).
+  void add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out);
+
   ThreadPool* host_pool_ = nullptr;
   // Derived destructors call this first: the arena frees through the derived class's dealloc.
   void drop_scratch();

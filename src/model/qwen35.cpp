@@ -98,8 +98,12 @@ class Qwen35 : public Model {
       else
         gated_attention(l, il, ex);
       b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
-      ffn(l, ex);
-      b.add(a.out, a.x, a.x, n * E);
+      if (moe_) {
+        b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += routed experts + gated shared expert
+      } else {
+        dense_ffn(l, ex);
+        b.add(a.out, a.x, a.x, n * E);
+      }
     }
     ex.output_logits(logits);
     for (const BatchSegment& g : ex.segments()) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);
@@ -287,36 +291,16 @@ class Qwen35 : public Model {
     ar.release(mark);
   }
 
-  // a.cur [n][n_embd] -> a.out: SwiGLU, or routed experts + sigmoid(x . g_sh) * shared expert.
-  void ffn(const LayerWeights& l, Exec& ex) const {
+  // a.cur [n][n_embd] -> a.out: the dense SwiGLU FFN.
+  void dense_ffn(const LayerWeights& l, Exec& ex) const {
     const ModelConfig& c = config_;
-    const int64_t n = ex.n(), E = c.n_embd;
+    const int64_t n = ex.n();
     Backend& b = ex.b();
     Activations& a = ex.a();
-    if (!moe_) {
-      const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
-      b.matmuls(a.cur, n, gate_up);
-      b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * c.n_ff);
-      b.matmul(l.ffn_down, a.ff_gate, n, a.out);
-      return;
-    }
-    b.moe_ffn(c, l, a.cur, n, a.out);
-    if (!l.ffn_up_shexp) return;
-    const int64_t Fs = c.n_ff_shexp;
-    Arena& ar = ex.arena();
-    const size_t mark = ar.mark();
-    float* sh_out = ar.take<float>(n * E);
-    float* sh_g = ar.take<float>(n);
-    Weight gate_vec = l.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
-    gate_vec.ne[0] = E;
-    gate_vec.ne[1] = 1;
-    const Backend::MatmulJob shared[] = {
-        {&l.ffn_gate_shexp, a.ff_gate}, {&l.ffn_up_shexp, a.ff_up}, {&gate_vec, sh_g}};
-    b.matmuls(a.cur, n, shared);
-    b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * Fs);
-    b.matmul(l.ffn_down_shexp, a.ff_gate, n, sh_out);
-    b.add_sigmoid_scaled(a.out, sh_out, sh_g, n, E);
-    ar.release(mark);
+    const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
+    b.matmuls(a.cur, n, gate_up);
+    b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * c.n_ff);
+    b.matmul(l.ffn_down, a.ff_gate, n, a.out);
   }
 
   bool moe_ = false;

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/matmul.h"
 #include "base/thread_pool.h"
 #include "cuda_ops_test_util.h"
 #include "model/gated_delta_net.h"
@@ -107,6 +109,54 @@ TEST(CudaGdn, L2NormHeads) {
   for (int64_t t = 0; t < T; ++t) l2_norm_rows(x.data() + t * CD, 2 * s.n_k_heads, s.head_k_dim, s.eps);
   cuda::l2_norm_heads(dx.get(), T, 2 * s.n_k_heads, s.head_k_dim, CD, s.eps, nullptr);
   expect_close(dx.download(), x, 1e-6, "l2 norm");  // v channels untouched on both sides
+}
+
+// The one-token prelude (conv, its state's shift, the q/k l2 norms, the gates in one launch) gives the bits
+// of the four separate launches: Qwen3.5's shapes, and head dims of 64 / 256 with 2 and 8 conv taps.
+TEST(CudaGdn, DecodePreludeMatchesSeparateLaunches) {
+  XPERT_OPS_REQUIRE_GPU();
+  for (const GdnShape& s : {kQwen35,
+                            GdnShape{.d_conv = 2, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 64, .head_v_dim = 256},
+                            GdnShape{.d_conv = 8, .n_k_heads = 3, .n_v_heads = 3, .head_k_dim = 256, .head_v_dim = 32}}) {
+    ASSERT_TRUE(cuda::gdn_decode_prelude_fusable(s));
+    const int64_t C = s.conv_dim(), Hv = s.n_v_heads;
+    const auto x = randn(C, 11), w = randn(C * s.d_conv, 12, 0.5f), st0 = randn(s.conv_state_size(), 13),
+               alpha = randn(Hv, 14, 4.0f), beta = randn(Hv, 15), dt = randn(Hv, 16, 4.0f), a = randn(Hv, 17);
+    Dev<float> dx(x), dw(w), dalpha(alpha), dbeta(beta), ddt(dt), da(a);
+    Dev<float> st_a(st0), out_a(C), g_a(Hv), b_a(Hv), st_b(st0), out_b(C), g_b(Hv), b_b(Hv);
+    cuda::causal_conv1d_silu(dx.get(), 1, C, dw.get(), s.d_conv, st_a.get(), out_a.get(), nullptr);
+    cuda::l2_norm_heads(out_a.get(), 1, 2 * s.n_k_heads, s.head_k_dim, C, s.eps, nullptr);
+    cuda::gdn_gates(dalpha.get(), dbeta.get(), ddt.get(), da.get(), g_a.get(), b_a.get(), 1, Hv, nullptr);
+    const GdnLayerParams p{.conv1d = dw.get(), .dt_bias = ddt.get(), .a = da.get(), .norm = nullptr};
+    const GdnLayerInputs in{.qkv = dx.get(), .z = nullptr, .alpha = dalpha.get(), .beta = dbeta.get(), .n_tokens = 1};
+    cuda::gdn_decode_prelude(s, p, in, st_b.get(), out_b.get(), g_b.get(), b_b.get(), nullptr);
+    const std::string what = "head dims " + std::to_string(s.head_k_dim) + "/" + std::to_string(s.head_v_dim);
+    EXPECT_EQ(out_b.download(), out_a.download()) << what;
+    EXPECT_EQ(st_b.download(), st_a.download()) << what << ": conv state";
+    EXPECT_EQ(g_b.download(), g_a.download()) << what << ": g";
+    EXPECT_EQ(b_b.download(), b_a.download()) << what << ": beta";
+  }
+}
+
+// The gated norm's q8_1 output (taken by the output projection) is what quantize_activations makes of its
+// float output, and the float output is unchanged by asking for it.
+TEST(CudaGdn, GatedNormWritesItsQ8_1) {
+  XPERT_OPS_REQUIRE_GPU();
+  const int64_t rows = 32, n = 128, K = rows * n;  // one token of Qwen3.5: 32 value heads of 128
+  const auto x = randn(K, 21, 2.0f), z = randn(K, 22), w = randn(n, 23);
+  Dev<float> xa(x), xb(x), dz(z), dw(w);
+  const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, 1, K);
+  Dev<uint8_t> got(qb), want(qb);
+  auto* q = reinterpret_cast<int8_t*>(got.get());
+  auto* ds = reinterpret_cast<float2*>(got.get() + cuda::Workspace::round((size_t)K));
+  cuda::gated_rmsnorm_silu(xa.get(), dz.get(), dw.get(), rows, n, 1e-6f, nullptr);
+  cuda::gated_rmsnorm_silu(xb.get(), dz.get(), dw.get(), rows, n, 1e-6f, nullptr, q, ds);
+  EXPECT_EQ(xb.download(), xa.download());
+  cuda::quantize_activations(cuda::ActFormat::q8_1, xa.get(), K, 1, K, want.get(), nullptr);
+  std::vector<uint8_t> g = got.download(), r = want.download();
+  const size_t used = cuda::Workspace::round((size_t)K) + (size_t)(K / 32) * 8;
+  g.resize(used), r.resize(used);
+  EXPECT_EQ(g, r);
 }
 
 class CudaDeltaRule : public ::testing::TestWithParam<int64_t> {};

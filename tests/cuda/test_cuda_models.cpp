@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/thread_pool.h"
@@ -39,15 +41,60 @@ TEST_P(CudaModel, MatchesCpu) {
   ThreadPool pool(2);
   const Outputs a = run(*cpu, prompt, 24, pool), b = run(*gpu, prompt, 24, pool);
 
-  ASSERT_EQ(a.prefill.size(), b.prefill.size());
-  const float scale = max_abs(a.prefill);
-  float worst = 0;
-  for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
-  EXPECT_LT(worst / scale, kLogitTol) << file;
+  const float d = prefill_rel_diff(a, b);
+  EXPECT_LT(d, kLogitTol) << file;
   SCOPED_TRACE(file);
   const size_t agree = greedy_agreement(a, b, V);  // the CPU's logits decide a near-tie
   std::printf("%s, %s on the GPU: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n",
-              file.c_str(), fraction == 2 ? "all layers" : "half the layers", worst / scale, agree, a.tokens.size());
+              file.c_str(), fraction == 2 ? "all layers" : "half the layers", d, agree, a.tokens.size());
+}
+
+// A decode-step fusion against the same model without it (its variable at 0 when that backend is made),
+// every layer on the GPU: the prompt's logits, then 24 greedy steps, of each.
+std::pair<Outputs, Outputs> with_and_without(const char* var, const std::string& file) {
+  auto on = Model::load(file);
+  auto off = Model::load(file);
+  on->offload(make_cuda_backend(0), on->config().n_layer);
+  setenv(var, "0", 1);
+  off->offload(make_cuda_backend(0), off->config().n_layer);
+  unsetenv(var);
+  const int64_t V = on->config().n_vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+  ThreadPool pool(2);
+  return {run(*on, prompt, 24, pool), run(*off, prompt, 24, pool)};
+}
+
+// Qwen3.5's shared expert as one more slot of the decode MoE kernels (synth tiny-qwen35moe at Q4_K_M: the
+// shared expert has the routed experts' length and block types) against the same model computing it apart
+// (sigmoid(x . g) * its FFN added after the routed sum). The prefill takes neither: the same bits; the steps
+// differ in summation order only: each step's logits within kLogitTol, greedy agreeing up to a near-tie.
+TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
+  XPERT_REQUIRE_GPU();
+  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_shexp_tiny.gguf").string();
+  synth_write({.preset = "tiny-qwen35moe", .type = "Q4_K_M", .output = file, .seed = 9, .progress = {}});
+  {
+    auto m = Model::load(file);
+    int slot_layers = 0;  // layers whose shared expert the kernels can take as a slot
+    for (int64_t il = 0; il < m->config().n_layer; ++il) {
+      const LayerWeights& l = m->layer(il);
+      slot_layers += l.ffn_gate_shexp.type == l.ffn_gate_exps.type && l.ffn_down_shexp.type == l.ffn_down_exps.type;
+    }
+    ASSERT_GT(slot_layers, 0) << "the synth no longer exercises the shared-expert slot";
+  }
+  const auto [a, b] = with_and_without("XPERT_SHARED_SLOT", file);
+  EXPECT_EQ(a.prefill, b.prefill);
+  const int64_t V = (int64_t)(a.prefill.size() / 20);
+  const size_t agree = greedy_agreement(b, a, V);
+  float worst = 0;
+  for (size_t i = 0; i < agree; ++i) {
+    float w = 0;
+    for (int64_t j = 0; j < V; ++j) w = std::max(w, std::fabs(a.step_logits[i][j] - b.step_logits[i][j]));
+    worst = std::max(worst, w / max_abs(b.step_logits[i]));
+  }
+  EXPECT_LT(worst, kLogitTol);
+  std::printf("tiny-qwen35moe Q4_K_M, shared-expert slot vs apart: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
+              worst, agree, a.tokens.size());
 }
 
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
@@ -217,13 +264,11 @@ TEST_P(CudaQuantizedKv, MatchesCpu) {
   for (int i = 0; i < 70; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));  // two row blocks of 64
   ThreadPool pool(2);
   const Outputs a = run(*cpu, prompt, 24, pool, types), b = run(*gpu, prompt, 24, pool, types);
-  const float scale = max_abs(a.prefill);
-  float worst = 0;
-  for (size_t i = 0; i < a.prefill.size(); ++i) worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
-  EXPECT_LT(worst / scale, kLogitTol);
+  const float d = prefill_rel_diff(a, b);
+  EXPECT_LT(d, kLogitTol);
   const size_t agree = greedy_agreement(a, b, V);
   std::printf("%s K %s V %s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", preset.c_str(),
-              kt.c_str(), vt.c_str(), worst / scale, agree, a.tokens.size());
+              kt.c_str(), vt.c_str(), d, agree, a.tokens.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaQuantizedKv,

@@ -62,6 +62,15 @@ inline Outputs run(const Model& m, const std::vector<int32_t>& prompt, int n_gen
   return r;
 }
 
+// max |a - b| / max |a| over the prefill logits.
+inline float prefill_rel_diff(const Outputs& a, const Outputs& b) {
+  EXPECT_EQ(a.prefill.size(), b.prefill.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.prefill.size() && i < b.prefill.size(); ++i)
+    worst = std::max(worst, std::fabs(a.prefill[i] - b.prefill[i]));
+  return worst / max_abs(a.prefill);
+}
+
 // How many greedy tokens b agrees with a on; where they part, a's logits for the two choices must be a
 // near-tie (kTieGap of max |logit|). `what` prefixes the failure message.
 inline size_t greedy_agreement(const Outputs& a, const Outputs& b, int64_t V, const std::string& what = "") {

@@ -40,9 +40,19 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 // Smaller batches copy part of the host experts they use and compute the rest on the host, at the same
 // time: by default as many as balance the measured copy and host rates (backend/stream_share.h).
 
+// Decode-step fusions a variable can turn off (read when a backend is made), for A/B measurements and the
+// tests that compare both forms: XPERT_SHARED_SLOT=0 (Qwen3.5's shared expert as one more slot of the MoE
+// kernels), XPERT_GDN_FUSE=0 (the Gated DeltaNet's one-token prelude in one launch, its gated norm writing
+// the output projection's q8_1).
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  explicit CudaBackend(int device)
+      : device_(device), shared_slot_(env_on("XPERT_SHARED_SLOT")), gdn_fuse_(env_on("XPERT_GDN_FUSE")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -390,23 +400,37 @@ class CudaBackend final : public Backend {
   }
 
   void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
-    moe(c, lw, x, n, out, false);
+    moe(c, lw, x, n, out, false, false);
   }
   // The experts' down product adds into y itself (the same sum as an add after it) when every expert of
-  // the layer is here; split layers take the default (their host part is added separately).
+  // the layer is here, the shared expert (Qwen3.5) riding along as one more slot at decode sizes
+  // (shared_slot); split layers and the rest take the default (the host part or the shared expert added
+  // separately).
   void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) override {
     if (skip_) return;
-    if (lw.split || !experts(c, lw).fused) return Backend::moe_ffn_add(c, lw, x, n, y);
-    moe(c, lw, x, n, y, true);
+    const bool shared = (bool)lw.ffn_up_shexp;
+    if (lw.split || !experts(c, lw).fused || (shared && !shared_slot(c, lw, n)))
+      return Backend::moe_ffn_add(c, lw, x, n, y);
+    moe(c, lw, x, n, y, true, shared);
   }
-  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, bool accumulate) {
+  // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
+  // length, an f32 gate, a fused router.
+  bool shared_slot(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
+    const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
+    return shared_slot_ && lw.ffn_up_shexp && experts(c, lw).shared && n <= cuda::kMoeDecodeMaxTokens &&
+           c.n_expert_used + 1 <= 32 && lw.ffn_gate_inp_shexp.type == DType::F32 &&
+           lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
+           cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
+  }
+  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, bool accumulate,
+           bool shared) {
     if (skip_) return;
-    const int64_t X = c.n_expert, k = c.n_expert_used;
+    const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     float* logits = ar.take<float>(n * X);
-    int32_t* ids = ar.take<int32_t>(n * k);
-    float* weights = ar.take<float>(n * k);
+    int32_t* ids = ar.take<int32_t>(n * slots);
+    float* weights = ar.take<float>(n * slots);
     const cuda::MoeRouting routing{.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
                                    .weights_scale = c.expert_weights_scale};
     if (cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing)) {
@@ -415,7 +439,8 @@ class CudaBackend final : public Backend {
         XPERT_CUDA_CHECK(cudaMemset(router_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
       }
       cuda::moe_router(static_cast<const float*>(lw.ffn_gate_inp.data), x, n, c.n_embd, routing, logits, ids,
-                       weights, static_cast<unsigned*>(router_done_.data()), s());
+                       weights, static_cast<unsigned*>(router_done_.data()), s(),
+                       shared ? static_cast<const float*>(lw.ffn_gate_inp_shexp.data) : nullptr);
     } else {
       matmul(lw.ffn_gate_inp, x, n, logits, X);
       cuda::moe_route(logits, n, routing, ids, weights, s());
@@ -435,10 +460,11 @@ class CudaBackend final : public Backend {
       return;
     }
     const cuda::MoeExperts& e = t.e;
-    const size_t ws = cuda::moe_workspace_bytes(e, n, k);
+    const size_t ws = cuda::moe_workspace_bytes(e, n, slots);
     const cuda::Activations* xq = prepared(x, n, c.n_embd, e.gate_type);
-    cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = k, .ids = ids, .weights = weights, .out = out,
-                          .accumulate = accumulate, .path = cuda::MoePath::automatic, .xq = xq},
+    cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = slots, .ids = ids, .weights = weights, .out = out,
+                          .accumulate = accumulate,
+                          .path = shared ? cuda::MoePath::decode : cuda::MoePath::automatic, .xq = xq},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
     if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
@@ -451,8 +477,15 @@ class CudaBackend final : public Backend {
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
-    cuda::gated_delta_net(gs, p, in, conv_state, ssm_state, out, ws ? ar.take_bytes(ws) : nullptr, s());
+    // At decode sizes the gated norm also writes out's q8_1 activations, for the output projection.
+    const cuda::Activations* act =
+        gdn_fuse_ && gs.head_v_dim % 32 == 0 ? prepare_slot(out, in.n_tokens, gs.value_dim()) : nullptr;
+    int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
+    auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
+    cuda::gated_delta_net(gs, p, in, conv_state, ssm_state, out, ws ? ar.take_bytes(ws) : nullptr, s(),
+                          DeltaRuleForm::automatic, q, ds);
     ar.release(mark);
+    if (act) prepared_.x = out;
   }
 
  private:
@@ -788,6 +821,7 @@ class CudaBackend final : public Backend {
     DeviceBuffer tables;
     cuda::MoeExperts e;
     bool fused = true;  // the MoE kernels take these types and shapes
+    bool shared = false;  // entry n_expert of each table is the layer's shared expert
     std::string why_not;  // when not fused: what the kernels refused
   };
   const ExpertTables& experts(const ModelConfig& c, const LayerWeights& lw) {
@@ -800,21 +834,29 @@ class CudaBackend final : public Backend {
       const size_t bytes = row_bytes(w.type, w.ne[0]) * (size_t)w.ne[1];
       return cuda::expert_table(w.data, bytes, all);
     };
+    ExpertTables t;
     std::vector<const void*> host, up, down;
     if (lw.split) {
       host = lw.split->gate, up = lw.split->up, down = lw.split->down;
     } else {
       host = table(lw.ffn_gate_exps), up = table(lw.ffn_up_exps), down = table(lw.ffn_down_exps);
+      t.shared = lw.ffn_up_shexp && c.n_ff_shexp == c.n_ff_exp && lw.ffn_gate_shexp.type == lw.ffn_gate_exps.type &&
+                 lw.ffn_up_shexp.type == lw.ffn_up_exps.type && lw.ffn_down_shexp.type == lw.ffn_down_exps.type;
+      if (t.shared) {
+        host.push_back(lw.ffn_gate_shexp.data);
+        up.push_back(lw.ffn_up_shexp.data);
+        down.push_back(lw.ffn_down_shexp.data);
+      }
     }
+    const int64_t len = (int64_t)host.size();  // X, or X + 1 with the shared expert
     host.insert(host.end(), up.begin(), up.end());
     host.insert(host.end(), down.begin(), down.end());
-    ExpertTables t;
     t.tables = DeviceBuffer(*this, host.size() * sizeof(void*));
     copy_from_host(t.tables.data(), host.data(), host.size() * sizeof(void*));  // pageable: staged at once
     const void* const* base = static_cast<const void* const*>(t.tables.data());
     t.e = {.gate_type = lw.ffn_gate_exps.type, .up_type = lw.ffn_up_exps.type, .down_type = lw.ffn_down_exps.type,
            .n_embd = c.n_embd, .n_ff = c.n_ff_exp, .n_expert = X,
-           .gate = base, .up = base + X, .down = base + 2 * X};
+           .gate = base, .up = base + len, .down = base + 2 * len};
     try {
       cuda::check_moe_experts(t.e);
     } catch (const Error& e) {
@@ -871,6 +913,7 @@ class CudaBackend final : public Backend {
   bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
   int device_;
+  const bool shared_slot_, gdn_fuse_;  // XPERT_SHARED_SLOT, XPERT_GDN_FUSE
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

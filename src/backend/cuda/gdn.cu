@@ -1,11 +1,14 @@
 // Gated DeltaNet pieces (conv, norms, gates), the recurrent delta rule and the whole mixer. gdn.h.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gdn.h"
 #include "backend/cuda/ops_internal.h"
+#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda {
 namespace {
@@ -76,7 +79,73 @@ __global__ void gates_kernel(const float* alpha, const float* beta_in, const flo
   }
 }
 
-__global__ void gated_norm_kernel(float* x, const float* z, const float* w, int64_t rows, int n, float eps) {
+// One decode token (T = 1): the conv window, the shift of its state, the l2 norms of q and k and the gates in
+// one launch. A warp per head of the conv's channels (n_k_heads of q, of k, then n_v_heads of v; lane l
+// takes channels l, l + 32, ... of its head, as l2_norm_kernel does), and each v head's warp also computes
+// that head's gates: the same arithmetic, so the same bits, as conv, conv_state, l2_norm and gates.
+struct PreludeParams {
+  const float *x, *w, *alpha, *beta_in, *dt_bias, *a;
+  float *state, *out, *g, *beta;
+  int64_t C;
+  int K, Hk, Hv, dk, dv;
+  float eps_n, inv_sqrt_n;
+};
+constexpr int kPreludeWarps = 4;
+constexpr int kPreludeMaxPer = 8;  // head dims up to 256
+constexpr int kPreludeMaxTaps = 8;
+
+__global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(PreludeParams p) {
+  pdl_begin();
+  const int lane = threadIdx.x % 32, r = blockIdx.x * kPreludeWarps + threadIdx.x / 32;
+  if (r >= 2 * p.Hk + p.Hv) return;
+  const bool is_v = r >= 2 * p.Hk;
+  const int hd = is_v ? p.dv : p.dk;
+  const int64_t c0 = is_v ? 2 * (int64_t)p.Hk * p.dk + (int64_t)(r - 2 * p.Hk) * p.dv : (int64_t)r * p.dk;
+  const int ns = p.K - 1;
+  float o[kPreludeMaxPer];
+#pragma unroll
+  for (int i = 0; i < kPreludeMaxPer; ++i) {
+    if (i * 32 >= hd) break;
+    const int64_t c = c0 + lane + 32 * i;
+    float win[kPreludeMaxTaps];
+#pragma unroll
+    for (int j = 0; j < kPreludeMaxTaps; ++j)
+      if (j < p.K) win[j] = j < ns ? p.state[j * p.C + c] : p.x[c];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPreludeMaxTaps; ++j)
+      if (j < p.K) acc = __fadd_rn(acc, __fmul_rn(win[j], p.w[c * p.K + j]));
+    o[i] = silu(acc);
+#pragma unroll
+    for (int j = 0; j + 1 < kPreludeMaxTaps; ++j)
+      if (j < ns) p.state[j * p.C + c] = win[j + 1];
+  }
+  if (!is_v) {
+    double sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < kPreludeMaxPer; ++i)
+      if (i * 32 < hd) sum += (double)(o[i] * o[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float s = 1.0f / sqrtf((float)(sum / (double)hd) + p.eps_n);
+#pragma unroll
+    for (int i = 0; i < kPreludeMaxPer; ++i)
+      if (i * 32 < hd) o[i] = __fmul_rn(__fmul_rn(o[i], s), p.inv_sqrt_n);
+  } else if (lane == 0) {
+    const int h = r - 2 * p.Hk;
+    const float x = p.alpha[h] + p.dt_bias[h];
+    const float sp = x > 20.0f ? x : logf(1.0f + expf(x));  // ggml's softplus threshold
+    p.g[h] = sp * p.a[h];
+    p.beta[h] = 1.0f / (1.0f + expf(-p.beta_in[h]));
+  }
+#pragma unroll
+  for (int i = 0; i < kPreludeMaxPer; ++i)
+    if (i * 32 < hd) p.out[c0 + lane + 32 * i] = o[i];
+}
+
+// With q: out's q8_1 activations too (n % 32 == 0; a warp's 32 values are one block).
+__global__ void gated_norm_kernel(float* x, const float* z, const float* w, int64_t rows, int n, float eps,
+                                  int8_t* q, float2* ds) {
   pdl_begin();
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -88,7 +157,11 @@ __global__ void gated_norm_kernel(float* x, const float* z, const float* w, int6
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-  for (int i = lane; i < n; i += 32) xr[i] = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], s), w[i]), silu(zr[i]));
+  for (int i = lane; i < n; i += 32) {
+    const float v = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], s), w[i]), silu(zr[i]));
+    xr[i] = v;
+    if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
+  }
 }
 
 // Recurrent delta rule. Block (32, R) for value head blockIdx.y and state columns blockIdx.x * 32 + x;
@@ -200,9 +273,35 @@ void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, c
 }
 
 void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int8_t* q, float2* ds) {
   if (rows <= 0 || n <= 0) return;
-  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps);
+  if (q && n % 32 != 0) detail::fail_rt("cuda gated_rmsnorm_silu: q8_1 output needs rows of a multiple of 32, got ", n);
+  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps, q, ds);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
+
+bool gdn_decode_prelude_fusable(const GdnShape& s) {
+  static const bool on = [] {  // XPERT_GDN_FUSE=0: the separate launches, for comparisons
+    const char* e = std::getenv("XPERT_GDN_FUSE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on && s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 && s.head_k_dim <= 32 * kPreludeMaxPer &&
+         s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 && s.d_conv <= kPreludeMaxTaps;
+}
+
+void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                        float* conv_out, float* g, float* beta, cudaStream_t stream) {
+  if (in.n_tokens != 1 || !gdn_decode_prelude_fusable(s))
+    detail::fail_rt("cuda gdn_decode_prelude: one token of head dims that are multiples of 32 (up to ",
+                    32 * kPreludeMaxPer, ") and up to ", kPreludeMaxTaps, " conv taps");
+  PreludeParams q{.x = in.qkv, .w = p.conv1d, .alpha = in.alpha, .beta_in = in.beta, .dt_bias = p.dt_bias,
+                  .a = p.a, .state = conv_state, .out = conv_out, .g = g, .beta = beta, .C = s.conv_dim(),
+                  .K = (int)s.d_conv, .Hk = (int)s.n_k_heads, .Hv = (int)s.n_v_heads, .dk = (int)s.head_k_dim,
+                  .dv = (int)s.head_v_dim, .eps_n = s.eps / (float)s.head_k_dim,
+                  .inv_sqrt_n = 1.0f / std::sqrt((float)s.head_k_dim)};
+  const int64_t rows = 2 * s.n_k_heads + s.n_v_heads;
+  launch_pdl(decode_prelude_kernel, (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps), kPreludeWarps * 32, 0,
+             stream, q);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -242,7 +341,8 @@ size_t gated_delta_net_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
 }
 
 void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
-                     float* ssm_state, float* out, void* workspace, cudaStream_t stream, DeltaRuleForm form) {
+                     float* ssm_state, float* out, void* workspace, cudaStream_t stream, DeltaRuleForm form,
+                     int8_t* out_q, float2* out_ds) {
   const int64_t T = in.n_tokens, CD = s.conv_dim(), Hv = s.n_v_heads;
   if (T <= 0) return;
   char* ws = static_cast<char*>(workspace);
@@ -253,10 +353,14 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
   float* beta = reinterpret_cast<float*>(ws);
   ws += detail::align_up((size_t)T * Hv * sizeof(float), 256);
 
-  causal_conv1d_silu(in.qkv, T, CD, p.conv1d, s.d_conv, conv_state, conv_out, stream);
-  // q and k are the first 2 * key_dim channels of each row: n_k_heads heads each.
-  l2_norm_heads(conv_out, T, 2 * s.n_k_heads, s.head_k_dim, CD, s.eps, stream);
-  gdn_gates(in.alpha, in.beta, p.dt_bias, p.a, g, beta, T, Hv, stream);
+  if (T == 1 && gdn_decode_prelude_fusable(s)) {
+    gdn_decode_prelude(s, p, in, conv_state, conv_out, g, beta, stream);
+  } else {
+    causal_conv1d_silu(in.qkv, T, CD, p.conv1d, s.d_conv, conv_state, conv_out, stream);
+    // q and k are the first 2 * key_dim channels of each row: n_k_heads heads each.
+    l2_norm_heads(conv_out, T, 2 * s.n_k_heads, s.head_k_dim, CD, s.eps, stream);
+    gdn_gates(in.alpha, in.beta, p.dt_bias, p.a, g, beta, T, Hv, stream);
+  }
   const DeltaRuleArgs a{.q = conv_out,
                         .k = conv_out + s.key_dim(),
                         .v = conv_out + 2 * s.key_dim(),
@@ -273,7 +377,7 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
     delta_rule_chunked(s, a, ws, stream);
   else
     delta_rule_recurrent(s, a, stream);
-  gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream);
+  gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream, out_q, out_ds);
 }
 
 }  // namespace xpert::cuda

@@ -34,9 +34,18 @@ void l2_norm_heads(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim
 void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, const float* a, float* g,
                float* beta, int64_t n_tokens, int64_t n_v_heads, cudaStream_t stream);
 
-// x = rmsnorm(x) * w * silu(z) for rows of n (w: [n]).
+// x = rmsnorm(x) * w * silu(z) for rows of n (w: [n]); with q, also x's q8_1 activations (matmul.h: int8
+// [rows][n], float2 ds [rows][n / 32]; n % 32 == 0).
 void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int8_t* q = nullptr, float2* ds = nullptr);
+
+// One decode token: causal_conv1d_silu, l2_norm_heads of q and k and gdn_gates in one launch, the same bits
+// (conv_out [conv_dim], g and beta [n_v_heads]). For head dims that are multiples of 32 up to 256 and up to
+// 8 conv taps (gdn_decode_prelude_fusable; XPERT_GDN_FUSE=0 says no); gated_delta_net takes it for T = 1
+// when it can.
+bool gdn_decode_prelude_fusable(const GdnShape& s);
+void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                        float* conv_out, float* g, float* beta, cudaStream_t stream);
 
 void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream);
 // Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);
@@ -46,10 +55,12 @@ size_t delta_rule_chunked_workspace_bytes(const GdnShape& s, int64_t n_tokens);
 void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, void* workspace, cudaStream_t stream);
 
 // The whole mixer for one sequence up to the output projection, as xpert::gated_delta_net: in.* and
-// p.* device pointers, out [T][value_dim]. automatic = chunked from kChunkedMinTokens tokens.
+// p.* device pointers, out [T][value_dim]. automatic = chunked from kChunkedMinTokens tokens. With out_q,
+// out's q8_1 activations too (for the output projection; head_v_dim % 32 == 0).
 size_t gated_delta_net_workspace_bytes(const GdnShape& s, int64_t n_tokens);
 void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                      float* ssm_state, float* out, void* workspace, cudaStream_t stream,
-                     DeltaRuleForm form = DeltaRuleForm::automatic);
+                     DeltaRuleForm form = DeltaRuleForm::automatic, int8_t* out_q = nullptr,
+                     float2* out_ds = nullptr);
 
 }  // namespace xpert::cuda

@@ -82,22 +82,28 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
   route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, ids + t * k, weights + t * k);
 }
 
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 // Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
 // sums in a fixed order), and the last block to finish routes the tokens (a warp each). `done` counts the
-// finished blocks and is reset by the last one, so the launch can be replayed from a graph.
+// finished blocks and is reset by the last one, so the launch can be replayed from a graph. With a shared
+// expert (sg), block E computes its gate instead and fills slot k of each token (id E); `slots` is the
+// row length of ids and weights (k, or k + 1).
 constexpr int kRouterThreads = 256;
 __global__ void __launch_bounds__(kRouterThreads)
-    router_kernel(const float* __restrict__ w, const float* __restrict__ x, int n, int D, int E, int k,
-                  bool norm, float scale, float* __restrict__ logits, int32_t* __restrict__ ids,
-                  float* __restrict__ weights, unsigned* __restrict__ done, bool prefetch) {
-  if (prefetch && threadIdx.x == 0) prefetch_l2(w + (int64_t)blockIdx.x * D, (size_t)D * sizeof(float));
+    router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x, int n,
+                  int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
+                  int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
+                  bool prefetch) {
+  const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const float* row = e < E ? w + (int64_t)e * D : sg;
+  if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
   pdl_begin();
   extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
-  const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   float acc[kMoeDecodeMaxTokens];
 #pragma unroll
   for (int t = 0; t < kMoeDecodeMaxTokens; ++t) acc[t] = 0.0f;
-  const float4* wr = reinterpret_cast<const float4*>(w + (int64_t)e * D);
+  const float4* wr = reinterpret_cast<const float4*>(row);
   for (int i = threadIdx.x; i < D / 4; i += kRouterThreads) {
     const float4 a = __ldg(wr + i);
 #pragma unroll
@@ -120,20 +126,25 @@ __global__ void __launch_bounds__(kRouterThreads)
   if (threadIdx.x < n) {
     float v = 0.0f;
     for (int i = 0; i < kRouterThreads / 32; ++i) v += red[i * kMoeDecodeMaxTokens + threadIdx.x];
-    logits[(int64_t)threadIdx.x * E + e] = v;
+    if (e < E) {
+      logits[(int64_t)threadIdx.x * E + e] = v;
+    } else {  // the shared expert's slot
+      ids[(int64_t)threadIdx.x * slots + k] = E;
+      weights[(int64_t)threadIdx.x * slots + k] = sigmoid(v);
+    }
     __threadfence();  // visible to the last block before it counts this one
   }
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(done, 1u) == (unsigned)E - 1;
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
   if (warp < n)
-    route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * k,
-                weights + warp * k);
+    route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * slots,
+                weights + warp * slots);
   if (threadIdx.x == 0) *done = 0;
 }
 
@@ -253,10 +264,16 @@ __global__ void __launch_bounds__(128)
 }
 
 // Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
-// t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4); XPERT_MOE_DOWN_SPLIT=1 or 4 to compare.
-int down_split() {
-  static const int split = env_variant("XPERT_MOE_DOWN_SPLIT", 2, 1, 4);
-  return split;
+// t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4), 4 past 8 slots, where a slot gets 2 lanes of a
+// warp instead of 4 (qwen3.5-35b-a3b with its shared expert as slot 9, tg128: 347 / 351 with 2 / 4);
+// XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare.
+int down_split(int64_t slots) {
+  static const int forced = [] {
+    const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
+    const int v = env ? std::atoi(env) : 0;
+    return v == 1 || v == 2 || v == 4 ? v : 0;
+  }();
+  return forced ? forced : slots > 8 ? 4 : 2;
 }
 
 // --------------------------------------------------------------------------------------- grouped path
@@ -396,15 +413,18 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
 }
 
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
-                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream) {
-  if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r))
+                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
+                const float* shared_gate) {
+  if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r) || (shared_gate && r.k + 1 > 32))
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
-             " (supported: up to ", kMoeDecodeMaxTokens, " tokens, n_embd % 4 == 0, 1024 experts, k <= 32)");
+             shared_gate ? " + a shared expert" : "", " (supported: up to ", kMoeDecodeMaxTokens,
+             " tokens, n_embd % 4 == 0, 1024 experts, 32 slots)");
   const size_t smem = std::max<size_t>((size_t)n_tokens * r.n_expert, (kRouterThreads / 32) * kMoeDecodeMaxTokens) *
                       sizeof(float);
-  launch_pdl(router_kernel, (unsigned)r.n_expert, kRouterThreads, smem, stream, 
-      w, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, logits, ids,
-      weights, done, detail::prefetch_enabled());
+  const int slots = (int)r.k + (shared_gate ? 1 : 0);
+  launch_pdl(router_kernel, (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w,
+             shared_gate, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
+             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -477,7 +497,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     int lps_log2 = 5;
     while ((1 << (5 - lps_log2)) < k) --lps_log2;
     dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
-      const int split = down_split();
+      const int split = down_split(k);
       const unsigned rows_per_cta = 4 / split;
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;

@@ -37,10 +37,14 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // The router product and the routing in one launch, for decode: w = the router, f32 [n_expert][n_embd];
 // x [n_tokens][n_embd] -> logits [n_tokens][n_expert] (also written), ids, weights as moe_route. `done`:
 // one device counter, zero before the first call (the kernel leaves it zero). Takes what
-// moe_router_fusable allows (f32 router, up to kMoeDecodeMaxTokens tokens).
+// moe_router_fusable allows (f32 router, up to kMoeDecodeMaxTokens tokens). With shared_gate (f32
+// [n_embd], a sigmoid-gated shared expert: Qwen3.5) every token gets one slot more, slot k: id n_expert
+// (where the expert tables put the shared expert) with weight sigmoid(x . shared_gate); ids and weights
+// are then [n_tokens][k + 1].
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
-                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream);
+                float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
+                const float* shared_gate = nullptr);
 
 // One layer's routed experts as seen from this GPU.
 struct MoeExperts {
