@@ -8,6 +8,11 @@
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
+#   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
+#                                       # tg of PRESETS (default both) under each of VARIANTS, environment
+#                                       # settings separated by spaces, one variant's by commas
+#                                       # (e.g. VARIANTS="X=1 XPERT_PDL=0 XPERT_PDL=0,XPERT_PREFETCH=0")
+# bench/h200_prepare.sh makes .lcpbin/devbin.txz and .lcp/ on the development machine.
 # A later call that carries those parts as .lcpbin/ (instead of .lcp/) gets llama-bench without a rebuild;
 # .lcpbin/devbin.txz (`tar -cJf .lcpbin/devbin.txz .devbin`) carries xpert compressed beside it, and
 # `bench/h200_carry.sh unpack` only unpacks both (for a call that then runs tests).
@@ -87,5 +92,19 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/depth.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]" >&2; exit 2 ;;
+  ab)
+    if [[ -n "${TESTS:-}" ]]; then
+      .devbin/xpert_cuda_tests --gtest_filter="$TESTS" 2>&1 |
+        grep -E "FAILED|PASSED|Failure|expected|Which is|tokens|\[  SKIP" | head -80
+    fi
+    for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
+      f=$(synth "$preset" | tail -1)
+      for v in ${VARIANTS:-X=1}; do
+        r=$(env ${v//,/ } "$X" bench -m "$f" -p "${P:-0}" -n "${N:-128}" -r "${R:-2}" 2>&1 | grep -E '\| *(tg|pp)' |
+          awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')
+        echo "$preset $v $r"
+      done
+    done 2>&1 | tee "$OUT/ab.md"
+    ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|ab" >&2; exit 2 ;;
 esac

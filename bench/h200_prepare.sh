@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On the development machine, what a GPU-machine call carries (see bench/h200_carry.sh, which runs there):
+#   bench/h200_prepare.sh devbin [BUILD]  # xpert (+ tests/xpert_cuda_tests when built) and the shared
+#                                         # libraries ldd lists, xz-compressed into .lcpbin/devbin.txz
+#                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build)
+#   bench/h200_prepare.sh lcp [VERSION]   # llama.cpp's source from the llama-cpp-python sdist (PyPI), trimmed
+#                                         # to what llama-bench's CUDA build needs (~29 MB), into .lcp/
+# A call then carries [".lcpbin"] (xpert, plus llama-bench's prebuilt parts once `h200_carry.sh pack` has
+# made them) or [".lcpbin", ".lcp"] for a call that builds llama-bench (`h200_carry.sh llama`). Both
+# folders are build outputs: keep them out of git (.git/info/exclude).
+set -euo pipefail
+case "${1:-}" in
+  devbin)
+    b=${2:-build}
+    [[ -x $b/xpert ]] || { echo "no $b/xpert: build it first" >&2; exit 1; }
+    rm -rf .devbin && mkdir -p .devbin/lib .lcpbin
+    cp "$b/xpert" .devbin/
+    if [[ -x $b/tests/xpert_cuda_tests ]]; then cp "$b/tests/xpert_cuda_tests" .devbin/; fi
+    for bin in .devbin/xpert .devbin/xpert_cuda_tests; do
+      [[ -x $bin ]] || continue
+      ldd "$bin" | awk '/=> \//{print $3}' | grep -v -E 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so' |
+        while read -r l; do cp -L "$l" .devbin/lib/; done
+    done
+    tar -cf - .devbin | xz -T"$(nproc)" -6 > .lcpbin/devbin.txz
+    ls -l .lcpbin/devbin.txz
+    ;;
+  lcp)
+    v=${2:-0.3.36}
+    t=$(mktemp -d)
+    pip download --no-deps --no-binary :all: "llama-cpp-python==$v" -d "$t" >/dev/null
+    tar -xzf "$t"/llama_cpp_python-"$v".tar.gz -C "$t"
+    rm -rf .lcp && cp -r "$t/llama_cpp_python-$v/vendor/llama.cpp" .lcp && rm -rf "$t"
+    (cd .lcp && rm -rf docs models media benches gguf-py conversion pocs tests tools/ui .git* examples/*/ &&
+      cd ggml/src && rm -rf ggml-virtgpu ggml-cann ggml-openvino ggml-webgpu ggml-et ggml-metal ggml-hexagon \
+        ggml-sycl ggml-vulkan ggml-opencl ggml-zdnn ggml-musa ggml-rpc)
+    du -sh .lcp
+    ;;
+  *) echo "usage: $0 devbin [BUILD] | lcp [VERSION]" >&2; exit 2 ;;
+esac
