@@ -115,9 +115,9 @@ TEST(CudaGdn, L2NormHeads) {
 // of the four separate launches: Qwen3.5's shapes, and head dims of 64 / 256 with 2 and 8 conv taps.
 TEST(CudaGdn, DecodePreludeMatchesSeparateLaunches) {
   XPERT_OPS_REQUIRE_GPU();
-  for (const GdnShape& s : {kQwen35,
-                            GdnShape{.d_conv = 2, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 64, .head_v_dim = 256},
-                            GdnShape{.d_conv = 8, .n_k_heads = 3, .n_v_heads = 3, .head_k_dim = 256, .head_v_dim = 32}}) {
+  for (const GdnShape& s :
+       {kQwen35, GdnShape{.d_conv = 2, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 64, .head_v_dim = 256},
+        GdnShape{.d_conv = 8, .n_k_heads = 3, .n_v_heads = 3, .head_k_dim = 256, .head_v_dim = 32}}) {
     ASSERT_TRUE(cuda::gdn_decode_prelude_fusable(s));
     const int64_t C = s.conv_dim(), Hv = s.n_v_heads;
     const auto x = randn(C, 11), w = randn(C * s.d_conv, 12, 0.5f), st0 = randn(s.conv_state_size(), 13),
@@ -128,7 +128,8 @@ TEST(CudaGdn, DecodePreludeMatchesSeparateLaunches) {
     cuda::l2_norm_heads(out_a.get(), 1, 2 * s.n_k_heads, s.head_k_dim, C, s.eps, nullptr);
     cuda::gdn_gates(dalpha.get(), dbeta.get(), ddt.get(), da.get(), g_a.get(), b_a.get(), 1, Hv, nullptr);
     const GdnLayerParams p{.conv1d = dw.get(), .dt_bias = ddt.get(), .a = da.get(), .norm = nullptr};
-    const GdnLayerInputs in{.qkv = dx.get(), .z = nullptr, .alpha = dalpha.get(), .beta = dbeta.get(), .n_tokens = 1};
+    const GdnLayerInputs in{
+        .qkv = dx.get(), .z = nullptr, .alpha = dalpha.get(), .beta = dbeta.get(), .n_tokens = 1};
     cuda::gdn_decode_prelude(s, p, in, st_b.get(), out_b.get(), g_b.get(), b_b.get(), nullptr);
     const std::string what = "head dims " + std::to_string(s.head_k_dim) + "/" + std::to_string(s.head_v_dim);
     EXPECT_EQ(out_b.download(), out_a.download()) << what;

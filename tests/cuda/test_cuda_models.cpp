@@ -12,14 +12,14 @@
 #include <filesystem>
 #include <utility>
 
+#include "../unit/model_outputs.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/thread_pool.h"
+#include "cuda_test_util.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
-#include "cuda_test_util.h"
-#include "../unit/model_outputs.h"
 
 namespace xpert {
 namespace {
@@ -78,7 +78,8 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
     int slot_layers = 0;  // layers whose shared expert the kernels can take as a slot
     for (int64_t il = 0; il < m->config().n_layer; ++il) {
       const LayerWeights& l = m->layer(il);
-      slot_layers += l.ffn_gate_shexp.type == l.ffn_gate_exps.type && l.ffn_down_shexp.type == l.ffn_down_exps.type;
+      slot_layers +=
+          l.ffn_gate_shexp.type == l.ffn_gate_exps.type && l.ffn_down_shexp.type == l.ffn_down_exps.type;
     }
     ASSERT_GT(slot_layers, 0) << "the synth no longer exercises the shared-expert slot";
   }
@@ -93,8 +94,9 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
     worst = std::max(worst, w / max_abs(b.step_logits[i]));
   }
   EXPECT_LT(worst, kLogitTol);
-  std::printf("tiny-qwen35moe Q4_K_M, shared-expert slot vs apart: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
-              worst, agree, a.tokens.size());
+  std::printf(
+      "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
+      worst, agree, a.tokens.size());
 }
 
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
@@ -267,8 +269,8 @@ TEST_P(CudaQuantizedKv, MatchesCpu) {
   const float d = prefill_rel_diff(a, b);
   EXPECT_LT(d, kLogitTol);
   const size_t agree = greedy_agreement(a, b, V);
-  std::printf("%s K %s V %s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", preset.c_str(),
-              kt.c_str(), vt.c_str(), d, agree, a.tokens.size());
+  std::printf("%s K %s V %s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n",
+              preset.c_str(), kt.c_str(), vt.c_str(), d, agree, a.tokens.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaQuantizedKv,

@@ -422,8 +422,8 @@ class CudaBackend final : public Backend {
            lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
            cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
   }
-  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, bool accumulate,
-           bool shared) {
+  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out,
+           bool accumulate, bool shared) {
     if (skip_) return;
     const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
@@ -462,9 +462,16 @@ class CudaBackend final : public Backend {
     const cuda::MoeExperts& e = t.e;
     const size_t ws = cuda::moe_workspace_bytes(e, n, slots);
     const cuda::Activations* xq = prepared(x, n, c.n_embd, e.gate_type);
-    cuda::moe_experts(e, {.x = x, .n_tokens = n, .k = slots, .ids = ids, .weights = weights, .out = out,
-                          .accumulate = accumulate,
-                          .path = shared ? cuda::MoePath::decode : cuda::MoePath::automatic, .xq = xq},
+    cuda::moe_experts(e,
+                      {.x = x,
+                       .n_tokens = n,
+                       .k = slots,
+                       .ids = ids,
+                       .weights = weights,
+                       .out = out,
+                       .accumulate = accumulate,
+                       .path = shared ? cuda::MoePath::decode : cuda::MoePath::automatic,
+                       .xq = xq},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
     if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
@@ -840,8 +847,9 @@ class CudaBackend final : public Backend {
       host = lw.split->gate, up = lw.split->up, down = lw.split->down;
     } else {
       host = table(lw.ffn_gate_exps), up = table(lw.ffn_up_exps), down = table(lw.ffn_down_exps);
-      t.shared = lw.ffn_up_shexp && c.n_ff_shexp == c.n_ff_exp && lw.ffn_gate_shexp.type == lw.ffn_gate_exps.type &&
-                 lw.ffn_up_shexp.type == lw.ffn_up_exps.type && lw.ffn_down_shexp.type == lw.ffn_down_exps.type;
+      t.shared =
+          lw.ffn_up_shexp && c.n_ff_shexp == c.n_ff_exp && lw.ffn_gate_shexp.type == lw.ffn_gate_exps.type &&
+          lw.ffn_up_shexp.type == lw.ffn_up_exps.type && lw.ffn_down_shexp.type == lw.ffn_down_exps.type;
       if (t.shared) {
         host.push_back(lw.ffn_gate_shexp.data);
         up.push_back(lw.ffn_up_shexp.data);
@@ -854,9 +862,15 @@ class CudaBackend final : public Backend {
     t.tables = DeviceBuffer(*this, host.size() * sizeof(void*));
     copy_from_host(t.tables.data(), host.data(), host.size() * sizeof(void*));  // pageable: staged at once
     const void* const* base = static_cast<const void* const*>(t.tables.data());
-    t.e = {.gate_type = lw.ffn_gate_exps.type, .up_type = lw.ffn_up_exps.type, .down_type = lw.ffn_down_exps.type,
-           .n_embd = c.n_embd, .n_ff = c.n_ff_exp, .n_expert = X,
-           .gate = base, .up = base + len, .down = base + 2 * len};
+    t.e = {.gate_type = lw.ffn_gate_exps.type,
+           .up_type = lw.ffn_up_exps.type,
+           .down_type = lw.ffn_down_exps.type,
+           .n_embd = c.n_embd,
+           .n_ff = c.n_ff_exp,
+           .n_expert = X,
+           .gate = base,
+           .up = base + len,
+           .down = base + 2 * len};
     try {
       cuda::check_moe_experts(t.e);
     } catch (const Error& e) {

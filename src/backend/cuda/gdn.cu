@@ -5,8 +5,8 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
 
@@ -275,8 +275,10 @@ void gdn_gates(const float* alpha, const float* beta_in, const float* dt_bias, c
 void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, int64_t n, float eps,
                         cudaStream_t stream, int8_t* q, float2* ds) {
   if (rows <= 0 || n <= 0) return;
-  if (q && n % 32 != 0) detail::fail_rt("cuda gated_rmsnorm_silu: q8_1 output needs rows of a multiple of 32, got ", n);
-  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps, q, ds);
+  if (q && n % 32 != 0)
+    detail::fail_rt("cuda gated_rmsnorm_silu: q8_1 output needs rows of a multiple of 32, got ", n);
+  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps,
+             q, ds);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -289,19 +291,32 @@ bool gdn_decode_prelude_fusable(const GdnShape& s) {
          s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 && s.d_conv <= kPreludeMaxTaps;
 }
 
-void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
-                        float* conv_out, float* g, float* beta, cudaStream_t stream) {
+void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                        float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream) {
   if (in.n_tokens != 1 || !gdn_decode_prelude_fusable(s))
     detail::fail_rt("cuda gdn_decode_prelude: one token of head dims that are multiples of 32 (up to ",
                     32 * kPreludeMaxPer, ") and up to ", kPreludeMaxTaps, " conv taps");
-  PreludeParams q{.x = in.qkv, .w = p.conv1d, .alpha = in.alpha, .beta_in = in.beta, .dt_bias = p.dt_bias,
-                  .a = p.a, .state = conv_state, .out = conv_out, .g = g, .beta = beta, .C = s.conv_dim(),
-                  .K = (int)s.d_conv, .Hk = (int)s.n_k_heads, .Hv = (int)s.n_v_heads, .dk = (int)s.head_k_dim,
-                  .dv = (int)s.head_v_dim, .eps_n = s.eps / (float)s.head_k_dim,
+  PreludeParams q{.x = in.qkv,
+                  .w = p.conv1d,
+                  .alpha = in.alpha,
+                  .beta_in = in.beta,
+                  .dt_bias = p.dt_bias,
+                  .a = p.a,
+                  .state = conv_state,
+                  .out = conv_out,
+                  .g = g,
+                  .beta = beta,
+                  .C = s.conv_dim(),
+                  .K = (int)s.d_conv,
+                  .Hk = (int)s.n_k_heads,
+                  .Hv = (int)s.n_v_heads,
+                  .dk = (int)s.head_k_dim,
+                  .dv = (int)s.head_v_dim,
+                  .eps_n = s.eps / (float)s.head_k_dim,
                   .inv_sqrt_n = 1.0f / std::sqrt((float)s.head_k_dim)};
   const int64_t rows = 2 * s.n_k_heads + s.n_v_heads;
-  launch_pdl(decode_prelude_kernel, (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps), kPreludeWarps * 32, 0,
-             stream, q);
+  launch_pdl(decode_prelude_kernel, (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps),
+             kPreludeWarps * 32, 0, stream, q);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -44,8 +44,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 // 8 conv taps (gdn_decode_prelude_fusable; XPERT_GDN_FUSE=0 says no); gated_delta_net takes it for T = 1
 // when it can.
 bool gdn_decode_prelude_fusable(const GdnShape& s);
-void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
-                        float* conv_out, float* g, float* beta, cudaStream_t stream);
+void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                        float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream);
 
 void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream);
 // Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);

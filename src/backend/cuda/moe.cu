@@ -91,8 +91,8 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 // row length of ids and weights (k, or k + 1).
 constexpr int kRouterThreads = 256;
 __global__ void __launch_bounds__(kRouterThreads)
-    router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x, int n,
-                  int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
+    router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
+                  int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
                   bool prefetch) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
