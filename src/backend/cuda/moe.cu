@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(128)
 
 // Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
 // t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4), 4 past 8 slots, where a slot gets 2 lanes of a
-// warp instead of 4 (qwen3.5-35b-a3b with its shared expert as slot 9, tg128: 347 / 351 with 2 / 4);
-// XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare.
+// warp instead of 4 (qwen3.5-35b-a3b with its shared expert as slot 9, tg128 with 2 / 4: 347 / 351 in one
+// call, 342 / 342-344 in another); XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare.
 int down_split(int64_t slots) {
   static const int forced = [] {
     const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
