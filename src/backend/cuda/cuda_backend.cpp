@@ -40,10 +40,8 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 // Smaller batches copy part of the host experts they use and compute the rest on the host, at the same
 // time: by default as many as balance the measured copy and host rates (backend/stream_share.h).
 
-// Decode-step fusions a variable can turn off (read when a backend is made), for A/B measurements and the
-// tests that compare both forms: XPERT_SHARED_SLOT=0 (Qwen3.5's shared expert as one more slot of the MoE
-// kernels), XPERT_GDN_FUSE=0 (the Gated DeltaNet's one-token prelude in one launch, its gated norm writing
-// the output projection's q8_1).
+// XPERT_SHARED_SLOT=0 turns off Qwen3.5's shared expert as one more slot of the MoE kernels (read when a
+// backend is made, so that a test can compare both forms in one process). XPERT_GDN_FUSE: gdn.h.
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -51,8 +49,7 @@ bool env_on(const char* name) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device)
-      : device_(device), shared_slot_(env_on("XPERT_SHARED_SLOT")), gdn_fuse_(env_on("XPERT_GDN_FUSE")) {
+  explicit CudaBackend(int device) : device_(device), shared_slot_(env_on("XPERT_SHARED_SLOT")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -485,8 +482,9 @@ class CudaBackend final : public Backend {
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
     // At decode sizes the gated norm also writes out's q8_1 activations, for the output projection.
-    const cuda::Activations* act =
-        gdn_fuse_ && gs.head_v_dim % 32 == 0 ? prepare_slot(out, in.n_tokens, gs.value_dim()) : nullptr;
+    const cuda::Activations* act = cuda::gdn_fusions_enabled() && gs.head_v_dim % 32 == 0
+                                       ? prepare_slot(out, in.n_tokens, gs.value_dim())
+                                       : nullptr;
     int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
     auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
     cuda::gated_delta_net(gs, p, in, conv_state, ssm_state, out, ws ? ar.take_bytes(ws) : nullptr, s(),
@@ -927,7 +925,7 @@ class CudaBackend final : public Backend {
   bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
   int device_;
-  const bool shared_slot_, gdn_fuse_;  // XPERT_SHARED_SLOT, XPERT_GDN_FUSE
+  const bool shared_slot_;  // XPERT_SHARED_SLOT
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

@@ -19,6 +19,20 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// A head's l2-norm scale from the warp's total sum of squares (as cpu::rmsnorm: eps_n = eps / n).
+__device__ __forceinline__ float l2_scale(double sum, int n, float eps_n) {
+  return 1.0f / sqrtf((float)(sum / (double)n) + eps_n);
+}
+
+// One value head's gates: g = softplus(alpha + dt_bias) * a, beta = sigmoid(beta_in).
+__device__ __forceinline__ void gdn_gate(float alpha, float beta_in, float dt_bias, float a, float& g,
+                                         float& beta) {
+  const float x = alpha + dt_bias;
+  const float sp = x > 20.0f ? x : logf(1.0f + expf(x));  // ggml's softplus threshold
+  g = sp * a;
+  beta = 1.0f / (1.0f + expf(-beta_in));
+}
+
 // One thread per (token, channel): the window's rows are the carried state, then x. Products and sums
 // rounded one by one in the CPU's order.
 __global__ void conv_kernel(const float* x, int64_t T, int64_t C, const float* w, int K, const float* state,
@@ -62,7 +76,7 @@ __global__ void l2_norm_kernel(float* x, int64_t n_tokens, int64_t n_heads, int 
   for (int i = lane; i < head_dim; i += 32) sum += (double)(xr[i] * xr[i]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float s = 1.0f / sqrtf((float)(sum / (double)head_dim) + eps_n);
+  const float s = l2_scale(sum, head_dim, eps_n);
   for (int i = lane; i < head_dim; i += 32) xr[i] = __fmul_rn(__fmul_rn(xr[i], s), inv_sqrt_n);
 }
 
@@ -72,10 +86,7 @@ __global__ void gates_kernel(const float* alpha, const float* beta_in, const flo
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tokens * n_v_heads;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t h = i % n_v_heads;
-    const float x = alpha[i] + dt_bias[h];
-    const float sp = x > 20.0f ? x : logf(1.0f + expf(x));  // ggml's softplus threshold
-    g[i] = sp * a[h];
-    beta[i] = 1.0f / (1.0f + expf(-beta_in[i]));
+    gdn_gate(alpha[i], beta_in[i], dt_bias[h], a[h], g[i], beta[i]);
   }
 }
 
@@ -127,16 +138,13 @@ __global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(Prel
       if (i * 32 < hd) sum += (double)(o[i] * o[i]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float s = 1.0f / sqrtf((float)(sum / (double)hd) + p.eps_n);
+    const float s = l2_scale(sum, hd, p.eps_n);
 #pragma unroll
     for (int i = 0; i < kPreludeMaxPer; ++i)
       if (i * 32 < hd) o[i] = __fmul_rn(__fmul_rn(o[i], s), p.inv_sqrt_n);
   } else if (lane == 0) {
     const int h = r - 2 * p.Hk;
-    const float x = p.alpha[h] + p.dt_bias[h];
-    const float sp = x > 20.0f ? x : logf(1.0f + expf(x));  // ggml's softplus threshold
-    p.g[h] = sp * p.a[h];
-    p.beta[h] = 1.0f / (1.0f + expf(-p.beta_in[h]));
+    gdn_gate(p.alpha[h], p.beta_in[h], p.dt_bias[h], p.a[h], p.g[h], p.beta[h]);
   }
 #pragma unroll
   for (int i = 0; i < kPreludeMaxPer; ++i)
@@ -282,13 +290,18 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-bool gdn_decode_prelude_fusable(const GdnShape& s) {
-  static const bool on = [] {  // XPERT_GDN_FUSE=0: the separate launches, for comparisons
+bool gdn_fusions_enabled() {
+  static const bool on = [] {
     const char* e = std::getenv("XPERT_GDN_FUSE");
     return !(e && std::string(e) == "0");
   }();
-  return on && s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 && s.head_k_dim <= 32 * kPreludeMaxPer &&
-         s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 && s.d_conv <= kPreludeMaxTaps;
+  return on;
+}
+
+bool gdn_decode_prelude_fusable(const GdnShape& s) {
+  return gdn_fusions_enabled() && s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 &&
+         s.head_k_dim <= 32 * kPreludeMaxPer && s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 &&
+         s.d_conv <= kPreludeMaxTaps;
 }
 
 void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,

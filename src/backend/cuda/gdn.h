@@ -44,6 +44,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 // 8 conv taps (gdn_decode_prelude_fusable; XPERT_GDN_FUSE=0 says no); gated_delta_net takes it for T = 1
 // when it can.
 bool gdn_decode_prelude_fusable(const GdnShape& s);
+// XPERT_GDN_FUSE is not 0: the prelude and the gated norm's q8_1 output (CudaBackend) are used.
+bool gdn_fusions_enabled();
 void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                         float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream);
 
