@@ -58,6 +58,10 @@ class Qwen3Moe : public Model {
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
     const AttentionLayerParams p = default_attention_params(c);
+    if (decode_stack(ex, p)) {
+      ex.output_logits(logits);
+      return;
+    }
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       Activations& a = ex.a();
@@ -68,6 +72,40 @@ class Qwen3Moe : public Model {
       b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
     }
     ex.output_logits(logits);
+  }
+
+ private:
+  // One token with every layer on one GPU: the backend may run the whole stack in one call.
+  bool decode_stack(Exec& ex, const AttentionLayerParams& p) const {
+    const ModelConfig& c = config_;
+    const ForwardArgs& args = ex.args();
+    if (ex.n() != 1 || !ex.decode_only() || n_offloaded() != c.n_layer || !args.cache || args.routing_stats)
+      return false;
+    Backend& b = ex.enter(0);
+    if (b.is_host()) return false;
+    KvCache& kv = *args.cache;
+    std::vector<const LayerWeights*> layers;
+    std::vector<void*> kc, vc;
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      layers.push_back(&layer(il));
+      kc.push_back(kv.k(il, 0));
+      vc.push_back(kv.v(il, 0));
+    }
+    Activations& a = ex.a();
+    return b.decode_moe_stack({.c = &c,
+                               .layers = layers,
+                               .k_cache = kc,
+                               .v_cache = vc,
+                               .k_type = kv.type(0),
+                               .v_type = kv.type(1),
+                               .slot_stride = kv.slot_stride(),
+                               .pos = a.pos,
+                               .slot = a.seq,
+                               .x = a.x,
+                               .freq_base = p.rope_base,
+                               .freq_scale = p.rope_scale,
+                               .kq_scale = p.kq_scale,
+                               .mode = p.rope_mode});
   }
 };
 

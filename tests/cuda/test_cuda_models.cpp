@@ -51,19 +51,67 @@ TEST_P(CudaModel, MatchesCpu) {
 
 // A decode-step fusion against the same model without it (its variable at 0 when that backend is made),
 // every layer on the GPU: the prompt's logits, then 24 greedy steps, of each.
-std::pair<Outputs, Outputs> with_and_without(const char* var, const std::string& file) {
+// n_prompt prompt tokens, n_gen steps, in a cache of ctx rows. on_value: the variable's value for the model
+// with the fusion (null: unset, for a fusion that is on by default).
+std::pair<Outputs, Outputs> with_and_without(const char* var, const std::string& file, int n_prompt = 20,
+                                             int n_gen = 24, int64_t ctx = 128,
+                                             const char* on_value = nullptr) {
   auto on = Model::load(file);
   auto off = Model::load(file);
+  if (on_value) setenv(var, on_value, 1);
   on->offload(make_cuda_backend(0), on->config().n_layer);
   setenv(var, "0", 1);
   off->offload(make_cuda_backend(0), off->config().n_layer);
   unsetenv(var);
   const int64_t V = on->config().n_vocab;
   std::vector<int32_t> prompt;
-  for (int i = 0; i < 20; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+  for (int i = 0; i < n_prompt; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
   ThreadPool pool(2);
-  return {run(*on, prompt, 24, pool), run(*off, prompt, 24, pool)};
+  return {run(*on, prompt, n_gen, pool, {}, ctx), run(*off, prompt, n_gen, pool, {}, ctx)};
 }
+
+// Each step's logits of a against b (the reference) within kLogitTol while greedy agrees; returns the worst.
+float worst_step_diff(const Outputs& a, const Outputs& b, size_t steps) {
+  float worst = 0;
+  for (size_t i = 0; i < steps; ++i) {
+    float w = 0;
+    for (size_t j = 0; j < b.step_logits[i].size(); ++j)
+      w = std::max(w, std::fabs(a.step_logits[i][j] - b.step_logits[i][j]));
+    worst = std::max(worst, w / max_abs(b.step_logits[i]));
+  }
+  return worst;
+}
+
+// The whole decode step of a qwen3moe stack in one persistent kernel (cuda/decode_stack.h, opt-in:
+// XPERT_DECODE_STACK=1) against the op-by-op kernels, synth tiny-qwen3moe at Q4_K_M. The prefill takes
+// neither path: the same bits. The steps sum in other orders, and the two attentions differ in precision (the
+// op path rounds q and the probabilities to f16 for its tensor cores, the stack keeps f32 over the same f16
+// cache), a difference that grows with the keys: within kStackTol (measured on the H200: 1.7e-2 at 20 prompt
+// tokens, 2.5e-2 at 600), greedy agreeing up to a near-tie, and not bit-identical (else the stack did not
+// run). At 20 prompt tokens a head's keys are one block's; at 600, past 512, they are split over blocks
+// and combined.
+constexpr float kStackTol = 4e-2f;
+class CudaDecodeStack : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDecodeStack, MatchesOps) {
+  XPERT_REQUIRE_GPU();
+  const int n_prompt = GetParam();
+  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_stack_tiny.gguf").string();
+  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
+  const auto [a, b] = with_and_without("XPERT_DECODE_STACK", file, n_prompt, 16, 1024, "1");
+  EXPECT_EQ(a.prefill, b.prefill);
+  const int64_t V = (int64_t)(a.prefill.size() / n_prompt);
+  const size_t agree = greedy_agreement(b, a, V);
+  ASSERT_GT(agree, 0u);
+  EXPECT_NE(a.step_logits[0], b.step_logits[0]) << "the decode stack did not run";
+  const float worst = worst_step_diff(a, b, agree);
+  EXPECT_LT(worst, kStackTol);
+  std::printf(
+      "tiny-qwen3moe Q4_K_M, %d prompt tokens, decode stack vs ops: steps max|d|/max|logit| %.2e, "
+      "greedy %zu of %zu\n",
+      n_prompt, worst, agree, a.tokens.size());
+}
+INSTANTIATE_TEST_SUITE_P(Depths, CudaDecodeStack, ::testing::Values(20, 600));
 
 // Qwen3.5's shared expert as one more slot of the decode MoE kernels (synth tiny-qwen35moe at Q4_K_M: the
 // shared expert has the routed experts' length and block types) against the same model computing it apart
@@ -87,12 +135,7 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
   EXPECT_EQ(a.prefill, b.prefill);
   const int64_t V = (int64_t)(a.prefill.size() / 20);
   const size_t agree = greedy_agreement(b, a, V);
-  float worst = 0;
-  for (size_t i = 0; i < agree; ++i) {
-    float w = 0;
-    for (int64_t j = 0; j < V; ++j) w = std::max(w, std::fabs(a.step_logits[i][j] - b.step_logits[i][j]));
-    worst = std::max(worst, w / max_abs(b.step_logits[i]));
-  }
+  const float worst = worst_step_diff(a, b, agree);
   EXPECT_LT(worst, kLogitTol);
   std::printf(
       "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",

@@ -89,6 +89,32 @@ TEST(CudaMoeRouter, ProductAndRouting) {
   EXPECT_EQ(from_device<uint32_t>(done, 1)[0], 0u);
 }
 
+// One decode token is routed by the router's whole last block (route_token_block: up to 128 experts), with
+// ties: rows 2j and 2j + 1 of the router are equal, so their logits are the same bits and the lower expert
+// must come first, as route_top_k orders them.
+TEST(CudaMoeRouter, OneTokenWithTies) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t D = 512, E = 128, k = 8;
+  std::vector<float> w = cudatest::random_values((size_t)(E * D), 43);
+  for (int64_t e = 1; e < E; e += 2) std::copy(w.begin() + (e - 1) * D, w.begin() + e * D, w.begin() + e * D);
+  const std::vector<float> x = cudatest::random_values((size_t)D, 44);
+  cuda::DeviceBuffer w_dev = to_device(w), x_dev = to_device(x), done(4), logits((size_t)E * 4),
+                     ids((size_t)k * 4), wt((size_t)k * 4);
+  XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
+  const cuda::MoeRouting r{.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f};
+  cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), 1, D, r, logits.as<float>(), ids.as<int32_t>(),
+                   wt.as<float>(), done.as<unsigned>(), stream);
+  stream.sync();
+  const std::vector<float> got = from_device<float>(logits, (size_t)E);
+  Routing want;
+  route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+  EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
+  const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
+  for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+  for (int64_t e = 1; e < E; e += 2) ASSERT_EQ(got[e], got[e - 1]) << "the tie this test needs";
+}
+
 // One MoE layer on the host (reference input) and on the GPU (uploaded expert tensors and tables).
 struct Layer {
   ModelConfig c;

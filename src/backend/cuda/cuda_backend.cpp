@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -14,6 +14,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/decode_stack.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gdn.h"
 #include "backend/cuda/host_transfer.h"
@@ -46,10 +47,17 @@ bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
 }
+bool env_is_1(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == "1";
+}
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), shared_slot_(env_on("XPERT_SHARED_SLOT")) {
+  explicit CudaBackend(int device)
+      : device_(device),
+        shared_slot_(env_on("XPERT_SHARED_SLOT")),
+        stack_on_(env_is_1("XPERT_DECODE_STACK")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -71,6 +79,8 @@ class CudaBackend final : public Backend {
     stream_buf_ = DeviceBuffer();  // frees through this object: before its members go
     prep_buf_ = DeviceBuffer();
     router_done_ = DeviceBuffer();
+    stacks_.clear();
+    stack_bar_ = DeviceBuffer();
   }
 
   void set_expert_streaming(int64_t min_tokens, double share) override {
@@ -87,6 +97,7 @@ class CudaBackend final : public Backend {
     stale_graphs_ = false;
     split_calls_.clear();
     expert_tables_.clear();
+    stacks_.clear();  // they point at the expert tables
   }
 
   // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
@@ -393,6 +404,25 @@ class CudaBackend final : public Backend {
     cuda::attention_decode(a, ws ? ar.take_bytes(ws) : nullptr, s());
     ar.release(mark);
     if (out_act) prepared_.x = d.out;  // valid once the launch is in the stream
+    return true;
+  }
+
+  // The whole step in one persistent kernel (cuda/decode_stack.h) when every layer takes it: block-quantized
+  // matrices, all experts here (no split, no shared expert; the MoE kernels take their types), an f16 cache.
+  // Opt-in (XPERT_DECODE_STACK=1): on the H200 it is still slower than the op-by-op graph (docs/PERF.md).
+  bool decode_moe_stack(const MoeStack& m) override {
+    if (!stack_on_ || m.layers.empty()) return false;
+    if (skip_) return true;  // a replayed graph: whichever path it recorded
+    const Stack* st = stack(m);
+    if (!st) return false;
+    touch();
+    if (!stack_bar_.data()) stack_bar_ = DeviceBuffer(*this, sizeof(unsigned));
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    cuda::stack_decode(st->shape, static_cast<const cuda::StackLayer*>(st->layers.data()), m.x, m.pos, m.slot,
+                       ar.take_bytes(cuda::stack_workspace_bytes(st->shape)),
+                       static_cast<unsigned*>(stack_bar_.data()), s());
+    ar.release(mark);
     return true;
   }
 
@@ -907,6 +937,86 @@ class CudaBackend final : public Backend {
     ar.release(mark);
   }
 
+  // A decode stack's layer table on the device, made on first use (null when the kernel does not take it).
+  struct Stack {
+    cuda::StackShape shape;
+    DeviceBuffer layers;
+  };
+  const Stack* stack(const MoeStack& m) {
+    const std::pair<const void*, const void*> key{m.layers[0], m.k_cache[0]};
+    auto it = stacks_.find(key);
+    if (it != stacks_.end()) return it->second.get();
+    std::unique_ptr<Stack> st = make_stack(m);
+    return stacks_.emplace(key, std::move(st)).first->second.get();
+  }
+  std::unique_ptr<Stack> make_stack(const MoeStack& m) {
+    const ModelConfig& c = *m.c;
+    if (m.k_type != DType::F16 || m.v_type != DType::F16) return nullptr;
+    std::vector<cuda::StackLayer> ls;
+    for (size_t il = 0; il < m.layers.size(); ++il) {
+      const LayerWeights& lw = *m.layers[il];
+      if (lw.split || lw.ffn_up_shexp || lw.bq || lw.bk || lw.bv || lw.ffn_gate_inp.type != DType::F32 ||
+          !lw.q_norm || !lw.k_norm)
+        return nullptr;
+      if (!experts(c, lw).fused) return nullptr;
+      const auto bytes = [](const Weight& w) {
+        return (uint64_t)(row_bytes(w.type, w.ne[0]) * (size_t)w.ne[1]);
+      };
+      ls.push_back({.attn_norm = lw.attn_norm.f32(),
+                    .q_norm = lw.q_norm.f32(),
+                    .k_norm = lw.k_norm.f32(),
+                    .ffn_norm = lw.ffn_norm.f32(),
+                    .router = lw.ffn_gate_inp.f32(),
+                    .wq = lw.wq.data,
+                    .wk = lw.wk.data,
+                    .wv = lw.wv.data,
+                    .wo = lw.wo.data,
+                    .gate = lw.ffn_gate_exps.data,
+                    .up = lw.ffn_up_exps.data,
+                    .down = lw.ffn_down_exps.data,
+                    .gate_bytes = bytes(lw.ffn_gate_exps),
+                    .up_bytes = bytes(lw.ffn_up_exps),
+                    .down_bytes = bytes(lw.ffn_down_exps),
+                    .k_cache = m.k_cache[il],
+                    .v_cache = m.v_cache[il],
+                    .tq = (int32_t)lw.wq.type,
+                    .tk = (int32_t)lw.wk.type,
+                    .tv = (int32_t)lw.wv.type,
+                    .to = (int32_t)lw.wo.type,
+                    .tg = (int32_t)lw.ffn_gate_exps.type,
+                    .tu = (int32_t)lw.ffn_up_exps.type,
+                    .td = (int32_t)lw.ffn_down_exps.type});
+    }
+    auto st = std::make_unique<Stack>();
+    cuda::StackShape& sh = st->shape;
+    sh = {.n_layer = (int)ls.size(),
+          .n_embd = (int)c.n_embd,
+          .n_head = (int)c.n_head,
+          .n_head_kv = (int)c.n_head_kv,
+          .head_dim = (int)c.head_dim,
+          .n_rot = (int)c.n_rot,
+          .n_expert = (int)c.n_expert,
+          .k = (int)c.n_expert_used,
+          .n_ff = (int)c.n_ff_exp,
+          .eps = c.rms_eps,
+          .kq_scale = m.kq_scale,
+          .theta_scale = std::pow(m.freq_base, -2.0f / (float)c.n_rot),
+          .freq_scale = m.freq_scale,
+          .neox = m.mode == RopeMode::neox,
+          .norm_weights = c.expert_weights_norm,
+          .weights_scale = c.expert_weights_scale,
+          .slot_stride = m.slot_stride};
+    if (const std::string why = cuda::stack_unsupported(sh, ls.data()); !why.empty()) {
+      log::debug("CUDA decode stack not used: {}", why);
+      return nullptr;
+    }
+    st->layers = DeviceBuffer(*this, ls.size() * sizeof(cuda::StackLayer));
+    copy_from_host(st->layers.data(), ls.data(), ls.size() * sizeof(cuda::StackLayer));
+    return st;
+  }
+  std::map<std::pair<const void*, const void*>, std::unique_ptr<Stack>> stacks_;
+  DeviceBuffer stack_bar_;
+
   struct Graph {
     cudaGraphExec_t exec = nullptr;
   };
@@ -926,6 +1036,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
+  const bool stack_on_;     // XPERT_DECODE_STACK=1
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

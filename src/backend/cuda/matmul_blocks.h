@@ -81,16 +81,28 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t 
 
 // ------------------------------------------------------------------------------------- activations
 // Decode activations of `m` rows, already offset to the first row a kernel handles (global memory).
+// The quantized dots take any view with these members and a static ld() for 16 activation bytes: ActView
+// reads them through the read-only path (written before the kernel), SharedAct plainly (shared memory, or
+// data another block of the same kernel wrote).
 struct ActView {
   const void* data;  // q8_1: int8; f16 / bf16: 16-bit; f32: float. Row i starts at i * k elements.
   const float2* ds;  // q8_1: (d, d * sum) per 32-block, row i at i * (k / 32)
   int64_t k;
+  __device__ static uint4 ld(const void* p) { return ld_u128(p); }
+};
+struct SharedAct {
+  const void* data;
+  const float2* ds;
+  int64_t k;
+  __device__ static uint4 ld(const void* p) { return *static_cast<const uint4*>(p); }
 };
 
-__device__ __forceinline__ const int8_t* xq_row(const ActView& a, int i) {
+template <class V>
+__device__ __forceinline__ const int8_t* xq_row(const V& a, int i) {
   return static_cast<const int8_t*>(a.data) + (int64_t)i * a.k;
 }
-__device__ __forceinline__ float2 xds(const ActView& a, int i, int b) {
+template <class V>
+__device__ __forceinline__ float2 xds(const V& a, int i, int b) {
   return a.ds[(int64_t)i * (a.k / kQK) + b];
 }
 __device__ __forceinline__ uint4 ld_act(const void* p) { return ld_u128(p); }
@@ -113,14 +125,14 @@ struct Dot<DType::Q4_0> {
     const uint8_t* b = row + c * 18;
     return {ld_u16(b), ld_u128_a2(b + 2)};
   }
-  template <int M>
-  __device__ static void mul(const Raw& r, int c, const ActView& a, int m, float (&acc)[M]) {
+  template <int M, class V = ActView>
+  __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const float d = f16_bits(r.d);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       if (i < m) {
         const int8_t* x = xq_row(a, i) + c * 32;
-        const uint4 x0 = ld_act(x), x1 = ld_act(x + 16);
+        const uint4 x0 = V::ld(x), x1 = V::ld(x + 16);
         int s = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
@@ -145,8 +157,8 @@ struct Dot<DType::Q5_0> {
     const uint8_t* b = row + c * 22;
     return {ld_u16(b), ld_u32_a2(b + 2), ld_u128_a2(b + 6)};
   }
-  template <int M>
-  __device__ static void mul(const Raw& r, int c, const ActView& a, int m, float (&acc)[M]) {
+  template <int M, class V = ActView>
+  __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const float d = f16_bits(r.d);
     uint32_t lo[4], hi[4];
 #pragma unroll
@@ -158,7 +170,7 @@ struct Dot<DType::Q5_0> {
     for (int i = 0; i < M; ++i) {
       if (i < m) {
         const int8_t* x = xq_row(a, i) + c * 32;
-        const uint4 x0 = ld_act(x), x1 = ld_act(x + 16);
+        const uint4 x0 = V::ld(x), x1 = V::ld(x + 16);
         int s = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
@@ -183,13 +195,13 @@ struct Dot<DType::Q8_0> {
     const uint8_t* b = row + (c >> 1) * 34;
     return {ld_u16(b), ld_u128_a2(b + 2 + 16 * (c & 1))};
   }
-  template <int M>
-  __device__ static void mul(const Raw& r, int c, const ActView& a, int m, float (&acc)[M]) {
+  template <int M, class V = ActView>
+  __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const float d = f16_bits(r.d);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       if (i < m) {
-        const uint4 x = ld_act(xq_row(a, i) + c * 16);
+        const uint4 x = V::ld(xq_row(a, i) + c * 16);
         int s = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) s = dp4a(word(r.q, w), word(x, w), s);
@@ -218,8 +230,8 @@ struct DotK45 {
     r.qh = kQ5 ? ld_u128(b + 16 + 16 * h) : make_uint4(0, 0, 0, 0);
     return r;
   }
-  template <int M>
-  __device__ static void mul(const Raw& r, int c, const ActView& a, int m, float (&acc)[M]) {
+  template <int M, class V = ActView>
+  __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const int blk = c >> 3, c4 = (c >> 1) & 3, h = c & 1;
     uint32_t lo[4], hi[4];
 #pragma unroll
@@ -241,7 +253,7 @@ struct DotK45 {
     for (int i = 0; i < M; ++i) {
       if (i < m) {
         const int8_t* x = xq_row(a, i) + xb * 32 + 16 * h;
-        const uint4 x0 = ld_act(x), x1 = ld_act(x + 32);
+        const uint4 x0 = V::ld(x), x1 = V::ld(x + 32);
         int s0 = 0, s1 = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
@@ -281,8 +293,8 @@ struct Dot<DType::Q6_K> {
     r.d = ld_u16(b + 208);
     return r;
   }
-  template <int M>
-  __device__ static void mul(const Raw& r, int c, const ActView& a, int m, float (&acc)[M]) {
+  template <int M, class V = ActView>
+  __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const int blk = c >> 3, c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
     uint32_t lo[4], hi[4];
 #pragma unroll
@@ -299,7 +311,7 @@ struct Dot<DType::Q6_K> {
     for (int i = 0; i < M; ++i) {
       if (i < m) {
         const int8_t* x = xq_row(a, i) + xb0 * 32 + 16 * h;
-        const uint4 x0 = ld_act(x), x1 = ld_act(x + 64);
+        const uint4 x0 = V::ld(x), x1 = V::ld(x + 64);
         int s0 = 0, s1 = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {

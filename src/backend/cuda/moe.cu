@@ -72,6 +72,65 @@ __device__ void route_token(const float* src, float* l, int E, int k, bool norm,
   }
 }
 
+// One token routed by the whole block (router_kernel's last block, one decode token): route_token's
+// result, without its serial top-k. Each expert's rank (the experts above it: a higher logit, or an equal
+// one at a lower index) is counted by 4 threads, so the k largest fall into place at once; the softmax sum
+// is a double block sum. smem: E floats, then kRouterThreads / 32 doubles and 2 * 32 words.
+template <int kThreads>
+__device__ void route_token_block(const float* src, float* smem, int E, int k, bool norm, float scale,
+                                  int32_t* __restrict__ ids, float* __restrict__ weights) {
+  constexpr int kW = kThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  float* l = smem;
+  double* red = reinterpret_cast<double*>(smem + ((E + 1) & ~1));
+  int32_t* top_id = reinterpret_cast<int32_t*>(red + kW);
+  float* top_v = reinterpret_cast<float*>(top_id + 32);
+  float mx = -INFINITY;
+  for (int e = threadIdx.x; e < E; e += kThreads) mx = fmaxf(mx, l[e] = __ldcg(src + e));
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = (float)red[0];
+  for (int i = 1; i < kW; ++i) mx = fmaxf(mx, (float)red[i]);
+  double sum = 0;  // as ggml: exp(x - max) summed in double
+  for (int e = threadIdx.x; e < E; e += kThreads) sum += (double)expf(l[e] - mx);
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+  for (int base = threadIdx.x & ~31; base < 4 * E; base += kThreads) {  // warp-uniform trip count
+    const int i = base + lane, e = i / 4;
+    int rank = 0;
+    const float v = e < E ? l[e] : 0.0f;
+    if (e < E)
+      for (int o = i & 3; o < E; o += 4) {
+        const float u = l[o];
+        rank += u > v || (u == v && o < e);
+      }
+    rank += __shfl_xor_sync(kFull, rank, 1);
+    rank += __shfl_xor_sync(kFull, rank, 2);
+    if (e < E && (i & 3) == 0 && rank < k) {
+      top_id[rank] = e;
+      top_v[rank] = v;
+    }
+  }
+  __syncthreads();  // every warp has read red[] (the max) and ranked
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  if (warp != 0) return;
+  double tot = 0;
+  for (int i = 0; i < kW; ++i) tot += red[i];
+  const float inv = (float)(1.0 / tot);
+  const float p = lane < k ? expf(top_v[lane] - mx) * inv : 0.0f;
+  double wsum = lane < k ? (double)p : 0.0;
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(kFull, wsum, off);
+  if (lane < k) {
+    float w = p;
+    if (norm)
+      w /= fmaxf((float)wsum, 6.103515625e-5f);  // llama.cpp clamps the sum to the smallest f16 normal
+    if (scale != 0.0f && scale != 1.0f) w *= scale;
+    ids[lane] = top_id[lane];
+    weights[lane] = w;
+  }
+}
+
 __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool norm,
                              float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
   pdl_begin();
@@ -94,7 +153,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
                   int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
-                  bool prefetch) {
+                  bool prefetch, bool block_route_enabled) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const float* row = e < E ? w + (int64_t)e * D : sg;
   if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
@@ -142,10 +201,13 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (warp < n)
+  if (threadIdx.x == 0) *done = 0;  // read by no thread of this launch past this point
+  if (n == 1 && block_route_enabled && E * E <= 64 * kRouterThreads) {  // at most 64 comparisons a thread
+    route_token_block<kRouterThreads>(logits, router_smem, E, k, norm, scale, ids, weights);
+  } else if (warp < n) {
     route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * slots,
                 weights + warp * slots);
-  if (threadIdx.x == 0) *done = 0;
+  }
 }
 
 // ---------------------------------------------------------------------------------------- decode path
@@ -194,6 +256,15 @@ int env_variant(const char* name, int dflt, int a, int b) {
   const char* env = std::getenv(name);
   const int v = env ? std::atoi(env) : dflt;
   return v == a || v == b ? v : dflt;
+}
+
+// One decode token's top-k by the router's whole last block (route_token_block) where it counts at most 64
+// ranks a thread (up to 128 experts); XPERT_BLOCK_ROUTE=0: by one warp (route_token), to compare. H200
+// tg128 in one call, block / warp: qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s; qwen3.5-35b-a3b
+// (256 experts, 256 ranks a thread) 340 / 349: the warp's serial top-k wins there, so it keeps it.
+bool block_route() {
+  static const bool on = env_variant("XPERT_BLOCK_ROUTE", 1, 0, 1) == 1;
+  return on;
 }
 
 // Lanes per row of the gate/up kernel: 8 by default (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s
@@ -419,12 +490,15 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
              shared_gate ? " + a shared expert" : "", " (supported: up to ", kMoeDecodeMaxTokens,
              " tokens, n_embd % 4 == 0, 1024 experts, 32 slots)");
-  const size_t smem = std::max<size_t>((size_t)n_tokens * r.n_expert, (kRouterThreads / 32) * kMoeDecodeMaxTokens) *
-                      sizeof(float);
+  // The routing's scratch: [n][E] floats (route_token), or for one token route_token_block's.
+  const size_t one = (size_t)((r.n_expert + 1) & ~1) + 2 * (kRouterThreads / 32) + 2 * 32;
+  const size_t smem =
+      std::max({(size_t)n_tokens * r.n_expert, (size_t)(kRouterThreads / 32) * kMoeDecodeMaxTokens, one}) *
+      sizeof(float);
   const int slots = (int)r.k + (shared_gate ? 1 : 0);
   launch_pdl(router_kernel, (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w,
              shared_gate, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
-             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled());
+             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), block_route());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
