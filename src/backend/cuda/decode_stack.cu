@@ -218,27 +218,9 @@ __device__ void load_smem(const float* src, int n, float* dst) {
     reinterpret_cast<float4*>(dst)[i] = __ldcg(reinterpret_cast<const float4*>(src) + i);
 }
 
-// v (n floats in shared memory) -> q8_1 blocks, a thread per 32-block, with warp_quantize_q8_1's
-// arithmetic (the same bits). Thread t starts at element t % 32 of its block: no bank conflicts.
+// v (n floats in shared memory) -> q8_1 blocks, a thread per block (q8_1.cuh), then a __syncthreads.
 __device__ void quantize_smem(const float* v, int n, int8_t* q, float2* ds) {
-  for (int b = threadIdx.x; b < n / 32; b += kThreads) {
-    const float* x = v + b * 32;
-    const int r = threadIdx.x & 31;
-    float amax = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[(i + r) & 31]));
-    const float inv = 127.0f / amax;
-    int sum = 0;
-#pragma unroll 8
-    for (int i = 0; i < 32; ++i) {
-      const int j = (i + r) & 31;
-      const int qi = amax == 0.0f ? 0 : __float2int_rn(x[j] * inv);
-      q[b * 32 + j] = (int8_t)qi;
-      sum += qi;
-    }
-    const float d = amax / 127.0f;
-    ds[b] = make_float2(d, d * (float)sum);
-  }
+  thread_quantize_q8_1(v, n, q, ds, threadIdx.x, kThreads);
   __syncthreads();
 }
 

@@ -23,4 +23,30 @@ __device__ __forceinline__ void warp_quantize_q8_1(float v, int8_t* q, float2* d
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * (float)sum);
 }
 
+// The same blocks made by one thread each: threads [0, nthreads) of the caller (thread `tid`) convert the
+// n values of v (n % 32 == 0; shared memory) into q / ds, block b by thread b % nthreads, with
+// warp_quantize_q8_1's arithmetic (the same bits). Thread t starts at element t % 32 of its block, so the
+// reads of a warp hit 32 different banks.
+__device__ __forceinline__ void thread_quantize_q8_1(const float* v, int n, int8_t* q, float2* ds, int tid,
+                                                     int nthreads) {
+  for (int b = tid; b < n / 32; b += nthreads) {
+    const float* x = v + b * 32;
+    const int r = tid & 31;
+    float amax = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[(i + r) & 31]));
+    const float inv = 127.0f / amax;
+    int sum = 0;
+#pragma unroll 8
+    for (int i = 0; i < 32; ++i) {
+      const int j = (i + r) & 31;
+      const int qi = amax == 0.0f ? 0 : __float2int_rn(x[j] * inv);
+      q[b * 32 + j] = (int8_t)qi;
+      sum += qi;
+    }
+    const float d = amax / 127.0f;
+    ds[b] = make_float2(d, d * (float)sum);
+  }
+}
+
 }  // namespace xpert::cuda
