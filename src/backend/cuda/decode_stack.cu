@@ -603,7 +603,7 @@ __device__ void phase_router(const Ctx& c, const StackLayer& L) {
 // into L2 (all its rounds at once), and so do its rows of phase F.
 __device__ void phase_gate_up(const Ctx& c, const StackLayer& L) {
   const StackShape& s = c.s;
-  const int E = s.n_embd, F = s.n_ff, K = s.k, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int E = s.n_embd, F = s.n_ff, K = s.k;
   Slots sl(c);
   for (int i = threadIdx.x; i < E / 16; i += kThreads)
     reinterpret_cast<uint4*>(c.q())[i] = __ldcg(reinterpret_cast<const uint4*>(c.p.w.xq) + i);
