@@ -38,11 +38,13 @@ constexpr int kKeysPerSplit = 512;  // a head's keys past this are split over mo
 constexpr int kMaxItems = 1024;     // (head, split) items: the workspace's partial rows
 
 struct Work {
-  float *q, *k, *v, *att, *part, *logits, *h, *weights;
-  int32_t* ids;
+  float *q, *k, *v, *att, *part, *logits, *h;
   int8_t* xq;  // the FFN input as q8_1 (phase D's block 0, for phase E)
   float2* xds;
 };
+
+// Experts' logits in shared memory, rounded up so that the routing's arrays after them stay aligned.
+__host__ __device__ inline int expert_floats(int n_expert) { return (n_expert + 3) & ~3; }
 
 struct Params {
   StackShape s;
@@ -82,7 +84,7 @@ __host__ __device__ inline Smem smem_layout(const StackShape& s) {
   m.ds = m.q + align16(act);
   m.attn = m.ds + align16(act / 32 * 8);
   m.route = m.attn + align16(((size_t)(3 + kWarps) * s.head_dim + 2 * kWarps) * 4);
-  m.red = m.route + align16((size_t)s.n_expert * 4 + 2 * kMaxSlots * 4 + 3 * kMaxSlots * 8);
+  m.red = m.route + align16((size_t)expert_floats(s.n_expert) * 4 + 2 * kMaxSlots * 4 + 3 * kMaxSlots * 8);
   m.total = m.red + 32 * 4;
   return m;
 }
@@ -502,7 +504,7 @@ struct Slots {  // the routing in shared memory: ids, weights, each slot's matri
   const uint8_t** up;
   const uint8_t** down;
   __device__ Slots(const Ctx& c) {
-    float* l = c.route() + c.s.n_expert;
+    float* l = c.route() + expert_floats(c.s.n_expert);
     ids = reinterpret_cast<int32_t*>(l);
     w = l + kMaxSlots;
     gate = reinterpret_cast<const uint8_t**>(w + kMaxSlots);
@@ -810,8 +812,7 @@ std::string stack_unsupported(const StackShape& s, const StackLayer* layers) {
 
 size_t stack_workspace_bytes(const StackShape& s) {
   const size_t qd = (size_t)s.n_head * s.head_dim, kvd = (size_t)s.n_head_kv * s.head_dim;
-  return 4 * (qd + 2 * kvd + qd + (size_t)kMaxItems * (s.head_dim + 2) + s.n_expert + (size_t)s.k * s.n_ff +
-              2 * kMaxSlots) +
+  return 4 * (qd + 2 * kvd + qd + (size_t)kMaxItems * (s.head_dim + 2) + s.n_expert + (size_t)s.k * s.n_ff) +
          (size_t)s.n_embd + (size_t)s.n_embd / 32 * 8 + 512;
 }
 
@@ -827,10 +828,8 @@ void stack_decode(const StackShape& s, const StackLayer* layers, float* x, const
   w.part = f, f += (size_t)kMaxItems * (s.head_dim + 2);
   w.logits = f, f += s.n_expert;
   w.h = f, f += (size_t)s.k * s.n_ff;
-  w.weights = f, f += kMaxSlots;
-  w.ids = reinterpret_cast<int32_t*>(f);
   const auto up16 = [](void* q) { return reinterpret_cast<char*>(((uintptr_t)q + 15) & ~(uintptr_t)15); };
-  w.xds = reinterpret_cast<float2*>(up16(w.ids + kMaxSlots));
+  w.xds = reinterpret_cast<float2*>(up16(f));
   w.xq = reinterpret_cast<int8_t*>(up16(w.xds + s.n_embd / 32));
   static const bool profile = [] {
     const char* e = std::getenv("XPERT_STACK_PROFILE");
