@@ -835,12 +835,16 @@ void stack_decode(const StackShape& s, const StackLayer* layers, float* x, const
     const char* e = std::getenv("XPERT_STACK_PROFILE");
     return e && std::string(e) == "1";
   }();
-  static unsigned long long* prof_dev = nullptr;
+  static unsigned long long* prof_dev = nullptr;  // a measurement knob's buffer, kept for the process
+  static int prof_layers = 0;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   XPERT_CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
   const bool prof_now = profile && cap == cudaStreamCaptureStatusNone;
-  if (prof_now && !prof_dev)
+  if (prof_now && prof_layers < s.n_layer) {
+    if (prof_dev) XPERT_CUDA_CHECK(cudaFree(prof_dev));
     XPERT_CUDA_CHECK(cudaMalloc(&prof_dev, sizeof(unsigned long long) * kPhases * s.n_layer));
+    prof_layers = s.n_layer;
+  }
   static const int extra = [] {
     const char* e = std::getenv("XPERT_STACK_BARRIERS");
     return e ? std::atoi(e) : 0;
