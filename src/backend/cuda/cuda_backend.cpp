@@ -985,7 +985,14 @@ class CudaBackend final : public Backend {
                     .to = (int32_t)lw.wo.type,
                     .tg = (int32_t)lw.ffn_gate_exps.type,
                     .tu = (int32_t)lw.ffn_up_exps.type,
-                    .td = (int32_t)lw.ffn_down_exps.type});
+                    .td = (int32_t)lw.ffn_down_exps.type,
+                    .rq = (uint32_t)row_bytes(lw.wq.type, lw.wq.ne[0]),
+                    .rk = (uint32_t)row_bytes(lw.wk.type, lw.wk.ne[0]),
+                    .rv = (uint32_t)row_bytes(lw.wv.type, lw.wv.ne[0]),
+                    .ro = (uint32_t)row_bytes(lw.wo.type, lw.wo.ne[0]),
+                    .rg = (uint32_t)row_bytes(lw.ffn_gate_exps.type, lw.ffn_gate_exps.ne[0]),
+                    .ru = (uint32_t)row_bytes(lw.ffn_up_exps.type, lw.ffn_up_exps.ne[0]),
+                    .rd = (uint32_t)row_bytes(lw.ffn_down_exps.type, lw.ffn_down_exps.ne[0])});
     }
     auto st = std::make_unique<Stack>();
     cuda::StackShape& sh = st->shape;

@@ -125,25 +125,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-__device__ size_t row_bytes_of(int t, int64_t k) {
-  switch ((DType)t) {
-    case DType::Q4_0:
-      return (size_t)(k / 32) * 18;
-    case DType::Q5_0:
-      return (size_t)(k / 32) * 22;
-    case DType::Q8_0:
-      return (size_t)(k / 32) * 34;
-    case DType::Q4_K:
-      return (size_t)(k / 256) * 144;
-    case DType::Q5_K:
-      return (size_t)(k / 256) * 176;
-    case DType::Q6_K:
-      return (size_t)(k / 256) * 210;
-    default:
-      return 0;
-  }
-}
-
 template <DType T>
 __device__ __forceinline__ float dot_chunks(const uint8_t* row, int64_t k, const SharedAct& a, int sub,
                                             int lanes) {
@@ -207,10 +188,10 @@ __device__ void rows_to_l2(const void* w, size_t rb, int n, int per, int first) 
   for (int r0 = first; r0 < n; r0 += (int)gridDim.x * per)
     prefetch_l2(static_cast<const uint8_t*>(w) + (size_t)r0 * rb, (size_t)min(per, n - r0) * rb);
 }
-__device__ void prefetch_rows(const void* w, int t, int64_t k, int n) {
+__device__ void prefetch_rows(const void* w, size_t rb, int t, int64_t k, int n) {
   if (threadIdx.x != 0 || !w) return;
   const Deal d(n, chunks_of(t, k));
-  rows_to_l2(w, row_bytes_of(t, k), n, d.block_rows(), (int)blockIdx.x * d.block_rows());
+  rows_to_l2(w, rb, n, d.block_rows(), (int)blockIdx.x * d.block_rows());
 }
 
 // n floats another block wrote (n % 4 == 0) -> shared memory, every load in flight at once.
@@ -316,12 +297,18 @@ __device__ void phase_qkv(const Ctx& c, const StackLayer& L) {
     const bool ok = r < n, iq = r < qd, ik = !iq && r < qd + kvd;
     const int t = iq ? L.tq : ik ? L.tk : L.tv;
     const int row = iq ? r : ik ? r - qd : r - qd - kvd;
-    const uint8_t* w = static_cast<const uint8_t*>(iq ? L.wq : ik ? L.wk : L.wv) + row_bytes_of(t, E) * row;
+    const uint8_t* w = static_cast<const uint8_t*>(iq   ? L.wq
+                                                   : ik ? L.wk
+                                                        : L.wv) +
+                       (size_t)(iq   ? L.rq
+                                : ik ? L.rk
+                                     : L.rv) *
+                           row;
     const float v = d.reduce(ok ? row_part(t, w, E, a, d.sub, d.lpr) : 0.0f);
     if (ok && d.sub == 0) (iq ? c.p.w.q : ik ? c.p.w.k : c.p.w.v)[row] = v;
   }
   sub_mark(c.p, 13);
-  prefetch_rows(L.wo, L.to, qd, E);
+  prefetch_rows(L.wo, L.ro, L.to, qd, E);
 }
 
 // How many blocks share a head's keys (the same on every block).
@@ -482,7 +469,7 @@ __device__ void phase_out(const Ctx& c, const StackLayer& L) {
   const int E = s.n_embd, qd = s.n_head * s.head_dim;
   quantize_block(c.p.w.att, qd, c.yf(), c.q(), c.ds());
   const SharedAct a{c.q(), c.ds(), qd};
-  const size_t rb = row_bytes_of(L.to, qd);
+  const size_t rb = L.ro;
   const Deal d(E, chunks_of(L.to, qd));
   for (int base = d.slot - d.slot % (32 / d.lpr); base < E; base += d.slots) {
     const int r = base + d.slot % (32 / d.lpr);
@@ -617,7 +604,7 @@ __device__ void phase_gate_up(const Ctx& c, const StackLayer& L) {
   // Rows 2t and 2t + 1 are task t's gate and up rows, in neighbouring lane groups of one warp.
   const Deal d(2 * K * F, chunks_of(L.tg, E), 8, 16);
   const int rounds = (2 * K * F + d.slots - 1) / d.slots, per = d.block_rows();
-  const size_t rg = row_bytes_of(L.tg, E), ru = row_bytes_of(L.tu, E);
+  const size_t rg = L.rg, ru = L.ru;
   for (int i = threadIdx.x; i < rounds * per; i += kThreads) {  // a row per thread, every round at once
     const int r = (int)blockIdx.x * per + i % per + i / per * d.slots;
     if (r < 2 * K * F) {
@@ -629,7 +616,7 @@ __device__ void phase_gate_up(const Ctx& c, const StackLayer& L) {
     }
   }
   if (threadIdx.x < K)  // this block's rows of phase F
-    rows_to_l2(sl.down[threadIdx.x], row_bytes_of(L.td, F), E, kWarps, (int)blockIdx.x * kWarps);
+    rows_to_l2(sl.down[threadIdx.x], L.rd, E, kWarps, (int)blockIdx.x * kWarps);
   const SharedAct a{c.q(), c.ds(), E};
   const int group = d.slot % (32 / d.lpr);
   for (int base = d.slot - group; base < 2 * K * F; base += d.slots) {
@@ -655,7 +642,7 @@ __device__ void phase_down(const Ctx& c, const StackLayer& L, const StackLayer* 
   int kp = 1;
   while (kp < K) kp *= 2;
   const int lps = 32 / kp, j = lane / lps, sub = lane % lps;
-  const size_t rb = row_bytes_of(L.td, F);
+  const size_t rb = L.rd;
   const uint8_t* w = j < K ? sl.down[j] : nullptr;
   const SharedAct a{c.q() + (int64_t)min(j, K - 1) * F, c.ds() + (int64_t)min(j, K - 1) * (F / 32), F};
   const int n_warps = (int)gridDim.x * kWarps;
@@ -672,9 +659,9 @@ __device__ void phase_down(const Ctx& c, const StackLayer& L, const StackLayer* 
     // Phase A deals q, k and v as one range: these blocks' shares differ from it, but together they fetch
     // every row.
     if (threadIdx.x == 0) prefetch_l2(next->attn_norm, (size_t)E * 4);
-    prefetch_rows(next->wq, next->tq, E, qd);
-    prefetch_rows(next->wk, next->tk, E, kvd);
-    prefetch_rows(next->wv, next->tv, E, kvd);
+    prefetch_rows(next->wq, next->rq, next->tq, E, qd);
+    prefetch_rows(next->wk, next->rk, next->tk, E, kvd);
+    prefetch_rows(next->wv, next->rv, next->tv, E, kvd);
   }
 }
 
@@ -732,18 +719,9 @@ __global__ void __launch_bounds__(kThreads, 1) stack_kernel(Params p) {
   }
 }
 
+// The block-quantized types (those the decode dots multiply with q8_1).
 bool block_type(int32_t t) {
-  switch ((DType)t) {
-    case DType::Q4_0:
-    case DType::Q5_0:
-    case DType::Q8_0:
-    case DType::Q4_K:
-    case DType::Q5_K:
-    case DType::Q6_K:
-      return true;
-    default:
-      return false;
-  }
+  return dev::dispatch_quant_type((DType)t, [&]<DType>() {});
 }
 
 // Blocks per SM: as many as fit, at most XPERT_STACK_BLOCKS (default 1).
@@ -796,10 +774,7 @@ std::string stack_unsupported(const StackShape& s, const StackLayer* layers) {
     const StackLayer& L = layers[il];
     for (int32_t t : {L.tq, L.tk, L.tv, L.to, L.tg, L.tu, L.td})
       if (!block_type(t)) return "a matrix is not block-quantized (Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K)";
-    const auto whole = [](int32_t t, int64_t k) {
-      const bool kq = t == (int32_t)DType::Q4_K || t == (int32_t)DType::Q5_K || t == (int32_t)DType::Q6_K;
-      return k % (kq ? 256 : 32) == 0;
-    };
+    const auto whole = [](int32_t t, int64_t k) { return k % dtype_info((DType)t).block_size == 0; };
     const int64_t E = s.n_embd, qd = (int64_t)s.n_head * D;
     if (!whole(L.tq, E) || !whole(L.tk, E) || !whole(L.tv, E) || !whole(L.to, qd) || !whole(L.tg, E) ||
         !whole(L.tu, E) || !whole(L.td, s.n_ff))

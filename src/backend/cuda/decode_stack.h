@@ -32,6 +32,7 @@ struct StackLayer {
   uint64_t gate_bytes, up_bytes, down_bytes;
   void *k_cache, *v_cache;             // slot 0's rows of this layer, f16
   int32_t tq, tk, tv, to, tg, tu, td;  // DType of each matrix
+  uint32_t rq, rk, rv, ro, rg, ru, rd;  // bytes of a row of each (quant/dtype.h's row_bytes)
 };
 
 struct StackShape {
