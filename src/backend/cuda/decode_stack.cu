@@ -22,6 +22,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda {
@@ -43,8 +44,11 @@ struct Work {
   float2* xds;
 };
 
-// Experts' logits in shared memory, rounded up so that the routing's arrays after them stay aligned.
-__host__ __device__ inline int expert_floats(int n_expert) { return (n_expert + 3) & ~3; }
+// The routing's scratch in shared memory (route_token_block's), rounded up so that the slots' arrays after it
+// stay aligned.
+__host__ __device__ inline int route_floats(int n_expert) {
+  return (route_block_floats(n_expert, kThreads) + 3) & ~3;
+}
 
 struct Params {
   StackShape s;
@@ -84,7 +88,7 @@ __host__ __device__ inline Smem smem_layout(const StackShape& s) {
   m.ds = m.q + align16(act);
   m.attn = m.ds + align16(act / 32 * 8);
   m.route = m.attn + align16(((size_t)(3 + kWarps) * s.head_dim + 2 * kWarps) * 4);
-  m.red = m.route + align16((size_t)expert_floats(s.n_expert) * 4 + 2 * kMaxSlots * 4 + 3 * kMaxSlots * 8);
+  m.red = m.route + align16((size_t)route_floats(s.n_expert) * 4 + 2 * kMaxSlots * 4 + 3 * kMaxSlots * 8);
   m.total = m.red + 32 * 4;
   return m;
 }
@@ -491,7 +495,7 @@ struct Slots {  // the routing in shared memory: ids, weights, each slot's matri
   const uint8_t** up;
   const uint8_t** down;
   __device__ Slots(const Ctx& c) {
-    float* l = c.route() + expert_floats(c.s.n_expert);
+    float* l = c.route() + route_floats(c.s.n_expert);
     ids = reinterpret_cast<int32_t*>(l);
     w = l + kMaxSlots;
     gate = reinterpret_cast<const uint8_t**>(w + kMaxSlots);
@@ -506,56 +510,12 @@ struct Slots {  // the routing in shared memory: ids, weights, each slot's matri
   }
 };
 
-// moe.h's routing of the logits (phase D's, in global memory) by the whole block: 4 threads per expert
-// count the experts ranked above it (a higher logit, or an equal one at a lower index), so the top k fall
-// into place at once. The softmax's denominator cancels when the k weights are renormalized; otherwise
-// it is a block sum. Ends with a __syncthreads.
+// moe.h's routing of the logits (phase D's, in global memory) by the whole block (moe_route.cuh), into the
+// slots; ends with a __syncthreads.
 __device__ void route_block(const Ctx& c, int K, Slots& sl) {
   const StackShape& s = c.s;
-  const int n = s.n_expert, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  float* l = c.route();
-  float* red = c.red();
-  float part = 0.0f;  // without renormalizing: this thread's share of sum exp(l - max), see below
-  for (int e = threadIdx.x; e < n; e += kThreads) l[e] = __ldcg(c.p.w.logits + e);
-  __syncthreads();
-  for (int base = threadIdx.x & ~31; base < 4 * n; base += kThreads) {  // warp-uniform trip count
-    const int i = base + lane, e = i / 4, q = i & 3;
-    int rank = 0;
-    const float v = e < n ? l[e] : 0.0f;
-    if (e < n)
-      for (int o = q; o < n; o += 4) {
-        const float u = l[o];
-        rank += u > v || (u == v && o < e);
-      }
-    rank += __shfl_xor_sync(kFull, rank, 1);
-    rank += __shfl_xor_sync(kFull, rank, 2);
-    if (e < n && q == 0 && rank < K) {
-      sl.ids[rank] = e;
-      sl.w[rank] = v;  // the logit; the weight below
-    }
-  }
-  __syncthreads();
-  const float mx = sl.w[0];
-  if (!s.norm_weights) {
-    for (int e = threadIdx.x; e < n; e += kThreads) part += expf(l[e] - mx);
-    part = warp_sum(part);
-    if (lane == 0) red[warp] = part;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float p = lane < K ? expf(sl.w[lane] - mx) : 0.0f;
-    if (s.norm_weights) {
-      const float sum = warp_sum(p);
-      p /= fmaxf(sum, 6.103515625e-5f);  // llama.cpp's clamp
-    } else {
-      float tot = 0.0f;
-      for (int i = 0; i < kWarps; ++i) tot += red[i];
-      p /= tot;
-    }
-    if (s.weights_scale != 0.0f && s.weights_scale != 1.0f) p *= s.weights_scale;
-    __syncwarp();
-    if (lane < K) sl.w[lane] = p;
-  }
+  route_token_block<kThreads>(c.p.w.logits, c.route(), s.n_expert, K, s.norm_weights, s.weights_scale, sl.ids,
+                              sl.w);
   __syncthreads();
 }
 
