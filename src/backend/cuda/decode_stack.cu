@@ -134,8 +134,7 @@ __device__ __forceinline__ float dot_chunks(const uint8_t* row, int64_t k, const
                                             int lanes) {
   const int nc = (int)(k / Dot<T>::kElems);
   float acc[1] = {0.0f};
-#pragma unroll 4
-  for (int c = sub; c < nc; c += lanes) Dot<T>::template mul<1>(Dot<T>::load(row, c), c, a, 1, acc);
+  dev::dot_row<T, 1, 2>(row, sub, lanes, nc, a, 1, acc);
   return acc[0];
 }
 
@@ -184,7 +183,17 @@ struct Deal {
 };
 
 // Chunks of a row of k elements (the dot's unit: Dot<T>::kElems).
-__device__ int chunks_of(int t, int64_t k) { return (int)(k / ((DType)t == DType::Q8_0 ? 16 : 32)); }
+__device__ int chunks_of(int t, int64_t k) {
+  switch ((DType)t) {
+    case DType::Q8_0:
+      return (int)(k / Dot<DType::Q8_0>::kElems);
+    case DType::Q4_K:
+    case DType::Q5_K:
+      return (int)(k / Dot<DType::Q4_K>::kElems);
+    default:
+      return (int)(k / 32);
+  }
+}
 
 // This block's rows of a weight phase (n rows of rb bytes, k elements) on their way into L2, issued by
 // the calling thread; prefetch_rows: by thread 0.
@@ -483,7 +492,7 @@ __device__ void phase_out(const Ctx& c, const StackLayer& L) {
     if (ok && d.sub == 0) c.p.x[r] = __ldcg(c.p.x + r) + v;
   }
   if (threadIdx.x == 0) {
-    rows_to_l2(L.router, (size_t)E * 4, s.n_expert, kWarps, (int)blockIdx.x * kWarps);
+    rows_to_l2(L.router, (size_t)E * 4, s.n_expert, 1, (int)blockIdx.x);  // phase D: a row a block
     prefetch_l2(L.ffn_norm, (size_t)E * 4);
   }
 }
@@ -519,31 +528,37 @@ __device__ void route_block(const Ctx& c, int K, Slots& sl) {
   __syncthreads();
 }
 
-// D: rmsnorm(x) -> router logits (the blocks with rows); block 0 also leaves the FFN input's q8_1 for E.
+// D: rmsnorm(x) -> router logits, a row a block (the blocks with rows); block 0 also leaves the FFN input's
+// q8_1 for E.
 __device__ void phase_router(const Ctx& c, const StackLayer& L) {
   const StackShape& s = c.s;
-  const int E = s.n_embd, lane = threadIdx.x & 31;
-  const int n_blocks = min((int)gridDim.x, (s.n_expert + kWarps - 1) / kWarps);  // blocks with logits
-  if ((int)blockIdx.x >= n_blocks && blockIdx.x != 0) return;
-  float* y = c.yf();
+  const int E = s.n_embd, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const bool first = blockIdx.x == 0;
-  norm_rows(c.p.x, L.ffn_norm, E, s.eps, y, first ? c.q() : nullptr, c.ds(), c.red());
+  if ((int)blockIdx.x >= s.n_expert && !first) return;
+  float* y = c.yf();
+  float* red = c.red();
+  norm_rows(c.p.x, L.ffn_norm, E, s.eps, y, first ? c.q() : nullptr, c.ds(), red);
   if (first) {
     for (int i = threadIdx.x; i < E / 16; i += kThreads)
       reinterpret_cast<uint4*>(c.p.w.xq)[i] = reinterpret_cast<const uint4*>(c.q())[i];
     for (int i = threadIdx.x; i < E / 32; i += kThreads) c.p.w.xds[i] = c.ds()[i];
   }
-  const int n_warps = (int)gridDim.x * kWarps;
-  for (int e = (int)blockIdx.x * kWarps + (int)threadIdx.x / 32; e < s.n_expert; e += n_warps) {
+  for (int e = blockIdx.x; e < s.n_expert; e += gridDim.x) {
     const float4* w = reinterpret_cast<const float4*>(L.router + (int64_t)e * E);
     float acc = 0.0f;
-#pragma unroll 4
-    for (int i = lane; i < E / 4; i += 32) {
+    for (int i = threadIdx.x; i < E / 4; i += kThreads) {
       const float4 a = __ldg(w + i), b = reinterpret_cast<const float4*>(y)[i];
       acc = fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
     }
     acc = warp_sum(acc);
-    if (lane == 0) c.p.w.logits[e] = acc;
+    __syncthreads();  // red[] is free (norm_rows' or the last row's)
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float tot = 0.0f;
+      for (int i = 0; i < kWarps; ++i) tot += red[i];
+      c.p.w.logits[e] = tot;
+    }
   }
 }
 

@@ -109,8 +109,7 @@ __device__ __forceinline__ uint4 ld_act(const void* p) { return ld_u128(p); }
 
 // ------------------------------------------------------------------------------------ decode dots
 // Dot<T>::load(row, c) fetches chunk c's weight bytes; mul<M>() unpacks them and multiplies with the
-// activations. (Issuing U = 4 chunks' loads before the first multiply, to cover short trip counts, measured
-// slower on the H200 than the plain unrolled loop of the callers: more registers, fewer warps.)
+// activations. The callers walk a row with dot_row (below), which sets how many chunks' loads are in flight.
 template <DType T>
 struct Dot;
 
@@ -130,7 +129,7 @@ struct Dot<DType::Q4_0> {
     const float d = f16_bits(r.d);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const int8_t* x = xq_row(a, i) + c * 32;
         const uint4 x0 = V::ld(x), x1 = V::ld(x + 16);
         int s = 0;
@@ -168,7 +167,7 @@ struct Dot<DType::Q5_0> {
     }
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const int8_t* x = xq_row(a, i) + c * 32;
         const uint4 x0 = V::ld(x), x1 = V::ld(x + 16);
         int s = 0;
@@ -200,7 +199,7 @@ struct Dot<DType::Q8_0> {
     const float d = f16_bits(r.d);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const uint4 x = V::ld(xq_row(a, i) + c * 16);
         int s = 0;
 #pragma unroll
@@ -214,6 +213,8 @@ struct Dot<DType::Q8_0> {
 // Q4_K / Q5_K chunk (c4, h) of a block: qs[32 c4 + 16 h ..+16] = elements 64 c4 + 16 h + i (low nibbles,
 // sub-block 2 c4) and 64 c4 + 32 + 16 h + i (high nibbles, sub-block 2 c4 + 1). The h = 0 chunk applies
 // both sub-blocks' mins with the activation block sums, so no chunk needs the sum of its own half.
+// The scales are decoded with word operations and no branch: issue, not bandwidth, bounded these dots
+// (ncu on the H200, weights in L2: about 225 instructions a chunk with a per-scale decode, 60 % of issue).
 template <bool kQ5>
 struct DotK45 {
   static constexpr int kElems = 32;
@@ -243,26 +244,31 @@ struct DotK45 {
         hi[w] |= ((word(r.qh, w) >> (2 * c4 + 1)) & 0x01010101) << 4;
       }
     }
+    // The 6-bit scales and mins of sub-blocks 4 (c4 / 2) .. + 3, a byte each (quant::unpack_scale_min_k4),
+    // then the two of this chunk: bytes 2 (c4 & 1) and 2 (c4 & 1) + 1.
+    const uint32_t s0 = r.hdr.y, s1 = r.hdr.z, s2 = r.hdr.w;
+    const uint32_t scw = c4 < 2 ? s0 & 0x3F3F3F3F : (s2 & 0x0F0F0F0F) | ((s0 >> 2) & 0x30303030);
+    const uint32_t mnw = c4 < 2 ? s1 & 0x3F3F3F3F : ((s2 >> 4) & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030);
+    const int sh = 16 * (c4 & 1);
+    const float sc0 = (float)((scw >> sh) & 0xFF), sc1 = (float)((scw >> (sh + 8)) & 0xFF);
+    const float mn0 = (float)((mnw >> sh) & 0xFF), mn1 = (float)((mnw >> (sh + 8)) & 0xFF);
     const float d = f16_bits(r.hdr.x & 0xFFFF), dmin = f16_bits(r.hdr.x >> 16);
-    float sc0, mn0, sc1, mn1;
-    scale_min_k4(r.hdr.y, r.hdr.z, r.hdr.w, 2 * c4, sc0, mn0);
-    scale_min_k4(r.hdr.y, r.hdr.z, r.hdr.w, 2 * c4 + 1, sc1, mn1);
     const float min_on = h == 0 ? dmin : 0.0f;
     const int xb = blk * 8 + 2 * c4;  // activation 32-block of the low nibbles
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const int8_t* x = xq_row(a, i) + xb * 32 + 16 * h;
         const uint4 x0 = V::ld(x), x1 = V::ld(x + 32);
-        int s0 = 0, s1 = 0;
+        int s0i = 0, s1i = 0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          s0 = dp4a(lo[w], word(x0, w), s0);
-          s1 = dp4a(hi[w], word(x1, w), s1);
+          s0i = dp4a(lo[w], word(x0, w), s0i);
+          s1i = dp4a(hi[w], word(x1, w), s1i);
         }
         const float2 ds0 = xds(a, i, xb), ds1 = xds(a, i, xb + 1);
-        acc[i] +=
-            d * (sc0 * ds0.x * (float)s0 + sc1 * ds1.x * (float)s1) - min_on * (mn0 * ds0.y + mn1 * ds1.y);
+        acc[i] += d * (sc0 * ds0.x * (float)s0i + sc1 * ds1.x * (float)s1i) -
+                  min_on * (mn0 * ds0.y + mn1 * ds1.y);
       }
     }
   }
@@ -309,7 +315,7 @@ struct Dot<DType::Q6_K> {
     const int xb0 = blk * 8 + 4 * c6 + ga;  // activation 32-blocks of g = a and g = a + 2
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const int8_t* x = xq_row(a, i) + xb0 * 32 + 16 * h;
         const uint4 x0 = V::ld(x), x1 = V::ld(x + 64);
         int s0 = 0, s1 = 0;
@@ -341,7 +347,7 @@ struct Dot16 {
     }
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const uint4 xv = ld_act(static_cast<const uint16_t*>(a.data) + (int64_t)i * a.k + 8 * c);
         float s = acc[i];
 #pragma unroll
@@ -371,13 +377,32 @@ struct Dot<DType::F32> {
   __device__ static void mul(const Raw& wv, int c, const ActView& a, int m, float (&acc)[M]) {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      if (i < m) {
+      if (M == 1 || i < m) {  // callers pass m >= 1: no branch in the one-row case
         const float4 xv = *(static_cast<const float4*>(a.data) + (int64_t)i * (a.k / 4) + c);
         acc[i] = fmaf(wv.w, xv.w, fmaf(wv.z, xv.z, fmaf(wv.y, xv.y, fmaf(wv.x, xv.x, acc[i]))));
       }
     }
   }
 };
+
+// This lane's part of row . x for M activation rows: chunks first, first + step, ... below nc, kBatch
+// chunks' loads issued before the first of their products. A loop that loads and multiplies chunk by chunk
+// leaves one load in flight a lane: the exit test between chunks keeps the compiler from hoisting the next
+// load above this multiply. Each kernel picks its batch (measured on the H200: more is not better, registers
+// cost warps).
+template <DType T, int M, int kBatch, class V = ActView>
+__device__ __forceinline__ void dot_row(const uint8_t* row, int first, int step, int nc, const V& a, int m,
+                                        float (&acc)[M]) {
+  for (int c0 = first; c0 < nc; c0 += kBatch * step) {
+    typename Dot<T>::Raw r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (c0 + u * step < nc) r[u] = Dot<T>::load(row, c0 + u * step);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (c0 + u * step < nc) Dot<T>::template mul<M>(r[u], c0 + u * step, a, m, acc);
+  }
+}
 
 // --------------------------------------------------------------------------------- dequantization
 // Group g (elements 32g .. 32g + 31) of a row.
