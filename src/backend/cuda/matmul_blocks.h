@@ -267,8 +267,8 @@ struct DotK45 {
           s1i = dp4a(hi[w], word(x1, w), s1i);
         }
         const float2 ds0 = xds(a, i, xb), ds1 = xds(a, i, xb + 1);
-        acc[i] += d * (sc0 * ds0.x * (float)s0i + sc1 * ds1.x * (float)s1i) -
-                  min_on * (mn0 * ds0.y + mn1 * ds1.y);
+        acc[i] +=
+            d * (sc0 * ds0.x * (float)s0i + sc1 * ds1.x * (float)s1i) - min_on * (mn0 * ds0.y + mn1 * ds1.y);
       }
     }
   }

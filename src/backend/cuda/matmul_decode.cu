@@ -13,8 +13,8 @@ using dev::ActView;
 using dev::Dot;
 
 constexpr int kWarps = 4;
-// Chunks in flight a lane (dev::dot_row). H200, tg128 with the MoE kernels at 2: qwen3-30b-a3b 433 / 424 / 418
-// t/s and qwen3.5-35b-a3b 382 / 367 / 359 at 1 / 2 / 4.
+// Chunks in flight a lane (dev::dot_row). H200, tg128 with the MoE kernels at 2: qwen3-30b-a3b 433 / 424 /
+// 418 t/s and qwen3.5-35b-a3b 382 / 367 / 359 at 1 / 2 / 4.
 constexpr int kBatch = 1;
 
 // Lanes per row: 2^lpr_log2 (4..32); rows per warp: 32 / lanes. blockIdx.y picks the M rows of X. The rows
