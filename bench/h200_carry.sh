@@ -11,7 +11,9 @@
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
 #                                       # settings separated by spaces, one variant's by commas
-#                                       # (e.g. VARIANTS="X=1 XPERT_PDL=0 XPERT_PDL=0,XPERT_PREFETCH=0")
+#                                       # (e.g. VARIANTS="X=1 XPERT_PDL=0 XPERT_PDL=0,XPERT_PREFETCH=0"),
+#                                       # for each of BINS (default xpert; other builds in .devbin, see
+#                                       # h200_prepare.sh devbin), ROUNDS times (default 1) in turn
 # bench/h200_prepare.sh makes .lcpbin/devbin.txz and .lcp/ on the development machine.
 # A later call that carries those parts as .lcpbin/ (instead of .lcp/) gets llama-bench without a rebuild;
 # .lcpbin/devbin.txz (`tar -cJf .lcpbin/devbin.txz .devbin`) carries xpert compressed beside it, and
@@ -99,10 +101,14 @@ case "${1:-}" in
     fi
     for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
       f=$(synth "$preset" | tail -1)
-      for v in ${VARIANTS:-X=1}; do
-        r=$(env ${v//,/ } "$X" bench -m "$f" -p "${P:-0}" -n "${N:-128}" -r "${R:-2}" 2>&1 | grep -E '\| *(tg|pp)' |
-          awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')
-        echo "$preset $v $r"
+      for ((round = 0; round < ${ROUNDS:-1}; ++round)); do
+        for b in ${BINS:-xpert}; do
+          for v in ${VARIANTS:-X=1}; do
+            r=$(env ${v//,/ } ".devbin/$b" bench -m "$f" -p "${P:-0}" -n "${N:-128}" -r "${R:-2}" 2>&1 |
+              grep -E '\| *(tg|pp)' | awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')
+            echo "$preset $b $v $r"
+          done
+        done
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;

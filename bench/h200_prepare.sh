@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # On the development machine, what a GPU-machine call carries (see bench/h200_carry.sh, which runs there):
-#   bench/h200_prepare.sh devbin [BUILD]  # xpert (+ tests/xpert_cuda_tests when built) and the shared
+#   bench/h200_prepare.sh devbin [BUILD] [NAME=BINARY ...]
+#                                         # xpert (+ tests/xpert_cuda_tests when built) and the shared
 #                                         # libraries ldd lists, xz-compressed into .lcpbin/devbin.txz
-#                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build)
+#                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
+#                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
+#                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side)
 #   bench/h200_prepare.sh lcp [VERSION]   # llama.cpp's source from the llama-cpp-python sdist (PyPI), trimmed
 #                                         # to what llama-bench's CUDA build needs (~29 MB), into .lcp/
 # A call then carries [".lcpbin"] (xpert, plus llama-bench's prebuilt parts once `h200_carry.sh pack` has
@@ -13,9 +16,13 @@ case "${1:-}" in
   devbin)
     b=${2:-build}
     [[ -x $b/xpert ]] || { echo "no $b/xpert: build it first" >&2; exit 1; }
+    for extra in "${@:3}"; do
+      [[ $extra == *=* && -x ${extra#*=} ]] || { echo "not NAME=BINARY (an executable): $extra" >&2; exit 1; }
+    done
     rm -rf .devbin && mkdir -p .devbin/lib .lcpbin
     cp "$b/xpert" .devbin/
     if [[ -x $b/tests/xpert_cuda_tests ]]; then cp "$b/tests/xpert_cuda_tests" .devbin/; fi
+    for extra in "${@:3}"; do cp "${extra#*=}" ".devbin/${extra%%=*}"; done
     for bin in .devbin/xpert .devbin/xpert_cuda_tests; do
       [[ -x $bin ]] || continue
       ldd "$bin" | awk '/=> \//{print $3}' | grep -v -E 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so' |
@@ -35,5 +42,5 @@ case "${1:-}" in
         ggml-sycl ggml-vulkan ggml-opencl ggml-zdnn ggml-musa ggml-rpc)
     du -sh .lcp
     ;;
-  *) echo "usage: $0 devbin [BUILD] | lcp [VERSION]" >&2; exit 2 ;;
+  *) echo "usage: $0 devbin [BUILD] [NAME=BINARY ...] | lcp [VERSION]" >&2; exit 2 ;;
 esac
