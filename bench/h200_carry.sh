@@ -7,6 +7,9 @@
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
+#   bench/h200_carry.sh stack           # the decode stack (XPERT_DECODE_STACK=1) against the op path: its
+#                                       # tests, tg128 of qwen3-30b-a3b with each XPERT_STACK_STAGE, and each
+#                                       # one's per-phase profile (XPERT_STACK_PROFILE=1)
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -94,6 +97,19 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/depth.md"
     ;;
+  stack)
+    f=$(synth qwen3-30b-a3b | tail -1)
+    {
+      .devbin/xpert_cuda_tests --gtest_filter='*CudaDecodeStack*' 2>&1 | grep -E "FAILED|PASSED|Failure|decode stack"
+      echo "op path: $("$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 | grep -E '\| *tg' | awk -F'|' '{print $(NF-1)}')"
+      for st in 0 1; do
+        echo "stack, XPERT_STACK_STAGE=$st: $(XPERT_DECODE_STACK=1 XPERT_STACK_STAGE=$st "$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 |
+          grep -E '\| *tg|STAGE' | awk -F'|' '{print $(NF-1)}')"
+        XPERT_DECODE_STACK=1 XPERT_STACK_STAGE=$st XPERT_STACK_PROFILE=1 XPERT_GRAPHS=0 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 |
+          grep "decode stack" | tail -1
+      done
+    } 2>&1 | tee "$OUT/stack.md"
+    ;;
   ab)
     if [[ -n "${TESTS:-}" ]]; then
       .devbin/xpert_cuda_tests --gtest_filter="$TESTS" 2>&1 |
@@ -112,5 +128,5 @@ case "${1:-}" in
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|ab" >&2; exit 2 ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|ab" >&2; exit 2 ;;
 esac
