@@ -99,8 +99,8 @@ class CudaDecodeStack : public ::testing::TestWithParam<std::tuple<std::string, 
 TEST_P(CudaDecodeStack, MatchesOps) {
   XPERT_REQUIRE_GPU();
   const auto& [preset, n_prompt] = GetParam();
-  const std::string file =
-      (std::filesystem::temp_directory_path() / ("xpert_cuda_stack_" + preset + ".gguf")).string();
+  const TempFile tmp("cuda_stack_" + preset + ".gguf");  // this process's: the parameters run in parallel
+  const std::string& file = tmp.path;
   synth_write({.preset = preset, .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
   const auto [a, b] = with_and_without("XPERT_DECODE_STACK", file, n_prompt, 16, 1024, "1");
   EXPECT_EQ(a.prefill, b.prefill);
@@ -125,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(Depths, CudaDecodeStack,
 // differ in summation order only: each step's logits within kLogitTol, greedy agreeing up to a near-tie.
 TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
   XPERT_REQUIRE_GPU();
-  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_shexp_tiny.gguf").string();
+  const TempFile tmp("cuda_shexp_tiny.gguf");
+  const std::string& file = tmp.path;
   synth_write({.preset = "tiny-qwen35moe", .type = "Q4_K_M", .output = file, .seed = 9, .progress = {}});
   {
     auto m = Model::load(file);
@@ -172,7 +173,8 @@ TEST_P(CudaSplitExperts, MatchesCpu) {
   XPERT_REQUIRE_GPU();
   const auto [split, mode] = GetParam();
   const bool streamed = mode == SplitMode::streamed;
-  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_split_tiny.gguf").string();
+  const TempFile tmp("cuda_split_tiny.gguf");
+  const std::string& file = tmp.path;
   synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
   auto cpu = Model::load(file);  // the reference: every expert on the GPU
   auto gpu = Model::load(file);
@@ -222,7 +224,8 @@ TEST_P(CudaSplitExperts, MovingExpertsKeepsOutput) {
   // an expert to different sides (CPU vs GPU arithmetic) and differ in the last bits; bit identity is
   // checked in the fixed-share modes, and MatchesCpu bounds the auto share's output.
   if (mode == SplitMode::auto_share) GTEST_SKIP() << "the auto share is not bit-reproducible between two models";
-  const std::string file = (std::filesystem::temp_directory_path() / "xpert_cuda_move_tiny.gguf").string();
+  const TempFile tmp("cuda_move_tiny.gguf");
+  const std::string& file = tmp.path;
   synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
   auto all = Model::load(file);
   const ModelConfig& c = all->config();
@@ -304,7 +307,8 @@ class CudaQuantizedKv : public ::testing::TestWithParam<std::tuple<std::string, 
 TEST_P(CudaQuantizedKv, MatchesCpu) {
   XPERT_REQUIRE_GPU();
   const auto& [preset, kt, vt] = GetParam();
-  const std::string file = (std::filesystem::temp_directory_path() / ("xpert_cuda_kv_" + preset + ".gguf")).string();
+  const TempFile tmp("cuda_kv_" + preset + ".gguf");
+  const std::string& file = tmp.path;
   synth_write({.preset = preset, .type = "F16", .output = file, .seed = 5, .progress = {}});
   auto cpu = Model::load(file);
   auto gpu = Model::load(file);

@@ -1,9 +1,14 @@
 // Random data and ISA helpers shared by the unit tests (one copy, so every test draws the same numbers
 // from the same seed).
 #pragma once
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <random>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include "base/cpu_features.h"
@@ -28,6 +33,22 @@ inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   for (float& x : v) x = d(rng);
   return v;
 }
+
+// A file in the temporary directory for this process alone, removed with the object. ctest runs a binary's
+// cases as separate processes, two at a time in CI: two cases writing one path (a synth model, say) while the
+// other reads it through mmap end in SIGBUS.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name)
+      : path((std::filesystem::temp_directory_path() / ("xpert_" + std::to_string(::getpid()) + "_" + name))
+                 .string()) {}
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
 
 // Puts the ISA cap back after a test lowered it (set_isa_cap).
 struct IsaCapGuard {

@@ -9,7 +9,6 @@
 // everything; with k = 3 (tiny_qwen3moe) a split adds a token's terms in another order than slot order,
 // so results agree to a few float ulps, and greedy tokens must still be identical.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,13 +19,14 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/thread_pool.h"
+#include "cpu_forwarding_backend.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/routing_stats.h"
 #include "model/synth.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
-#include "cpu_forwarding_backend.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
@@ -36,21 +36,13 @@ std::string fixture(const std::string& name) {
   return std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/" + name;
 }
 
-// The synth tiny preset, written once per test process under a name of its own (ctest runs the tests
-// of this file in parallel processes: a shared name had one reading while another rewrote it), and
-// removed when the process ends.
+// The synth tiny preset, written once per test process under a name of its own (TempFile: ctest runs the
+// tests of this file in parallel processes), and removed when the process ends.
 const std::string& synth_tiny() {
-  struct File {
-    std::string path;
-    ~File() { std::filesystem::remove(path); }
-  };
-  static const File file = [] {
-    const std::string p = (std::filesystem::temp_directory_path() /
-                           ("xpert_test_moe_split_tiny_" + std::to_string(getpid()) + ".gguf"))
-                              .string();
-    synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = p, .seed = 3});
-    return File{p};
-  }();
+  static const TempFile file("moe_split_tiny.gguf");
+  static const bool written =
+      (synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file.path, .seed = 3}), true);
+  (void)written;
   return file.path;
 }
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
@@ -19,9 +20,10 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "model_outputs.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
-#include "model_outputs.h"
+#include "test_data.h"
 
 namespace xpert {
 namespace {
@@ -56,11 +58,12 @@ class OpenCLBackendModel : public ::testing::TestWithParam<std::tuple<std::strin
 TEST_P(OpenCLBackendModel, MatchesCpu) {
   if (!have_device()) GTEST_SKIP() << "no OpenCL device";
   auto [file, fraction] = GetParam();
-  if (file.rfind("synth:", 0) == 0) {  // a synth preset, written once per process
+  std::unique_ptr<TempFile> synth;
+  if (file.rfind("synth:", 0) == 0) {  // a synth preset, written by this case's process
     const std::string preset = file.substr(6);
-    const std::string path = (std::filesystem::temp_directory_path() / ("xpert_opencl_" + preset + ".gguf")).string();
-    synth_write({.preset = preset, .type = "Q4_K_M", .output = path, .seed = 3, .progress = {}});
-    file = path;
+    synth = std::make_unique<TempFile>("opencl_" + preset + ".gguf");
+    synth_write({.preset = preset, .type = "Q4_K_M", .output = synth->path, .seed = 3, .progress = {}});
+    file = synth->path;
   } else {
     file = fixture(file);
   }
@@ -73,8 +76,9 @@ TEST_P(OpenCLBackendModel, MatchesCpu) {
   for (int i = 0; i < 20; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
   ThreadPool pool(2);
   const Outputs a = run(*cpu, prompt, 12, pool, {}, 64), b = run(*dev, prompt, 12, pool, {}, 64);
-  compare(std::filesystem::path(file).filename().string() + (fraction == 2 ? ", all layers" : ", half the layers"),
-          a, b, V, cpu->config().n_expert > 0 ? kLogitTolMoe : kLogitTol);
+  const std::string name = synth ? std::get<0>(GetParam()) : std::filesystem::path(file).filename().string();
+  compare(name + (fraction == 2 ? ", all layers" : ", half the layers"), a, b, V,
+          cpu->config().n_expert > 0 ? kLogitTolMoe : kLogitTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, OpenCLBackendModel,
