@@ -8,8 +8,9 @@
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh stack           # the decode stack (XPERT_DECODE_STACK=1) against the op path: its
-#                                       # tests, tg128 of qwen3-30b-a3b with each XPERT_STACK_STAGE, and each
-#                                       # one's per-phase profile (XPERT_STACK_PROFILE=1)
+#                                       # tests, tg128 of qwen3-30b-a3b with XPERT_STACK_STAGE=0 and 1 (the
+#                                       # staging is on branch next/stack-stage; elsewhere both are the same),
+#                                       # and each one's per-phase profile (XPERT_STACK_PROFILE=1)
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
