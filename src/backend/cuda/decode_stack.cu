@@ -141,22 +141,9 @@ __device__ __forceinline__ float dot_chunks(const uint8_t* row, int64_t k, const
 // This lane's part of row . a (lanes `lanes`, this one `sub`); the caller adds the lanes' parts.
 __device__ __noinline__ float row_part(int t, const uint8_t* row, int64_t k, SharedAct a, int sub,
                                        int lanes) {
-  switch ((DType)t) {
-    case DType::Q4_0:
-      return dot_chunks<DType::Q4_0>(row, k, a, sub, lanes);
-    case DType::Q5_0:
-      return dot_chunks<DType::Q5_0>(row, k, a, sub, lanes);
-    case DType::Q8_0:
-      return dot_chunks<DType::Q8_0>(row, k, a, sub, lanes);
-    case DType::Q4_K:
-      return dot_chunks<DType::Q4_K>(row, k, a, sub, lanes);
-    case DType::Q5_K:
-      return dot_chunks<DType::Q5_K>(row, k, a, sub, lanes);
-    case DType::Q6_K:
-      return dot_chunks<DType::Q6_K>(row, k, a, sub, lanes);
-    default:
-      return 0.0f;
-  }
+  float v = 0.0f;
+  dev::dispatch_quant_type((DType)t, [&]<DType T>() { v = dot_chunks<T>(row, k, a, sub, lanes); });
+  return v;
 }
 
 // Rows of a matrix dealt to the grid's warps, `lpr` lanes a row (32 / lpr rows a warp at once): row
@@ -184,15 +171,9 @@ struct Deal {
 
 // Chunks of a row of k elements (the dot's unit: Dot<T>::kElems).
 __device__ int chunks_of(int t, int64_t k) {
-  switch ((DType)t) {
-    case DType::Q8_0:
-      return (int)(k / Dot<DType::Q8_0>::kElems);
-    case DType::Q4_K:
-    case DType::Q5_K:
-      return (int)(k / Dot<DType::Q4_K>::kElems);
-    default:
-      return (int)(k / 32);
-  }
+  int e = 32;
+  dev::dispatch_quant_type((DType)t, [&]<DType T>() { e = Dot<T>::kElems; });
+  return (int)(k / e);
 }
 
 // This block's rows of a weight phase (n rows of rb bytes, k elements) on their way into L2, issued by

@@ -641,9 +641,9 @@ bool dispatch_type(DType t, F&& f) {
       return false;
   }
 }
-// The same over the block-quantized types only (those that multiply q8_1 activations).
+// The same over the block-quantized types only (those that multiply q8_1 activations); also in device code.
 template <class F>
-bool dispatch_quant_type(DType t, F&& f) {
+__host__ __device__ bool dispatch_quant_type(DType t, F&& f) {
   switch (t) {
     case DType::Q4_0:
       f.template operator()<DType::Q4_0>();
