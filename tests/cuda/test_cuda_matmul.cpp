@@ -165,6 +165,43 @@ TEST(CudaMatmulPrepared, SameAsOneCall) {
   }
 }
 
+// Several matrices over one X in one launch (q, k and v): each output is the bits of its own product, at
+// decode sizes (one matvec grid) and past them (one tensor-core grid; sizes that leave partial tiles, row
+// strides above n, more matrices than one launch takes).
+TEST(CudaMatmulPrepared, MultiIsEachAlone) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t k = 1024;
+  const std::vector<int64_t> ns = {1024, 128, 100, 64, 200};
+  for (DType t : {DType::Q4_K, DType::F16})
+    for (int64_t m : {2, 64, 65}) {
+      SCOPED_TRACE(fmt::format("{} m={}", dtype_name(t), m));
+      const std::vector<float> x = cudatest::random_values((size_t)(m * k), 9);
+      cuda::DeviceBuffer x_dev = to_device(x);
+      const cuda::ActFormat f = cuda::activation_format(t, m);
+      cuda::DeviceBuffer act(std::max<size_t>(cuda::activation_bytes(f, m, k), 1));
+      const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, m, k, act.data(), stream);
+      std::vector<cuda::DeviceBuffer> w, y_multi, y_one;
+      std::vector<cuda::MatmulOut> outs;
+      for (size_t j = 0; j < ns.size(); ++j) {
+        const int64_t ldy = ns[j] + 5;
+        w.push_back(to_device(cudatest::random_weights(t, ns[j], k, 300 + (uint32_t)j)));
+        y_multi.emplace_back((size_t)(m * ldy) * 4);
+        y_one.emplace_back((size_t)(m * ldy) * 4);
+        XPERT_CUDA_CHECK(cudaMemset(y_multi.back().data(), 0, y_multi.back().bytes()));
+        XPERT_CUDA_CHECK(cudaMemset(y_one.back().data(), 0, y_one.back().bytes()));
+        outs.push_back({.w = w.back().data(), .n = ns[j], .y = y_multi.back().as<float>(), .ldy = ldy});
+        cuda::matmul_prepared(t, w.back().data(), ns[j], a, y_one.back().as<float>(), ldy, stream);
+      }
+      cuda::matmul_prepared_multi(t, outs.data(), (int)outs.size(), a, stream);
+      stream.sync();
+      for (size_t j = 0; j < ns.size(); ++j) {
+        const size_t len = (size_t)(m * (ns[j] + 5));
+        EXPECT_EQ(from_device<float>(y_multi[j], len), from_device<float>(y_one[j], len)) << "output " << j;
+      }
+    }
+}
+
 TEST(CudaMatmulErrors, UnsupportedTypeAndShape) {
   EXPECT_THROW(cuda::check_matmul_shape(DType::Q2_K, 256), Error);
   EXPECT_THROW(cuda::check_matmul_shape(DType::Q4_K, 100), Error);

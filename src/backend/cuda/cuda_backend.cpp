@@ -221,17 +221,30 @@ class CudaBackend final : public Backend {
     cuda::matmul(w.type, w.data, n, k, x, m, y, ldy ? ldy : n, work, ws, s());
     ar.release(mark);
   }
-  // At decode sizes the jobs of one weight type share one conversion of x and one launch.
+  // The jobs share one conversion of x per activation form (prefill: q, k and v convert x to f16 once);
+  // at decode sizes the jobs of one weight type also share one launch.
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override {
     if (skip_) return;
     const int64_t k = jobs.empty() ? 0 : jobs[0].w->ne[0];
-    bool batched = m <= cuda::kDecodeMaxRows;
+    bool batched = true;  // an output over x would change what a later conversion reads
     for (const MatmulJob& j : jobs)
       batched = batched && j.w->ne[0] == k && !overlaps(j.y, (size_t)(m * (j.ldy ? j.ldy : j.w->ne[1])), x);
     if (!batched) {
       for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
       return;
     }
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    std::vector<cuda::Activations> converted;
+    auto activations = [&](DType t) {
+      if (const cuda::Activations* p = prepared(x, m, k, t)) return *p;
+      const cuda::ActFormat f = cuda::activation_format(t, m);
+      for (const cuda::Activations& a : converted)
+        if (a.format == f) return a;
+      const size_t ws = cuda::activation_bytes(f, m, k);
+      converted.push_back(cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s()));
+      return converted.back();
+    };
     std::vector<bool> done(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (done[i]) continue;
@@ -245,19 +258,9 @@ class CudaBackend final : public Backend {
                          .ldy = jobs[j].ldy ? jobs[j].ldy : jobs[j].w->ne[1]};
       }
       cuda::check_matmul_shape(t, k);
-      Arena& ar = scratch();
-      const size_t mark = ar.mark();
-      cuda::Activations act;
-      if (const cuda::Activations* p = prepared(x, m, k, t)) {
-        act = *p;
-      } else {
-        const cuda::ActFormat f = cuda::activation_format(t, m);
-        const size_t ws = cuda::activation_bytes(f, m, k);
-        act = cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s());
-      }
-      cuda::matmul_prepared_multi(t, outs, count, act, s());
-      ar.release(mark);
+      cuda::matmul_prepared_multi(t, outs, count, activations(t), s());
     }
+    ar.release(mark);
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
     add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read

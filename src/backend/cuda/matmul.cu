@@ -7,6 +7,17 @@ namespace xpert::cuda {
 
 namespace {
 bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// A tensor-core product's X side (16-bit activations with their row scales).
+detail::GemmArgs gemm_args(DType w_type, const Activations& a) {
+  detail::GemmArgs g;
+  g.k = a.k;
+  g.row_bytes = row_bytes(w_type, a.k);
+  g.x = a.data;
+  g.x_scale = a.aux;
+  g.m = a.m;
+  return g;
+}
 }  // namespace
 
 void matmul_init() { detail::gemm_init(); }
@@ -113,14 +124,9 @@ void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& 
     detail::launch_matvec(w_type, w, n, a, y, ldy, stream);
     return;
   }
-  detail::GemmArgs g;
+  detail::GemmArgs g = gemm_args(w_type, a);
   g.w0 = w;
   g.n = n;
-  g.k = a.k;
-  g.row_bytes = row_bytes(w_type, a.k);
-  g.x = a.data;
-  g.x_scale = a.aux;
-  g.m = a.m;
   g.y = y;
   g.ldy = ldy;
   detail::launch_gemm(w_type, false, g, stream);
@@ -133,9 +139,16 @@ void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const
     fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
   const bool tensor = a.m > kDecodeMaxRows && w_type != DType::F32 && a.k % 32 == 0;
   for (int i0 = 0; i0 < count;) {
-    if (tensor) {
-      matmul_prepared(w_type, outs[i0].w, outs[i0].n, a, outs[i0].y, outs[i0].ldy, stream);
-      ++i0;
+    if (tensor) {  // up to GemmArgs::kMaxOuts products in one grid
+      detail::GemmArgs g = gemm_args(w_type, a);
+      int32_t tiles = 0;
+      for (; i0 < count && g.n_outs < detail::GemmArgs::kMaxOuts; ++i0) {
+        XPERT_CU_ASSERT(outs[i0].ldy >= outs[i0].n);
+        tiles += (int32_t)((outs[i0].n + detail::kGemmBN - 1) / detail::kGemmBN);
+        g.outs[g.n_outs++] = {.w = outs[i0].w, .n = outs[i0].n, .y = outs[i0].y, .ldy = outs[i0].ldy,
+                              .tile_end = tiles};
+      }
+      detail::launch_gemm(w_type, false, g, stream);
       continue;
     }
     detail::MatvecOuts o;

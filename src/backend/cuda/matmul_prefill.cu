@@ -102,7 +102,17 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     wmat[0] = static_cast<const uint8_t*>(p.w0);
     if constexpr (kDual) wmat[1] = static_cast<const uint8_t*>(p.w1);
   }
-  const int64_t n_begin = (int64_t)blockIdx.y * BN;
+  int64_t n_begin = (int64_t)blockIdx.y * BN, n_rows = p.n, ldy = p.ldy;
+  float* y = p.y;
+  if (!kDual && p.n_outs > 0) {  // this column tile's matrix
+    int j = 0;
+    while (j + 1 < p.n_outs && (int)blockIdx.y >= p.outs[j].tile_end) ++j;
+    n_begin = (int64_t)(blockIdx.y - (j ? p.outs[j - 1].tile_end : 0)) * BN;
+    wmat[0] = static_cast<const uint8_t*>(p.outs[j].w);
+    n_rows = p.outs[j].n;
+    y = p.outs[j].y;
+    ldy = p.outs[j].ldy;
+  }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
   const int kg = (int)(p.k / 32), nk = (kg + 1) / 2;
   const size_t rb = p.row_bytes;
@@ -130,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
 
   // W: thread = (row tid / 2, 32-element half tid % 2) of the 64 x 64 tile.
   const int wr = tid >> 1, wh = tid & 1;
-  const bool wrow_ok = n_begin + wr < p.n;
+  const bool wrow_ok = n_begin + wr < n_rows;
   typename Deq<T>::Raw raw[NW];
   auto load_w = [&](int kt) {
     const int g = kt * 2 + wh;
@@ -229,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
       if (r >= m_end) continue;
       const int64_t xr = p.x_rows ? p.x_rows[r] / p.x_row_div : r;
       const float s = p.x_scale ? p.x_scale[xr] : 1.0f;
-      float* yr = p.y + r * p.ldy;
+      float* yr = y + r * ldy;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int64_t c = n_begin + wn * 32 + nt * 8 + (lane & 3) * 2;
@@ -240,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
             const float u = acc[NW - 1][mt][nt][2 * half + e] * s;
             v = v / (1.0f + expf(-v)) * u;
           }
-          if (c + e < p.n) yr[c + e] = v;
+          if (c + e < n_rows) yr[c + e] = v;
         }
       }
     }
@@ -270,9 +280,10 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<kDual, BM>();
   set_smem_limit<T, kDual, BM>();
   const int64_t tiles = a.group_tiles ? a.max_tiles : (a.m + BM - 1) / BM;
-  const dim3 grid((unsigned)tiles, (unsigned)((a.n + BN - 1) / BN));
+  const int64_t col_tiles = a.n_outs > 0 ? a.outs[a.n_outs - 1].tile_end : (a.n + BN - 1) / BN;
+  const dim3 grid((unsigned)tiles, (unsigned)col_tiles);
   XPERT_CU_ASSERT(grid.y <= 65535);
-  if (tiles == 0 || a.n == 0) return;
+  if (tiles == 0 || col_tiles == 0) return;
   gemm_kernel<T, kDual, BM><<<grid, kThreads, kSmem, stream>>>(a);
   XPERT_CUDA_CHECK_LAUNCH();
 }
@@ -292,6 +303,7 @@ void gemm_init() {
 
 void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream) {
   XPERT_CU_ASSERT(a.k % 32 == 0);
+  XPERT_CU_ASSERT(a.n_outs == 0 || (!dual && !a.group_tiles && a.n_outs <= GemmArgs::kMaxOuts));
   const bool ok = dev::dispatch_type(w_type, [&]<DType T>() {
     if constexpr (T == DType::F32) {
       fail_cat("CUDA matmul: F32 weights have no tensor-core path");

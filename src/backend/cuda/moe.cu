@@ -338,16 +338,28 @@ __global__ void group_kernel(const int32_t* __restrict__ ids, int64_t n_pairs, i
   }
 }
 
+// out[t] (+)= sum over slots j in order of weight_j * yg[slot_row_j]. The slots' rows are loaded 8 at a time
+// before their sums (a loop that loads and adds slot by slot waited on one load at a time: 23 us a
+// qwen3-30b-a3b layer at 512 tokens).
 __global__ void combine_kernel(const float* __restrict__ yg, const int32_t* __restrict__ slot_row,
                                const float* __restrict__ weights, int kslots, int64_t D,
                                float* __restrict__ out, bool accumulate) {
+  constexpr int kUnroll = 8;
   const int64_t t = blockIdx.y;
   for (int64_t d = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; d < D;
        d += (int64_t)gridDim.x * blockDim.x) {
     float sum = 0.0f;
-    for (int j = 0; j < kslots; ++j) {
-      const int r = slot_row[t * kslots + j];
-      if (r >= 0) sum += weights[t * kslots + j] * yg[(int64_t)r * D + d];
+    for (int j0 = 0; j0 < kslots; j0 += kUnroll) {
+      int r[kUnroll];
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        r[u] = j0 + u < kslots ? slot_row[t * kslots + j0 + u] : -1;
+        v[u] = r[u] >= 0 ? yg[(int64_t)r[u] * D + d] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (r[u] >= 0) sum += weights[t * kslots + j0 + u] * v[u];
     }
     out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
   }
