@@ -8,9 +8,11 @@
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh stack           # the decode stack (XPERT_DECODE_STACK=1) against the op path: its
-#                                       # tests, tg128 of qwen3-30b-a3b with XPERT_STACK_STAGE=0 and 1 (the
-#                                       # staging is on branch next/stack-stage; elsewhere both are the same),
-#                                       # and each one's per-phase profile (XPERT_STACK_PROFILE=1)
+#                                       # tests, tg128 of qwen3-30b-a3b, and its per-phase profile
+#                                       # (XPERT_STACK_PROFILE=1)
+#   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
+#                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
+#                                       # -n 0 -r 1`: the warm-up pass and the measured one)
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -33,7 +35,7 @@ L=$W/lcpb/bin/llama-bench
 if [[ -s .lcpbin/devbin.txz ]]; then  # xpert carried compressed (see pack); replaces a stale .devbin
   rm -rf .devbin && tar -xJf .lcpbin/devbin.txz || echo "unpacking .lcpbin/devbin.txz failed"
 fi
-if [[ ! -x $L && -d .lcpbin ]]; then  # a carried prebuilt (see pack): same path, so its RPATH holds
+if [[ ! -x $L ]] && compgen -G '.lcpbin/lcpbin.txz.*' >/dev/null; then  # a carried prebuilt (see pack): same path, so its RPATH holds
   mkdir -p "$W/lcpb" && cat .lcpbin/lcpbin.txz.* | tar -xJf - -C "$W/lcpb" || echo "unpacking .lcpbin failed"
 fi
 synth() {  # preset -> file, written once per machine, flushed so writeback does not disturb a bench
@@ -103,13 +105,36 @@ case "${1:-}" in
     {
       .devbin/xpert_cuda_tests --gtest_filter='*CudaDecodeStack*' 2>&1 | grep -E "FAILED|PASSED|Failure|decode stack"
       echo "op path: $("$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 | grep -E '\| *tg' | awk -F'|' '{print $(NF-1)}')"
-      for st in 0 1; do
-        echo "stack, XPERT_STACK_STAGE=$st: $(XPERT_DECODE_STACK=1 XPERT_STACK_STAGE=$st "$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 |
-          grep -E '\| *tg|STAGE' | awk -F'|' '{print $(NF-1)}')"
-        XPERT_DECODE_STACK=1 XPERT_STACK_STAGE=$st XPERT_STACK_PROFILE=1 XPERT_GRAPHS=0 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 |
-          grep "decode stack" | tail -1
-      done
+      echo "stack: $(XPERT_DECODE_STACK=1 "$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 | grep -E '\| *tg' |
+        awk -F'|' '{print $(NF-1)}')"
+      XPERT_DECODE_STACK=1 XPERT_STACK_PROFILE=1 XPERT_GRAPHS=0 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 |
+        grep "decode stack" | tail -1
     } 2>&1 | tee "$OUT/stack.md"
+    ;;
+  prof)
+    f=$(synth "${2:?preset}" | tail -1)
+    n=${3:?kernel count}
+    N=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    XPERT_GRAPHS=0 "${N:-ncu}" -c "$n" --metrics gpu__time_duration.sum --cache-control none --clock-control none \
+      --csv "$X" bench -m "$f" "${@:4}" >"$W/ncu.csv" 2>"$W/ncu.err" || tail -3 "$W/ncu.err"
+    python3 - "$W/ncu.csv" <<'PY' | tee "$OUT/prof.md"
+import collections, csv, sys
+t, n, hdr = collections.defaultdict(float), collections.Counter(), None
+for r in csv.reader(l for l in open(sys.argv[1]) if not l.startswith('==')):
+    if 'Kernel Name' in r:
+        hdr = r
+        continue
+    d = dict(zip(hdr or [], r))
+    if not hdr or len(r) != len(hdr) or d.get('Metric Name') != 'gpu__time_duration.sum':
+        continue
+    v, u = float(d['Metric Value'].replace(',', '')), d.get('Metric Unit', '')
+    k = d['Kernel Name'].split('(')[0][:100]
+    t[k] += v / 1000 if u in ('ns', 'nsecond') else v * 1000 if u in ('ms', 'msecond') else v
+    n[k] += 1
+print(f"total {sum(t.values()):.0f} us")
+for k, v in sorted(t.items(), key=lambda x: -x[1])[:20]:
+    print(f"{v:9.0f} us {n[k]:6d}x  {k}")
+PY
     ;;
   ab)
     if [[ -n "${TESTS:-}" ]]; then
@@ -129,5 +154,5 @@ case "${1:-}" in
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|ab" >&2; exit 2 ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|prof PRESET N ARGS...|ab" >&2; exit 2 ;;
 esac
