@@ -53,8 +53,9 @@ Activations quantize_activations(ActFormat f, const float* x, int64_t ldx, int64
 void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
                      cudaStream_t stream);
 
-// Several products of the same prepared activations (one weight type, row length a.k): at decode sizes
-// one launch for all of them (a layer's q, k and v), else one product after another.
+// Several products of the same prepared activations (one weight type, row length a.k): one launch for up to
+// 4 of them (a layer's q, k and v), a matvec grid at decode sizes, a tensor-core grid past them; products
+// past 4 take further launches. Each output is the bits of its own matmul_prepared.
 struct MatmulOut {
   const void* w = nullptr;
   int64_t n = 0;  // W rows

@@ -33,7 +33,7 @@ struct GemmArgs {
   const int32_t* group_tiles = nullptr;  // grouped: [n_groups + 1] first tile of each group
   int32_t n_groups = 0;
   int64_t max_tiles = 0;  // grouped: grid bound (tiles past group_tiles[n_groups] exit)
-  // Ungrouped and not dual: n_outs (2..kMaxOuts) matrices of one type and k over the same X in one launch;
+  // Ungrouped and not dual: n_outs (1..kMaxOuts) matrices of one type and k over the same X in one launch;
   // column tiles [outs[j-1].tile_end, outs[j].tile_end) are matrix j's (w0 / n / y / ldy unused). q, k and
   // v of a prefill fill one grid: alone, k and v (512 rows) ran 64 blocks on 132 SMs.
   static constexpr int kMaxOuts = 4;

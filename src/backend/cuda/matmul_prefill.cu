@@ -4,6 +4,7 @@
 // buffer, so loads of the next step overlap the tensor-core work of this one.
 // Dual mode multiplies one X tile by two matrices (gate and up) and writes silu(gate) * up.
 // Grouped mode maps each CTA to (group, row tile) through group_tiles: experts' row groups in one launch.
+// Multi-output mode (GemmArgs::outs) maps each column tile to one of up to 4 matrices over the same X.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
