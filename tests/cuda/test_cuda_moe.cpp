@@ -160,8 +160,16 @@ struct Layer {
         to_device(cuda::expert_table(down_dev.data(), row_bytes(lw.ffn_down_exps.type, F) * D, resident));
     return t;
   }
-  cuda::MoeExperts experts(const Tables& t) const {
+  // regular: also the back-to-back layout (MoeExperts::gate_base...), for tables of every expert.
+  cuda::MoeExperts experts(const Tables& t, bool regular = false) const {
     cuda::MoeExperts e;
+    if (regular) {
+      e.gate_base = gate_dev.data();
+      e.up_base = up_dev.data();
+      e.down_base = down_dev.data();
+      e.gate_up_bytes = row_bytes(lw.ffn_gate_exps.type, c.n_embd) * (size_t)c.n_ff_exp;
+      e.down_bytes = row_bytes(lw.ffn_down_exps.type, c.n_ff_exp) * (size_t)c.n_embd;
+    }
     e.gate_type = lw.ffn_gate_exps.type;
     e.up_type = lw.ffn_up_exps.type;
     e.down_type = lw.ffn_down_exps.type;
@@ -262,6 +270,16 @@ TEST_P(CudaMoe, EqualsReference) {
     gpu_moe(L, e, x_dev, n, out.as<float>(), false, path, stream);
     expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
   }
+  // The back-to-back layout: the decode kernels compute every expert's address, so tables that list no
+  // expert at all still give the whole layer.
+  const auto empty = L.tables(std::vector<bool>(16, false));
+  const cuda::MoeExperts regular = L.experts(empty, true);
+  XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+  gpu_moe(L, regular, x_dev, std::min<int64_t>(n, cuda::kMoeDecodeMaxTokens), out.as<float>(), false,
+          cuda::MoePath::decode, stream);
+  const int64_t nd = std::min<int64_t>(n, cuda::kMoeDecodeMaxTokens);
+  expect_close(from_device<float>(out, (size_t)(nd * D)),
+               std::vector<float>(want.begin(), want.begin() + nd * D), nd, D, 3e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 64));

@@ -161,12 +161,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const int hk = blockIdx.y / p.n_hchunk, hc = blockIdx.y % p.n_hchunk;
   const int h0 = hk * p.group + hc * 8;
   const int nh = min(8, p.group - hc * 8);
-  const SplitRange r = split_range(p, seq);
-  if (split >= r.n_active) return;
-  const int kb = r.lo + split * r.per;
-  const int ke = min(kb + r.per, r.lo + r.nk);
-  const int n_steps = ke > kb ? (ke - kb + kStepKeys - 1) / kStepKeys : 0;
-
+  // q, the cache slot and the position (split_range) are loaded together: none depends on another.
+  const int64_t slot = p.slots ? p.slots[seq] : seq;
   // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
   uint32_t qb[D / 16][2];
   {
@@ -183,13 +179,18 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     }
   }
 
+  const SplitRange r = split_range(p, seq);
+  if (split >= r.n_active) return;
+  const int kb = r.lo + split * r.per;
+  const int ke = min(kb + r.per, r.lo + r.nk);
+  const int n_steps = ke > kb ? (ke - kb + kStepKeys - 1) / kStepKeys : 0;
+
   constexpr int kKBytes = stage_side_bytes<D, KT>(), kVBytes = stage_side_bytes<D, VT>();
   constexpr int kStageBytes = kKBytes + kVBytes;  // K then V
   const uint32_t base = smem_addr(smem_raw);
   const uint32_t ring = base + warp * warp_smem_bytes<D, KT, VT>();
   const uint32_t tiles = ring + kStages * kStageBytes;  // f16 tiles of the quantized sides: K, then V
   const uint32_t k_tile = tiles, v_tile = tiles + (KT != kKvF16 ? kStepKeys * D * 2 : 0);
-  const int64_t slot = p.slots ? p.slots[seq] : seq;
   const char* kg = p.k + slot * p.slot_stride + hk * kv_bytes<KT>(D);
   const char* vg = p.v + slot * p.slot_stride + hk * kv_bytes<VT>(D);
 
@@ -324,6 +325,15 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
     return v;
   };
 
+  // The first kPre partial outputs of this thread are loaded now, with the (max, sum) pairs, rather than
+  // after the two reductions that give their weights: one wait for memory instead of two.
+  constexpr int kPre = 2;
+  float pre[kPre];
+#pragma unroll
+  for (int j = 0; j < kPre; ++j) {
+    const int s = warp + j * kCombineWarps;
+    pre[j] = d < D && s < r.n_active ? p.part_o[(base + s) * D + d] : 0.0f;
+  }
   float mx = -INFINITY;
   for (int s = tid; s < r.n_active; s += nt) mx = fmaxf(mx, p.part_ml[base + s].x);
   const float M = block_reduce(mx, true);
@@ -336,8 +346,15 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
   }
   const float L = block_reduce(sum, false);  // its barriers also publish w[]
   float acc = 0.0f;
-  if (d < D)
-    for (int s = warp; s < r.n_active; s += kCombineWarps) acc += w[s] * p.part_o[(base + s) * D + d];
+  if (d < D) {
+#pragma unroll
+    for (int j = 0; j < kPre; ++j) {
+      const int s = warp + j * kCombineWarps;
+      if (s < r.n_active) acc += w[s] * pre[j];
+    }
+    for (int s = warp + kPre * kCombineWarps; s < r.n_active; s += kCombineWarps)
+      acc += w[s] * p.part_o[(base + s) * D + d];
+  }
   part[warp][tid % 32] = acc;
   __syncthreads();
   if (warp == 0 && d < D) {

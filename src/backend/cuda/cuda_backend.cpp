@@ -21,6 +21,7 @@
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/trace.h"
 #include "backend/stream_share.h"
 #include "base/background_job.h"
 #include "base/error.h"
@@ -71,6 +72,7 @@ class CudaBackend final : public Backend {
     if (capturing_) abort_graph();
     if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
+    if (cuda::detail::trace_enabled()) cuda::detail::trace_dump();
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -822,6 +824,7 @@ class CudaBackend final : public Backend {
     all.gate = table_d;
     all.up = table_d + X;
     all.down = table_d + 2 * X;
+    all.gate_base = all.up_base = all.down_base = nullptr;  // this call's table only
     const size_t ws = cuda::moe_workspace_bytes(all, n, k);
     cuda::moe_experts(all, {.x = x, .n_tokens = n, .k = k, .ids = ids_d, .weights = weights_d, .out = out,
                             .accumulate = false, .path = cuda::MoePath::automatic},
@@ -902,6 +905,15 @@ class CudaBackend final : public Backend {
            .gate = base,
            .up = base + len,
            .down = base + 2 * len};
+    if (!lw.split) {  // the 3-D tensors, every expert here: the kernels compute the addresses
+      t.e.gate_base = lw.ffn_gate_exps.data;
+      t.e.up_base = lw.ffn_up_exps.data;
+      t.e.down_base = lw.ffn_down_exps.data;
+      t.e.gate_up_bytes =
+          row_bytes(lw.ffn_gate_exps.type, lw.ffn_gate_exps.ne[0]) * (size_t)lw.ffn_gate_exps.ne[1];
+      t.e.down_bytes =
+          row_bytes(lw.ffn_down_exps.type, lw.ffn_down_exps.ne[0]) * (size_t)lw.ffn_down_exps.ne[1];
+    }
     try {
       cuda::check_moe_experts(t.e);
     } catch (const Error& e) {

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/trace.h"
 
 namespace xpert::cuda {
 
@@ -61,6 +62,7 @@ void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaSt
   cfg.attrs = attr;
   cfg.numAttrs = detail::pdl_enabled() ? 1 : 0;
   XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  if (detail::trace_enabled()) detail::trace_after(reinterpret_cast<const void*>(kernel), stream);
 }
 
 }  // namespace xpert::cuda

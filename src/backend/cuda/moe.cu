@@ -153,6 +153,18 @@ __global__ void __launch_bounds__(kRouterThreads)
 }
 
 // ---------------------------------------------------------------------------------------- decode path
+// Where expert e's matrix is: computed where the layer's experts lie back to back (MoeExperts::gate_base
+// and friends), else read from the device table.
+struct ExpertAt {
+  const void* const* table;
+  const uint8_t* base;  // null: every id goes through the table
+  size_t bytes;
+  int n;  // ids below n are at base + id * bytes
+  __device__ const uint8_t* operator()(int e) const {
+    return base && e < n ? base + (size_t)e * bytes : static_cast<const uint8_t*>(table[e]);
+  }
+};
+
 // Chunks in flight a lane (dev::dot_row) in gate/up and down. H200 tg128, batch 1 / 2 / 4 (the others at 2):
 // gate/up qwen3-30b-a3b 400 / 424 / 424 t/s, qwen3.5-35b-a3b 360 / 367 / 371; down 403 / 424 / 396 and
 // 373 / 367 / 361. Before the batch (one chunk in flight) both were 407 and 360.
@@ -163,15 +175,15 @@ constexpr int kDownBatch = 2;
 // outputs. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
 template <DType T, int kLanes>
 __global__ void __launch_bounds__(64 * kLanes)
-    gate_up_kernel(const void* const* __restrict__ gate, const void* const* __restrict__ up,
-                   const int32_t* __restrict__ ids, int kslots, int64_t D, int64_t F, size_t row_bytes,
-                   ActView xa, int8_t* __restrict__ hq, float2* __restrict__ hds) {
+    gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
+                   int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
+                   float2* __restrict__ hds) {
   pdl_begin();
   constexpr int kOutPerWarp = 16 / kLanes;
   const int64_t p = blockIdx.y;
   const int e = ids[p];
-  const uint8_t* wg = static_cast<const uint8_t*>(gate[e]);
-  const uint8_t* wu = static_cast<const uint8_t*>(up[e]);
+  const uint8_t* wg = gate(e);
+  const uint8_t* wu = up(e);
   if (!wg || !wu) return;
   const int64_t t = p / kslots;
   const ActView a{static_cast<const int8_t*>(xa.data) + t * D, xa.ds + t * (D / 32), D};
@@ -223,42 +235,44 @@ int gate_up_lanes() {
 // kSplit warps = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot,
 // warp p of the row taking every kSplit-th chunk from chunk p), so every weight load of the row is in flight
 // together; the warps' partial sums per slot are added in warp order, then the slots in slot order.
+// Everything that comes from the routing (each lane's expert, row and weight, and the L2 prefetch of the
+// CTA's rows) is read before the wait: the routing is two kernels back, and gate/up let this grid launch
+// only after its own wait, so the router had finished and its writes were visible (read past L1, __ldcg).
+// After the wait only the activations gate/up wrote are read before the rows.
 template <DType T, int kSplit>
 __global__ void __launch_bounds__(128)
-    down_kernel(const void* const* __restrict__ down, const int32_t* __restrict__ ids,
-                const float* __restrict__ weights, int kslots, int64_t D, int64_t F, size_t row_bytes,
-                const int8_t* __restrict__ hq, const float2* __restrict__ hds, float* __restrict__ out,
-                bool accumulate, int lps_log2, bool prefetch) {
+    down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
+                int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
+                const float2* __restrict__ hds, float* __restrict__ out, bool accumulate, int lps_log2,
+                bool prefetch) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
-  if (prefetch && threadIdx.x < kslots) {
-    // This CTA's rows of slot threadIdx.x's expert, fetched before the wait. The routing is two kernels
-    // back: gate/up let this grid launch only after its own wait, so the router had finished and its
-    // writes were visible; read past L1 all the same (__ldcg).
-    const int64_t p = (int64_t)blockIdx.y * kslots + threadIdx.x, d0 = (int64_t)blockIdx.x * kRows;
-    const int e = __ldcg(ids + p);
-    const auto* w = reinterpret_cast<const uint8_t*>(__ldcg(reinterpret_cast<const unsigned long long*>(down) + e));
-    if (w && d0 < D) prefetch_l2(w + (size_t)d0 * row_bytes, (size_t)min((int64_t)kRows, D - d0) * row_bytes);
-  }
-  pdl_begin();
-  __shared__ float part[4][32];
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int r = warp / kSplit, wp = warp % kSplit;
   const int64_t d = (int64_t)blockIdx.x * kRows + r;
   const bool d_ok = d < D;
   const int lps = 1 << lps_log2, j = lane >> lps_log2, sub = lane & (lps - 1);
+  const uint8_t* row = nullptr;
+  float wj = 0.0f;
+  if (j < kslots) {
+    const int64_t p = t * kslots + j;
+    const uint8_t* w = down(__ldcg(ids + p));
+    wj = __ldcg(weights + p);
+    if (w && d_ok) row = w + (size_t)d * row_bytes;
+  }
+  if (prefetch && threadIdx.x < kslots) {  // this CTA's rows of slot threadIdx.x's expert
+    const int64_t d0 = (int64_t)blockIdx.x * kRows;
+    const uint8_t* w = down(__ldcg(ids + t * kslots + threadIdx.x));
+    if (w && d0 < D) prefetch_l2(w + (size_t)d0 * row_bytes, (size_t)min((int64_t)kRows, D - d0) * row_bytes);
+  }
+  pdl_begin();
+  __shared__ float part[4][32];
   const int nc = (int)(F / Dot<T>::kElems);
   float acc[1] = {0.0f};
-  int have = 0;
-  if (d_ok && j < kslots) {
+  if (row) {
     const int64_t p = t * kslots + j;
-    const uint8_t* w = static_cast<const uint8_t*>(down[ids[p]]);
-    if (w) {
-      have = 1;
-      const ActView a{hq + p * F, hds + p * (F / 32), F};
-      const uint8_t* row = w + (size_t)d * row_bytes;
-      dev::dot_row<T, 1, kDownBatch>(row, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
-    }
+    const ActView a{hq + p * F, hds + p * (F / 32), F};
+    dev::dot_row<T, 1, kDownBatch>(row, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   if constexpr (kSplit > 1) {
@@ -269,11 +283,13 @@ __global__ void __launch_bounds__(128)
     for (int q = 0; q < kSplit; ++q) v += part[warp + q][lane];
     acc[0] = v;
   }
+  const int have = row != nullptr;
   float sum = 0.0f;
   for (int jj = 0; jj < kslots; ++jj) {
     const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
     const int hv = __shfl_sync(kFull, have, jj << lps_log2);
-    if (hv) sum += weights[t * kslots + jj] * v;
+    const float w = __shfl_sync(kFull, wj, jj << lps_log2);
+    if (hv) sum += w * v;
   }
   if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
 }
@@ -510,17 +526,20 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     const ActView xa = have_xq ? ActView{static_cast<const int8_t*>(run.xq->data),
                                          reinterpret_cast<const float2*>(run.xq->aux), D}
                                : ActView{b.xq, b.xds, D};
+    const ExpertAt gate{e.gate, static_cast<const uint8_t*>(e.gate_base), e.gate_up_bytes, (int)e.n_expert};
+    const ExpertAt up{e.up, static_cast<const uint8_t*>(e.up_base), e.gate_up_bytes, (int)e.n_expert};
+    const ExpertAt down{e.down, static_cast<const uint8_t*>(e.down_base), e.down_bytes, (int)e.n_expert};
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
       const int lanes = gate_up_lanes();
       if (lanes == 16)
-        launch_pdl(gate_up_kernel<T, 16>, grid, 64 * 16, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 16>, grid, 64 * 16, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       else if (lanes == 8)
-        launch_pdl(gate_up_kernel<T, 8>, grid, 64 * 8, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 8>, grid, 64 * 8, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       else
-        launch_pdl(gate_up_kernel<T, 4>, grid, 64 * 4, 0, stream, e.gate, e.up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 4>, grid, 64 * 4, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
     });
@@ -531,7 +550,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
       const unsigned rows_per_cta = 4 / split;
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
-      launch_pdl(kernel, grid, 128, 0, stream, e.down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
+      launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
                  b.hds, run.out, run.accumulate, lps_log2, detail::prefetch_enabled());
       XPERT_CUDA_CHECK_LAUNCH();
     });

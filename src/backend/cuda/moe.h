@@ -54,6 +54,14 @@ struct MoeExperts {
   const void* const* gate = nullptr;
   const void* const* up = nullptr;
   const void* const* down = nullptr;
+  // Optional, where experts 0 .. n_expert - 1 lie back to back and all are here (a layer's 3-D tensors):
+  // expert e's gate at gate_base + e * gate_up_bytes (up alike), its down at down_base + e * down_bytes.
+  // The decode kernels then compute the address instead of reading the table (one dependent memory read
+  // fewer); ids past n_expert (a shared expert) still go through the tables, which stay complete.
+  const void* gate_base = nullptr;
+  const void* up_base = nullptr;
+  const void* down_base = nullptr;
+  size_t gate_up_bytes = 0, down_bytes = 0;
 };
 
 enum class MoePath { automatic, decode, grouped };
