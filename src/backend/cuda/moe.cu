@@ -99,14 +99,21 @@ __global__ void __launch_bounds__(kRouterThreads)
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const float* row = e < E ? w + (int64_t)e * D : sg;
   if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
+  // The row's first kPre float4 of this thread in registers before the wait (no kernel writes it).
+  constexpr int kPre = 2;
+  const float4* wr = reinterpret_cast<const float4*>(row);
+  float4 pre[kPre];
+#pragma unroll
+  for (int j = 0; j < kPre; ++j) {
+    const int i = threadIdx.x + j * kRouterThreads;
+    pre[j] = i < D / 4 ? __ldg(wr + i) : make_float4(0, 0, 0, 0);
+  }
   pdl_begin();
   extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
   float acc[kMoeDecodeMaxTokens];
 #pragma unroll
   for (int t = 0; t < kMoeDecodeMaxTokens; ++t) acc[t] = 0.0f;
-  const float4* wr = reinterpret_cast<const float4*>(row);
-  for (int i = threadIdx.x; i < D / 4; i += kRouterThreads) {
-    const float4 a = __ldg(wr + i);
+  auto mac = [&](const float4& a, int i) {  // row chunk i against every token's x
 #pragma unroll
     for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {
       if (t < n) {
@@ -114,7 +121,11 @@ __global__ void __launch_bounds__(kRouterThreads)
         acc[t] = fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc[t]))));
       }
     }
-  }
+  };
+#pragma unroll
+  for (int j = 0; j < kPre; ++j)
+    if (threadIdx.x + j * kRouterThreads < D / 4) mac(pre[j], threadIdx.x + j * kRouterThreads);
+  for (int i = threadIdx.x + kPre * kRouterThreads; i < D / 4; i += kRouterThreads) mac(__ldg(wr + i), i);
   float* red = router_smem;
 #pragma unroll
   for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {

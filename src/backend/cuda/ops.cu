@@ -154,18 +154,22 @@ __global__ void __launch_bounds__(kWideThreads)
     rmsnorm_wide_kernel(float* x, int64_t xs, const float* __restrict__ d, const float* w, float* y, int64_t ys,
                         int n, float eps, int8_t* __restrict__ q, float2* __restrict__ ds) {
   __shared__ double red[kWideThreads / 32];
-  pdl_begin();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = blockIdx.x;
   float* xr = x + row * xs;
   float* yr = y + row * ys;
   float v[kPer], wv[kPer];
 #pragma unroll
+  for (int j = 0; j < kPer; ++j) {  // the norm's weights before the wait: no kernel writes them
+    const int i = threadIdx.x + j * kWideThreads;
+    wv[j] = w && i < n ? w[i] : 1.0f;
+  }
+  pdl_begin();
+#pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kWideThreads;
     v[j] = i < n ? xr[i] : 0.0f;
     if (d) v[j] = i < n ? v[j] + d[row * n + i] : 0.0f;
-    wv[j] = w && i < n ? w[i] : 1.0f;
   }
   double sum = 0.0;
 #pragma unroll

@@ -11,7 +11,8 @@
 
 namespace xpert::cuda {
 
-// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for rows of n; w may be null; y may alias x.
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for rows of n; w may be null; y may alias x. w is a weight: the
+// decode-sized form reads it before its PDL wait (launch.cuh), so no kernel of the step may write it.
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
              cudaStream_t stream);
 // The same over strided rows: row r of x at x + r * x_stride, of y at y + r * y_stride. Per-head q/k norms
