@@ -13,6 +13,8 @@
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
 #                                       # -n 0 -r 1`: the warm-up pass and the measured one)
+#   bench/h200_carry.sh trace [PRESETS] # each decode kernel's mean time inside the graph (XPERT_TRACE=1,
+#                                       # tg64; default both presets), with the untraced tg64 beside it
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -111,6 +113,13 @@ case "${1:-}" in
         grep "decode stack" | tail -1
     } 2>&1 | tee "$OUT/stack.md"
     ;;
+  trace)
+    for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
+      f=$(synth "$preset" | tail -1)
+      echo "## $preset: $("$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 | grep -E '\| *tg' | awk -F'|' '{print $(NF-1)}') t/s untraced"
+      XPERT_TRACE=1 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 | grep -A40 XPERT_TRACE | grep -v '^|'
+    done 2>&1 | tee "$OUT/trace.md"
+    ;;
   prof)
     f=$(synth "${2:?preset}" | tail -1)
     n=${3:?kernel count}
@@ -154,5 +163,7 @@ PY
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|prof PRESET N ARGS...|ab" >&2; exit 2 ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|prof PRESET N ARGS...|ab" >&2
+    exit 2
+    ;;
 esac
