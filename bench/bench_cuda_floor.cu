@@ -6,7 +6,13 @@
 //            (one counter, thread 0 of each block arriving with atomicAdd and spinning on an acquire load),
 //            each followed by a read of what another block wrote before it: the floor of a phase of the
 //            persistent decode kernel.
-// Each figure is the best of kReplays replays, in microseconds per launch or per barrier.
+//   stream:  what a MoE gate/up launch reads after its wait, idealized: a one-block kernel writes 8 expert
+//   ids,
+//            then 192 blocks of 512 threads each read their two 36 KB spans of those experts' 884 KB
+//            matrices (14.2 MB, from DRAM: 16 launches in a row touch 226 MB) with every thread's loads
+//            coalesced, several ways; the time of the pair less the same pair with an empty second kernel.
+//            The floor of the gate/up kernel once its experts are known.
+// Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -81,21 +87,27 @@ float time_graph(cudaGraphExec_t exec, cudaStream_t s) {
   return best * 1000.0f / kKernels;
 }
 
-float chain(int blocks, int threads, bool pdl, int* slots, cudaStream_t s) {
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, bool pdl, cudaStream_t s, A... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// A graph of body(i) for i < kKernels, timed: microseconds per i.
+template <class F>
+float graph_us(cudaStream_t s, F&& body) {
   cudaGraph_t g;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kKernels; ++i) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&cfg, chain_kernel, slots, i, pdl));
-  }
+  for (int i = 0; i < kKernels; ++i) body(i);
   CHECK(cudaStreamEndCapture(s, &g));
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, g, 0));
@@ -105,6 +117,87 @@ float chain(int blocks, int threads, bool pdl, int* slots, cudaStream_t s) {
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(g));
   return us;
+}
+
+float chain(int blocks, int threads, bool pdl, int* slots, cudaStream_t s) {
+  return graph_us(s, [&](int i) { launch(chain_kernel, blocks, threads, 0, pdl, s, slots, i, pdl); });
+}
+
+// ------------------------------------------------------------------------------------------ stream
+constexpr int kExperts = 128, kUsed = 8, kSpans = 24;  // qwen3-30b-a3b: 768 rows = 24 spans of 32
+constexpr size_t kRowBytes = 1152;                     // 2048 Q4_K weights
+constexpr size_t kSpan = 32 * kRowBytes, kExpertBytes = kSpans * kSpan;
+constexpr int kStreamThreads = 512;
+constexpr int kPerThread = (int)(2 * kSpan / 16 / kStreamThreads);  // 16-byte loads a thread: 9
+
+__device__ void wait_then_trigger() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Step i's experts: (8 i + 17 j) mod 128, all different within 16 consecutive steps.
+__global__ void route_stub(int* ids, int i) {
+  wait_then_trigger();
+  if (threadIdx.x < kUsed) ids[threadIdx.x] = (i * kUsed + (int)threadIdx.x * 17) % kExperts;
+}
+
+__global__ void empty_stream(const uint8_t*, const uint8_t*, const int*, unsigned*) { wait_then_trigger(); }
+
+// kMode 0: kDepth loads in flight a thread; 1: the same after thread 0 bulk-prefetched both spans into L2;
+// 2: both spans into shared memory by cp.async, then read there.
+template <int kMode, int kDepth>
+__global__ void __launch_bounds__(kStreamThreads)
+    stream_kernel(const uint8_t* gate, const uint8_t* up, const int* ids, unsigned* out) {
+  extern __shared__ uint4 staged[];
+  wait_then_trigger();
+  const int e = ids[blockIdx.y];
+  const uint8_t* g = gate + e * kExpertBytes + blockIdx.x * kSpan;
+  const uint8_t* u = up + e * kExpertBytes + blockIdx.x * kSpan;
+  auto at = [&](int i) {  // 16-byte piece i of the block's 2 spans
+    return reinterpret_cast<const uint4*>(i < (int)(kSpan / 16) ? g + 16 * (size_t)i
+                                                                : u + 16 * (size_t)i - kSpan);
+  };
+  unsigned acc = 0;
+  if constexpr (kMode == 2) {
+    for (int i = threadIdx.x; i < (int)(2 * kSpan / 16); i += kStreamThreads) {
+      const uint32_t d = (uint32_t)__cvta_generic_to_shared(staged + i);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(at(i)) : "memory");
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    for (int i = threadIdx.x; i < (int)(2 * kSpan / 16); i += kStreamThreads) {
+      const uint4 v = staged[i];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  } else {
+    if (kMode == 1 && threadIdx.x == 0) {
+      for (const uint8_t* p : {g, u}) {
+        const size_t a = __cvta_generic_to_global(p);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)kSpan) : "memory");
+      }
+    }
+    for (int c0 = 0; c0 < kPerThread; c0 += kDepth) {
+      uint4 v[kDepth];
+#pragma unroll
+      for (int k = 0; k < kDepth; ++k)
+        if (c0 + k < kPerThread) v[k] = __ldg(at(threadIdx.x + (c0 + k) * kStreamThreads));
+#pragma unroll
+      for (int k = 0; k < kDepth; ++k)
+        if (c0 + k < kPerThread) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) out[blockIdx.y * gridDim.x + blockIdx.x] = acc;  // keeps the loads
+}
+
+using StreamKernel = void (*)(const uint8_t*, const uint8_t*, const int*, unsigned*);
+float stream_pair(StreamKernel k, size_t smem, const uint8_t* gate, const uint8_t* up, int* ids,
+                  unsigned* out, cudaStream_t s) {
+  if (smem > 48 * 1024)
+    CHECK(cudaFuncSetAttribute((const void*)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  return graph_us(s, [&](int i) {
+    launch(route_stub, 1, 32, 0, true, s, ids, i);
+    launch(k, dim3(kSpans, kUsed), kStreamThreads, smem, true, s, gate, up, (const int*)ids, out);
+  });
 }
 
 float barrier(int blocks, int threads, unsigned* count, int* slots, cudaStream_t s) {
@@ -150,6 +243,40 @@ int main() {
   for (int threads : {128, 512})
     std::printf("| grid barrier + a read | %d x %d | %.2f |\n", sms, threads,
                 barrier(sms, threads, count, slots, s));
+
+  uint8_t *gate = nullptr, *up = nullptr;
+  int* ids = nullptr;
+  unsigned* out = nullptr;
+  CHECK(cudaMalloc(&gate, kExperts * kExpertBytes));
+  CHECK(cudaMalloc(&up, kExperts * kExpertBytes));
+  CHECK(cudaMemset(gate, 1, kExperts * kExpertBytes));
+  CHECK(cudaMemset(up, 2, kExperts * kExpertBytes));
+  CHECK(cudaMalloc(&ids, kUsed * sizeof(int)));
+  CHECK(cudaMemset(ids, 0, kUsed * sizeof(int)));
+  CHECK(cudaMalloc(&out, kSpans * kUsed * sizeof(unsigned)));
+  const double mb = 2.0 * kUsed * kSpans * kSpan / 1e6;
+  const float floor = stream_pair(empty_stream, 0, gate, up, ids, out, s);
+  std::printf(
+      "\n| after 8 expert ids: %.1f MB read by %d x %d blocks of %d threads | us (pair - %.2f) | TB/s |\n"
+      "|---|---:|---:|\n",
+      mb, kSpans, kUsed, kStreamThreads, floor);
+  const struct {
+    const char* name;
+    StreamKernel k;
+    size_t smem;
+  } modes[] = {{"1 load in flight a thread", stream_kernel<0, 1>, 0},
+               {"3 loads in flight", stream_kernel<0, 3>, 0},
+               {"9 loads in flight (all)", stream_kernel<0, 9>, 0},
+               {"L2 bulk prefetch of both spans, then 1 load in flight", stream_kernel<1, 1>, 0},
+               {"cp.async into shared memory (72 KB), then read there", stream_kernel<2, 1>, 2 * kSpan}};
+  for (const auto& m : modes) {
+    const float us = stream_pair(m.k, m.smem, gate, up, ids, out, s) - floor;
+    std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
+  }
+  CHECK(cudaFree(gate));
+  CHECK(cudaFree(up));
+  CHECK(cudaFree(ids));
+  CHECK(cudaFree(out));
   CHECK(cudaFree(slots));
   CHECK(cudaFree(count));
   return 0;
