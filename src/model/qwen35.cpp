@@ -12,6 +12,7 @@
 #include "model/gated_delta_net.h"
 #include "model/loader.h"
 #include "model/moe.h"
+#include "model/route_guess.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
 
@@ -92,12 +93,15 @@ class Qwen35 : public Model {
       Backend& b = ex.enter(il);
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
+      RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;
+      if (rg) rg->guess(c, l, l.attn_post_norm.f32(), a.x, n);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       if (c.layer_recurrent[il])
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
       b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
+      if (rg) rg->check(c, l, il, a.cur, n);
       if (moe_) {
         b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += routed experts + gated shared expert
       } else {

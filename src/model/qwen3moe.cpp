@@ -8,6 +8,7 @@
 #include "model/blocks.h"
 #include "model/loader.h"
 #include "model/moe.h"
+#include "model/route_guess.h"
 #include "runtime/kv_cache.h"
 
 namespace xpert {
@@ -66,9 +67,12 @@ class Qwen3Moe : public Model {
       Backend& b = ex.enter(il);
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
+      RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;
+      if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       self_attention(c, l, p, il, ex);
       b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
+      if (rg) rg->check(c, l, il, a.cur, n);
       b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
     }
     ex.output_logits(logits);

@@ -1,0 +1,80 @@
+#include "model/route_guess.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+namespace xpert {
+namespace {
+
+// The k experts with the largest router . v (ties: the lower expert first), as the routing picks them.
+std::vector<int32_t> top_k(const ModelConfig& c, const LayerWeights& l, const float* v) {
+  const int64_t E = c.n_embd, X = c.n_expert;
+  const float* r = l.ffn_gate_inp.f32();
+  std::vector<float> logit(X);
+  for (int64_t e = 0; e < X; ++e) {
+    double s = 0;
+    for (int64_t i = 0; i < E; ++i) s += (double)r[e * E + i] * v[i];
+    logit[e] = (float)s;
+  }
+  std::vector<int32_t> id(X);
+  std::iota(id.begin(), id.end(), 0);
+  std::partial_sort(id.begin(), id.begin() + c.n_expert_used, id.end(), [&](int32_t a, int32_t b) {
+    return logit[a] > logit[b] || (logit[a] == logit[b] && a < b);
+  });
+  id.resize(c.n_expert_used);
+  return id;
+}
+
+}  // namespace
+
+RouteGuess* RouteGuess::get() {
+  static const bool on = [] {
+    const char* e = std::getenv("XPERT_ROUTE_GUESS");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  if (!on) return nullptr;
+  static RouteGuess g;  // prints when the program ends
+  return &g;
+}
+
+void RouteGuess::guess(const ModelConfig& c, const LayerWeights& l, const float* ffn_norm, const float* x,
+                       int64_t n) {
+  guessed_.clear();
+  if (l.ffn_gate_inp.type != DType::F32 || c.n_expert_used < 1) return;
+  std::vector<float> v(c.n_embd);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < c.n_embd; ++i) v[i] = x[t * c.n_embd + i] * (ffn_norm ? ffn_norm[i] : 1.0f);
+    const std::vector<int32_t> g = top_k(c, l, v.data());
+    guessed_.insert(guessed_.end(), g.begin(), g.end());
+  }
+}
+
+void RouteGuess::check(const ModelConfig& c, const LayerWeights& l, int64_t il, const float* cur, int64_t n) {
+  const int64_t k = c.n_expert_used;
+  if (guessed_.size() != (size_t)(n * k)) return;
+  if ((int64_t)hits_.size() <= il) hits_.resize(il + 1), chosen_.resize(il + 1);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int32_t e : top_k(c, l, cur + t * c.n_embd))
+      hits_[il] += std::count(guessed_.begin() + t * k, guessed_.begin() + (t + 1) * k, e) ? 1 : 0;
+    chosen_[il] += k;
+  }
+  guessed_.clear();
+}
+
+RouteGuess::~RouteGuess() {
+  const int64_t hits = std::accumulate(hits_.begin(), hits_.end(), int64_t{0});
+  const int64_t chosen = std::accumulate(chosen_.begin(), chosen_.end(), int64_t{0});
+  if (chosen == 0) return;
+  std::fprintf(
+      stderr,
+      "XPERT_ROUTE_GUESS: %.1f %% of %lld chosen experts were guessed from the layer input; by layer:",
+      100.0 * (double)hits / (double)chosen, (long long)chosen);
+  for (size_t il = 0; il < hits_.size(); ++il)
+    if (chosen_[il]) std::fprintf(stderr, " %.0f", 100.0 * (double)hits_[il] / (double)chosen_[il]);
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace xpert
