@@ -58,7 +58,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device)
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
-        stack_on_(env_is_1("XPERT_DECODE_STACK")) {
+        stack_on_(env_is_1("XPERT_DECODE_STACK")),
+        guess_mode_(guess_mode_from_env()) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -72,6 +73,7 @@ class CudaBackend final : public Backend {
     if (capturing_) abort_graph();
     if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
+    if (aux_) cudaStreamSynchronize(aux_->get());  // a guess branch (moe_guess) not joined yet
     if (cuda::detail::trace_enabled()) cuda::detail::trace_dump();
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
@@ -135,6 +137,7 @@ class CudaBackend final : public Backend {
       XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
       return;
     }
+    join_guess();
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -156,6 +159,7 @@ class CudaBackend final : public Backend {
   void abort_graph() override {
     graph_pass_ = false;
     skip_ = false;
+    guess_pending_ = false;  // its branch goes with the capture
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -199,6 +203,7 @@ class CudaBackend final : public Backend {
     if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
   }
   void synchronize() override {
+    join_guess();
     XPERT_CUDA_CHECK(cudaStreamSynchronize(s()));
     check_host_error();
   }
@@ -272,6 +277,7 @@ class CudaBackend final : public Backend {
   void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                    float eps) override {
     if (skip_) return;
+    join_guess();  // the guess reads x
     touch();
     const cuda::Activations* act = prepare_slot(y, rows, n);
     int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
@@ -692,6 +698,48 @@ class CudaBackend final : public Backend {
     return *slot;
   }
 
+  // XPERT_GUESS_PREFETCH=1 (gate and up rows) or 2 (and down rows), an experiment: at the start of a MoE
+  // layer a branch off the stream guesses the layer's experts from its input and starts their weights into
+  // L2 (cuda::moe_guess_prefetch) while the attention half runs, so that the gate/up kernel, which can
+  // fetch them only after the router, finds most in L2 (docs/PERF.md: the input's guess holds ~4 in 5 of
+  // the chosen experts on the synth files). The branch joins the stream before the next op that writes
+  // the layer's input (add_rmsnorm), or at the end of a graph or a synchronize.
+  static int guess_mode_from_env() {
+    const char* e = std::getenv("XPERT_GUESS_PREFETCH");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 ? v : 0;
+  }
+  void moe_guess(const ModelConfig& c, const LayerWeights& lw, const float* norm_w, const float* x,
+                 int64_t n) override {
+    if (skip_ || n != 1 || !guess_mode_ || lw.split || lw.ffn_gate_inp.type != DType::F32) return;
+    const cuda::MoeRouting r{.n_expert = c.n_expert, .k = c.n_expert_used};
+    if (!cuda::moe_router_fusable(DType::F32, 1, c.n_embd, r)) return;
+    const ExpertTables& t = experts(c, lw);
+    if (!t.fused || !t.e.gate_base) return;
+    const size_t bytes = cuda::moe_guess_scratch_bytes(c.n_expert, c.n_embd, c.n_expert_used);
+    if (guess_buf_.size() < bytes) {
+      if (capturing_) return;  // buffers are made in an eager pass
+      guess_buf_ = DeviceBuffer(*this, bytes);
+      if (!guess_done_.data()) {
+        guess_done_ = DeviceBuffer(*this, sizeof(unsigned));
+        XPERT_CUDA_CHECK(cudaMemset(guess_done_.data(), 0, sizeof(unsigned)));
+      }
+    }
+    join_guess();
+    cudaStream_t aux = aux_stream();
+    XPERT_CUDA_CHECK(cudaEventRecord(guess_fork_.get(), s()));
+    XPERT_CUDA_CHECK(cudaStreamWaitEvent(aux, guess_fork_.get(), 0));
+    cuda::moe_guess_prefetch(lw.ffn_gate_inp.f32(), norm_w, x, t.e, c.n_expert_used, guess_mode_ == 2,
+                             guess_buf_.data(), static_cast<unsigned*>(guess_done_.data()), aux);
+    XPERT_CUDA_CHECK(cudaEventRecord(guess_join_.get(), aux));
+    guess_pending_ = true;
+  }
+  void join_guess() {
+    if (!guess_pending_) return;
+    guess_pending_ = false;
+    XPERT_CUDA_CHECK(cudaStreamWaitEvent(s(), guess_join_.get(), 0));
+  }
+
   cudaStream_t aux_stream() {
     if (!aux_) aux_ = std::make_unique<cuda::Stream>();
     return aux_->get();
@@ -1059,6 +1107,7 @@ class CudaBackend final : public Backend {
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
+  const int guess_mode_;    // XPERT_GUESS_PREFETCH: 0 off, 1 gate/up rows, 2 and down rows (moe_guess)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
@@ -1089,6 +1138,9 @@ class CudaBackend final : public Backend {
   Prepared prepared_;
   DeviceBuffer prep_buf_;
   DeviceBuffer router_done_;  // moe_router's block counter
+  DeviceBuffer guess_buf_, guess_done_;  // moe_guess's scratch and router counter
+  cuda::Event guess_fork_, guess_join_;
+  bool guess_pending_ = false;  // a guess branch that has not joined the stream yet
 };
 
 }  // namespace
