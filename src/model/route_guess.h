@@ -3,8 +3,10 @@
 // Gated DeltaNet mixer), i.e. how well a GPU could start the chosen experts' weights into L2 while the
 // attention half of the layer runs (docs/PERF.md, issue #7). The guess scores experts with the router on
 // x ⊙ (the FFN norm's weights): the norm's 1 / rms scales every logit of a token alike, so it does not
-// change the ranking. Prints the share at exit.
+// change the ranking. Prints the share at exit, for guesses of k, 1.5 k and 2 k experts (a prefetch could
+// take more than the k it needs).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -22,8 +24,12 @@ class RouteGuess {
   ~RouteGuess();  // prints the shares, overall and by layer
 
  private:
-  std::vector<int32_t> guessed_;        // [n][k] of the layer in flight
-  std::vector<int64_t> hits_, chosen_;  // by layer
+  static constexpr int kMaxWidth = 3;
+  static constexpr int64_t kWidths[kMaxWidth] = {2, 3, 4};  // guesses of k, 1.5 k, 2 k (in half k)
+  std::vector<int32_t> guessed_;                            // [n][width_] of the layer in flight, best first
+  int64_t width_ = 0;
+  std::vector<std::array<int64_t, kMaxWidth>> hits_;  // by layer, by guess width
+  std::vector<int64_t> chosen_;                       // by layer
 };
 
 }  // namespace xpert

@@ -59,7 +59,8 @@ class CudaBackend final : public Backend {
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        guess_mode_(guess_mode_from_env()) {
+        guess_mode_(guess_mode_from_env()),
+        guess_width_(std::getenv("XPERT_GUESS_WIDTH") ? std::atoi(std::getenv("XPERT_GUESS_WIDTH")) : 0) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -702,7 +703,8 @@ class CudaBackend final : public Backend {
   // layer a branch off the stream guesses the layer's experts from its input and starts their weights into
   // L2 (cuda::moe_guess_prefetch) while the attention half runs, so that the gate/up kernel, which can
   // fetch them only after the router, finds most in L2 (docs/PERF.md: the input's guess holds ~4 in 5 of
-  // the chosen experts on the synth files). The branch joins the stream before the next op that writes
+  // the chosen experts on the synth files; the best 1.5 k of the guess hold ~9 in 10: XPERT_GUESS_WIDTH
+  // prefetches that many). The branch joins the stream before the next op that writes
   // the layer's input (add_rmsnorm), or at the end of a graph or a synchronize.
   static int guess_mode_from_env() {
     const char* e = std::getenv("XPERT_GUESS_PREFETCH");
@@ -712,11 +714,13 @@ class CudaBackend final : public Backend {
   void moe_guess(const ModelConfig& c, const LayerWeights& lw, const float* norm_w, const float* x,
                  int64_t n) override {
     if (skip_ || n != 1 || !guess_mode_ || lw.split || lw.ffn_gate_inp.type != DType::F32) return;
-    const cuda::MoeRouting r{.n_expert = c.n_expert, .k = c.n_expert_used};
+    const int64_t width =
+        std::clamp<int64_t>(guess_width_, c.n_expert_used, std::min<int64_t>(c.n_expert, 32));
+    const cuda::MoeRouting r{.n_expert = c.n_expert, .k = width};
     if (!cuda::moe_router_fusable(DType::F32, 1, c.n_embd, r)) return;
     const ExpertTables& t = experts(c, lw);
     if (!t.fused || !t.e.gate_base) return;
-    const size_t bytes = cuda::moe_guess_scratch_bytes(c.n_expert, c.n_embd, c.n_expert_used);
+    const size_t bytes = cuda::moe_guess_scratch_bytes(c.n_expert, c.n_embd, width);
     if (guess_buf_.size() < bytes) {
       if (capturing_) return;  // buffers are made in an eager pass
       guess_buf_ = DeviceBuffer(*this, bytes);
@@ -729,7 +733,7 @@ class CudaBackend final : public Backend {
     cudaStream_t aux = aux_stream();
     XPERT_CUDA_CHECK(cudaEventRecord(guess_fork_.get(), s()));
     XPERT_CUDA_CHECK(cudaStreamWaitEvent(aux, guess_fork_.get(), 0));
-    cuda::moe_guess_prefetch(lw.ffn_gate_inp.f32(), norm_w, x, t.e, c.n_expert_used, guess_mode_ == 2,
+    cuda::moe_guess_prefetch(lw.ffn_gate_inp.f32(), norm_w, x, t.e, width, guess_mode_ == 2,
                              guess_buf_.data(), static_cast<unsigned*>(guess_done_.data()), aux);
     XPERT_CUDA_CHECK(cudaEventRecord(guess_join_.get(), aux));
     guess_pending_ = true;
@@ -1108,6 +1112,7 @@ class CudaBackend final : public Backend {
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
   const int guess_mode_;    // XPERT_GUESS_PREFETCH: 0 off, 1 gate/up rows, 2 and down rows (moe_guess)
+  const int guess_width_;   // XPERT_GUESS_WIDTH: experts prefetched (clamped to k .. 32; default k)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

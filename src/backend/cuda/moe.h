@@ -87,7 +87,8 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
 // An early guess of one decode token's experts, so that their weights are on their way into L2 while the
 // layer's attention half runs (CudaBackend::moe_guess, opt-in XPERT_GUESS_PREFETCH; an experiment). The
 // router scores x * norm_w (the layer's input times the FFN norm's weights: the norm's 1 / rms does not
-// change a ranking); for each of its top k, every one of n_ff / 32 blocks prefetches its gate and up rows
+// change a ranking); for each of its top k (k may exceed the layer's own), every one of n_ff / 32 blocks
+// prefetches its gate and up rows
 // (those the gate/up kernel's block with the same index reads), and with `down` a slice of the expert's
 // down matrix. A hint: nothing else reads the guess. e must have gate_base (the back-to-back layout).
 // scratch: moe_guess_scratch_bytes; done: a device counter, zero before the first call (left zero).
