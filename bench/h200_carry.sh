@@ -15,6 +15,8 @@
 #                                       # -n 0 -r 1`: the warm-up pass and the measured one)
 #   bench/h200_carry.sh trace [PRESETS] # each decode kernel's mean time inside the graph (XPERT_TRACE=1,
 #                                       # tg64; default both presets), with the untraced tg64 beside it
+#   bench/h200_carry.sh floor           # bench_cuda_floor (carried in .devbin): the launch, barrier and
+#                                       # dependent-read floors
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -113,6 +115,7 @@ case "${1:-}" in
         grep "decode stack" | tail -1
     } 2>&1 | tee "$OUT/stack.md"
     ;;
+  floor) .devbin/bench_cuda_floor 2>&1 | tee "$OUT/floor.md" ;;
   trace)
     for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
       f=$(synth "$preset" | tail -1)
@@ -163,7 +166,7 @@ PY
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|prof PRESET N ARGS...|ab" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|prof PRESET N ARGS...|ab" >&2
     exit 2
     ;;
 esac

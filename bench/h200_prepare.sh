@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the development machine, what a GPU-machine call carries (see bench/h200_carry.sh, which runs there):
 #   bench/h200_prepare.sh devbin [BUILD] [NAME=BINARY ...]
-#                                         # xpert (+ tests/xpert_cuda_tests when built) and the shared
+#                                         # xpert (+ tests/xpert_cuda_tests and bench/bench_cuda_floor
+#                                         # when built) and the shared
 #                                         # libraries ldd lists, xz-compressed into .lcpbin/devbin.txz
 #                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
 #                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
@@ -22,6 +23,7 @@ case "${1:-}" in
     rm -rf .devbin && mkdir -p .devbin/lib .lcpbin
     cp "$b/xpert" .devbin/
     if [[ -x $b/tests/xpert_cuda_tests ]]; then cp "$b/tests/xpert_cuda_tests" .devbin/; fi
+    if [[ -x $b/bench/bench_cuda_floor ]]; then cp "$b/bench/bench_cuda_floor" .devbin/; fi
     for extra in "${@:3}"; do cp "${extra#*=}" ".devbin/${extra%%=*}"; done
     for bin in .devbin/xpert .devbin/xpert_cuda_tests; do
       [[ -x $bin ]] || continue
