@@ -2,8 +2,8 @@
 # On the development machine, what a GPU-machine call carries (see bench/h200_carry.sh, which runs there):
 #   bench/h200_prepare.sh devbin [BUILD] [NAME=BINARY ...]
 #                                         # xpert (+ tests/xpert_cuda_tests and bench/bench_cuda_floor
-#                                         # when built) and the shared
-#                                         # libraries ldd lists, xz-compressed into .lcpbin/devbin.txz
+#                                         # when built) and the shared libraries ldd lists,
+#                                         # xz-compressed into .lcpbin/devbin.txz
 #                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
 #                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
 #                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side)
