@@ -6,11 +6,12 @@
 #include <cstring>
 #include <numeric>
 
+#include "model/moe.h"
+
 namespace xpert {
 namespace {
 
-// The `count` experts with the largest router . v, best first (ties: the lower expert first), as the
-// routing ranks them.
+// The `count` best experts for router . v, best first, ranked as the routing ranks them (route_top_k).
 std::vector<int32_t> top(const ModelConfig& c, const LayerWeights& l, const float* v, int64_t count) {
   const int64_t E = c.n_embd, X = c.n_expert;
   const float* r = l.ffn_gate_inp.f32();
@@ -20,14 +21,9 @@ std::vector<int32_t> top(const ModelConfig& c, const LayerWeights& l, const floa
     for (int64_t i = 0; i < E; ++i) s += (double)r[e * E + i] * v[i];
     logit[e] = (float)s;
   }
-  std::vector<int32_t> id(X);
-  std::iota(id.begin(), id.end(), 0);
-  count = std::min(count, X);
-  std::partial_sort(id.begin(), id.begin() + count, id.end(), [&](int32_t a, int32_t b) {
-    return logit[a] > logit[b] || (logit[a] == logit[b] && a < b);
-  });
-  id.resize(count);
-  return id;
+  Routing routing;
+  route_top_k(logit.data(), 1, {.n_expert = X, .k = std::min(count, X)}, routing);
+  return routing.ids;
 }
 
 }  // namespace

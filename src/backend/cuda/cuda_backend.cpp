@@ -52,6 +52,10 @@ bool env_is_1(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "1";
 }
+int env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e ? std::atoi(e) : 0;
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -59,8 +63,11 @@ class CudaBackend final : public Backend {
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        guess_mode_(guess_mode_from_env()),
-        guess_width_(std::getenv("XPERT_GUESS_WIDTH") ? std::atoi(std::getenv("XPERT_GUESS_WIDTH")) : 0) {
+        guess_mode_([] {
+          const int v = env_int("XPERT_GUESS_PREFETCH");
+          return v == 1 || v == 2 ? v : 0;
+        }()),
+        guess_width_(env_int("XPERT_GUESS_WIDTH")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -706,11 +713,6 @@ class CudaBackend final : public Backend {
   // the chosen experts on the synth files; the best 1.5 k of the guess hold ~9 in 10: XPERT_GUESS_WIDTH
   // prefetches that many). The branch joins the stream before the next op that writes
   // the layer's input (add_rmsnorm), or at the end of a graph or a synchronize.
-  static int guess_mode_from_env() {
-    const char* e = std::getenv("XPERT_GUESS_PREFETCH");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
-  }
   void moe_guess(const ModelConfig& c, const LayerWeights& lw, const float* norm_w, const float* x,
                  int64_t n) override {
     if (skip_ || n != 1 || !guess_mode_ || lw.split || lw.ffn_gate_inp.type != DType::F32) return;

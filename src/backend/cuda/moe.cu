@@ -175,6 +175,15 @@ struct ExpertAt {
     return base && e < n ? base + (size_t)e * bytes : static_cast<const uint8_t*>(table[e]);
   }
 };
+struct ExpertsAt {
+  ExpertAt gate, up, down;
+};
+ExpertsAt experts_at(const MoeExperts& e) {
+  const int n = (int)e.n_expert;
+  return {{e.gate, static_cast<const uint8_t*>(e.gate_base), e.gate_up_bytes, n},
+          {e.up, static_cast<const uint8_t*>(e.up_base), e.gate_up_bytes, n},
+          {e.down, static_cast<const uint8_t*>(e.down_base), e.down_bytes, n}};
+}
 
 // Chunks in flight a lane (dev::dot_row) in gate/up and down. H200 tg128, batch 1 / 2 / 4 (the others at 2):
 // gate/up qwen3-30b-a3b 400 / 424 / 424 t/s, qwen3.5-35b-a3b 360 / 367 / 371; down 403 / 424 / 396 and
@@ -270,11 +279,9 @@ __global__ void __launch_bounds__(128)
     const uint8_t* w = down(__ldcg(ids + p));
     wj = __ldcg(weights + p);
     if (w && d_ok) row = w + (size_t)d * row_bytes;
-  }
-  if (prefetch && threadIdx.x < kslots) {  // this CTA's rows of slot threadIdx.x's expert
-    const int64_t d0 = (int64_t)blockIdx.x * kRows;
-    const uint8_t* w = down(__ldcg(ids + t * kslots + threadIdx.x));
-    if (w && d0 < D) prefetch_l2(w + (size_t)d0 * row_bytes, (size_t)min((int64_t)kRows, D - d0) * row_bytes);
+    // Warp 0 holds the CTA's first row (d0): one lane a slot starts all the CTA's rows of that expert.
+    if (prefetch && warp == 0 && sub == 0 && row)
+      prefetch_l2(row, (size_t)min((int64_t)kRows, D - d) * row_bytes);
   }
   pdl_begin();
   __shared__ float part[4][32];
@@ -551,11 +558,9 @@ void moe_guess_prefetch(const float* router, const float* norm_w, const float* x
   XPERT_CUDA_CHECK_LAUNCH();
   moe_router(router, b.xw, 1, e.n_embd, r, b.logits, b.ids, b.weights, done, stream);
   const size_t gu_rows = row_bytes(e.gate_type, e.n_embd), down_rows = row_bytes(e.down_type, e.n_ff);
-  const ExpertAt gate{e.gate, static_cast<const uint8_t*>(e.gate_base), e.gate_up_bytes, (int)e.n_expert};
-  const ExpertAt up{e.up, static_cast<const uint8_t*>(e.up_base), e.gate_up_bytes, (int)e.n_expert};
-  const ExpertAt dn{e.down, static_cast<const uint8_t*>(e.down_base), e.down_bytes, (int)e.n_expert};
-  launch_pdl(guess_prefetch_kernel, dim3((unsigned)(e.n_ff / 32), (unsigned)k), 32, 0, stream, gate, up, dn,
-             (const int32_t*)b.ids, 32 * gu_rows, down_rows * (size_t)e.n_embd, down);
+  const ExpertsAt at = experts_at(e);
+  launch_pdl(guess_prefetch_kernel, dim3((unsigned)(e.n_ff / 32), (unsigned)k), 32, 0, stream, at.gate, at.up,
+             at.down, (const int32_t*)b.ids, 32 * gu_rows, down_rows * (size_t)e.n_embd, down);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -611,9 +616,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     const ActView xa = have_xq ? ActView{static_cast<const int8_t*>(run.xq->data),
                                          reinterpret_cast<const float2*>(run.xq->aux), D}
                                : ActView{b.xq, b.xds, D};
-    const ExpertAt gate{e.gate, static_cast<const uint8_t*>(e.gate_base), e.gate_up_bytes, (int)e.n_expert};
-    const ExpertAt up{e.up, static_cast<const uint8_t*>(e.up_base), e.gate_up_bytes, (int)e.n_expert};
-    const ExpertAt down{e.down, static_cast<const uint8_t*>(e.down_base), e.down_bytes, (int)e.n_expert};
+    const auto [gate, up, down] = experts_at(e);
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
       const int lanes = gate_up_lanes();
