@@ -17,6 +17,10 @@
 #                                       # tg64; default both presets), with the untraced tg64 beside it
 #   bench/h200_carry.sh floor           # bench_cuda_floor (carried in .devbin): the launch, barrier and
 #                                       # dependent-read floors
+#   bench/h200_carry.sh kstat [PRESETS] # ncu's speed-of-light, occupancy and warp-state sections of the
+#                                       # decode kernels (KERNELS, a regex) of one token, graphs off, caches
+#                                       # and clocks left alone (CSV: $OUT/kstat_PRESET.csv), then their stall
+#                                       # reasons with the caches flushed ($OUT/kstall_PRESET.csv)
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -116,6 +120,24 @@ case "${1:-}" in
     } 2>&1 | tee "$OUT/stack.md"
     ;;
   floor) .devbin/bench_cuda_floor 2>&1 | tee "$OUT/floor.md" ;;
+  kstat)
+    N=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
+      f=$(synth "$preset" | tail -1)
+      XPERT_GRAPHS=0 "${N:-ncu}" -k "regex:${KERNELS:-gate_up|down_kernel|matvec|router_kernel|rmsnorm|norm_rope}" \
+        --launch-skip "${SKIP:-1000}" -c "${COUNT:-40}" --cache-control none --clock-control none \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+        --section MemoryWorkloadAnalysis --csv --page details "$X" bench -m "$f" -p 0 -n 32 -r 1 \
+        >"$OUT/kstat_$preset.csv" 2>"$OUT/kstat_$preset.err" || tail -3 "$OUT/kstat_$preset.err"
+      echo "$preset: $(grep -c "\"Duration\"" "$OUT/kstat_$preset.csv") kernels profiled"
+      # Where their warps stall (issue-active cycles per reason), caches flushed as in a decode step.
+      XPERT_GRAPHS=0 "${N:-ncu}" -k "regex:${KERNELS:-gate_up|down_kernel|matvec|router_kernel|rmsnorm|norm_rope}" \
+        --launch-skip "${SKIP:-1000}" -c "${COUNT:-40}" --cache-control all --clock-control none --csv --page raw \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum" \
+        "$X" bench -m "$f" -p 0 -n 32 -r 1 >"$OUT/kstall_$preset.csv" 2>>"$OUT/kstat_$preset.err" ||
+        tail -3 "$OUT/kstat_$preset.err"
+    done
+    ;;
   trace)
     for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
       f=$(synth "$preset" | tail -1)
@@ -166,7 +188,7 @@ PY
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|prof PRESET N ARGS...|ab" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|prof PRESET N ARGS...|ab" >&2
     exit 2
     ;;
 esac

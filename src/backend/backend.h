@@ -100,11 +100,6 @@ class Backend {
   // expert's SwiGLU FFN of x when the layer has one (Qwen3.5). Default: moe_ffn into scratch, the shared
   // expert added to it (add_shared_expert), then y = that + y.
   virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
-  // A hint at the start of a MoE layer, before its mixer: x [n][n_embd] is the layer's input, norm_w the
-  // weights of the norm before its FFN. A GPU backend may guess the layer's experts from it and start
-  // their weights on their way into its cache (CUDA: XPERT_GUESS_PREFETCH). No effect on any result.
-  virtual void moe_guess(const ModelConfig& c, const LayerWeights& lw, const float* norm_w, const float* x,
-                         int64_t n) {}
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;

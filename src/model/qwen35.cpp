@@ -96,7 +96,6 @@ class Qwen35 : public Model {
       RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.attn_post_norm.f32(), a.x, n);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      if (moe_) b.moe_guess(c, l, l.attn_post_norm.f32(), a.x, n);
       if (c.layer_recurrent[il])
         delta_net_layer(l, il, ex);
       else

@@ -70,7 +70,6 @@ class Qwen3Moe : public Model {
       RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      b.moe_guess(c, l, l.ffn_norm.f32(), a.x, n);
       self_attention(c, l, p, il, ex);
       b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
       if (rg) rg->check(c, l, il, a.cur, n);

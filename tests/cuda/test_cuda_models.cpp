@@ -149,22 +149,6 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
       worst, agree, a.tokens.size());
 }
 
-// The expert guess (XPERT_GUESS_PREFETCH=2: a branch of each decode step guesses every MoE layer's experts
-// from its input and prefetches their rows into L2) is a hint: the same bits with and without it, through
-// the graphs that capture its fork and join. Synth tiny qwen3moe and qwen35moe at Q4_K_M.
-TEST(CudaModelFusions, ExpertGuessChangesNoBit) {
-  XPERT_REQUIRE_GPU();
-  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
-    SCOPED_TRACE(preset);
-    const TempFile tmp(std::string("cuda_guess_") + preset + ".gguf");
-    synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 5, .progress = {}});
-    const auto [a, b] = with_and_without("XPERT_GUESS_PREFETCH", tmp.path, 20, 24, 128, "2");
-    EXPECT_EQ(a.prefill, b.prefill);
-    EXPECT_EQ(a.tokens, b.tokens);
-    EXPECT_EQ(a.step_logits, b.step_logits);
-  }
-}
-
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
 // but one); the rest run on the host's threads over the mmap. Compared with the same model wholly on the
 // GPU (the split changes only which device computes an expert and the order of the final sum), same

@@ -284,44 +284,6 @@ TEST_P(CudaMoe, EqualsReference) {
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 64));
 
-// moe_guess_prefetch's guess: the router's logits of x * w (against a double-precision product) and their
-// top k as the decode routing picks them, for the layer's k and a wider guess; its prefetches only warm L2,
-// so the layer's output is untouched.
-TEST(CudaMoeGuess, RoutesTheScaledInput) {
-  XPERT_REQUIRE_GPU();
-  Layer L(2048, 768, 16, 8, DType::Q4_K, DType::Q6_K);
-  const int64_t D = L.c.n_embd, E = L.c.n_expert;
-  const auto tables = L.tables(std::vector<bool>(16, true));
-  const cuda::MoeExperts e = L.experts(tables, true);
-  const std::vector<float> x = cudatest::random_values((size_t)D, 81),
-                           w = cudatest::random_values((size_t)D, 82);
-  cuda::DeviceBuffer x_dev = to_device(x), w_dev = to_device(w), done(4);
-  XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
-  cuda::Stream stream;
-  for (int64_t k : {L.c.n_expert_used, (int64_t)12}) {
-    SCOPED_TRACE(fmt::format("k={}", k));
-    cuda::DeviceBuffer scratch(cuda::moe_guess_scratch_bytes(E, D, k));
-    for (bool down : {false, true})
-      cuda::moe_guess_prefetch(L.router_dev.as<float>(), w_dev.as<float>(), x_dev.as<float>(), e, k, down,
-                               scratch.data(), done.as<unsigned>(), stream);
-    stream.sync();
-    const cuda::MoeGuessOut out = cuda::moe_guess_out(scratch.data(), E, D, k);
-    std::vector<float> logits((size_t)E);
-    std::vector<int32_t> ids((size_t)k);
-    XPERT_CUDA_CHECK(cudaMemcpy(logits.data(), out.logits, logits.size() * 4, cudaMemcpyDeviceToHost));
-    XPERT_CUDA_CHECK(cudaMemcpy(ids.data(), out.ids, ids.size() * 4, cudaMemcpyDeviceToHost));
-    for (int64_t j = 0; j < E; ++j) {
-      double want = 0;
-      for (int64_t i = 0; i < D; ++i) want += (double)L.router[j * D + i] * ((double)x[i] * w[i]);
-      EXPECT_NEAR(logits[j], want, 1e-4 * (1 + std::fabs(want))) << j;
-    }
-    Routing r;
-    route_top_k(logits.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, r);
-    EXPECT_EQ(ids, r.ids);
-    EXPECT_EQ(from_device<unsigned>(done, 1)[0], 0u) << "the counter is left zero";
-  }
-}
-
 // Enough tokens per expert for 64-row tiles in the grouped GEMMs (128 tokens x 8 over 16 experts), against
 // the host evaluation of the GPU's own routing.
 TEST(CudaMoeGrouped, FullTiles) {

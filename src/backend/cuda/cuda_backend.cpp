@@ -52,22 +52,13 @@ bool env_is_1(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "1";
 }
-int env_int(const char* name) {
-  const char* e = std::getenv(name);
-  return e ? std::atoi(e) : 0;
-}
 
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device)
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
-        stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        guess_mode_([] {
-          const int v = env_int("XPERT_GUESS_PREFETCH");
-          return v == 1 || v == 2 ? v : 0;
-        }()),
-        guess_width_(env_int("XPERT_GUESS_WIDTH")) {
+        stack_on_(env_is_1("XPERT_DECODE_STACK")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -81,7 +72,6 @@ class CudaBackend final : public Backend {
     if (capturing_) abort_graph();
     if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
-    if (aux_) cudaStreamSynchronize(aux_->get());  // a guess branch (moe_guess) not joined yet
     if (cuda::detail::trace_enabled()) cuda::detail::trace_dump();
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
@@ -145,7 +135,6 @@ class CudaBackend final : public Backend {
       XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
       return;
     }
-    join_guess();
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -167,7 +156,6 @@ class CudaBackend final : public Backend {
   void abort_graph() override {
     graph_pass_ = false;
     skip_ = false;
-    guess_pending_ = false;  // its branch goes with the capture
     if (!capturing_) return;
     capturing_ = false;
     cudaGraph_t g = nullptr;
@@ -211,7 +199,6 @@ class CudaBackend final : public Backend {
     if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
   }
   void synchronize() override {
-    join_guess();
     XPERT_CUDA_CHECK(cudaStreamSynchronize(s()));
     check_host_error();
   }
@@ -285,7 +272,6 @@ class CudaBackend final : public Backend {
   void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                    float eps) override {
     if (skip_) return;
-    join_guess();  // the guess reads x
     touch();
     const cuda::Activations* act = prepare_slot(y, rows, n);
     int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
@@ -706,46 +692,6 @@ class CudaBackend final : public Backend {
     return *slot;
   }
 
-  // XPERT_GUESS_PREFETCH=1 (gate and up rows) or 2 (and down rows), an experiment: at the start of a MoE
-  // layer a branch off the stream guesses the layer's experts from its input and starts their weights into
-  // L2 (cuda::moe_guess_prefetch) while the attention half runs, so that the gate/up kernel, which can
-  // fetch them only after the router, finds most in L2 (docs/PERF.md: the input's guess holds ~4 in 5 of
-  // the chosen experts on the synth files; the best 1.5 k of the guess hold ~9 in 10: XPERT_GUESS_WIDTH
-  // prefetches that many). The branch joins the stream before the next op that writes
-  // the layer's input (add_rmsnorm), or at the end of a graph or a synchronize.
-  void moe_guess(const ModelConfig& c, const LayerWeights& lw, const float* norm_w, const float* x,
-                 int64_t n) override {
-    if (skip_ || n != 1 || !guess_mode_ || lw.split || lw.ffn_gate_inp.type != DType::F32) return;
-    const int64_t width =
-        std::clamp<int64_t>(guess_width_, c.n_expert_used, std::min<int64_t>(c.n_expert, 32));
-    const cuda::MoeRouting r{.n_expert = c.n_expert, .k = width};
-    if (!cuda::moe_router_fusable(DType::F32, 1, c.n_embd, r)) return;
-    const ExpertTables& t = experts(c, lw);
-    if (!t.fused || !t.e.gate_base) return;
-    const size_t bytes = cuda::moe_guess_scratch_bytes(c.n_expert, c.n_embd, width);
-    if (guess_buf_.size() < bytes) {
-      if (capturing_) return;  // buffers are made in an eager pass
-      guess_buf_ = DeviceBuffer(*this, bytes);
-      if (!guess_done_.data()) {
-        guess_done_ = DeviceBuffer(*this, sizeof(unsigned));
-        XPERT_CUDA_CHECK(cudaMemset(guess_done_.data(), 0, sizeof(unsigned)));
-      }
-    }
-    join_guess();
-    cudaStream_t aux = aux_stream();
-    XPERT_CUDA_CHECK(cudaEventRecord(guess_fork_.get(), s()));
-    XPERT_CUDA_CHECK(cudaStreamWaitEvent(aux, guess_fork_.get(), 0));
-    cuda::moe_guess_prefetch(lw.ffn_gate_inp.f32(), norm_w, x, t.e, width, guess_mode_ == 2,
-                             guess_buf_.data(), static_cast<unsigned*>(guess_done_.data()), aux);
-    XPERT_CUDA_CHECK(cudaEventRecord(guess_join_.get(), aux));
-    guess_pending_ = true;
-  }
-  void join_guess() {
-    if (!guess_pending_) return;
-    guess_pending_ = false;
-    XPERT_CUDA_CHECK(cudaStreamWaitEvent(s(), guess_join_.get(), 0));
-  }
-
   cudaStream_t aux_stream() {
     if (!aux_) aux_ = std::make_unique<cuda::Stream>();
     return aux_->get();
@@ -1113,8 +1059,6 @@ class CudaBackend final : public Backend {
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
-  const int guess_mode_;    // XPERT_GUESS_PREFETCH: 0 off, 1 gate/up rows, 2 and down rows (moe_guess)
-  const int guess_width_;   // XPERT_GUESS_WIDTH: experts prefetched (clamped to k .. 32; default k)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
@@ -1145,9 +1089,6 @@ class CudaBackend final : public Backend {
   Prepared prepared_;
   DeviceBuffer prep_buf_;
   DeviceBuffer router_done_;  // moe_router's block counter
-  DeviceBuffer guess_buf_, guess_done_;  // moe_guess's scratch and router counter
-  cuda::Event guess_fork_, guess_join_;
-  bool guess_pending_ = false;  // a guess branch that has not joined the stream yet
 };
 
 }  // namespace

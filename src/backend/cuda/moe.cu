@@ -312,32 +312,6 @@ __global__ void __launch_bounds__(128)
   if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
 }
 
-// The guess's input: y = x * w (one token).
-__global__ void guess_input_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
-                                   float* __restrict__ y) {
-  pdl_begin();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * (w ? w[i] : 1.0f);
-}
-
-// Block (i, j): guessed expert j's gate and up spans i (32 rows each, as gate_up_kernel's block i reads
-// them), and with `down` slice i of gridDim.x of its down matrix, started into L2.
-__global__ void guess_prefetch_kernel(ExpertAt gate, ExpertAt up, ExpertAt down,
-                                      const int32_t* __restrict__ ids, size_t gate_up_span,
-                                      size_t down_matrix_bytes, bool with_down) {
-  pdl_begin();
-  if (threadIdx.x != 0) return;
-  const int e = ids[blockIdx.y];
-  const uint8_t* g = gate(e);
-  const uint8_t* u = up(e);
-  if (g) prefetch_l2(g + blockIdx.x * gate_up_span, gate_up_span);
-  if (u) prefetch_l2(u + blockIdx.x * gate_up_span, gate_up_span);
-  const uint8_t* d = with_down ? down(e) : nullptr;
-  if (d) {
-    const size_t piece = (down_matrix_bytes + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * piece;
-    if (lo < down_matrix_bytes) prefetch_l2(d + lo, min(piece, down_matrix_bytes - lo));
-  }
-}
-
 // Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
 // t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4), 4 past 8 slots, where a slot gets 2 lanes of a
 // warp instead of 4 (qwen3.5-35b-a3b with its shared expert as slot 9, tg128 with 2 / 4: 347 / 351 in one
@@ -515,52 +489,6 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
   launch_pdl(router_kernel, (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w,
              shared_gate, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
              r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), block_route());
-  XPERT_CUDA_CHECK_LAUNCH();
-}
-
-namespace {
-struct GuessBufs {
-  float* xw;
-  float* logits;
-  int32_t* ids;
-  float* weights;
-};
-GuessBufs carve_guess(Workspace& ws, int64_t n_expert, int64_t n_embd, int64_t k) {
-  GuessBufs b;
-  b.xw = ws.take<float>(n_embd);
-  b.logits = ws.take<float>(n_expert);
-  b.ids = ws.take<int32_t>(k);
-  b.weights = ws.take<float>(k);
-  return b;
-}
-}  // namespace
-
-size_t moe_guess_scratch_bytes(int64_t n_expert, int64_t n_embd, int64_t k) {
-  Workspace ws(nullptr, (size_t)1 << 62);
-  carve_guess(ws, n_expert, n_embd, k);
-  return ws.used();
-}
-
-MoeGuessOut moe_guess_out(const void* scratch, int64_t n_expert, int64_t n_embd, int64_t k) {
-  Workspace ws(const_cast<void*>(scratch), moe_guess_scratch_bytes(n_expert, n_embd, k));
-  const GuessBufs b = carve_guess(ws, n_expert, n_embd, k);
-  return {b.logits, b.ids};
-}
-
-void moe_guess_prefetch(const float* router, const float* norm_w, const float* x, const MoeExperts& e,
-                        int64_t k, bool down, void* scratch, unsigned* done, cudaStream_t stream) {
-  const MoeRouting r{.n_expert = e.n_expert, .k = k};
-  if (!e.gate_base || !moe_router_fusable(DType::F32, 1, e.n_embd, r))
-    fail_cat("CUDA moe_guess_prefetch: needs the back-to-back expert layout and a router moe_router takes");
-  Workspace ws(scratch, moe_guess_scratch_bytes(e.n_expert, e.n_embd, k));
-  const GuessBufs b = carve_guess(ws, e.n_expert, e.n_embd, k);
-  launch_pdl(guess_input_kernel, 1, 256, 0, stream, x, norm_w, e.n_embd, b.xw);
-  XPERT_CUDA_CHECK_LAUNCH();
-  moe_router(router, b.xw, 1, e.n_embd, r, b.logits, b.ids, b.weights, done, stream);
-  const size_t gu_rows = row_bytes(e.gate_type, e.n_embd), down_rows = row_bytes(e.down_type, e.n_ff);
-  const ExpertsAt at = experts_at(e);
-  launch_pdl(guess_prefetch_kernel, dim3((unsigned)(e.n_ff / 32), (unsigned)k), 32, 0, stream, at.gate, at.up,
-             at.down, (const int32_t*)b.ids, 32 * gu_rows, down_rows * (size_t)e.n_embd, down);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -84,23 +84,6 @@ size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k);
 void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream);
 
-// An early guess of one decode token's experts, so that their weights are on their way into L2 while the
-// layer's attention half runs (CudaBackend::moe_guess, opt-in XPERT_GUESS_PREFETCH; an experiment). The
-// router scores x * norm_w (the layer's input times the FFN norm's weights: the norm's 1 / rms does not
-// change a ranking); for each of its top k (k may exceed the layer's own), every one of n_ff / 32 blocks
-// prefetches its gate and up rows
-// (those the gate/up kernel's block with the same index reads), and with `down` a slice of the expert's
-// down matrix. A hint: nothing else reads the guess. e must have gate_base (the back-to-back layout).
-// scratch: moe_guess_scratch_bytes; done: a device counter, zero before the first call (left zero).
-size_t moe_guess_scratch_bytes(int64_t n_expert, int64_t n_embd, int64_t k);
-struct MoeGuessOut {  // where the guess lands in the scratch (for tests): logits [n_expert], ids [k]
-  const float* logits;
-  const int32_t* ids;
-};
-MoeGuessOut moe_guess_out(const void* scratch, int64_t n_expert, int64_t n_embd, int64_t k);
-void moe_guess_prefetch(const float* router, const float* norm_w, const float* x, const MoeExperts& e,
-                        int64_t k, bool down, void* scratch, unsigned* done, cudaStream_t stream);
-
 // Helper for the common case: expert e of a 3-D tensor at `base` (experts back to back, each
 // `expert_bytes` long) when resident[e], else null. Returns the host table; upload it to the device.
 std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
