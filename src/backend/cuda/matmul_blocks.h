@@ -40,6 +40,24 @@ __device__ __forceinline__ uint4 ld_u128_a2(const uint8_t* p) {
   return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
                     __funnelshift_r(w3, w4, sh));
 }
+// 16 bytes at p, whose address is o (even) past a 16-byte boundary, from the one or two aligned 16-byte
+// loads that hold them (fewer load instructions than ld_u128_a2's five; the second is skipped when o is 0,
+// so nothing past the data is touched), the words picked by selects rather than a local array.
+__device__ __forceinline__ uint4 ld_u128_off(const uint8_t* p, uint32_t o) {
+  const uint4* q = reinterpret_cast<const uint4*>(p - o);
+  const uint4 lo = __ldg(q), hi = o ? __ldg(q + 1) : lo;
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const uint32_t k = o >> 2, sh = (o & 2) * 8;
+  uint32_t v[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {  // v[j] = w[k + j]
+    const uint32_t a0 = (k & 1) ? w[j + 1] : w[j];
+    const uint32_t a1 = (k & 1) ? w[j + 3] : w[j + 2];
+    v[j] = (k & 2) ? a1 : a0;
+  }
+  return make_uint4(__funnelshift_r(v[0], v[1], sh), __funnelshift_r(v[1], v[2], sh),
+                    __funnelshift_r(v[2], v[3], sh), __funnelshift_r(v[3], v[4], sh));
+}
 // 4 bytes at a 2-byte aligned address.
 __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -292,8 +310,9 @@ struct Dot<DType::Q6_K> {
     const int c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
     const uint8_t* b = row + (c >> 3) * 210;
     Raw r;
-    r.ql = ld_u128_a2(b + 64 * c6 + 32 * ga + 16 * h);
-    r.qh = ld_u128_a2(b + 128 + 32 * c6 + 16 * h);
+    const uint32_t o = (uint32_t)(reinterpret_cast<uintptr_t>(b) & 15);  // ql's and qh's pieces share it
+    r.ql = ld_u128_off(b + 64 * c6 + 32 * ga + 16 * h, o);
+    r.qh = ld_u128_off(b + 128 + 32 * c6 + 16 * h, o);
     r.sc0 = ld_s8(b + 192 + 8 * c6 + 2 * ga + h);
     r.sc1 = ld_s8(b + 192 + 8 * c6 + 2 * (ga + 2) + h);
     r.d = ld_u16(b + 208);
