@@ -7,11 +7,17 @@
 //            each followed by a read of what another block wrote before it: the floor of a phase of the
 //            persistent decode kernel.
 //   stream:  what a MoE gate/up launch reads after its wait, idealized: a one-block kernel writes 8 expert
-//   ids,
-//            then 192 blocks of 512 threads each read their two 36 KB spans of those experts' 884 KB
+//            ids, then 192 blocks of 512 threads each read their two 36 KB spans of those experts' 884 KB
 //            matrices (14.2 MB, from DRAM: 16 launches in a row touch 226 MB) with every thread's loads
 //            coalesced, several ways; the time of the pair less the same pair with an empty second kernel.
 //            The floor of the gate/up kernel once its experts are known.
+//   hops:    a chain of 132-block launches, each block's thread 0 reading the word the launch before wrote,
+//            then making d loads one after another, each address from the value before, in a 113 MB buffer
+//            (twice L2: about half the loads go to DRAM) or a 4 MB one (L2): the slope in d is one
+//            dependent round trip inside a decode graph.
+//   norm:    a chain of launches each reading the 2048 floats the launch before wrote, summing their squares
+//            across the block (shuffles, shared memory, a barrier) and writing its slice of them scaled, as
+//            a decode norm does: its time less the chain floor is what a norm's chain costs by itself.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -222,6 +228,64 @@ float barrier(int blocks, int threads, unsigned* count, int* slots, cudaStream_t
   return best * 1000.0f / kKernels;
 }
 
+// ------------------------------------------------------------------------------------------ hops, norm
+template <int kDeps>
+__global__ void hop_kernel(const uint4* big, unsigned n16, const unsigned* in, unsigned* out) {
+  wait_then_trigger();
+  if (threadIdx.x == 0) {
+    unsigned v = __ldcg(in + blockIdx.x) + blockIdx.x * 40503u;  // each block its own addresses
+#pragma unroll 1
+    for (int d = 0; d < kDeps; ++d) v += __ldcg(big + (v * 2654435761u) % n16).x;
+    out[blockIdx.x] = v;
+  }
+}
+
+template <int kDeps>
+float hops(const uint4* big, unsigned n16, unsigned* a, unsigned* b, int blocks, cudaStream_t s) {
+  return graph_us(s, [&](int i) {
+    launch(hop_kernel<kDeps>, blocks, 32, 0, true, s, (const uint4*)big, n16,
+           (const unsigned*)(i % 2 ? b : a), i % 2 ? a : b);
+  });
+}
+
+constexpr int kNormN = 2048;
+// Every block reads all kNormN values of `in`, sums their squares (T: float or double) and writes its slice
+// of out = in * rsqrt(mean).
+template <class T, int kThreads>
+__global__ void __launch_bounds__(kThreads) norm_step_kernel(const float* in, float* out) {
+  __shared__ T red[kThreads / 32];
+  wait_then_trigger();
+  constexpr int kPer = kNormN / kThreads;
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) v[j] = __ldcg(in + threadIdx.x + j * kThreads);
+  T sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) sum += (T)(v[j] * v[j]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
+  __syncthreads();
+  sum = threadIdx.x % 32 < kThreads / 32 ? red[threadIdx.x % 32] : (T)0;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float scale = rsqrtf((float)(sum / (T)kNormN) + 1e-6f);
+  const int slice = kNormN / gridDim.x, lo = blockIdx.x * slice;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {  // the values this thread holds that fall in the block's slice
+    const int at = threadIdx.x + j * kThreads;
+    if (at >= lo && at < lo + slice) out[at] = v[j] * scale;
+  }
+}
+
+template <class T, int kThreads>
+float norm_chain(int blocks, float* a, float* b, cudaStream_t s) {
+  return graph_us(s, [&](int i) {
+    launch(norm_step_kernel<T, kThreads>, blocks, kThreads, 0, true, s, (const float*)(i % 2 ? b : a),
+           i % 2 ? a : b);
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -273,6 +337,46 @@ int main() {
     const float us = stream_pair(m.k, m.smem, gate, up, ids, out, s) - floor;
     std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
   }
+
+  unsigned *ha = nullptr, *hb = nullptr;
+  CHECK(cudaMalloc(&ha, 4096 * sizeof(unsigned)));
+  CHECK(cudaMalloc(&hb, 4096 * sizeof(unsigned)));
+  CHECK(cudaMemset(ha, 0, 4096 * sizeof(unsigned)));
+  CHECK(cudaMemset(hb, 0, 4096 * sizeof(unsigned)));
+  const uint4* dram =
+      reinterpret_cast<const uint4*>(gate);  // 113 MB of experts: about half of scattered reads miss L2
+  const unsigned dram16 = (unsigned)(kExperts * kExpertBytes / 16), l2_16 = (unsigned)((4u << 20) / 16);
+  std::printf(
+      "\n| dependent loads after the launch's first read | %u MB (half DRAM) us | L2 (4 MB) us |\n"
+      "|---|---:|---:|\n",
+      (unsigned)(kExperts * kExpertBytes >> 20));
+  std::printf("| 0 | %.2f | %.2f |\n", hops<0>(dram, dram16, ha, hb, sms, s),
+              hops<0>(dram, l2_16, ha, hb, sms, s));
+  std::printf("| 1 | %.2f | %.2f |\n", hops<1>(dram, dram16, ha, hb, sms, s),
+              hops<1>(dram, l2_16, ha, hb, sms, s));
+  std::printf("| 2 | %.2f | %.2f |\n", hops<2>(dram, dram16, ha, hb, sms, s),
+              hops<2>(dram, l2_16, ha, hb, sms, s));
+  std::printf("| 4 | %.2f | %.2f |\n", hops<4>(dram, dram16, ha, hb, sms, s),
+              hops<4>(dram, l2_16, ha, hb, sms, s));
+  CHECK(cudaFree(ha));
+  CHECK(cudaFree(hb));
+
+  float *na = nullptr, *nb = nullptr;
+  CHECK(cudaMalloc(&na, kNormN * sizeof(float)));
+  CHECK(cudaMalloc(&nb, kNormN * sizeof(float)));
+  CHECK(cudaMemset(na, 0, kNormN * sizeof(float)));
+  CHECK(cudaMemset(nb, 0, kNormN * sizeof(float)));
+  std::printf(
+      "\n| a norm of %d floats a launch (each block reads all) | blocks x threads | us |\n|---|---|---:|\n",
+      kNormN);
+  std::printf("| float sums | 1 x 1024 | %.2f |\n", norm_chain<float, 1024>(1, na, nb, s));
+  std::printf("| double sums | 1 x 1024 | %.2f |\n", norm_chain<double, 1024>(1, na, nb, s));
+  std::printf("| float sums | 1 x 256 | %.2f |\n", norm_chain<float, 256>(1, na, nb, s));
+  std::printf("| float sums | 8 x 256 | %.2f |\n", norm_chain<float, 256>(8, na, nb, s));
+  std::printf("| float sums | %d x 128 | %.2f |\n", 128, norm_chain<float, 128>(128, na, nb, s));
+  CHECK(cudaFree(na));
+  CHECK(cudaFree(nb));
+
   CHECK(cudaFree(gate));
   CHECK(cudaFree(up));
   CHECK(cudaFree(ids));

@@ -16,7 +16,7 @@
 #   bench/h200_carry.sh trace [PRESETS] # each decode kernel's mean time inside the graph (XPERT_TRACE=1,
 #                                       # tg64; default both presets), with the untraced tg64 beside it
 #   bench/h200_carry.sh floor           # bench_cuda_floor (carried in .devbin): the launch, barrier and
-#                                       # dependent-read floors
+#                                       # dependent-read floors, a dependent round trip, a norm's chain
 #   bench/h200_carry.sh kstat [PRESETS] # ncu's speed-of-light, occupancy and warp-state sections of the
 #                                       # decode kernels (KERNELS, a regex) of one token, graphs off, caches
 #                                       # and clocks left alone (CSV: $OUT/kstat_PRESET.csv), then their stall
