@@ -16,6 +16,7 @@
 
 #include "backend/cuda/embed.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/matmul_kernels.h"
 #include "cuda_test_util.h"
 
 namespace xpert {
@@ -200,6 +201,48 @@ TEST(CudaMatmulPrepared, MultiIsEachAlone) {
         EXPECT_EQ(from_device<float>(y_multi[j], len), from_device<float>(y_one[j], len)) << "output " << j;
       }
     }
+}
+
+// The output head's form of the one-row product (a few blocks an SM walking the rows; XPERT_HEAD_STREAM=1)
+// is the bits of the regular one: a vocabulary-sized matrix with a partial last group of rows, and two
+// matrices in one launch, for a block type, Q6_K (the heads of Q4_K_M files) and a float type.
+TEST(CudaMatmulPrepared, HeadStreamIsMatvec) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t k = 2048;
+  for (DType t : {DType::Q6_K, DType::Q4_K, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const std::vector<float> x = cudatest::random_values((size_t)k, 31);
+    cuda::DeviceBuffer x_dev = to_device(x);
+    const cuda::ActFormat f = cuda::activation_format(t, 1);
+    cuda::DeviceBuffer act(cuda::activation_bytes(f, 1, k));
+    const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, 1, k, act.data(), stream);
+    for (const std::vector<int64_t>& ns : {std::vector<int64_t>{70001}, std::vector<int64_t>{65536, 999}}) {
+      cuda::detail::MatvecOuts o;
+      std::vector<cuda::DeviceBuffer> w, y_stream, y_plain;
+      for (size_t j = 0; j < ns.size(); ++j) {
+        w.push_back(to_device(cudatest::random_weights(t, ns[j], k, 500 + (uint32_t)j)));
+        y_stream.emplace_back((size_t)ns[j] * 4);
+        y_plain.emplace_back((size_t)ns[j] * 4);
+        o.w[j] = w.back().data();
+        o.end[j] = (j ? o.end[j - 1] : 0) + ns[j];
+        o.ldy[j] = ns[j];
+        ++o.count;
+      }
+      cuda::detail::MatvecOuts plain = o;
+      for (size_t j = 0; j < ns.size(); ++j) {
+        o.y[j] = y_stream[j].as<float>();
+        plain.y[j] = y_plain[j].as<float>();
+        XPERT_CUDA_CHECK(cudaMemset(o.y[j], 0xff, (size_t)ns[j] * 4));  // NaN: a row left unwritten shows
+      }
+      cuda::detail::launch_matvec_stream(t, o, a, stream);
+      cuda::detail::launch_matvec(t, plain, a, stream);
+      stream.sync();
+      for (size_t j = 0; j < ns.size(); ++j)
+        EXPECT_EQ(from_device<float>(y_stream[j], (size_t)ns[j]), from_device<float>(y_plain[j], (size_t)ns[j]))
+            << "output " << j << " of " << ns.size();
+    }
+  }
 }
 
 TEST(CudaMatmulErrors, UnsupportedTypeAndShape) {
