@@ -21,6 +21,8 @@
 #                                       # decode kernels (KERNELS, a regex) of one token, graphs off, caches
 #                                       # and clocks left alone (CSV: $OUT/kstat_PRESET.csv), then their stall
 #                                       # reasons with the caches flushed ($OUT/kstall_PRESET.csv)
+#   bench/h200_carry.sh ksrc [PRESET]   # ncu's per-SASS-instruction stall samples of one launch of KERNELS
+#                                       # (default gate_up), caches flushed: $OUT/ksrc.csv (--page source)
 #   bench/h200_carry.sh pack            # llama-bench and its libraries as xz parts (< 16 MiB) in $OUT
 #   bench/h200_carry.sh ab              # xpert alone: TESTS (a gtest filter of xpert_cuda_tests), then
 #                                       # tg of PRESETS (default both) under each of VARIANTS, environment
@@ -138,6 +140,17 @@ case "${1:-}" in
         tail -3 "$OUT/kstat_$preset.err"
     done
     ;;
+  ksrc)
+    N=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    f=$(synth "${2:-qwen3-30b-a3b}" | tail -1)
+    rm -f "$W/ksrc.ncu-rep"
+    XPERT_GRAPHS=0 "${N:-ncu}" -k "regex:${KERNELS:-gate_up}" --launch-skip "${SKIP:-100}" -c 1 --cache-control all \
+      --clock-control none --section SourceCounters --section WarpStateStats --export "$W/ksrc" \
+      "$X" bench -m "$f" -p 0 -n 8 -r 1 >/dev/null 2>"$OUT/ksrc.err" || tail -3 "$OUT/ksrc.err"
+    "${N:-ncu}" --import "$W/ksrc.ncu-rep" --page source --print-source sass --csv >"$OUT/ksrc.csv" 2>>"$OUT/ksrc.err" ||
+      tail -3 "$OUT/ksrc.err"
+    echo "ksrc: $(wc -l <"$OUT/ksrc.csv") lines"
+    ;;
   trace)
     for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
       f=$(synth "$preset" | tail -1)
@@ -188,7 +201,7 @@ PY
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|prof PRESET N ARGS...|ab" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab" >&2
     exit 2
     ;;
 esac
