@@ -115,6 +115,45 @@ TEST(CudaMoeRouter, OneTokenWithTies) {
   for (int64_t e = 1; e < E; e += 2) ASSERT_EQ(got[e], got[e - 1]) << "the tie this test needs";
 }
 
+// Every form of one token's top k (one warp's serial top-k, the block's ranking, the block's two-phase
+// ranking) gives the host's routing, with ties (every odd expert a copy of the one before) and without, at
+// 128 and 256 experts (the block form only where it takes them: at most 64 comparisons a thread).
+TEST(CudaMoeRouter, EveryFormAgrees) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t D = 512;
+  for (const int64_t E : {128, 256})
+    for (const int64_t k : {8, 10})
+      for (const bool ties : {false, true}) {
+        SCOPED_TRACE(fmt::format("E={} k={} ties={}", E, k, ties));
+        std::vector<float> w = cudatest::random_values((size_t)(E * D), 45);
+        if (ties)
+          for (int64_t e = 1; e < E; e += 2) std::copy(w.begin() + (e - 1) * D, w.begin() + e * D, w.begin() + e * D);
+        const std::vector<float> x = cudatest::random_values((size_t)D, 46);
+        cuda::DeviceBuffer w_dev = to_device(w), x_dev = to_device(x), done(4), logits((size_t)E * 4),
+                           ids((size_t)k * 4), wt((size_t)k * 4);
+        XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
+        const cuda::MoeRouting r{.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f};
+        for (const cuda::RouteForm form : {cuda::RouteForm::warp, cuda::RouteForm::block, cuda::RouteForm::two_phase}) {
+          if (form == cuda::RouteForm::block && E > 128) continue;
+          SCOPED_TRACE((int)form);
+          XPERT_CUDA_CHECK(cudaMemset(ids.data(), 0xff, ids.bytes()));
+          cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), 1, D, r, logits.as<float>(), ids.as<int32_t>(),
+                           wt.as<float>(), done.as<unsigned>(), stream, nullptr, form);
+          stream.sync();
+          const std::vector<float> got = from_device<float>(logits, (size_t)E);
+          Routing want;
+          route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+          EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
+          const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
+          for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+          if (ties) {
+            for (int64_t e = 1; e < E; e += 2) ASSERT_EQ(got[e], got[e - 1]) << "the tie this test needs";
+          }
+        }
+      }
+}
+
 // One MoE layer on the host (reference input) and on the GPU (uploaded expert tensors and tables).
 struct Layer {
   ModelConfig c;

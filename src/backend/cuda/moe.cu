@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
                   int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
-                  bool prefetch, bool block_route_enabled) {
+                  bool prefetch, int route_form) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const float* row = e < E ? w + (int64_t)e * D : sg;
   if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
@@ -155,7 +155,10 @@ __global__ void __launch_bounds__(kRouterThreads)
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *done = 0;  // read by no thread of this launch past this point
-  if (n == 1 && block_route_enabled && E * E <= 64 * kRouterThreads) {  // at most 64 comparisons a thread
+  if (n == 1 && route_form == (int)RouteForm::two_phase && route_two_phase_fits(E, kRouterThreads, k)) {
+    route_token_block<kRouterThreads, true>(logits, router_smem, E, k, norm, scale, ids, weights);
+  } else if (n == 1 && route_form != (int)RouteForm::warp &&
+             E * E <= 64 * kRouterThreads) {  // at most 64 comparisons a thread
     route_token_block<kRouterThreads>(logits, router_smem, E, k, norm, scale, ids, weights);
   } else if (warp < n) {
     route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * slots,
@@ -240,9 +243,11 @@ int env_variant(const char* name, int dflt, int a, int b) {
 // ranks a thread (up to 128 experts); XPERT_BLOCK_ROUTE=0: by one warp (route_token), to compare. H200
 // tg128 in one call, block / warp: qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s; qwen3.5-35b-a3b
 // (256 experts, 256 ranks a thread) 340 / 349: the warp's serial top-k wins there, so it keeps it.
-bool block_route() {
-  static const bool on = env_variant("XPERT_BLOCK_ROUTE", 1, 0, 1) == 1;
-  return on;
+// XPERT_BLOCK_ROUTE=2: the block's two-phase ranking wherever it fits, 256 experts too (an experiment,
+// not yet measured).
+RouteForm route_form_from_env() {
+  static const int v = env_variant("XPERT_BLOCK_ROUTE", 1, 0, 2);
+  return v == 0 ? RouteForm::warp : v == 2 ? RouteForm::two_phase : RouteForm::block;
 }
 
 // Lanes per row of the gate/up kernel: 8 by default (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s
@@ -475,20 +480,21 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
 
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
-                const float* shared_gate) {
+                const float* shared_gate, RouteForm form) {
+  if (form == RouteForm::automatic) form = route_form_from_env();
   if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r) || (shared_gate && r.k + 1 > 32))
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
              shared_gate ? " + a shared expert" : "", " (supported: up to ", kMoeDecodeMaxTokens,
              " tokens, n_embd % 4 == 0, 1024 experts, 32 slots)");
   // The routing's scratch: [n][E] floats (route_token), or for one token route_token_block's.
-  const size_t one = (size_t)route_block_floats((int)r.n_expert, kRouterThreads);
+  const size_t one = (size_t)route_two_phase_floats((int)r.n_expert, kRouterThreads, (int)r.k);
   const size_t smem =
       std::max({(size_t)n_tokens * r.n_expert, (size_t)(kRouterThreads / 32) * kMoeDecodeMaxTokens, one}) *
       sizeof(float);
   const int slots = (int)r.k + (shared_gate ? 1 : 0);
   launch_pdl(router_kernel, (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w,
              shared_gate, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
-             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), block_route());
+             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), (int)form);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
