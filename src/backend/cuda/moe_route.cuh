@@ -23,7 +23,8 @@ __host__ __device__ constexpr bool route_two_phase_fits(int E, int threads, int 
 }
 
 // Ranks n values (ids id(c), values v(c)) among themselves, 4 threads a value, and puts the k best in
-// rank order into top_id / top_v. A value's rank: the values above it, or equal at a lower id.
+// rank order into top_id / top_v. A value's rank: the values above it, or equal at a lower id (the loop of
+// route_token_block's one-phase form, with ids that are not the positions).
 template <int kThreads, class Id, class Val>
 __device__ inline void rank_top_k(int n, int k, Id id, Val v, int32_t* top_id, float* top_v) {
   const int lane = threadIdx.x & 31;
@@ -96,7 +97,22 @@ __device__ inline void route_token_block(const float* src, float* smem, int E, i
         route_candidates(E, k), k, [&](int c) { return (int)cand_id[c]; }, [&](int c) { return cand_v[c]; },
         top_id, top_v);
   } else {
-    rank_top_k<kThreads>(E, k, [](int e) { return e; }, [&](int e) { return l[e]; }, top_id, top_v);
+    for (int base = threadIdx.x & ~31; base < 4 * E; base += kThreads) {  // warp-uniform trip count
+      const int i = base + lane, e = i / 4;
+      int rank = 0;
+      const float v = e < E ? l[e] : 0.0f;
+      if (e < E)
+        for (int o = i & 3; o < E; o += 4) {
+          const float u = l[o];
+          rank += u > v || (u == v && o < e);
+        }
+      rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+      rank += __shfl_xor_sync(0xffffffffu, rank, 2);
+      if (e < E && (i & 3) == 0 && rank < k) {
+        top_id[rank] = e;
+        top_v[rank] = v;
+      }
+    }
   }
   __syncthreads();  // every warp has read red[] (the max) and ranked
   if (lane == 0) red[warp] = sum;
