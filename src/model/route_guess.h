@@ -1,8 +1,9 @@
 // XPERT_ROUTE_GUESS=1, a measurement knob for MoE models on the host backend: how many of a layer's chosen
 // experts the router would already pick from the layer's *input* (the residual before attention or the
 // Gated DeltaNet mixer), i.e. how well a GPU could start the chosen experts' weights into L2 while the
-// attention half of the layer runs (docs/PERF.md, issue #7). The guess scores experts with the router on
-// x ⊙ (the FFN norm's weights): the norm's 1 / rms scales every logit of a token alike, so it does not
+// attention half of the layer runs (docs/PERF.md, issue #7: on the H200 such a prefetch measured slower, so
+// it was removed; the share stays a lead for host-resident experts). The guess scores experts with the router
+// on x ⊙ (the FFN norm's weights): the norm's 1 / rms scales every logit of a token alike, so it does not
 // change the ranking. Prints the share at exit, for guesses of k, 1.5 k and 2 k experts (a prefetch could
 // take more than the k it needs).
 #pragma once

@@ -181,7 +181,8 @@ TEST(CudaMatmulPrepared, MultiIsEachAlone) {
       cuda::DeviceBuffer x_dev = to_device(x);
       const cuda::ActFormat f = cuda::activation_format(t, m);
       cuda::DeviceBuffer act(std::max<size_t>(cuda::activation_bytes(f, m, k), 1));
-      const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, m, k, act.data(), stream);
+      const cuda::Activations a =
+          cuda::quantize_activations(f, x_dev.as<float>(), k, m, k, act.data(), stream);
       std::vector<cuda::DeviceBuffer> w, y_multi, y_one;
       std::vector<cuda::MatmulOut> outs;
       for (size_t j = 0; j < ns.size(); ++j) {
@@ -239,7 +240,8 @@ TEST(CudaMatmulPrepared, HeadStreamIsMatvec) {
       cuda::detail::launch_matvec(t, plain, a, stream);
       stream.sync();
       for (size_t j = 0; j < ns.size(); ++j)
-        EXPECT_EQ(from_device<float>(y_stream[j], (size_t)ns[j]), from_device<float>(y_plain[j], (size_t)ns[j]))
+        EXPECT_EQ(from_device<float>(y_stream[j], (size_t)ns[j]),
+                  from_device<float>(y_plain[j], (size_t)ns[j]))
             << "output " << j << " of " << ns.size();
     }
   }

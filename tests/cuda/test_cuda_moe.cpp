@@ -89,15 +89,32 @@ TEST(CudaMoeRouter, ProductAndRouting) {
   EXPECT_EQ(from_device<uint32_t>(done, 1)[0], 0u);
 }
 
+// Every odd router row a copy of the one before: their logits are the same bits, so the lower expert must
+// come first, as route_top_k orders them.
+void make_tie_pairs(std::vector<float>& w, int64_t E, int64_t D) {
+  for (int64_t e = 1; e < E; e += 2) std::copy(w.begin() + (e - 1) * D, w.begin() + e * D, w.begin() + e * D);
+}
+
+// One token's ids and weights from moe_router against route_top_k of the logits it wrote; returns the logits.
+std::vector<float> expect_host_routing(const cuda::DeviceBuffer& logits, const cuda::DeviceBuffer& ids,
+                                       const cuda::DeviceBuffer& wt, int64_t E, int64_t k) {
+  const std::vector<float> got = from_device<float>(logits, (size_t)E);
+  Routing want;
+  route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+  EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
+  const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
+  for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+  return got;
+}
+
 // One decode token is routed by the router's whole last block (route_token_block: up to 128 experts), with
-// ties: rows 2j and 2j + 1 of the router are equal, so their logits are the same bits and the lower expert
-// must come first, as route_top_k orders them.
+// ties (make_tie_pairs).
 TEST(CudaMoeRouter, OneTokenWithTies) {
   XPERT_REQUIRE_GPU();
   cuda::Stream stream;
   const int64_t D = 512, E = 128, k = 8;
   std::vector<float> w = cudatest::random_values((size_t)(E * D), 43);
-  for (int64_t e = 1; e < E; e += 2) std::copy(w.begin() + (e - 1) * D, w.begin() + e * D, w.begin() + e * D);
+  make_tie_pairs(w, E, D);
   const std::vector<float> x = cudatest::random_values((size_t)D, 44);
   cuda::DeviceBuffer w_dev = to_device(w), x_dev = to_device(x), done(4), logits((size_t)E * 4),
                      ids((size_t)k * 4), wt((size_t)k * 4);
@@ -106,12 +123,7 @@ TEST(CudaMoeRouter, OneTokenWithTies) {
   cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), 1, D, r, logits.as<float>(), ids.as<int32_t>(),
                    wt.as<float>(), done.as<unsigned>(), stream);
   stream.sync();
-  const std::vector<float> got = from_device<float>(logits, (size_t)E);
-  Routing want;
-  route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
-  EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
-  const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
-  for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+  const std::vector<float> got = expect_host_routing(logits, ids, wt, E, k);
   for (int64_t e = 1; e < E; e += 2) ASSERT_EQ(got[e], got[e - 1]) << "the tie this test needs";
 }
 
@@ -127,26 +139,21 @@ TEST(CudaMoeRouter, EveryFormAgrees) {
       for (const bool ties : {false, true}) {
         SCOPED_TRACE(fmt::format("E={} k={} ties={}", E, k, ties));
         std::vector<float> w = cudatest::random_values((size_t)(E * D), 45);
-        if (ties)
-          for (int64_t e = 1; e < E; e += 2) std::copy(w.begin() + (e - 1) * D, w.begin() + e * D, w.begin() + e * D);
+        if (ties) make_tie_pairs(w, E, D);
         const std::vector<float> x = cudatest::random_values((size_t)D, 46);
         cuda::DeviceBuffer w_dev = to_device(w), x_dev = to_device(x), done(4), logits((size_t)E * 4),
                            ids((size_t)k * 4), wt((size_t)k * 4);
         XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
         const cuda::MoeRouting r{.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f};
-        for (const cuda::RouteForm form : {cuda::RouteForm::warp, cuda::RouteForm::block, cuda::RouteForm::two_phase}) {
+        for (const cuda::RouteForm form :
+             {cuda::RouteForm::warp, cuda::RouteForm::block, cuda::RouteForm::two_phase}) {
           if (form == cuda::RouteForm::block && E > 128) continue;
           SCOPED_TRACE((int)form);
           XPERT_CUDA_CHECK(cudaMemset(ids.data(), 0xff, ids.bytes()));
-          cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), 1, D, r, logits.as<float>(), ids.as<int32_t>(),
-                           wt.as<float>(), done.as<unsigned>(), stream, nullptr, form);
+          cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), 1, D, r, logits.as<float>(),
+                           ids.as<int32_t>(), wt.as<float>(), done.as<unsigned>(), stream, nullptr, form);
           stream.sync();
-          const std::vector<float> got = from_device<float>(logits, (size_t)E);
-          Routing want;
-          route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
-          EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
-          const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
-          for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+          const std::vector<float> got = expect_host_routing(logits, ids, wt, E, k);
           if (ties) {
             for (int64_t e = 1; e < E; e += 2) ASSERT_EQ(got[e], got[e - 1]) << "the tie this test needs";
           }

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/device.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 #include "backend/cuda/ops_internal.h"
@@ -29,7 +29,8 @@ template <DType T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
                   int64_t m, int lpr_log2, bool prefetch) {
-  if (prefetch && blockIdx.y == 0 && threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
+  if (prefetch && blockIdx.y == 0 &&
+      threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
     const int j = threadIdx.x;
     const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = (int64_t)blockIdx.x * rows;
     const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
@@ -84,8 +85,8 @@ constexpr int kStreamBatch = 2;
 constexpr int kStreamBlocksPerSm = 4;
 template <DType T>
 __global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm)
-    matvec_stream_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
-                         int lpr_log2) {
+    matvec_stream_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a,
+                         const float* __restrict__ row_scale, int lpr_log2) {
   pdl_begin();
   const int lpr = 1 << lpr_log2, lane = threadIdx.x & 31, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = 32 >> lpr_log2, n = o.end[o.count - 1];
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm)
     const bool have = gr < n;
     float acc[1] = {0.0f};
     if (have)
-      dev::dot_row<T, 1, kStreamBatch>(static_cast<const uint8_t*>(o.w[j]) + (size_t)row * row_bytes, sub, lpr, nc,
-                                       a, 1, acc);
+      dev::dot_row<T, 1, kStreamBatch>(static_cast<const uint8_t*>(o.w[j]) + (size_t)row * row_bytes, sub,
+                                       lpr, nc, a, 1, acc);
     for (int off = lpr >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
     if (have && sub == 0) o.y[j][row] = acc[0] * (row_scale ? row_scale[0] : 1.0f);
   }
@@ -116,6 +117,16 @@ bool head_stream_on() {
   return on;
 }
 
+// What the kernels read of prepared activations: the values (and q8_1 scales) and, for f16 / bf16 rows,
+// each row's scale.
+template <DType T>
+ActView act_view(const Activations& a) {
+  return {a.data, dev::is_quant(T) ? reinterpret_cast<const float2*>(a.aux) : nullptr, a.k};
+}
+const float* row_scale_of(const Activations& a) {
+  return a.format == ActFormat::f16 || a.format == ActFormat::bf16 ? a.aux : nullptr;
+}
+
 // Lanes per row: 32 down to 4, at least 2 chunks a lane.
 int lanes_log2(int nc) {
   int lpr_log2 = 5;
@@ -128,12 +139,12 @@ void launch_stream(const MatvecOuts& o, const Activations& a, cudaStream_t strea
   const int nc = (int)(a.k / Dot<T>::kElems);
   const int lpr_log2 = lanes_log2(nc);
   const int64_t groups = (o.end[o.count - 1] + (32 >> lpr_log2) - 1) / (32 >> lpr_log2);
-  const int64_t blocks = std::min<int64_t>((int64_t)sm_count() * kStreamBlocksPerSm,
-                                           (groups + kStreamWarps - 1) / kStreamWarps);
-  ActView av{a.data, dev::is_quant(T) ? reinterpret_cast<const float2*>(a.aux) : nullptr, a.k};
-  const float* row_scale = a.format == ActFormat::f16 || a.format == ActFormat::bf16 ? a.aux : nullptr;
-  launch_pdl(matvec_stream_kernel<T>, (unsigned)blocks, kStreamWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av,
-             row_scale, lpr_log2);
+  const int64_t blocks =
+      std::min<int64_t>((int64_t)sm_count() * kStreamBlocksPerSm, (groups + kStreamWarps - 1) / kStreamWarps);
+  const ActView av = act_view<T>(a);
+  const float* row_scale = row_scale_of(a);
+  launch_pdl(matvec_stream_kernel<T>, (unsigned)blocks, kStreamWarps * 32, 0, stream, o, row_bytes(T, a.k),
+             nc, av, row_scale, lpr_log2);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -149,8 +160,8 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int64_t n = o.end[o.count - 1];
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));
   XPERT_CU_ASSERT(grid.y <= 65535);
-  ActView av{a.data, dev::is_quant(T) ? reinterpret_cast<const float2*>(a.aux) : nullptr, a.k};
-  const float* row_scale = a.format == ActFormat::f16 || a.format == ActFormat::bf16 ? a.aux : nullptr;
+  const ActView av = act_view<T>(a);
+  const float* row_scale = row_scale_of(a);
   launch_pdl(matvec_kernel<T, M>, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m,
              lpr_log2, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();

@@ -468,8 +468,8 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
   if (n_tokens == 0) return;
   constexpr int kWarps = 4;
   const size_t smem = (size_t)kWarps * r.n_expert * sizeof(float);
-  launch_pdl(route_kernel, (unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream, 
-      logits, n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, ids, weights);
+  launch_pdl(route_kernel, (unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream, logits,
+             n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, ids, weights);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
