@@ -18,6 +18,9 @@
 //   norm:    a chain of launches each reading the 2048 floats the launch before wrote, summing their squares
 //            across the block (shuffles, shared memory, a barrier) and writing its slice of them scaled, as
 //            a decode norm does: its time less the chain floor is what a norm's chain costs by itself.
+//            Then the model's own norm (ops.h add_rmsnorm_q8 on a row of 2048) in a chain of itself, with and
+//            without its residual add and its q8_1 output: what of the norm's time in a decode step is its
+//            own body.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -25,6 +28,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+
+#include "backend/cuda/ops.h"
 
 namespace {
 
@@ -374,6 +379,27 @@ int main() {
   std::printf("| float sums | 1 x 256 | %.2f |\n", norm_chain<float, 256>(1, na, nb, s));
   std::printf("| float sums | 8 x 256 | %.2f |\n", norm_chain<float, 256>(8, na, nb, s));
   std::printf("| float sums | %d x 128 | %.2f |\n", 128, norm_chain<float, 128>(128, na, nb, s));
+  float *nd = nullptr, *nw = nullptr;
+  int8_t* nq = nullptr;
+  float2* nds = nullptr;
+  CHECK(cudaMalloc(&nd, kNormN * sizeof(float)));
+  CHECK(cudaMalloc(&nw, kNormN * sizeof(float)));
+  CHECK(cudaMalloc(&nq, kNormN));
+  CHECK(cudaMalloc(&nds, kNormN / 32 * sizeof(float2)));
+  CHECK(cudaMemset(nd, 0, kNormN * sizeof(float)));  // x += 0: the chain keeps its values
+  for (float* p : {na, nb, nw}) CHECK(cudaMemset(p, 0x3f, kNormN * sizeof(float)));  // 0.747 each
+  for (const bool add : {true, false})
+    for (const bool q8 : {true, false})
+      std::printf("| add_rmsnorm_q8%s%s | 1 x 1024 | %.2f |\n", add ? ", x += d" : "", q8 ? ", q8_1 out" : "",
+                  graph_us(s, [&](int i) {
+                    xpert::cuda::add_rmsnorm_q8(add ? nd : nullptr, i % 2 ? nb : na, kNormN, nw,
+                                                i % 2 ? na : nb, kNormN, 1, kNormN, 1e-6f, q8 ? nq : nullptr,
+                                                q8 ? nds : nullptr, s);
+                  }));
+  CHECK(cudaFree(nd));
+  CHECK(cudaFree(nw));
+  CHECK(cudaFree(nq));
+  CHECK(cudaFree(nds));
   CHECK(cudaFree(na));
   CHECK(cudaFree(nb));
 

@@ -239,14 +239,14 @@ int env_variant(const char* name, int dflt, int a, int b) {
   return v == a || v == b ? v : dflt;
 }
 
-// One decode token's top-k by the router's whole last block (route_token_block) where it counts at most 64
-// ranks a thread (up to 128 experts); XPERT_BLOCK_ROUTE=0: by one warp (route_token), to compare. H200
-// tg128 in one call, block / warp: qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s; qwen3.5-35b-a3b
-// (256 experts, 256 ranks a thread) 340 / 349: the warp's serial top-k wins there, so it keeps it.
-// XPERT_BLOCK_ROUTE=2: the block's two-phase ranking wherever it fits, 256 experts too (an experiment,
-// not yet measured).
+// One decode token's top-k by the router's whole last block in two phases (route_token_block<.., true>)
+// wherever it fits. XPERT_BLOCK_ROUTE=1: the one-phase block ranking where it counts at most 64 ranks a
+// thread (up to 128 experts), else one warp; =0: one warp (route_token) always, to compare. H200 tg128 in
+// one call: one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s,
+// qwen3.5-35b-a3b (256 ranks a thread) 340 / 349; two-phase / one-phase (2026-12-01), qwen3-30b-a3b
+// 458.0 / 457.3 and 461.5 / 457.2, qwen3.5-35b-a3b (two-phase / warp) 411.2 / 404.9 and 422.5 / 403.3.
 RouteForm route_form_from_env() {
-  static const int v = env_variant("XPERT_BLOCK_ROUTE", 1, 0, 2);
+  static const int v = env_variant("XPERT_BLOCK_ROUTE", 2, 0, 1);
   return v == 0 ? RouteForm::warp : v == 2 ? RouteForm::two_phase : RouteForm::block;
 }
 

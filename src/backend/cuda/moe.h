@@ -42,8 +42,8 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // (where the expert tables put the shared expert) with weight sigmoid(x . shared_gate); ids and weights
 // are then [n_tokens][k + 1].
 // `form` picks how one token's top k is found (the same result every way): automatic is the block's
-// ranking up to 128 experts and one warp's serial top-k past it (XPERT_BLOCK_ROUTE=0: the warp always;
-// =2: the block's two-phase ranking wherever it fits, an experiment); tests name the others.
+// two-phase ranking wherever it fits (XPERT_BLOCK_ROUTE=0: one warp's serial top-k always; =1: the
+// one-phase block ranking up to 128 experts, the warp past it); tests name the others.
 enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,

