@@ -21,6 +21,10 @@
 //            Then the model's own norm (ops.h add_rmsnorm_q8 on a row of 2048) in a chain of itself, with and
 //            without its residual add and its q8_1 output: what of the norm's time in a decode step is its
 //            own body.
+//   q6k:     a one-row product with Q6_K weights as the file stores them (210-byte blocks, 2-byte aligned,
+//            each 16-byte piece from five 4-byte loads) against the device layout (weight_layout.h: field
+//            by field, each piece one aligned load; dev::row_at), the same arithmetic (dev::Dot<Q6_K>::mul):
+//            what the blocks' alignment costs the decode dot. An output head's shape and MoE down rows'.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -29,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/ops.h"
 
 namespace {
@@ -291,6 +296,48 @@ float norm_chain(int blocks, float* a, float* b, cudaStream_t s) {
   });
 }
 
+// ------------------------------------------------------------------------------------------ q6k
+// One row per 32 >> lpr_log2 lanes, as matmul_decode.cu's matvec_kernel; kPlanar: blocks stored field by
+// field.
+template <bool kPlanar>
+__global__ void __launch_bounds__(128)
+    q6k_kernel(const uint8_t* w, int64_t rows, int nc, xpert::cuda::dev::ActView a, float* y, int lpr_log2) {
+  using D = xpert::cuda::dev::Dot<xpert::DType::Q6_K>;
+  wait_then_trigger();
+  const int lpr = 1 << lpr_log2, lane = threadIdx.x & 31, sub = lane & (lpr - 1);
+  const int64_t r = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
+  if (r >= rows) return;
+  const int nb = nc / 8;
+  float acc[1] = {0.0f};
+  for (int c = sub; c < nc; c += lpr) {
+    D::Raw raw;
+    if constexpr (kPlanar) {
+      raw = D::load(xpert::cuda::dev::row_at<xpert::DType::Q6_K>(w, r, rows, (size_t)nb * 210), c);
+    } else {  // the blocks as the file stores them: 16-byte pieces from 2-byte aligned addresses
+      const uint8_t* blk = w + ((size_t)r * nb + (c >> 3)) * 210;
+      const int c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
+      raw.ql = xpert::cuda::dev::ld_u128_a2(blk + 64 * c6 + 32 * ga + 16 * h);
+      raw.qh = xpert::cuda::dev::ld_u128_a2(blk + 128 + 32 * c6 + 16 * h);
+      raw.sc0 = xpert::cuda::dev::ld_s8(blk + 192 + 8 * c6 + 2 * ga + h);
+      raw.sc1 = xpert::cuda::dev::ld_s8(blk + 196 + 8 * c6 + 2 * ga + h);
+      raw.d = xpert::cuda::dev::ld_u16(blk + 208);
+    }
+    D::mul<1>(raw, c, a, 1, acc);
+  }
+  for (int off = lpr >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
+  if (sub == 0) y[r] = acc[0];
+}
+
+float q6k_us(bool planar, const uint8_t* w, int64_t rows, int k, const int8_t* xq, const float2* xds,
+             float* y, cudaStream_t s) {
+  const int nc = k / 32, lpr_log2 = nc >= 64 ? 5 : nc >= 32 ? 4 : 3;
+  const xpert::cuda::dev::ActView a{xq, xds, k};
+  const unsigned grid = (unsigned)((rows + 4 * (32 >> lpr_log2) - 1) / (4 * (32 >> lpr_log2)));
+  return graph_us(s, [&](int) {
+    launch(planar ? q6k_kernel<true> : q6k_kernel<false>, grid, 128, 0, true, s, w, rows, nc, a, y, lpr_log2);
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -402,6 +449,34 @@ int main() {
   CHECK(cudaFree(nds));
   CHECK(cudaFree(na));
   CHECK(cudaFree(nb));
+
+  {  // q6k: 151936 x 2048 (an output head, 255 MB) and 131072 x 512 rows (MoE down rows, 55 MB)
+    const size_t bytes = (size_t)151936 * 8 * 210;
+    uint8_t* w = nullptr;
+    int8_t* xq = nullptr;
+    float2* xds = nullptr;
+    float* y = nullptr;
+    CHECK(cudaMalloc(&w, bytes));
+    CHECK(cudaMemset(w, 0x11, bytes));
+    CHECK(cudaMalloc(&xq, 2048));
+    CHECK(cudaMemset(xq, 3, 2048));
+    CHECK(cudaMalloc(&xds, 64 * sizeof(float2)));
+    CHECK(cudaMemset(xds, 0x3c, 64 * sizeof(float2)));
+    CHECK(cudaMalloc(&y, 151936 * sizeof(float)));
+    std::printf(
+        "\n| Q6_K one-row product | blocks as stored us (GB/s) | field by field us (GB/s) "
+        "|\n|---|---:|---:|\n");
+    for (const auto& [rows, k] : {std::pair<int64_t, int>{151936, 2048}, {131072, 512}}) {
+      const double gb = (double)rows * (k / 256) * 210 / 1e9;
+      const float a = q6k_us(false, w, rows, k, xq, xds, y, s), b = q6k_us(true, w, rows, k, xq, xds, y, s);
+      std::printf("| %lld x %d | %.1f (%.0f) | %.1f (%.0f) |\n", (long long)rows, k, a, gb / a * 1e6, b,
+                  gb / b * 1e6);
+    }
+    CHECK(cudaFree(w));
+    CHECK(cudaFree(xq));
+    CHECK(cudaFree(xds));
+    CHECK(cudaFree(y));
+  }
 
   CHECK(cudaFree(gate));
   CHECK(cudaFree(up));

@@ -20,6 +20,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/weight_layout.h"
 #include "base/error.h"
 #include "quant/quant.h"
 
@@ -37,8 +38,9 @@ std::vector<float> random_values(size_t n, uint64_t seed) {
   return v;
 }
 
-// n rows of k: 64 distinct quantized rows tiled (quantizing GBs with the reference quantizers is slow).
-DeviceBuffer make_weights(DType t, int64_t n, int64_t k, int copies = 1) {
+// n rows of k: 64 distinct quantized rows tiled (quantizing GBs with the reference quantizers is slow), in
+// the device layout of matrices of `rows` rows (default n).
+DeviceBuffer make_weights(DType t, int64_t n, int64_t k, int copies = 1, int64_t rows = 0) {
   const size_t rb = row_bytes(t, k);
   std::vector<uint8_t> pool(rb * 64);
   const std::vector<float> src = random_values((size_t)(64 * k), 42);
@@ -46,7 +48,9 @@ DeviceBuffer make_weights(DType t, int64_t n, int64_t k, int copies = 1) {
   std::vector<uint8_t> w(rb * n);
   for (int64_t j = 0; j < n; ++j) std::memcpy(w.data() + j * rb, pool.data() + (j * 7 % 64) * rb, rb);
   DeviceBuffer d(w.size() * copies);
-  for (int c = 0; c < copies; ++c) d.upload(w.data(), w.size(), w.size() * c);
+  for (int c = 0; c < copies; ++c)
+    upload_weights(d.as<uint8_t>() + w.size() * c, w.data(), w.size(), t, k, rows ? rows : n, nullptr);
+  XPERT_CUDA_CHECK(cudaDeviceSynchronize());
   return d;
 }
 
@@ -203,8 +207,8 @@ int main(int argc, char** argv) {
     const int64_t D = 2048, F = 768, E = 128, K = 8;
     const DType gu = DType::Q4_K, dn = DType::Q6_K;
     const size_t gbytes = row_bytes(gu, D) * F, dbytes = row_bytes(dn, F) * D;
-    DeviceBuffer gate = make_weights(gu, F * E, D), up = make_weights(gu, F * E, D),
-                 down = make_weights(dn, D * E, F);
+    DeviceBuffer gate = make_weights(gu, F * E, D, 1, F), up = make_weights(gu, F * E, D, 1, F),
+                 down = make_weights(dn, D * E, F, 1, D);
     const std::vector<bool> all(E, true);
     DeviceBuffer tg(E * 8), tu(E * 8), td(E * 8);
     tg.upload(expert_table(gate.data(), gbytes, all).data(), E * 8);

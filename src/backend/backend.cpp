@@ -144,6 +144,8 @@ void Arena::reset() {
   used_ = 0;
 }
 
+void Backend::upload_weight(void* dst, const Weight& w) { copy_from_host(dst, w.data, w.n_bytes); }
+
 void copy_between(Backend& from, const void* src, Backend& to, void* dst, size_t bytes) {
   if (&from == &to) return to.copy(dst, src, bytes);
   if (from.is_host()) return to.copy_from_host(dst, src, bytes);

@@ -50,6 +50,9 @@ class Backend {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this device
+  // Weight w (w.data in host memory) into dst, this device's allocation of w.n_bytes, in the layout this
+  // device's kernels read (a GPU may lay a type out otherwise than the file: CUDA's Q6_K).
+  virtual void upload_weight(void* dst, const Weight& w);
   virtual void synchronize() {}
   // Bytes free for new allocations (a GPU's free memory; the CPU says 0 = unknown).
   virtual size_t free_memory() const { return 0; }

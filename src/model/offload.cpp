@@ -48,7 +48,7 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
   auto upload = [&](Weight& w) {
     if (!w || !w.n_bytes) return;
     DeviceBuffer buf(*dev, w.n_bytes);
-    dev->copy_from_host(buf.data(), w.data, w.n_bytes);
+    dev->upload_weight(buf.data(), w);
     w.data = buf.data();
     total += w.n_bytes;
     dev_mem_.push_back(std::move(buf));
@@ -140,7 +140,7 @@ size_t Model::move_experts(std::span<const ExpertMove> moves) {
     auto fill = [&](int32_t from) {
       for (int i = 0; i < 3; ++i) {
         const Weight src = expert_matrix(*host[i], from);
-        dev_->copy_from_host(const_cast<void*>((*dev[i])[m.evict]), src.data, src.n_bytes);
+        dev_->upload_weight(const_cast<void*>((*dev[i])[m.evict]), src);
       }
       dev_->synchronize();
     };

@@ -10,12 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/test_data.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/weight_layout.h"
 #include "base/error.h"
 #include "quant/quant.h"
-#include "../unit/test_data.h"
 
 namespace xpert::cudatest {
 
@@ -36,6 +37,15 @@ template <class T>
 cuda::DeviceBuffer to_device(const std::vector<T>& v) {
   cuda::DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 1));
   if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+// Weights (whole matrices of `rows` rows of row_len values) as the kernels read them (weight_layout.h).
+inline cuda::DeviceBuffer weights_to_device(const std::vector<uint8_t>& w, DType t, int64_t row_len,
+                                            int64_t rows) {
+  cuda::DeviceBuffer b(std::max<size_t>(w.size(), 1));
+  cuda::upload_weights(b.data(), w.data(), w.size(), t, row_len, rows, nullptr);
+  XPERT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return b;
 }
 

@@ -79,7 +79,7 @@ TEST_P(CudaMatmul, MatchesReference) {
   for (const Shape& s : kShapes) {
     if (!block_fits(t, s.k)) continue;
     const std::vector<uint8_t> w = cudatest::random_weights(t, s.n, s.k, 1234 + s.k + s.n);
-    cuda::DeviceBuffer w_dev = to_device(w);
+    cuda::DeviceBuffer w_dev = cudatest::weights_to_device(w, t, s.k, s.n);
     const auto rows = checked_rows(s.n);
     const size_t rb = row_bytes(t, s.k);
     std::vector<double> w_norm((size_t)s.n, 0.0);
@@ -187,7 +187,8 @@ TEST(CudaMatmulPrepared, MultiIsEachAlone) {
       std::vector<cuda::MatmulOut> outs;
       for (size_t j = 0; j < ns.size(); ++j) {
         const int64_t ldy = ns[j] + 5;
-        w.push_back(to_device(cudatest::random_weights(t, ns[j], k, 300 + (uint32_t)j)));
+        w.push_back(cudatest::weights_to_device(cudatest::random_weights(t, ns[j], k, 300 + (uint32_t)j), t,
+                                                k, ns[j]));
         y_multi.emplace_back((size_t)(m * ldy) * 4);
         y_one.emplace_back((size_t)(m * ldy) * 4);
         XPERT_CUDA_CHECK(cudaMemset(y_multi.back().data(), 0, y_multi.back().bytes()));
@@ -204,47 +205,34 @@ TEST(CudaMatmulPrepared, MultiIsEachAlone) {
     }
 }
 
-// The output head's form of the one-row product (a few blocks an SM walking the rows; XPERT_HEAD_STREAM=1)
-// is the bits of the regular one: a vocabulary-sized matrix with a partial last group of rows, and two
-// matrices in one launch, for a block type, Q6_K (the heads of Q4_K_M files) and a float type.
-TEST(CudaMatmulPrepared, HeadStreamIsMatvec) {
+// Q6_K lies field by field on the device (weight_layout.h), matrix by matrix; other types as stored. The
+// upload from the host and the conversion of data already on the device give the same bytes.
+TEST(CudaWeightLayout, Q6KFieldByField) {
   XPERT_REQUIRE_GPU();
-  cuda::Stream stream;
-  const int64_t k = 2048;
-  for (DType t : {DType::Q6_K, DType::Q4_K, DType::F16}) {
-    SCOPED_TRACE(dtype_name(t));
-    const std::vector<float> x = cudatest::random_values((size_t)k, 31);
-    cuda::DeviceBuffer x_dev = to_device(x);
-    const cuda::ActFormat f = cuda::activation_format(t, 1);
-    cuda::DeviceBuffer act(cuda::activation_bytes(f, 1, k));
-    const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, 1, k, act.data(), stream);
-    for (const std::vector<int64_t>& ns : {std::vector<int64_t>{70001}, std::vector<int64_t>{65536, 999}}) {
-      cuda::detail::MatvecOuts o;
-      std::vector<cuda::DeviceBuffer> w, y_stream, y_plain;
-      for (size_t j = 0; j < ns.size(); ++j) {
-        w.push_back(to_device(cudatest::random_weights(t, ns[j], k, 500 + (uint32_t)j)));
-        y_stream.emplace_back((size_t)ns[j] * 4);
-        y_plain.emplace_back((size_t)ns[j] * 4);
-        o.w[j] = w.back().data();
-        o.end[j] = (j ? o.end[j - 1] : 0) + ns[j];
-        o.ldy[j] = ns[j];
-        ++o.count;
-      }
-      cuda::detail::MatvecOuts plain = o;
-      for (size_t j = 0; j < ns.size(); ++j) {
-        o.y[j] = y_stream[j].as<float>();
-        plain.y[j] = y_plain[j].as<float>();
-        XPERT_CUDA_CHECK(cudaMemset(o.y[j], 0xff, (size_t)ns[j] * 4));  // NaN: a row left unwritten shows
-      }
-      cuda::detail::launch_matvec_stream(t, o, a, stream);
-      cuda::detail::launch_matvec(t, plain, a, stream);
-      stream.sync();
-      for (size_t j = 0; j < ns.size(); ++j)
-        EXPECT_EQ(from_device<float>(y_stream[j], (size_t)ns[j]),
-                  from_device<float>(y_plain[j], (size_t)ns[j]))
-            << "output " << j << " of " << ns.size();
+  const int64_t k = 512, rows = 8, mats = 3, nb = k / 256, n = rows * nb;  // 16 blocks a matrix
+  const std::vector<uint8_t> w = cudatest::random_weights(DType::Q6_K, rows * mats, k, 91);
+  ASSERT_EQ(w.size(), (size_t)(mats * n * 210));
+  std::vector<uint8_t> want(w.size());
+  for (int64_t m = 0; m < mats; ++m)
+    for (int64_t b = 0; b < n; ++b) {
+      const uint8_t* src = w.data() + (m * n + b) * 210;
+      uint8_t* mat = want.data() + m * n * 210;
+      std::memcpy(mat + b * 128, src, 128);
+      std::memcpy(mat + n * 128 + b * 64, src + 128, 64);
+      std::memcpy(mat + n * 192 + b * 16, src + 192, 16);
+      std::memcpy(mat + n * 208 + b * 2, src + 208, 2);
     }
-  }
+  EXPECT_EQ(from_device<uint8_t>(cudatest::weights_to_device(w, DType::Q6_K, k, rows), w.size()), want);
+  cuda::DeviceBuffer raw = to_device(w), conv(w.size());
+  cuda::to_device_layout(conv.data(), raw.data(), w.size(), DType::Q6_K, k, rows, nullptr);
+  EXPECT_EQ(from_device<uint8_t>(conv, w.size()), want);
+  // Other types keep the file's bytes.
+  const std::vector<uint8_t> q4 = cudatest::random_weights(DType::Q4_K, rows, k, 92);
+  EXPECT_EQ(from_device<uint8_t>(cudatest::weights_to_device(q4, DType::Q4_K, k, rows), q4.size()), q4);
+  // Back-to-back matrices that would not start 16-byte aligned, and bytes that are not whole matrices.
+  const std::vector<uint8_t> odd = cudatest::random_weights(DType::Q6_K, 3 * 3, 256, 93);
+  EXPECT_THROW(cudatest::weights_to_device(odd, DType::Q6_K, 256, 3), Error);
+  EXPECT_THROW(cudatest::weights_to_device(w, DType::Q6_K, k, 5), Error);
 }
 
 TEST(CudaMatmulErrors, UnsupportedTypeAndShape) {
@@ -265,7 +253,7 @@ TEST_P(CudaGetRows, EqualsDequantizeRow) {
     const int64_t n_rows = 300;
     const std::vector<uint8_t> table = cudatest::random_weights(t, n_rows, k, 31 + k, 300);
     const std::vector<int32_t> ids = {0, 299, 17, 17, 150, -1, 300, 42};  // repeats and two out of range
-    cuda::DeviceBuffer table_dev = to_device(table), ids_dev = to_device(ids);
+    cuda::DeviceBuffer table_dev = cudatest::weights_to_device(table, t, k, n_rows), ids_dev = to_device(ids);
     const int64_t ldo = k + 4;
     cuda::DeviceBuffer out((size_t)(ids.size() * ldo) * 4);
     cuda::get_rows(t, table_dev.data(), n_rows, k, ids_dev.as<int32_t>(), (int64_t)ids.size(),

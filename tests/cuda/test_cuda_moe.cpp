@@ -187,9 +187,9 @@ struct Layer {
     lw.ffn_up_exps = weight(gu, up.data(), D, F, E, up.size());
     lw.ffn_down_exps = weight(dn, down.data(), F, D, E, down.size());
     router_dev = to_device(router);
-    gate_dev = to_device(gate);
-    up_dev = to_device(up);
-    down_dev = to_device(down);
+    gate_dev = cudatest::weights_to_device(gate, gu, D, F);
+    up_dev = cudatest::weights_to_device(up, gu, D, F);
+    down_dev = cudatest::weights_to_device(down, dn, F, D);
   }
 
   // Device tables of the resident experts.

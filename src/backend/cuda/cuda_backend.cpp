@@ -22,6 +22,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/trace.h"
+#include "backend/cuda/weight_layout.h"
 #include "backend/stream_share.h"
 #include "base/background_job.h"
 #include "base/error.h"
@@ -35,6 +36,8 @@
 
 namespace xpert {
 namespace {
+
+constexpr size_t align16(size_t bytes) { return (bytes + 15) & ~(size_t)15; }
 
 // Batches of at least this many tokens stream a split layer's host experts to the GPU (see moe_split);
 // measured on an H200 host (docs/PERF.md).
@@ -189,6 +192,10 @@ class CudaBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     touch();
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
+  }
+  void upload_weight(void* dst, const Weight& w) override {
+    touch();
+    cuda::upload_weights(dst, w.data, w.n_bytes, w.type, w.ne[0], w.ne[1], s());
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
@@ -746,9 +753,11 @@ class CudaBackend final : public Backend {
     std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return rows[a] > rows[b]; });
     const LayerWeights& hw = *lw.split->host;
     const Weight* mats[3] = {&hw.ffn_gate_exps, &hw.ffn_up_exps, &hw.ffn_down_exps};
-    size_t per_expert = 0;
+    size_t per_expert = 0, staged = 0;  // staged: the largest matrix converted on the device
     for (const Weight* w : mats) {
-      per_expert += row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
+      const size_t matrix = row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
+      per_expert += align16(matrix);
+      if (cuda::device_layout_differs(w->type)) staged = std::max(staged, matrix);
       pins_.pin(w->data, row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1] * (size_t)w->ne[2]);
     }
     size_t n_copy = used.size();
@@ -796,6 +805,10 @@ class CudaBackend final : public Backend {
       synchronize();
       stream_buf_ = DeviceBuffer(*this, (size_t)X * per_expert);  // a whole layer: every later batch fits
     }
+    if (staged > layout_stage_.bytes()) {
+      synchronize();
+      layout_stage_.reserve(staged);
+    }
     auto* table = static_cast<const void**>(stream_table_.get(3 * X * sizeof(void*), s()));
     auto* dst = static_cast<uint8_t*>(stream_buf_.data());
     const std::vector<const void*>* resident[3] = {&lw.split->gate, &lw.split->up, &lw.split->down};
@@ -807,10 +820,16 @@ class CudaBackend final : public Backend {
         } else if (copied[i]) {
           const Weight ex = expert_matrix(*mats[m], i);
           p = dst;
+          // A type the device lays out otherwise (weight_layout.h) goes through a staging buffer.
+          const bool convert = cuda::device_layout_differs(ex.type);
+          auto* to = convert ? static_cast<uint8_t*>(layout_stage_.data()) : dst;
           pins_.for_each_piece(ex.data, ex.n_bytes, [&](const void* src, size_t bytes) {
-            XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
-            dst += bytes;
+            XPERT_CUDA_CHECK(cudaMemcpyAsync(to, src, bytes, cudaMemcpyHostToDevice, s()));
+            to += bytes;
           });
+          if (convert)
+            cuda::to_device_layout(dst, layout_stage_.data(), ex.n_bytes, ex.type, ex.ne[0], ex.ne[1], s());
+          dst += align16(ex.n_bytes);  // each matrix 16-byte aligned, as weight_layout.h's readers want
         }
         table[m * X + i] = p;
       }
@@ -1086,6 +1105,7 @@ class CudaBackend final : public Backend {
   std::string host_error_;
   cuda::HostPins pins_;
   DeviceBuffer stream_buf_;
+  cuda::DeviceBuffer layout_stage_;  // a host expert matrix on its way into the device layout
   Prepared prepared_;
   DeviceBuffer prep_buf_;
   DeviceBuffer router_done_;  // moe_router's block counter

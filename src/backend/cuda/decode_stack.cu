@@ -130,7 +130,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 template <DType T>
-__device__ __forceinline__ float dot_chunks(const uint8_t* row, int64_t k, const SharedAct& a, int sub,
+__device__ __forceinline__ float dot_chunks(const dev::row_t<T>& row, int64_t k, const SharedAct& a, int sub,
                                             int lanes) {
   const int nc = (int)(k / Dot<T>::kElems);
   float acc[1] = {0.0f};
@@ -138,11 +138,13 @@ __device__ __forceinline__ float dot_chunks(const uint8_t* row, int64_t k, const
   return acc[0];
 }
 
-// This lane's part of row . a (lanes `lanes`, this one `sub`); the caller adds the lanes' parts.
-__device__ __noinline__ float row_part(int t, const uint8_t* row, int64_t k, SharedAct a, int sub,
-                                       int lanes) {
+// This lane's part of row r (of a matrix w of `rows` rows, rb bytes each as the file stores them) . a
+// (lanes `lanes`, this one `sub`); the caller adds the lanes' parts.
+__device__ __noinline__ float row_part(int t, const void* w, int r, int rows, size_t rb, int64_t k,
+                                       SharedAct a, int sub, int lanes) {
   float v = 0.0f;
-  dev::dispatch_quant_type((DType)t, [&]<DType T>() { v = dot_chunks<T>(row, k, a, sub, lanes); });
+  dev::dispatch_quant_type(
+      (DType)t, [&]<DType T>() { v = dot_chunks<T>(dev::row_at<T>(w, r, rows, rb), k, a, sub, lanes); });
   return v;
 }
 
@@ -291,14 +293,9 @@ __device__ void phase_qkv(const Ctx& c, const StackLayer& L) {
     const bool ok = r < n, iq = r < qd, ik = !iq && r < qd + kvd;
     const int t = iq ? L.tq : ik ? L.tk : L.tv;
     const int row = iq ? r : ik ? r - qd : r - qd - kvd;
-    const uint8_t* w = static_cast<const uint8_t*>(iq   ? L.wq
-                                                   : ik ? L.wk
-                                                        : L.wv) +
-                       (size_t)(iq   ? L.rq
-                                : ik ? L.rk
-                                     : L.rv) *
-                           row;
-    const float v = d.reduce(ok ? row_part(t, w, E, a, d.sub, d.lpr) : 0.0f);
+    const void* w = iq ? L.wq : ik ? L.wk : L.wv;
+    const size_t rb = iq ? L.rq : ik ? L.rk : L.rv;
+    const float v = d.reduce(ok ? row_part(t, w, row, iq ? qd : kvd, rb, E, a, d.sub, d.lpr) : 0.0f);
     if (ok && d.sub == 0) (iq ? c.p.w.q : ik ? c.p.w.k : c.p.w.v)[row] = v;
   }
   sub_mark(c.p, 13);
@@ -468,8 +465,7 @@ __device__ void phase_out(const Ctx& c, const StackLayer& L) {
   for (int base = d.slot - d.slot % (32 / d.lpr); base < E; base += d.slots) {
     const int r = base + d.slot % (32 / d.lpr);
     const bool ok = r < E;
-    const float v =
-        d.reduce(ok ? row_part(L.to, static_cast<const uint8_t*>(L.wo) + rb * r, qd, a, d.sub, d.lpr) : 0.0f);
+    const float v = d.reduce(ok ? row_part(L.to, L.wo, r, E, rb, qd, a, d.sub, d.lpr) : 0.0f);
     if (ok && d.sub == 0) c.p.x[r] = __ldcg(c.p.x + r) + v;
   }
   if (threadIdx.x == 0) {
@@ -578,8 +574,9 @@ __device__ void phase_gate_up(const Ctx& c, const StackLayer& L) {
   for (int base = d.slot - group; base < 2 * K * F; base += d.slots) {
     const int r = base + group, t = r / 2, j = t / F, f = t % F;
     const bool ok = r < 2 * K * F, up = r & 1;
-    const uint8_t* w = up ? sl.up[j] + ru * f : sl.gate[j] + rg * f;
-    const float v = d.reduce(ok ? row_part(up ? L.tu : L.tg, w, E, a, d.sub, d.lpr) : 0.0f);
+    const float v = d.reduce(
+        ok ? row_part(up ? L.tu : L.tg, up ? sl.up[j] : sl.gate[j], f, F, up ? ru : rg, E, a, d.sub, d.lpr)
+           : 0.0f);
     const float u = __shfl_down_sync(kFull, v, d.lpr);
     if (ok && !up && d.sub == 0) c.p.w.h[t] = v / (1.0f + expf(-v)) * u;
   }
@@ -603,7 +600,7 @@ __device__ void phase_down(const Ctx& c, const StackLayer& L, const StackLayer* 
   const SharedAct a{c.q() + (int64_t)min(j, K - 1) * F, c.ds() + (int64_t)min(j, K - 1) * (F / 32), F};
   const int n_warps = (int)gridDim.x * kWarps;
   for (int r = (int)blockIdx.x * kWarps + (int)threadIdx.x / 32; r < E; r += n_warps) {
-    float v = j < K ? row_part(L.td, w + rb * r, F, a, sub, lps) : 0.0f;
+    float v = j < K ? row_part(L.td, w, r, E, rb, F, a, sub, lps) : 0.0f;
     for (int off = lps / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
     float sum = 0.0f;
     for (int jj = 0; jj < K; ++jj) sum += wts[jj] * __shfl_sync(kFull, v, jj * lps);

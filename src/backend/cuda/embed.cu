@@ -16,7 +16,7 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ table, int64_t n_row
   const int64_t id = ids[blockIdx.y];
   float v[32];
   if (id >= 0 && id < n_rows) {
-    dev::Deq<T>::dequant(dev::Deq<T>::load(table + (size_t)id * row_bytes, g), v);
+    dev::Deq<T>::dequant(dev::Deq<T>::load(dev::row_at<T>(table, id, n_rows, row_bytes), g), v);
   } else {
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = 0.0f;

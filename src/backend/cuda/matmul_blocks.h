@@ -4,14 +4,17 @@
 //            acc[]. Weights are read straight from global memory (no shared-memory round trip).
 //   Deq<T>:  the dequantizing view. load() fetches the raw bytes of 32 consecutive elements (group g of
 //            a row), dequant() turns them into 32 floats (prefill tiles, embedding rows).
-// Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned; ld_u128_a2 reads 16 bytes from such an
-// address with aligned 4-byte loads and funnel shifts.
+// Blocks of 18, 22 and 34 bytes are only 2-byte aligned; ld_u128_a2 reads 16 bytes from such an address
+// with aligned 4-byte loads and funnel shifts. Q6_K's 210-byte blocks are stored field by field on the
+// device instead (weight_layout.h): a reader takes a row through row_at<T>, not a pointer into the file's
+// blocks.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "backend/cuda/launch.cuh"
 #include "quant/blocks.h"
 #include "quant/dtype.h"
 
@@ -39,24 +42,6 @@ __device__ __forceinline__ uint4 ld_u128_a2(const uint8_t* p) {
   const uint32_t w4 = __ldg(w + (sh ? 4 : 3));  // aligned: never touch the word past the data
   return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
                     __funnelshift_r(w3, w4, sh));
-}
-// 16 bytes at p, whose address is o (even) past a 16-byte boundary, from the one or two aligned 16-byte
-// loads that hold them (fewer load instructions than ld_u128_a2's five; the second is skipped when o is 0,
-// so nothing past the data is touched), the words picked by selects rather than a local array.
-__device__ __forceinline__ uint4 ld_u128_off(const uint8_t* p, uint32_t o) {
-  const uint4* q = reinterpret_cast<const uint4*>(p - o);
-  const uint4 lo = __ldg(q), hi = o ? __ldg(q + 1) : lo;
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  const uint32_t k = o >> 2, sh = (o & 2) * 8;
-  uint32_t v[5];
-#pragma unroll
-  for (int j = 0; j < 5; ++j) {  // v[j] = w[k + j]
-    const uint32_t a0 = (k & 1) ? w[j + 1] : w[j];
-    const uint32_t a1 = (k & 1) ? w[j + 3] : w[j + 2];
-    v[j] = (k & 2) ? a1 : a0;
-  }
-  return make_uint4(__funnelshift_r(v[0], v[1], sh), __funnelshift_r(v[1], v[2], sh),
-                    __funnelshift_r(v[2], v[3], sh), __funnelshift_r(v[3], v[4], sh));
 }
 // 4 bytes at a 2-byte aligned address.
 __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t* p) {
@@ -94,6 +79,50 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t 
     const uint32_t b = scale_byte(s0, s1, s2, j + 4);
     sc = (float)((b & 0xF) | ((scale_byte(s0, s1, s2, j - 4) >> 6) << 4));
     mn = (float)((b >> 4) | ((scale_byte(s0, s1, s2, j) >> 6) << 4));
+  }
+}
+
+// ------------------------------------------------------------------------------------------- rows
+// Row r of a device matrix of `rows` rows (row_bytes as the file stores them): a pointer to its blocks, or
+// for Q6_K (weight_layout.h: every block's ql, then every block's qh, scales and d) its four fields.
+struct Q6Row {
+  const uint8_t *ql, *qh, *sc, *d;  // ql and qh 16-byte aligned (weight_layout.h makes every matrix so)
+};
+template <DType T>
+struct RowOf {
+  using type = const uint8_t*;
+  __device__ static type at(const uint8_t* w, int64_t r, int64_t, size_t row_bytes) {
+    return w + (size_t)r * row_bytes;
+  }
+};
+template <>
+struct RowOf<DType::Q6_K> {
+  using type = Q6Row;
+  __device__ static type at(const uint8_t* w, int64_t r, int64_t rows, size_t row_bytes) {
+    const int64_t nb = (int64_t)(row_bytes / 210), n = rows * nb, b0 = r * nb;
+    return {w + b0 * 128, w + n * 128 + b0 * 64, w + n * 192 + b0 * 16, w + n * 208 + b0 * 2};
+  }
+};
+template <DType T>
+using row_t = typename RowOf<T>::type;
+template <DType T>
+__device__ __forceinline__ row_t<T> row_at(const void* w, int64_t r, int64_t rows, size_t row_bytes) {
+  return RowOf<T>::at(static_cast<const uint8_t*>(w), r, rows, row_bytes);
+}
+// Rows [r, r + n_rows) of a device matrix on their way into L2 (launch.cuh's prefetch_l2; per field for
+// Q6_K).
+template <DType T>
+__device__ __forceinline__ void prefetch_rows(const void* w, int64_t r, int64_t n_rows, int64_t rows,
+                                              size_t row_bytes) {
+  if constexpr (T == DType::Q6_K) {
+    const Q6Row q = row_at<T>(w, r, rows, row_bytes);
+    const size_t nb = row_bytes / 210;
+    prefetch_l2(q.ql, n_rows * nb * 128);
+    prefetch_l2(q.qh, n_rows * nb * 64);
+    prefetch_l2(q.sc, n_rows * nb * 16);
+    prefetch_l2(q.d, n_rows * nb * 2);
+  } else {
+    prefetch_l2(static_cast<const uint8_t*>(w) + (size_t)r * row_bytes, (size_t)n_rows * row_bytes);
   }
 }
 
@@ -297,7 +326,8 @@ template <>
 struct Dot<DType::Q5_K> : DotK45<true> {};
 
 // Q6_K chunk (c6, a, h): ql[64 c6 + 32 a + 16 h ..+16] holds elements 128 c6 + 32 g + 16 h + i for g = a
-// (low nibbles) and g = a + 2 (high nibbles); their top 2 bits are bits 2g of qh[32 c6 + 16 h + i].
+// (low nibbles) and g = a + 2 (high nibbles); their top 2 bits are bits 2g of qh[32 c6 + 16 h + i]. The
+// fields are read from a Q6Row: each 16-byte piece one aligned load (weight_layout.h).
 template <>
 struct Dot<DType::Q6_K> {
   static constexpr int kElems = 32;
@@ -306,16 +336,15 @@ struct Dot<DType::Q6_K> {
     int sc0, sc1;
     uint32_t d;
   };
-  __device__ static Raw load(const uint8_t* row, int c) {
-    const int c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
-    const uint8_t* b = row + (c >> 3) * 210;
+  __device__ static Raw load(const Q6Row& row, int c) {
+    const int blk = c >> 3, c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
     Raw r;
-    const uint32_t o = (uint32_t)(reinterpret_cast<uintptr_t>(b) & 15);  // ql's and qh's pieces share it
-    r.ql = ld_u128_off(b + 64 * c6 + 32 * ga + 16 * h, o);
-    r.qh = ld_u128_off(b + 128 + 32 * c6 + 16 * h, o);
-    r.sc0 = ld_s8(b + 192 + 8 * c6 + 2 * ga + h);
-    r.sc1 = ld_s8(b + 192 + 8 * c6 + 2 * (ga + 2) + h);
-    r.d = ld_u16(b + 208);
+    r.ql = ld_u128(row.ql + blk * 128 + 64 * c6 + 32 * ga + 16 * h);
+    r.qh = ld_u128(row.qh + blk * 64 + 32 * c6 + 16 * h);
+    const uint8_t* sc = row.sc + blk * 16 + 8 * c6 + 2 * ga + h;
+    r.sc0 = ld_s8(sc);
+    r.sc1 = ld_s8(sc + 4);
+    r.d = ld_u16(row.d + blk * 2);
     return r;
   }
   template <int M, class V = ActView>
@@ -410,7 +439,7 @@ struct Dot<DType::F32> {
 // load above this multiply. Each kernel picks its batch (measured on the H200: more is not better, registers
 // cost warps).
 template <DType T, int M, int kBatch, class V = ActView>
-__device__ __forceinline__ void dot_row(const uint8_t* row, int first, int step, int nc, const V& a, int m,
+__device__ __forceinline__ void dot_row(const row_t<T>& row, int first, int step, int nc, const V& a, int m,
                                         float (&acc)[M]) {
   for (int c0 = first; c0 < nc; c0 += kBatch * step) {
     typename Dot<T>::Raw r[kBatch];
@@ -549,19 +578,20 @@ struct Deq<DType::Q6_K> {
     uint32_t d;
     int g6;
   };
-  __device__ static Raw load(const uint8_t* row, int g) {
-    const uint8_t* b = row + (g >> 3) * 210;
-    const int c6 = (g >> 2) & 1, g6 = g & 3;
+  __device__ static Raw load(const Q6Row& row, int g) {
+    const int blk = g >> 3, c6 = (g >> 2) & 1, g6 = g & 3;
     Raw r;
     r.g6 = g6;
-    const uint8_t* ql = b + 64 * c6 + 32 * (g6 & 1);
-    r.l0 = ld_u128_a2(ql);
-    r.l1 = ld_u128_a2(ql + 16);
-    r.h0 = ld_u128_a2(b + 128 + 32 * c6);
-    r.h1 = ld_u128_a2(b + 128 + 32 * c6 + 16);
-    r.sc0 = ld_s8(b + 192 + 8 * c6 + 2 * g6);
-    r.sc1 = ld_s8(b + 192 + 8 * c6 + 2 * g6 + 1);
-    r.d = ld_u16(b + 208);
+    const uint8_t* ql = row.ql + blk * 128 + 64 * c6 + 32 * (g6 & 1);
+    const uint8_t* qh = row.qh + blk * 64 + 32 * c6;
+    r.l0 = ld_u128(ql);
+    r.l1 = ld_u128(ql + 16);
+    r.h0 = ld_u128(qh);
+    r.h1 = ld_u128(qh + 16);
+    const uint8_t* sc = row.sc + blk * 16 + 8 * c6 + 2 * g6;
+    r.sc0 = ld_s8(sc);
+    r.sc1 = ld_s8(sc + 1);
+    r.d = ld_u16(row.d + blk * 2);
     return r;
   }
   __device__ static void dequant(const Raw& r, float (&v)[32]) {

@@ -1,7 +1,6 @@
 // Decode products (few X rows): one weight row per group of lanes, W streamed once straight from global
 // memory in 16-byte pieces, each piece multiplied with every X row before the next is needed.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -34,9 +33,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int j = threadIdx.x;
     const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = (int64_t)blockIdx.x * rows;
     const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
-    if (lo < hi)
-      prefetch_l2(static_cast<const uint8_t*>(o.w[j]) + (size_t)(lo - begin) * row_bytes,
-                  (size_t)(hi - lo) * row_bytes);
+    if (lo < hi) dev::prefetch_rows<T>(o.w[j], lo - begin, hi - lo, o.end[j] - begin, row_bytes);
   }
   pdl_begin();
   constexpr int kActBytes = dev::is_quant(T) ? 1 : T == DType::F32 ? 4 : 2;
@@ -46,7 +43,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
   int j = 0;
   while (j + 1 < o.count && gr >= o.end[j]) ++j;
-  const int64_t row = gr - (j ? o.end[j - 1] : 0);
+  const int64_t begin = j ? o.end[j - 1] : 0, row = gr - begin;
   const bool have = gr < o.end[o.count - 1];
   const int sub = lane & (lpr - 1);
   const int64_t m0 = (int64_t)blockIdx.y * M;
@@ -59,8 +56,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
   if (have) {
-    const uint8_t* wr = static_cast<const uint8_t*>(o.w[j]) + (size_t)row * row_bytes;
-    dev::dot_row<T, M, kBatch>(wr, sub, lpr, nc, av, mm, acc);
+    dev::dot_row<T, M, kBatch>(dev::row_at<T>(o.w[j], row, o.end[j] - begin, row_bytes), sub, lpr, nc, av, mm,
+                               acc);
   }
   for (int off = lpr >> 1; off > 0; off >>= 1) {
 #pragma unroll
@@ -73,48 +70,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < M; ++i)
       if (i < mm) y[(m0 + i) * ldy + row] = acc[i] * (row_scale ? row_scale[m0 + i] : 1.0f);
   }
-}
-
-// The output head's form (one activation row, at least kStreamMinRows rows: the 152K / 248K-word
-// vocabularies): a few blocks an SM whose warps walk the rows, a warp's rows kStreamWarps * gridDim.x
-// groups apart, instead of a block for every 4 rows (38K blocks for a 152K-word head, each gone after
-// one row); each lane's chunks of a row are loaded together (kStreamBatch). The bits of matvec_kernel's:
-// a lane adds the same chunks in the same order, and the same shuffles add the lanes.
-constexpr int kStreamWarps = 8;
-constexpr int kStreamBatch = 2;
-constexpr int kStreamBlocksPerSm = 4;
-template <DType T>
-__global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm)
-    matvec_stream_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a,
-                         const float* __restrict__ row_scale, int lpr_log2) {
-  pdl_begin();
-  const int lpr = 1 << lpr_log2, lane = threadIdx.x & 31, sub = lane & (lpr - 1);
-  const int64_t rows_per_warp = 32 >> lpr_log2, n = o.end[o.count - 1];
-  const int64_t warps = (int64_t)gridDim.x * kStreamWarps;
-  for (int64_t g = (int64_t)blockIdx.x * kStreamWarps + threadIdx.x / 32; g * rows_per_warp < n; g += warps) {
-    const int64_t gr = g * rows_per_warp + (lane >> lpr_log2);
-    int j = 0;
-    while (j + 1 < o.count && gr >= o.end[j]) ++j;
-    const int64_t row = gr - (j ? o.end[j - 1] : 0);
-    const bool have = gr < n;
-    float acc[1] = {0.0f};
-    if (have)
-      dev::dot_row<T, 1, kStreamBatch>(static_cast<const uint8_t*>(o.w[j]) + (size_t)row * row_bytes, sub,
-                                       lpr, nc, a, 1, acc);
-    for (int off = lpr >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
-    if (have && sub == 0) o.y[j][row] = acc[0] * (row_scale ? row_scale[0] : 1.0f);
-  }
-}
-
-// XPERT_HEAD_STREAM=1: matvec_stream_kernel for one-row products of at least kStreamMinRows rows (an
-// experiment; tests call launch_matvec_stream directly).
-constexpr int64_t kStreamMinRows = 65536;
-bool head_stream_on() {
-  static const bool on = [] {
-    const char* env = std::getenv("XPERT_HEAD_STREAM");
-    return env && std::string(env) == "1";
-  }();
-  return on;
 }
 
 // What the kernels read of prepared activations: the values (and q8_1 scales) and, for f16 / bf16 rows,
@@ -134,26 +89,8 @@ int lanes_log2(int nc) {
   return lpr_log2;
 }
 
-template <DType T>
-void launch_stream(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
-  const int nc = (int)(a.k / Dot<T>::kElems);
-  const int lpr_log2 = lanes_log2(nc);
-  const int64_t groups = (o.end[o.count - 1] + (32 >> lpr_log2) - 1) / (32 >> lpr_log2);
-  const int64_t blocks =
-      std::min<int64_t>((int64_t)sm_count() * kStreamBlocksPerSm, (groups + kStreamWarps - 1) / kStreamWarps);
-  const ActView av = act_view<T>(a);
-  const float* row_scale = row_scale_of(a);
-  launch_pdl(matvec_stream_kernel<T>, (unsigned)blocks, kStreamWarps * 32, 0, stream, o, row_bytes(T, a.k),
-             nc, av, row_scale, lpr_log2);
-  XPERT_CUDA_CHECK_LAUNCH();
-}
-
 template <DType T, int M>
 void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
-  if (M == 1 && a.m == 1 && o.end[o.count - 1] >= kStreamMinRows && head_stream_on()) {
-    launch_stream<T>(o, a, stream);
-    return;
-  }
   const int nc = (int)(a.k / Dot<T>::kElems);
   const int lpr_log2 = lanes_log2(nc);
   const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
@@ -183,13 +120,6 @@ void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cuda
       launch<T, 8>(o, a, stream);
   });
   if (!ok) fail_cat("CUDA matmul: weight type ", dtype_name(w_type), " is not supported");
-}
-
-void launch_matvec_stream(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
-  XPERT_CU_ASSERT(o.count >= 1 && o.count <= MatvecOuts::kMax && a.m == 1);
-  if (o.end[o.count - 1] == 0) return;
-  if (!dev::dispatch_type(w_type, [&]<DType T>() { launch_stream<T>(o, a, stream); }))
-    fail_cat("CUDA matmul: weight type ", dtype_name(w_type), " is not supported");
 }
 
 void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,

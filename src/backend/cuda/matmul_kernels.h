@@ -65,9 +65,6 @@ struct MatvecOuts {
 void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream);
 void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
                    cudaStream_t stream);
-// The output head's form of launch_matvec for one activation row (matvec_stream_kernel: a few blocks an SM
-// walking the rows), the same bits; launch_matvec takes it past 65,536 rows with XPERT_HEAD_STREAM=1.
-void launch_matvec_stream(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream);
 
 // Activation conversion. rows_dev (optional, device): only rows < *rows_dev are converted.
 void launch_quantize_q8_1(const float* x, int64_t ldx, int64_t m, int64_t k, int8_t* q, float2* ds,

@@ -142,12 +142,15 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   // W: thread = (row tid / 2, 32-element half tid % 2) of the 64 x 64 tile.
   const int wr = tid >> 1, wh = tid & 1;
   const bool wrow_ok = n_begin + wr < n_rows;
+  dev::row_t<T> wrow[NW];
+#pragma unroll
+  for (int q = 0; q < NW; ++q) wrow[q] = dev::row_at<T>(wmat[q], n_begin + wr, n_rows, rb);
   typename Deq<T>::Raw raw[NW];
   auto load_w = [&](int kt) {
     const int g = kt * 2 + wh;
     if (wrow_ok && g < kg) {
 #pragma unroll
-      for (int q = 0; q < NW; ++q) raw[q] = Deq<T>::load(wmat[q] + (size_t)(n_begin + wr) * rb, g);
+      for (int q = 0; q < NW; ++q) raw[q] = Deq<T>::load(wrow[q], g);
     }
   };
   auto store_w = [&](int buf, int kt) {

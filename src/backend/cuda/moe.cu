@@ -213,10 +213,10 @@ __global__ void __launch_bounds__(64 * kLanes)
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane / kLanes, sub = lane % kLanes;
   const int fl = warp * kOutPerWarp + grp % kOutPerWarp;
   const int64_t f = (int64_t)blockIdx.x * 32 + fl;
-  const uint8_t* row = (lane < 16 ? wg : wu) + (size_t)f * row_bytes;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
-  dev::dot_row<T, 1, kGateUpBatch>(row, sub, kLanes, nc, a, 1, acc);
+  dev::dot_row<T, 1, kGateUpBatch>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a,
+                                   1, acc);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
@@ -277,25 +277,26 @@ __global__ void __launch_bounds__(128)
   const int64_t d = (int64_t)blockIdx.x * kRows + r;
   const bool d_ok = d < D;
   const int lps = 1 << lps_log2, j = lane >> lps_log2, sub = lane & (lps - 1);
-  const uint8_t* row = nullptr;
+  const uint8_t* mat = nullptr;  // this lane's expert matrix (null: none)
   float wj = 0.0f;
   if (j < kslots) {
     const int64_t p = t * kslots + j;
-    const uint8_t* w = down(__ldcg(ids + p));
+    mat = down(__ldcg(ids + p));
     wj = __ldcg(weights + p);
-    if (w && d_ok) row = w + (size_t)d * row_bytes;
+    if (!d_ok) mat = nullptr;
     // Warp 0 holds the CTA's first row (d0): one lane a slot starts all the CTA's rows of that expert.
-    if (prefetch && warp == 0 && sub == 0 && row)
-      prefetch_l2(row, (size_t)min((int64_t)kRows, D - d) * row_bytes);
+    if (prefetch && warp == 0 && sub == 0 && mat)
+      dev::prefetch_rows<T>(mat, d, min((int64_t)kRows, D - d), D, row_bytes);
   }
   pdl_begin();
   __shared__ float part[4][32];
   const int nc = (int)(F / Dot<T>::kElems);
   float acc[1] = {0.0f};
-  if (row) {
+  if (mat) {
     const int64_t p = t * kslots + j;
     const ActView a{hq + p * F, hds + p * (F / 32), F};
-    dev::dot_row<T, 1, kDownBatch>(row, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
+    dev::dot_row<T, 1, kDownBatch>(dev::row_at<T>(mat, d, D, row_bytes), sub + lps * wp, lps * kSplit, nc, a,
+                                   1, acc);
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   if constexpr (kSplit > 1) {
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(128)
     for (int q = 0; q < kSplit; ++q) v += part[warp + q][lane];
     acc[0] = v;
   }
-  const int have = row != nullptr;
+  const int have = mat != nullptr;
   float sum = 0.0f;
   for (int jj = 0; jj < kslots; ++jj) {
     const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
