@@ -229,15 +229,34 @@ struct NormRopeParams {
 
 __global__ void __launch_bounds__(kRopeWarps * 32) norm_rope_kernel(NormRopeParams p) {
   __shared__ float buf[kRopeWarps][kRopeMaxDim];
-  pdl_begin();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int D = p.head_dim;
   const int heads = p.n_head + p.n_head_kv * (p.kc ? 2 : 1);
   const int64_t r = (int64_t)blockIdx.x * kRopeWarps + warp;
-  if (r >= p.n_tokens * heads) return;
   const int64_t t = r / heads;
   const int h = (int)(r % heads);
   const int hk = h - p.n_head;  // k head (0 <= hk < n_head_kv), then v head hk - n_head_kv
+  // This lane's rotation angles (pairs lane, lane + 32, ...) before the wait: the positions come from the
+  // step's first copy, before any kernel of it, and each angle is a chain of up to n_rot / 2 dependent
+  // multiplies, so it runs while the kernel before finishes.
+  constexpr int kPairs = kRopeMaxDim / 64;
+  float rc[kPairs], rs[kPairs];
+  if (r < p.n_tokens * heads && !(p.kc && hk >= p.n_head_kv)) {
+    const float ps = (float)p.pos[t];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i2 = lane + 32 * j;
+      if (i2 < p.n_rot / 2) {
+        float theta = ps;
+        for (int e = 0; e < i2; ++e) theta *= p.theta_scale;
+        const float th = p.freq_scale * theta;
+        rc[j] = cosf(th);
+        rs[j] = sinf(th);
+      }
+    }
+  }
+  pdl_begin();
+  if (r >= p.n_tokens * heads) return;
   __half* cache = nullptr;
   // A lane's values of the row (and of the norm's weights) are loaded together into registers first: each
   // loop that loads and then stores to memory the compiler cannot prove apart waits for every load in turn.
@@ -289,12 +308,11 @@ __global__ void __launch_bounds__(kRopeWarps * 32) norm_rope_kernel(NormRopePara
     if (i < D) row[i] = !norm ? xv[j] : w ? __fmul_rn(__fmul_rn(xv[j], s), wv[j]) : __fmul_rn(xv[j], s);
   }
   __syncwarp();
-  const float ps = (float)p.pos[t];
-  for (int i2 = lane; i2 < p.n_rot / 2; i2 += 32) {
-    float theta = ps;
-    for (int j = 0; j < i2; ++j) theta *= p.theta_scale;
-    const float th = p.freq_scale * theta;
-    const float c = cosf(th), sn = sinf(th);
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i2 = lane + 32 * j;
+    if (i2 >= p.n_rot / 2) break;
+    const float c = rc[j], sn = rs[j];
     const int a = p.neox ? i2 : 2 * i2;
     const int b = p.neox ? i2 + p.n_rot / 2 : 2 * i2 + 1;
     const float x0 = row[a], x1 = row[b];

@@ -29,7 +29,8 @@ void add_rmsnorm_q8(const float* d, float* x, int64_t x_stride, const float* w, 
 
 // Per-head RMS norm of q (when norm_q; weights q_norm, may be null) and of k (norm_k, k_norm), then RoPE of
 // both, in place: q [n_tokens][n_head][head_dim], k [n_tokens][n_head_kv][head_dim] (k may be null with
-// n_head_kv = 0). The same results as rmsnorm then rope on each, in one launch.
+// n_head_kv = 0). The same results as rmsnorm then rope on each, in one launch. pos is read before the
+// launch's PDL wait (launch.cuh): no kernel of the stream may write it (positions come from host copies).
 void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, bool norm_q, bool norm_k,
                   const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                   int64_t n_rot, float freq_base, float freq_scale, RopeMode mode, float eps,
