@@ -105,70 +105,117 @@ constexpr int kPreludeWarps = 4;
 constexpr int kPreludeMaxPer = 8;  // head dims up to 256
 constexpr int kPreludeMaxTaps = 8;
 
+// A lane's conv weights and window state (written by this kernel's launch of the step before: no kernel of
+// this step writes them first) are loaded before the wait, all of them at once; after it only the new row x
+// (the product right before) is read. A loop that loads and then stores the state, which the compiler
+// cannot prove apart from the loads, would wait for each dimension's loads in turn.
+template <int kPer>
 __global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(PreludeParams p) {
-  pdl_begin();
   const int lane = threadIdx.x % 32, r = blockIdx.x * kPreludeWarps + threadIdx.x / 32;
-  if (r >= 2 * p.Hk + p.Hv) return;
+  const bool live = r < 2 * p.Hk + p.Hv;
   const bool is_v = r >= 2 * p.Hk;
   const int hd = is_v ? p.dv : p.dk;
   const int64_t c0 = is_v ? 2 * (int64_t)p.Hk * p.dk + (int64_t)(r - 2 * p.Hk) * p.dv : (int64_t)r * p.dk;
   const int ns = p.K - 1;
-  float o[kPreludeMaxPer];
+  float win[kPer][kPreludeMaxTaps], wt[kPer][kPreludeMaxTaps];
 #pragma unroll
-  for (int i = 0; i < kPreludeMaxPer; ++i) {
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t c = c0 + lane + 32 * i;
+#pragma unroll
+    for (int j = 0; j < kPreludeMaxTaps; ++j) {
+      const bool ok = live && i * 32 < hd && j < p.K;
+      wt[i][j] = ok ? p.w[c * p.K + j] : 0.0f;
+      win[i][j] = ok && j < ns ? p.state[j * p.C + c] : 0.0f;
+    }
+  }
+  pdl_begin();
+  if (!live) return;
+  float xs[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) xs[i] = i * 32 < hd ? p.x[c0 + lane + 32 * i] : 0.0f;
+  float o[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
     if (i * 32 >= hd) break;
     const int64_t c = c0 + lane + 32 * i;
-    float win[kPreludeMaxTaps];
-#pragma unroll
-    for (int j = 0; j < kPreludeMaxTaps; ++j)
-      if (j < p.K) win[j] = j < ns ? p.state[j * p.C + c] : p.x[c];
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPreludeMaxTaps; ++j)
-      if (j < p.K) acc = __fadd_rn(acc, __fmul_rn(win[j], p.w[c * p.K + j]));
+      if (j < p.K) acc = __fadd_rn(acc, __fmul_rn(j < ns ? win[i][j] : xs[i], wt[i][j]));
     o[i] = silu(acc);
 #pragma unroll
     for (int j = 0; j + 1 < kPreludeMaxTaps; ++j)
-      if (j < ns) p.state[j * p.C + c] = win[j + 1];
+      if (j < ns) p.state[j * p.C + c] = j + 1 < ns ? win[i][j + 1] : xs[i];
   }
   if (!is_v) {
     double sum = 0.0;
 #pragma unroll
-    for (int i = 0; i < kPreludeMaxPer; ++i)
+    for (int i = 0; i < kPer; ++i)
       if (i * 32 < hd) sum += (double)(o[i] * o[i]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const float s = l2_scale(sum, hd, p.eps_n);
 #pragma unroll
-    for (int i = 0; i < kPreludeMaxPer; ++i)
+    for (int i = 0; i < kPer; ++i)
       if (i * 32 < hd) o[i] = __fmul_rn(__fmul_rn(o[i], s), p.inv_sqrt_n);
   } else if (lane == 0) {
     const int h = r - 2 * p.Hk;
     gdn_gate(p.alpha[h], p.beta_in[h], p.dt_bias[h], p.a[h], p.g[h], p.beta[h]);
   }
 #pragma unroll
-  for (int i = 0; i < kPreludeMaxPer; ++i)
+  for (int i = 0; i < kPer; ++i)
     if (i * 32 < hd) p.out[c0 + lane + 32 * i] = o[i];
 }
 
-// With q: out's q8_1 activations too (n % 32 == 0; a warp's 32 values are one block).
+// With q: out's q8_1 activations too (n % 32 == 0; a warp's 32 values are one block). A warp a row; kPer > 0
+// (rows of up to 32 kPer values): a lane's values of x, z and the weights in registers, all loaded at once
+// (the weights before the wait), not a load-store loop that waits for each step's loads in turn.
+template <int kPer>
 __global__ void gated_norm_kernel(float* x, const float* z, const float* w, int64_t rows, int n, float eps,
                                   int8_t* q, float2* ds) {
-  pdl_begin();
   const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
   float* xr = x + row * n;
   const float* zr = z + row * n;
-  double sum = 0.0;
-  for (int i = lane; i < n; i += 32) sum += (double)(xr[i] * xr[i]);
+  if constexpr (kPer > 0) {
+    float wv[kPer], xv[kPer], zv[kPer];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-  for (int i = lane; i < n; i += 32) {
-    const float v = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], s), w[i]), silu(zr[i]));
-    xr[i] = v;
-    if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
+    for (int j = 0; j < kPer; ++j) wv[j] = lane + 32 * j < n ? w[lane + 32 * j] : 0.0f;
+    pdl_begin();
+    if (row >= rows) return;
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      xv[j] = i < n ? xr[i] : 0.0f;
+      zv[j] = i < n ? zr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) sum += (double)(xv[j] * xv[j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= n) break;  // n % 32 == 0 with q: whole warps leave together
+      const float v = __fmul_rn(__fmul_rn(__fmul_rn(xv[j], s), wv[j]), silu(zv[j]));
+      xr[i] = v;
+      if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
+    }
+  } else {
+    pdl_begin();
+    if (row >= rows) return;
+    double sum = 0.0;
+    for (int i = lane; i < n; i += 32) sum += (double)(xr[i] * xr[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (int i = lane; i < n; i += 32) {
+      const float v = __fmul_rn(__fmul_rn(__fmul_rn(xr[i], s), w[i]), silu(zr[i]));
+      xr[i] = v;
+      if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
+    }
   }
 }
 
@@ -178,6 +225,7 @@ struct RecurrentParams {
   const float *q, *k, *v, *g, *beta;
   float* state;
   float* out;
+  bool state_settled;  // no kernel right before writes the state: it is read before the wait
   int64_t n_tokens, qk_stride, v_stride;
   int Hk, Hv, dk, dv;
   float scale;
@@ -186,19 +234,22 @@ struct RecurrentParams {
 constexpr int kMaxRowGroups = 8;  // head_k_dim <= 256
 
 __global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(RecurrentParams p) {
-  pdl_begin();
   __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
   __shared__ float red_kv[kMaxRowGroups][32], red_o[kMaxRowGroups][32];
   const int x = threadIdx.x, y = threadIdx.y, R = blockDim.y, tid = y * 32 + x;
   const int h = blockIdx.y, kh = h % p.Hk, j = blockIdx.x * 32 + x;
   const bool col = j < p.dv;
   float* S = p.state + (int64_t)h * p.dk * p.dv;
+  if (!p.state_settled) pdl_begin();
   float s[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const int row = y * 32 + i;
     s[i] = col && row < p.dk ? S[(int64_t)row * p.dv + j] : 0.0f;
   }
+  // A settled state (gated_delta_net: its last writer is at least two kernels back) is read before the
+  // wait, so its 64 KB a head come in while the kernel before finishes. q, k, v and the gates come after.
+  if (p.state_settled) pdl_begin();
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     const float* kt = p.k + t * p.qk_stride + (int64_t)kh * p.dk;
     const float* qt = p.q + t * p.qk_stride + (int64_t)kh * p.dk;
@@ -285,8 +336,12 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
   if (rows <= 0 || n <= 0) return;
   if (q && n % 32 != 0)
     detail::fail_rt("cuda gated_rmsnorm_silu: q8_1 output needs rows of a multiple of 32, got ", n);
-  launch_pdl(gated_norm_kernel, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n, eps,
-             q, ds);
+  if (n <= 256)
+    launch_pdl(gated_norm_kernel<8>, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n,
+               eps, q, ds);
+  else
+    launch_pdl(gated_norm_kernel<0>, (unsigned)((rows + 7) / 8), kThreads, 0, stream, x, z, w, rows, (int)n,
+               eps, q, ds);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -328,12 +383,20 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
                   .eps_n = s.eps / (float)s.head_k_dim,
                   .inv_sqrt_n = 1.0f / std::sqrt((float)s.head_k_dim)};
   const int64_t rows = 2 * s.n_k_heads + s.n_v_heads;
-  launch_pdl(decode_prelude_kernel, (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps),
-             kPreludeWarps * 32, 0, stream, q);
+  const unsigned blocks = (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps);
+  const int64_t hd = std::max(s.head_k_dim, s.head_v_dim);
+  static_assert(kPreludeMaxPer == 8, "the instantiations below");
+  if (hd <= 64)
+    launch_pdl(decode_prelude_kernel<2>, blocks, kPreludeWarps * 32, 0, stream, q);
+  else if (hd <= 128)
+    launch_pdl(decode_prelude_kernel<4>, blocks, kPreludeWarps * 32, 0, stream, q);
+  else
+    launch_pdl(decode_prelude_kernel<8>, blocks, kPreludeWarps * 32, 0, stream, q);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream) {
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream,
+                          bool state_settled) {
   if (a.n_tokens <= 0) return;
   if (s.head_k_dim <= 0 || s.head_k_dim > 32 * kMaxRowGroups || s.head_v_dim <= 0 || s.n_k_heads <= 0 ||
       s.n_v_heads <= 0)
@@ -347,6 +410,7 @@ void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_
   p.beta = a.beta;
   p.state = a.state;
   p.out = a.out;
+  p.state_settled = state_settled;
   p.n_tokens = a.n_tokens;
   p.qk_stride = a.qk_stride ? a.qk_stride : s.key_dim();
   p.v_stride = a.v_stride ? a.v_stride : s.value_dim();
@@ -404,7 +468,7 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
   if (form == DeltaRuleForm::chunked)
     delta_rule_chunked(s, a, ws, stream);
   else
-    delta_rule_recurrent(s, a, stream);
+    delta_rule_recurrent(s, a, stream, true);  // the prelude or the gates ran since the state's last writer
   gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream, out_q, out_ds);
 }
 

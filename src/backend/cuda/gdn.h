@@ -46,10 +46,15 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 bool gdn_decode_prelude_fusable(const GdnShape& s);
 // XPERT_GDN_FUSE is not 0: the prelude and the gated norm's q8_1 output (CudaBackend) are used.
 bool gdn_fusions_enabled();
+// Reads the conv state (and weights) before its PDL wait: the kernel right before must not write the conv
+// state (in gated_delta_net the last call's delta rule and gated norm ran since its last writer).
 void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                         float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream);
 
-void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream);
+// state_settled: the kernel right before this launch does not write the state (gated_delta_net's prelude or
+// gates ran since its last writer), so the kernel reads it before its PDL wait (launch.cuh).
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream,
+                          bool state_settled = false);
 // Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);
 // delta_rule_chunked runs the recurrent form otherwise, and also when q / k rows are not 16-byte aligned.
 bool delta_rule_chunked_supported(const GdnShape& s);
