@@ -137,8 +137,12 @@ class Backend {
     // Not null: q and k are not yet normalized and rotated; the backend applies prep first (q in place),
     // folding it into its k/v store where it can. A backend returning false has applied nothing.
     const QkPrep* prep = nullptr;
+    // Not null (only where fuses_attention_gate()): out is multiplied by sigmoid(gate) (laid out as out)
+    // as it is written, as mul_sigmoid would after.
+    const float* gate = nullptr;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
+  virtual bool fuses_attention_gate() const { return false; }
 
   // A whole decode step of one sequence through a stack of qwen3moe layers (rmsnorm, q/k/v, per-head q/k
   // norms + RoPE, attention over the cache, o added into x; rmsnorm, softmax router top-k, SwiGLU experts

@@ -165,20 +165,34 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
           .sliding_window = 0};
 }
 
-void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep) {
+bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep, const float* gate) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
   KvCache& kv = *ex.args().cache;
   if (ex.decode_only() && !b.is_host()) {
-    const Backend::DecodeAttention d{.q = a.q, .k = a.k, .v = a.v, .k_cache = kv.k(il, 0), .v_cache = kv.v(il, 0),
-                                     .slot_stride = kv.slot_stride(), .slots = a.seq, .pos = a.pos, .out = a.att,
-                                     .n_seq = ex.n(), .n_head = c.n_head, .n_head_kv = c.n_head_kv,
-                                     .head_dim = c.head_dim, .n_ctx = kv.n_ctx(), .kq_scale = p.kq_scale,
-                                     .sliding_window = p.sliding_window, .k_type = kv.type(0), .v_type = kv.type(1),
-                                     .prep = prep};
-    if (b.decode_attention(d)) return;
+    const Backend::DecodeAttention d{.q = a.q,
+                                     .k = a.k,
+                                     .v = a.v,
+                                     .k_cache = kv.k(il, 0),
+                                     .v_cache = kv.v(il, 0),
+                                     .slot_stride = kv.slot_stride(),
+                                     .slots = a.seq,
+                                     .pos = a.pos,
+                                     .out = a.att,
+                                     .n_seq = ex.n(),
+                                     .n_head = c.n_head,
+                                     .n_head_kv = c.n_head_kv,
+                                     .head_dim = c.head_dim,
+                                     .n_ctx = kv.n_ctx(),
+                                     .kq_scale = p.kq_scale,
+                                     .sliding_window = p.sliding_window,
+                                     .k_type = kv.type(0),
+                                     .v_type = kv.type(1),
+                                     .prep = prep,
+                                     .gate = b.fuses_attention_gate() ? gate : nullptr};
+    if (b.decode_attention(d)) return d.gate != nullptr;
   }
   if (prep)
     b.qk_norm_rope(a.q, a.k, prep->q_norm, prep->k_norm, prep->pos, ex.n(), c.n_head, c.n_head_kv, c.head_dim,
@@ -205,6 +219,7 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                  .v_type = kv.type(1)});
     row += g.n_tokens;
   }
+  return false;
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,

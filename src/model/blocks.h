@@ -80,7 +80,9 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
 // With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).
-void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep = nullptr);
+// With gate (laid out as a.att): true when the backend also multiplied a.att by sigmoid(gate); false leaves
+// that to the caller.
+bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep = nullptr, const float* gate = nullptr);
 
 }  // namespace xpert

@@ -289,8 +289,7 @@ class Qwen35 : public Model {
                                .mode = RopeMode::neox,
                                .eps = c.rms_eps};
     const AttentionLayerParams p = default_attention_params(c);
-    attend_segments(c, p, il, ex, &prep);
-    b.mul_sigmoid(a.att, gate, n * q_dim);
+    if (!attend_segments(c, p, il, ex, &prep, gate)) b.mul_sigmoid(a.att, gate, n * q_dim);
     b.matmul(l.wo, a.att, n, a.out);
     ar.release(mark);
   }

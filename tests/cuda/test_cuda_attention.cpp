@@ -21,11 +21,12 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/ops.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
+#include "cuda_ops_test_util.h"
 #include "quant/quant.h"
 #include "runtime/kv_cache.h"
-#include "cuda_ops_test_util.h"
 
 namespace xpert::cudaops_test {
 namespace {
@@ -226,6 +227,20 @@ void check_batched_decode(KvPair types) {
     const size_t used = cuda::Workspace::round((size_t)(n_seq * K)) + (size_t)(n_seq * (K / 32)) * 8;
     gq.resize(used), wq.resize(used);
     EXPECT_EQ(gq, wq) << name(types);
+    // Qwen3.5's output gate applied as the combine writes (XPERT_ATTN_GATE): the bits of mul_sigmoid on
+    // the ungated output, and the q8_1 blocks of those.
+    const auto gate = randn(n_seq * K, 53, 3.0f);
+    Dev<float> dgate(gate), gated(got);
+    cuda::mul_sigmoid(gated.get(), dgate.get(), n_seq * K, nullptr);
+    cuda::DecodeAttentionArgs bg = bq;
+    bg.gate = dgate.get();
+    oq.poison();
+    cuda::attention_decode(bg, ws.get(), nullptr);
+    EXPECT_EQ(dout.download(), gated.download()) << "gated " << name(types);
+    cuda::quantize_activations(cuda::ActFormat::q8_1, gated.get(), K, n_seq, K, want.get(), nullptr);
+    gq = oq.download(), wq = want.download();
+    gq.resize(used), wq.resize(used);
+    EXPECT_EQ(gq, wq) << "gated " << name(types);
   }
 }
 

@@ -28,6 +28,7 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
+#include "backend/cuda/sigmoid.cuh"
 
 namespace xpert::cuda {
 namespace {
@@ -49,6 +50,7 @@ struct DecodeParams {
   float* out;
   int8_t* out_q;       // optional: out's q8_1 blocks (combine_kernel), per sequence a row of n_head * D
   float2* out_ds;
+  const float* gate;   // optional: out *= sigmoid(gate) (combine_kernel)
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -302,7 +304,6 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
 // Block (head, sequence, 32 dims): 8 warps take every 8th split, a lane one dim, then a shared sum.
 constexpr int kCombineWarps = 8;
 __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParams p, int D) {
-  pdl_begin();
   __shared__ float w[kMaxSplits];
   __shared__ float red[kCombineWarps];
   __shared__ float part[kCombineWarps][32];
@@ -310,6 +311,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
   const int tid = threadIdx.x, warp = tid / 32, nt = blockDim.x;
   const SplitRange r = split_range(p, seq);
   const int64_t base = ((int64_t)seq * p.n_head + h) * p.max_splits;
+  const int64_t at = ((int64_t)seq * p.n_head + h) * D + d;
+  // The positions (host copies) and the gate (written before the attention kernel) before the wait.
+  const float g = p.gate && warp == 0 && d < D ? p.gate[at] : 0.0f;
+  pdl_begin();
 
   auto block_reduce = [&](float v, bool is_max) {
 #pragma unroll
@@ -360,8 +365,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
   if (warp == 0 && d < D) {
     float o = 0.0f;
     for (int i = 0; i < kCombineWarps; ++i) o += part[i][tid];
-    const float v = L > 0.0f ? o / L : 0.0f;
-    const int64_t at = ((int64_t)seq * p.n_head + h) * D + d;
+    float v = L > 0.0f ? o / L : 0.0f;
+    if (p.gate) v *= sigmoidf(g);
     p.out[at] = v;
     // This warp holds one whole 32-block (D % 32 == 0).
     if (p.out_q) warp_quantize_q8_1(v, p.out_q + at, p.out_ds + at / 32);
@@ -515,6 +520,7 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.slots = a.slots;
   p.pos = a.pos;
   p.out = a.out;
+  p.gate = a.gate;
   p.out_q = a.out_q;
   p.out_ds = a.out_ds;
   p.part_ml = static_cast<float2*>(workspace);

@@ -47,6 +47,9 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 
 // XPERT_SHARED_SLOT=0 turns off Qwen3.5's shared expert as one more slot of the MoE kernels (read when a
 // backend is made, so that a test can compare both forms in one process). XPERT_GDN_FUSE: gdn.h.
+// XPERT_ATTN_GATE=1 (read likewise): Qwen3.5's output gate applied by the attention combine as it writes
+// (fuses_attention_gate; an experiment, not yet measured: it saves the mul_sigmoid launch and the output
+// projection's own q8_1 conversion).
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -61,7 +64,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device)
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
-        stack_on_(env_is_1("XPERT_DECODE_STACK")) {
+        stack_on_(env_is_1("XPERT_DECODE_STACK")),
+        attn_gate_(env_is_1("XPERT_ATTN_GATE")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -374,6 +378,7 @@ class CudaBackend final : public Backend {
 
   // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
   // its combine step also writes the q8_1 activations the output projection takes (prepared()).
+  bool fuses_attention_gate() const override { return attn_gate_; }
   bool decode_attention(const DecodeAttention& d) override {
     if (skip_) return true;
     touch();
@@ -398,12 +403,24 @@ class CudaBackend final : public Backend {
       cuda::store_kv(d.k, d.n_seq, row, d.k_type, d.k_cache, d.slot_stride, d.slots, d.pos, s());
       cuda::store_kv(d.v, d.n_seq, row, d.v_type, d.v_cache, d.slot_stride, d.slots, d.pos, s());
     }
-    cuda::DecodeAttentionArgs a{.q = d.q, .k = d.k_cache, .v = d.v_cache, .slot_stride = d.slot_stride,
-                                .slots = d.slots, .pos = d.pos, .out = d.out, .n_seq = d.n_seq,
-                                .n_head = d.n_head, .n_head_kv = d.n_head_kv, .head_dim = d.head_dim,
-                                .max_kv = d.n_ctx, .kq_scale = d.kq_scale,
-                                .sliding_window = d.sliding_window, .min_keys_per_split = 128,
-                                .k_type = d.k_type, .v_type = d.v_type};
+    cuda::DecodeAttentionArgs a{.q = d.q,
+                                .k = d.k_cache,
+                                .v = d.v_cache,
+                                .slot_stride = d.slot_stride,
+                                .slots = d.slots,
+                                .pos = d.pos,
+                                .out = d.out,
+                                .n_seq = d.n_seq,
+                                .n_head = d.n_head,
+                                .n_head_kv = d.n_head_kv,
+                                .head_dim = d.head_dim,
+                                .max_kv = d.n_ctx,
+                                .kq_scale = d.kq_scale,
+                                .sliding_window = d.sliding_window,
+                                .min_keys_per_split = 128,
+                                .k_type = d.k_type,
+                                .v_type = d.v_type,
+                                .gate = d.gate};
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {
@@ -1078,6 +1095,7 @@ class CudaBackend final : public Backend {
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
+  const bool attn_gate_;    // XPERT_ATTN_GATE=1
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

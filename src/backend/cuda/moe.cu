@@ -11,6 +11,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/q8_1.cuh"
+#include "backend/cuda/sigmoid.cuh"
 
 namespace xpert::cuda {
 
@@ -83,8 +84,6 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
   route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, ids + t * k, weights + t * k);
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
 // sums in a fixed order), and the last block to finish routes the tokens (a warp each). `done` counts the
 // finished blocks and is reset by the last one, so the launch can be replayed from a graph. With a shared
@@ -142,7 +141,7 @@ __global__ void __launch_bounds__(kRouterThreads)
       logits[(int64_t)threadIdx.x * E + e] = v;
     } else {  // the shared expert's slot
       ids[(int64_t)threadIdx.x * slots + k] = E;
-      weights[(int64_t)threadIdx.x * slots + k] = sigmoid(v);
+      weights[(int64_t)threadIdx.x * slots + k] = sigmoidf(v);
     }
     __threadfence();  // visible to the last block before it counts this one
   }

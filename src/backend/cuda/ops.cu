@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "backend/cuda/check.h"
@@ -14,6 +14,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
+#include "backend/cuda/sigmoid.cuh"
 
 namespace xpert::cuda {
 
@@ -99,8 +100,6 @@ constexpr int kThreads = 256;
   pdl_begin();                                                              \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
        i += (int64_t)gridDim.x * blockDim.x)
-
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // Sum of squares in double (as the CPU), one warp per row, or one block per row for long rows. With d:
 // x += d first (the residual add before a norm; x is then written back). With q: y's q8_1 blocks too, as
