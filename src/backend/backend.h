@@ -137,9 +137,11 @@ class Backend {
     // Not null: q and k are not yet normalized and rotated; the backend applies prep first (q in place),
     // folding it into its k/v store where it can. A backend returning false has applied nothing.
     const QkPrep* prep = nullptr;
-    // Not null (only where fuses_attention_gate()): out is multiplied by sigmoid(gate) (laid out as out)
-    // as it is written, as mul_sigmoid would after.
+    // Only where fuses_attention_gate() (Qwen3.5's gated attention): out multiplied by sigmoid(gate) as it
+    // is written, as mul_sigmoid would after, gate's (sequence, head) rows gate_stride floats apart; and
+    // q's rows q_stride apart (0: head_dim), normalized and rotated where they lie.
     const float* gate = nullptr;
+    int64_t gate_stride = 0, q_stride = 0;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
   virtual bool fuses_attention_gate() const { return false; }

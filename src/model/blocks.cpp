@@ -165,14 +165,18 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
           .sliding_window = 0};
 }
 
-bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep, const float* gate) {
-  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep, const AttentionGate* gate) {
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim, D = c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
   KvCache& kv = *ex.args().cache;
-  if (ex.decode_only() && !b.is_host()) {
-    const Backend::DecodeAttention d{.q = a.q,
+  const bool decode = ex.decode_only() && !b.is_host();
+  const bool fuse = gate && decode && b.fuses_attention_gate();
+  auto split_gate = [&] { b.deinterleave(gate->qg, ex.n() * c.n_head, D, a.q, gate->gate); };
+  if (gate && !fuse) split_gate();
+  if (decode) {
+    const Backend::DecodeAttention d{.q = fuse ? gate->qg : a.q,
                                      .k = a.k,
                                      .v = a.v,
                                      .k_cache = kv.k(il, 0),
@@ -191,8 +195,14 @@ bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .k_type = kv.type(0),
                                      .v_type = kv.type(1),
                                      .prep = prep,
-                                     .gate = b.fuses_attention_gate() ? gate : nullptr};
-    if (b.decode_attention(d)) return d.gate != nullptr;
+                                     .gate = fuse ? gate->qg + D : nullptr,
+                                     .gate_stride = fuse ? 2 * D : 0,
+                                     .q_stride = fuse ? 2 * D : 0};
+    if (b.decode_attention(d)) {
+      if (gate && !fuse) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
+      return;
+    }
+    if (fuse) split_gate();  // the backend declined (and applied nothing): the path below reads a.q
   }
   if (prep)
     b.qk_norm_rope(a.q, a.k, prep->q_norm, prep->k_norm, prep->pos, ex.n(), c.n_head, c.n_head_kv, c.head_dim,
@@ -219,7 +229,7 @@ bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                  .v_type = kv.type(1)});
     row += g.n_tokens;
   }
-  return false;
+  if (gate) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,

@@ -80,9 +80,15 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
 // With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).
-// With gate (laid out as a.att): true when the backend also multiplied a.att by sigmoid(gate); false leaves
-// that to the caller.
-bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep = nullptr, const float* gate = nullptr);
+// Qwen3.5's gated attention: q and the output gate come interleaved per head from one projection, qg
+// [n][n_head][2 head_dim] (q first); gate has room for the gate alone, [n][n_head][head_dim].
+struct AttentionGate {
+  float* qg;
+  float* gate;
+};
+// With gate, a.att is also multiplied by sigmoid(gate): a GPU that fuses it (fuses_attention_gate) reads
+// q and the gate from qg where they lie; otherwise they are deinterleaved first (q into a.q).
+void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep = nullptr, const AttentionGate* gate = nullptr);
 
 }  // namespace xpert

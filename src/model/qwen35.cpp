@@ -279,7 +279,6 @@ class Qwen35 : public Model {
     float* gate = ar.take<float>(n * q_dim);
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
     b.matmuls(a.cur, n, qkv);
-    b.deinterleave(qg, n * c.n_head, D, a.q, gate);
     const Backend::QkPrep prep{.q_norm = l.q_norm.f32(),
                                .k_norm = l.k_norm.f32(),
                                .pos = a.pos,
@@ -289,7 +288,8 @@ class Qwen35 : public Model {
                                .mode = RopeMode::neox,
                                .eps = c.rms_eps};
     const AttentionLayerParams p = default_attention_params(c);
-    if (!attend_segments(c, p, il, ex, &prep, gate)) b.mul_sigmoid(a.att, gate, n * q_dim);
+    const AttentionGate g{.qg = qg, .gate = gate};
+    attend_segments(c, p, il, ex, &prep, &g);
     b.matmul(l.wo, a.att, n, a.out);
     ar.release(mark);
   }

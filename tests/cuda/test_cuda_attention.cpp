@@ -241,6 +241,21 @@ void check_batched_decode(KvPair types) {
     gq = oq.download(), wq = want.download();
     gq.resize(used), wq.resize(used);
     EXPECT_EQ(gq, wq) << "gated " << name(types);
+    // The same with q and the gate interleaved per head, as Qwen3.5's projection gives them: rows 2 D apart.
+    std::vector<float> qg((size_t)(n_seq * s.n_head * 2 * D));
+    for (int64_t r = 0; r < n_seq * s.n_head; ++r) {
+      std::copy(q.begin() + r * D, q.begin() + (r + 1) * D, qg.begin() + r * 2 * D);
+      std::copy(gate.begin() + r * D, gate.begin() + (r + 1) * D, qg.begin() + r * 2 * D + D);
+    }
+    Dev<float> dqg(qg);
+    cuda::DecodeAttentionArgs bs = bg;
+    bs.q = dqg.get();
+    bs.q_stride = 2 * D;
+    bs.gate = dqg.get() + D;
+    bs.gate_stride = 2 * D;
+    dout.poison();
+    cuda::attention_decode(bs, ws.get(), nullptr);
+    EXPECT_EQ(dout.download(), gated.download()) << "interleaved " << name(types);
   }
 }
 

@@ -54,10 +54,13 @@ struct DecodeAttentionArgs {
   // projection: int8 [n_seq][n_head * head_dim], float2 [n_seq][n_head * head_dim / 32].
   int8_t* out_q = nullptr;
   float2* out_ds = nullptr;
-  // Optional (Qwen3.5's gated attention): out (and out_q) multiplied by sigmoid(gate) as written, gate laid
-  // out as out; the same bits as mul_sigmoid on the ungated out. Read before the combine's PDL wait: no
-  // kernel right before it (the attention's own) may write the gate.
+  // Optional (Qwen3.5's gated attention): out (and out_q) multiplied by sigmoid(gate) as written, gate's
+  // (sequence, head) rows gate_stride floats apart (0: head_dim); the same bits as mul_sigmoid on the
+  // ungated out. Read before the combine's PDL wait: no kernel right before it (the attention's own) may
+  // write the gate.
   const float* gate = nullptr;
+  int64_t gate_stride = 0;
+  int64_t q_stride = 0;  // floats between q's (sequence, head) rows (0: head_dim)
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);

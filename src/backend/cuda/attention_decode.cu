@@ -50,7 +50,8 @@ struct DecodeParams {
   float* out;
   int8_t* out_q;       // optional: out's q8_1 blocks (combine_kernel), per sequence a row of n_head * D
   float2* out_ds;
-  const float* gate;   // optional: out *= sigmoid(gate) (combine_kernel)
+  const float* gate;  // optional: out *= sigmoid(gate) (combine_kernel), rows gate_stride apart
+  int64_t gate_stride, q_stride;
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   uint32_t qb[D / 16][2];
   {
     const bool valid = gid < nh;
-    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * D;
+    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * p.q_stride;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const float2 x0 =
@@ -313,7 +314,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
   const int64_t base = ((int64_t)seq * p.n_head + h) * p.max_splits;
   const int64_t at = ((int64_t)seq * p.n_head + h) * D + d;
   // The positions (host copies) and the gate (written before the attention kernel) before the wait.
-  const float g = p.gate && warp == 0 && d < D ? p.gate[at] : 0.0f;
+  const float g =
+      p.gate && warp == 0 && d < D ? p.gate[((int64_t)seq * p.n_head + h) * p.gate_stride + d] : 0.0f;
   pdl_begin();
 
   auto block_reduce = [&](float v, bool is_max) {
@@ -521,6 +523,8 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.pos = a.pos;
   p.out = a.out;
   p.gate = a.gate;
+  p.gate_stride = a.gate_stride ? a.gate_stride : a.head_dim;
+  p.q_stride = a.q_stride ? a.q_stride : a.head_dim;
   p.out_q = a.out_q;
   p.out_ds = a.out_ds;
   p.part_ml = static_cast<float2*>(workspace);

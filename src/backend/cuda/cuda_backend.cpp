@@ -47,8 +47,9 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 
 // XPERT_SHARED_SLOT=0 turns off Qwen3.5's shared expert as one more slot of the MoE kernels (read when a
 // backend is made, so that a test can compare both forms in one process). XPERT_GDN_FUSE: gdn.h.
-// XPERT_ATTN_GATE=1 (read likewise): Qwen3.5's output gate applied by the attention combine as it writes
-// (fuses_attention_gate; an experiment, not yet measured: it saves the mul_sigmoid launch and the output
+// XPERT_ATTN_GATE=1 (read likewise): Qwen3.5's gated attention reads q and the gate where the projection
+// leaves them interleaved, and the combine applies the gate as it writes (fuses_attention_gate; an
+// experiment, not yet measured: it saves the deinterleave and mul_sigmoid launches and the output
 // projection's own q8_1 conversion).
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
@@ -391,15 +392,15 @@ class CudaBackend final : public Backend {
     auto* k = const_cast<float*>(d.k);
     const QkPrep* pr = d.prep;
     if (pr && d.k_type == DType::F16 && d.v_type == DType::F16) {
-      cuda::qk_norm_rope_store_f16(q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv,
-                                   d.head_dim, pr->n_rot, pr->freq_base, pr->freq_scale, pr->mode, pr->eps,
-                                   static_cast<uint16_t*>(d.k_cache), static_cast<uint16_t*>(d.v_cache),
-                                   d.slot_stride / 2, d.slots, s());
+      cuda::qk_norm_rope_store_f16(
+          q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot,
+          pr->freq_base, pr->freq_scale, pr->mode, pr->eps, static_cast<uint16_t*>(d.k_cache),
+          static_cast<uint16_t*>(d.v_cache), d.slot_stride / 2, d.slots, s(), d.q_stride);
     } else {
       if (pr)
-        cuda::qk_norm_rope(q, k, pr->q_norm, pr->k_norm, pr->q_norm != nullptr, pr->k_norm != nullptr, pr->pos,
-                           d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot, pr->freq_base, pr->freq_scale,
-                           pr->mode, pr->eps, s());
+        cuda::qk_norm_rope(q, k, pr->q_norm, pr->k_norm, pr->q_norm != nullptr, pr->k_norm != nullptr,
+                           pr->pos, d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot, pr->freq_base,
+                           pr->freq_scale, pr->mode, pr->eps, s(), d.q_stride);
       cuda::store_kv(d.k, d.n_seq, row, d.k_type, d.k_cache, d.slot_stride, d.slots, d.pos, s());
       cuda::store_kv(d.v, d.n_seq, row, d.v_type, d.v_cache, d.slot_stride, d.slots, d.pos, s());
     }
@@ -420,7 +421,9 @@ class CudaBackend final : public Backend {
                                 .min_keys_per_split = 128,
                                 .k_type = d.k_type,
                                 .v_type = d.v_type,
-                                .gate = d.gate};
+                                .gate = d.gate,
+                                .gate_stride = d.gate_stride,
+                                .q_stride = d.q_stride};
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {

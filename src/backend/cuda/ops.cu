@@ -219,6 +219,7 @@ struct NormRopeParams {
   const int32_t* pos;
   int64_t n_tokens;
   int n_head, n_head_kv, head_dim, n_rot;
+  int64_t q_stride;  // floats between (token, head) rows of q
   float theta_scale, freq_scale, eps;
   __half* kc;  // null: k in place, v untouched
   __half* vc;
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) norm_rope_kernel(NormRopePara
     if (hk >= 0) cache = p.kc + at + (int64_t)hk * D;
   }
   const bool is_q = hk < 0;
-  float* v = is_q ? p.q + (t * p.n_head + h) * D : p.k + (t * p.n_head_kv + hk) * D;
+  float* v = is_q ? p.q + (t * p.n_head + h) * p.q_stride : p.k + (t * p.n_head_kv + hk) * D;
   const bool norm = is_q ? p.q_norm : p.k_norm;
   const float* w = is_q ? p.qw : p.kw;
   float* row = buf[warp];
@@ -452,9 +453,9 @@ void add_rmsnorm_q8(const float* d, float* x, int64_t x_stride, const float* w, 
 
 namespace {
 NormRopeParams norm_rope_params(float* q, float* k, const float* q_norm, const float* k_norm, bool norm_q,
-                                bool norm_k, const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
-                                int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, RopeMode mode,
-                                float eps) {
+                                bool norm_k, const int32_t* pos, int64_t n_tokens, int64_t n_head,
+                                int64_t n_head_kv, int64_t head_dim, int64_t n_rot, float freq_base,
+                                float freq_scale, RopeMode mode, float eps, int64_t q_stride) {
   if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0)
     detail::fail_rt("cuda rope: n_rot ", n_rot, " must be even and at most head_dim ", head_dim);
   if (head_dim > kRopeMaxDim) detail::fail_rt("cuda rope: head_dim ", head_dim, " is over ", kRopeMaxDim);
@@ -463,6 +464,7 @@ NormRopeParams norm_rope_params(float* q, float* k, const float* q_norm, const f
   p.neox = mode == RopeMode::neox;
   p.pos = pos, p.n_tokens = n_tokens, p.n_head = (int)n_head, p.n_head_kv = (int)n_head_kv;
   p.head_dim = (int)head_dim, p.n_rot = (int)n_rot;
+  p.q_stride = q_stride ? q_stride : head_dim;
   // The same float expression as cpu::rope, evaluated on the host, so theta_scale is the same float.
   p.theta_scale = std::pow(freq_base, -2.0f / (float)n_rot);
   p.freq_scale = freq_scale, p.eps = eps;
@@ -479,22 +481,23 @@ void launch_norm_rope(const NormRopeParams& p, cudaStream_t stream) {
 void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, bool norm_q, bool norm_k,
                   const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                   int64_t n_rot, float freq_base, float freq_scale, RopeMode mode, float eps,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, int64_t q_stride) {
   if (n_tokens <= 0 || n_head + n_head_kv <= 0) return;
   launch_norm_rope(norm_rope_params(q, k, q_norm, k_norm, norm_q, norm_k, pos, n_tokens, n_head, n_head_kv,
-                                    head_dim, n_rot, freq_base, freq_scale, mode, eps),
+                                    head_dim, n_rot, freq_base, freq_scale, mode, eps, q_stride),
                    stream);
 }
 
-void qk_norm_rope_store_f16(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
-                            const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
-                            int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, RopeMode mode,
-                            float eps, uint16_t* k_cache, uint16_t* v_cache, int64_t slot_stride,
-                            const int32_t* slots, cudaStream_t stream) {
+void qk_norm_rope_store_f16(float* q, const float* k, const float* v, const float* q_norm,
+                            const float* k_norm, const int32_t* pos, int64_t n_tokens, int64_t n_head,
+                            int64_t n_head_kv, int64_t head_dim, int64_t n_rot, float freq_base,
+                            float freq_scale, RopeMode mode, float eps, uint16_t* k_cache, uint16_t* v_cache,
+                            int64_t slot_stride, const int32_t* slots, cudaStream_t stream,
+                            int64_t q_stride) {
   if (n_tokens <= 0) return;
   NormRopeParams p = norm_rope_params(q, const_cast<float*>(k), q_norm, k_norm, q_norm != nullptr,
                                       k_norm != nullptr, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot,
-                                      freq_base, freq_scale, mode, eps);
+                                      freq_base, freq_scale, mode, eps, q_stride);
   p.v = v;
   p.kc = reinterpret_cast<__half*>(k_cache);
   p.vc = reinterpret_cast<__half*>(v_cache);

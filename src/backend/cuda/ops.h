@@ -31,20 +31,23 @@ void add_rmsnorm_q8(const float* d, float* x, int64_t x_stride, const float* w, 
 // both, in place: q [n_tokens][n_head][head_dim], k [n_tokens][n_head_kv][head_dim] (k may be null with
 // n_head_kv = 0). The same results as rmsnorm then rope on each, in one launch. pos is read before the
 // launch's PDL wait (launch.cuh): no kernel of the stream may write it (positions come from host copies).
+// q_stride: floats from one (token, head) row of q to the next (0: head_dim; Qwen3.5's q rows interleaved
+// with its gate's: 2 head_dim).
 void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, bool norm_q, bool norm_k,
                   const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                   int64_t n_rot, float freq_base, float freq_scale, RopeMode mode, float eps,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int64_t q_stride = 0);
 
 // The same for a decode step into an f16 cache: q normalized and rotated in place; k normalized, rotated and
 // stored, and v stored, at row pos[t] of slot slots[t] (cache + slot * slot_stride + pos * n_head_kv *
 // head_dim halves; slots may be null) -- qk_norm_rope then store_kv_f16 of k and of v, in one launch (k
 // itself is left as it was). Norm weights may be null (no norm).
-void qk_norm_rope_store_f16(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
-                            const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
-                            int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale, RopeMode mode,
-                            float eps, uint16_t* k_cache, uint16_t* v_cache, int64_t slot_stride,
-                            const int32_t* slots, cudaStream_t stream);
+void qk_norm_rope_store_f16(float* q, const float* k, const float* v, const float* q_norm,
+                            const float* k_norm, const int32_t* pos, int64_t n_tokens, int64_t n_head,
+                            int64_t n_head_kv, int64_t head_dim, int64_t n_rot, float freq_base,
+                            float freq_scale, RopeMode mode, float eps, uint16_t* k_cache, uint16_t* v_cache,
+                            int64_t slot_stride, const int32_t* slots, cudaStream_t stream,
+                            int64_t q_stride = 0);
 
 // x: rows of n_heads * head_dim, one per token at position pos[t]; rotates the first n_rot dims of each head.
 void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
