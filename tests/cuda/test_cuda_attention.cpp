@@ -212,6 +212,11 @@ void check_batched_decode(KvPair types) {
     EXPECT_LT(e.rel_l2, quantized(types) ? kQuantRelL2 : kRelL2) << name(types) << ": " << e;
     cuda::attention_decode(b, ws.get(), nullptr);
     EXPECT_EQ(dout.download(), got) << "deterministic" << name(types);
+    cuda::DecodeAttentionArgs be = b;  // the first key stages started before the wait: the same bits
+    be.early_kv = true;
+    dout.poison();
+    cuda::attention_decode(be, ws.get(), nullptr);
+    EXPECT_EQ(dout.download(), got) << "early_kv " << name(types);
     // The output's q8_1 activations (for the output projection): the bits quantize_activations gives.
     const int64_t K = s.n_head * D;
     const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, n_seq, K);

@@ -162,6 +162,19 @@ TEST(CudaModelFusions, AttentionGateInCombineIsExact) {
   EXPECT_EQ(a.step_logits, b.step_logits);
 }
 
+// The decode attention starting its first key stages before its PDL wait (XPERT_ATTN_EARLY=1) against
+// after it: the same bits at every step, at depths where the early start happens (not yet run on a GPU).
+TEST(CudaModelFusions, EarlyKeyStagesAreExact) {
+  XPERT_REQUIRE_GPU();
+  const TempFile tmp("cuda_attn_early_tiny.gguf");
+  const std::string& file = tmp.path;
+  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
+  const auto [a, b] = with_and_without("XPERT_ATTN_EARLY", file, 60, 24, 128, "1");
+  EXPECT_EQ(a.prefill, b.prefill);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.step_logits, b.step_logits);
+}
+
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
 // but one); the rest run on the host's threads over the mmap. Compared with the same model wholly on the
 // GPU (the split changes only which device computes an expert and the order of the final sum), same

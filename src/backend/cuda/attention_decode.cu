@@ -52,6 +52,7 @@ struct DecodeParams {
   float2* out_ds;
   const float* gate;  // optional: out *= sigmoid(gate) (combine_kernel), rows gate_stride apart
   int64_t gate_stride, q_stride;
+  bool early_kv;       // a warp may start its first key stages before the wait (decode_kernel)
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -155,7 +156,6 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
 
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
-  pdl_begin();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   // Warp-major, so that a few active splits land on different blocks (SMs), not on one block's warps.
@@ -164,29 +164,13 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const int hk = blockIdx.y / p.n_hchunk, hc = blockIdx.y % p.n_hchunk;
   const int h0 = hk * p.group + hc * 8;
   const int nh = min(8, p.group - hc * 8);
-  // q, the cache slot and the position (split_range) are loaded together: none depends on another.
+  // The cache slot and the position (split_range) are host copies: read before the wait.
   const int64_t slot = p.slots ? p.slots[seq] : seq;
-  // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
-  uint32_t qb[D / 16][2];
-  {
-    const bool valid = gid < nh;
-    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * p.q_stride;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const float2 x0 =
-          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 2 * tig) : make_float2(0, 0);
-      const float2 x1 =
-          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 8 + 2 * tig) : make_float2(0, 0);
-      qb[ks][0] = pack_half2(x0.x, x0.y);
-      qb[ks][1] = pack_half2(x1.x, x1.y);
-    }
-  }
-
   const SplitRange r = split_range(p, seq);
-  if (split >= r.n_active) return;
+  const bool active = split < r.n_active;
   const int kb = r.lo + split * r.per;
   const int ke = min(kb + r.per, r.lo + r.nk);
-  const int n_steps = ke > kb ? (ke - kb + kStepKeys - 1) / kStepKeys : 0;
+  const int n_steps = active && ke > kb ? (ke - kb + kStepKeys - 1) / kStepKeys : 0;
 
   constexpr int kKBytes = stage_side_bytes<D, KT>(), kVBytes = stage_side_bytes<D, VT>();
   constexpr int kStageBytes = kKBytes + kVBytes;  // K then V
@@ -203,17 +187,42 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     load_side<D, KT>(ks, kg, p.k_row, key0, ke, kb, lane, p.wide);
     load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, ke, kb, lane, p.wide);
   };
+  auto prologue = [&] {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_steps) load_step(s);
+      cp_async_commit();
+    }
+  };
+  // Keys below the position were stored by earlier steps; the position's own key by the kernel right
+  // before (norm + RoPE + store). With early_kv, a warp whose first stages all lie below it starts them
+  // before the wait (their invalid rows read key kb, also below it).
+  const bool early = p.early_kv && n_steps > 0 && min(ke, kb + (kStages - 1) * kStepKeys) <= p.pos[seq];
+  if (early) prologue();
+  pdl_begin();
+  if (!active) return;
+  // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
+  uint32_t qb[D / 16][2];
+  {
+    const bool valid = gid < nh;
+    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * p.q_stride;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const float2 x0 =
+          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 2 * tig) : make_float2(0, 0);
+      const float2 x1 =
+          valid ? *reinterpret_cast<const float2*>(qrow + 16 * ks + 8 + 2 * tig) : make_float2(0, 0);
+      qb[ks][0] = pack_half2(x0.x, x0.y);
+      qb[ks][1] = pack_half2(x1.x, x1.y);
+    }
+  }
 
   float o[D / 16][4];
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2tig, 2tig+1
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_steps) load_step(s);
-    cp_async_commit();
-  }
+  if (!early) prologue();
   for (int step = 0; step < n_steps; ++step) {
     if (step + kStages - 1 < n_steps) load_step(step + kStages - 1);
     cp_async_commit();
@@ -525,6 +534,7 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.gate = a.gate;
   p.gate_stride = a.gate_stride ? a.gate_stride : a.head_dim;
   p.q_stride = a.q_stride ? a.q_stride : a.head_dim;
+  p.early_kv = a.early_kv;
   p.out_q = a.out_q;
   p.out_ds = a.out_ds;
   p.part_ml = static_cast<float2*>(workspace);

@@ -50,7 +50,8 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 // XPERT_ATTN_GATE=1 (read likewise): Qwen3.5's gated attention reads q and the gate where the projection
 // leaves them interleaved, and the combine applies the gate as it writes (fuses_attention_gate; an
 // experiment, not yet measured: it saves the deinterleave and mul_sigmoid launches and the output
-// projection's own q8_1 conversion).
+// projection's own q8_1 conversion). XPERT_ATTN_EARLY=1 (likewise): the decode attention starts its first
+// key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; an experiment, not yet measured).
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -66,7 +67,8 @@ class CudaBackend final : public Backend {
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        attn_gate_(env_is_1("XPERT_ATTN_GATE")) {
+        attn_gate_(env_is_1("XPERT_ATTN_GATE")),
+        attn_early_(env_is_1("XPERT_ATTN_EARLY")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -423,7 +425,8 @@ class CudaBackend final : public Backend {
                                 .v_type = d.v_type,
                                 .gate = d.gate,
                                 .gate_stride = d.gate_stride,
-                                .q_stride = d.q_stride};
+                                .q_stride = d.q_stride,
+                                .early_kv = attn_early_};
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {
@@ -1099,6 +1102,7 @@ class CudaBackend final : public Backend {
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
   const bool attn_gate_;    // XPERT_ATTN_GATE=1
+  const bool attn_early_;   // XPERT_ATTN_EARLY=1 (cuda::DecodeAttentionArgs::early_kv)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
