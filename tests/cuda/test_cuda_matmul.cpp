@@ -223,6 +223,11 @@ TEST(CudaWeightLayout, Q6KFieldByField) {
       std::memcpy(mat + n * 208 + b * 2, src + 208, 2);
     }
   EXPECT_EQ(from_device<uint8_t>(cudatest::weights_to_device(w, DType::Q6_K, k, rows), w.size()), want);
+  {  // staged a few blocks at a time, chunks across matrix boundaries (an output head goes ~16 MiB at a time)
+    cuda::DeviceBuffer d(w.size());
+    cuda::upload_weights(d.data(), w.data(), w.size(), DType::Q6_K, k, rows, nullptr, 5);
+    EXPECT_EQ(from_device<uint8_t>(d, w.size()), want);
+  }
   cuda::DeviceBuffer raw = to_device(w), conv(w.size());
   cuda::to_device_layout(conv.data(), raw.data(), w.size(), DType::Q6_K, k, rows, nullptr);
   EXPECT_EQ(from_device<uint8_t>(conv, w.size()), want);

@@ -11,13 +11,14 @@ namespace {
 
 constexpr size_t kQ6Bytes = 210;  // ql 128, qh 64, scales 16, d 2
 
-// One thread per block: block b of matrix m (n blocks a matrix) to its four fields' places.
+// One thread per block: blocks [g0, g0 + count) of the tensor at dst (src holds just those, as stored),
+// block b of matrix m (n blocks a matrix) to its four fields' places.
 __global__ void q6_fields_kernel(const uint16_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t n,
-                                 int64_t total) {
-  const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= total) return;
-  const int64_t m = g / n, b = g % n;
-  const uint16_t* s = src + g * (kQ6Bytes / 2);
+                                 int64_t g0, int64_t count) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t g = g0 + i, m = g / n, b = g % n;
+  const uint16_t* s = src + i * (kQ6Bytes / 2);
   uint8_t* mat = dst + m * n * kQ6Bytes;
   uint16_t* ql = reinterpret_cast<uint16_t*>(mat + b * 128);
   uint16_t* qh = reinterpret_cast<uint16_t*>(mat + n * 128 + b * 64);
@@ -29,8 +30,8 @@ __global__ void q6_fields_kernel(const uint16_t* __restrict__ src, uint8_t* __re
   d[0] = s[104];
 }
 
-// Blocks of one matrix, checked against the bytes.
-int64_t matrix_blocks(size_t bytes, DType type, int64_t row_len, int64_t rows) {
+// Blocks of one matrix, checked against the bytes, and the alignment the readers need.
+int64_t matrix_blocks(const void* dst, size_t bytes, DType type, int64_t row_len, int64_t rows) {
   const int64_t bs = dtype_info(type).block_size;
   if (row_len <= 0 || rows <= 0 || row_len % bs != 0)
     fail_cat("CUDA weights: ", rows, " rows of ", row_len, " ", dtype_name(type),
@@ -39,7 +40,21 @@ int64_t matrix_blocks(size_t bytes, DType type, int64_t row_len, int64_t rows) {
   if (bytes % ((size_t)n * dtype_info(type).block_bytes) != 0)
     fail_cat("CUDA weights: ", bytes, " bytes are not whole ", rows, " x ", row_len, " ", dtype_name(type),
              " matrices");
+  static_assert(sizeof(quant::BlockQ6_K) == kQ6Bytes, "Q6_K block layout");
+  // The readers load ql and qh 16 bytes at a time: every matrix must start 16-byte aligned (experts back
+  // to back: rows x blocks a multiple of 8, as CUDA's MoE shapes always are).
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || (bytes > (size_t)n * kQ6Bytes && (n * kQ6Bytes) % 16))
+    fail_cat("CUDA weights: Q6_K matrices of ", rows, " rows of ", row_len,
+             " must lie 16-byte aligned on the device (rows x blocks a multiple of 8)");
   return n;
+}
+
+void launch_fields(const uint16_t* src, uint8_t* dst, int64_t n, int64_t g0, int64_t count,
+                   cudaStream_t stream) {
+  const int threads = 128;
+  q6_fields_kernel<<<(unsigned)((count + threads - 1) / threads), threads, 0, stream>>>(src, dst, n, g0,
+                                                                                        count);
+  XPERT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -51,36 +66,28 @@ void to_device_layout(void* dst, const void* src, size_t bytes, DType type, int6
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  static_assert(sizeof(quant::BlockQ6_K) == kQ6Bytes, "Q6_K block layout");
-  const int64_t n = matrix_blocks(bytes, type, row_len, rows), total = (int64_t)(bytes / kQ6Bytes);
-  // The readers load ql and qh 16 bytes at a time: every matrix must start 16-byte aligned (experts back
-  // to back: rows x blocks a multiple of 8, as CUDA's MoE shapes always are).
-  if (reinterpret_cast<uintptr_t>(dst) % 16 || (bytes > (size_t)n * kQ6Bytes && (n * kQ6Bytes) % 16))
-    fail_cat("CUDA weights: Q6_K matrices of ", rows, " rows of ", row_len,
-             " must lie 16-byte aligned on the device (rows x blocks a multiple of 8)");
+  const int64_t n = matrix_blocks(dst, bytes, type, row_len, rows);
   if (reinterpret_cast<uintptr_t>(src) % 2) fail_cat("CUDA weights: Q6_K data must be 2-byte aligned");
-  const int threads = 128;
-  q6_fields_kernel<<<(unsigned)((total + threads - 1) / threads), threads, 0, stream>>>(
-      static_cast<const uint16_t*>(src), static_cast<uint8_t*>(dst), n, total);
-  XPERT_CUDA_CHECK_LAUNCH();
+  launch_fields(static_cast<const uint16_t*>(src), static_cast<uint8_t*>(dst), n, 0,
+                (int64_t)(bytes / kQ6Bytes), stream);
 }
 
 void upload_weights(void* dst, const void* src, size_t bytes, DType type, int64_t row_len, int64_t rows,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int64_t stage_blocks) {
   if (bytes == 0) return;
   if (!device_layout_differs(type)) {
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     return;
   }
-  const int64_t n = matrix_blocks(bytes, type, row_len, rows);
-  const size_t matrix = (size_t)n * dtype_info(type).block_bytes;
-  const size_t chunk = std::max<size_t>(1, (size_t)(64 << 20) / matrix) * matrix;  // whole matrices, ~64 MiB
-  DeviceBuffer stage(std::min(bytes, chunk));
-  for (size_t off = 0; off < bytes; off += chunk) {
-    const size_t len = std::min(chunk, bytes - off);
-    XPERT_CUDA_CHECK(cudaMemcpyAsync(stage.data(), static_cast<const uint8_t*>(src) + off, len,
-                                     cudaMemcpyHostToDevice, stream));
-    to_device_layout(static_cast<uint8_t*>(dst) + off, stage.data(), len, type, row_len, rows, stream);
+  const int64_t n = matrix_blocks(dst, bytes, type, row_len, rows), total = (int64_t)(bytes / kQ6Bytes);
+  const int64_t chunk =
+      stage_blocks > 0 ? stage_blocks : (int64_t)((16 << 20) / kQ6Bytes);  // blocks at a time
+  DeviceBuffer stage((size_t)std::min(total, chunk) * kQ6Bytes);
+  for (int64_t g0 = 0; g0 < total; g0 += chunk) {
+    const int64_t count = std::min(chunk, total - g0);
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(stage.data(), static_cast<const uint8_t*>(src) + g0 * kQ6Bytes,
+                                     (size_t)count * kQ6Bytes, cudaMemcpyHostToDevice, stream));
+    launch_fields(stage.as<uint16_t>(), static_cast<uint8_t*>(dst), n, g0, count, stream);
   }
   XPERT_CUDA_CHECK(cudaStreamSynchronize(stream));  // before the staging buffer goes
 }

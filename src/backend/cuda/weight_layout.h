@@ -21,9 +21,10 @@ constexpr bool device_layout_differs(DType t) { return t == DType::Q6_K; }
 
 // Copies `bytes` of weights (whole matrices of `rows` rows of `row_len` elements; a 3-D expert tensor is
 // bytes / matrix bytes of them) from host memory into dst in the device layout, in order on `stream`.
-// Q6_K travels through a staging buffer and returns once it is converted.
+// Q6_K travels through a staging buffer of stage_blocks blocks (0: ~16 MiB; tests pass a few) and returns
+// once it is converted.
 void upload_weights(void* dst, const void* src, size_t bytes, DType type, int64_t row_len, int64_t rows,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int64_t stage_blocks = 0);
 
 // The same conversion of weights already in device memory (src as the file stores them, src != dst).
 void to_device_layout(void* dst, const void* src, size_t bytes, DType type, int64_t row_len, int64_t rows,
