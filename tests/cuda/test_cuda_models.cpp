@@ -149,30 +149,28 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
       worst, agree, a.tokens.size());
 }
 
-// Qwen3.5's output gate applied by the attention combine (XPERT_ATTN_GATE=1) against mul_sigmoid after it:
-// the same bits at every step (not yet run on a GPU).
-TEST(CudaModelFusions, AttentionGateInCombineIsExact) {
-  XPERT_REQUIRE_GPU();
-  const TempFile tmp("cuda_attn_gate_tiny.gguf");
-  const std::string& file = tmp.path;
-  synth_write({.preset = "tiny-qwen35moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without("XPERT_ATTN_GATE", file, 20, 24, 128, "1");
+// A preset's Q4_K_M with var=1 and without: the same prefill, tokens and step logits, bit for bit.
+void expect_exact_with(const char* var, const char* preset, int n_prompt) {
+  const TempFile tmp("cuda_exact_with.gguf");
+  synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
+  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128, "1");
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.step_logits, b.step_logits);
 }
 
+// Qwen3.5's output gate applied by the attention combine (XPERT_ATTN_GATE=1) against mul_sigmoid after it
+// (not yet run on a GPU).
+TEST(CudaModelFusions, AttentionGateInCombineIsExact) {
+  XPERT_REQUIRE_GPU();
+  expect_exact_with("XPERT_ATTN_GATE", "tiny-qwen35moe", 20);
+}
+
 // The decode attention starting its first key stages before its PDL wait (XPERT_ATTN_EARLY=1) against
-// after it: the same bits at every step, at depths where the early start happens (not yet run on a GPU).
+// after it, at depths where the early start happens (not yet run on a GPU).
 TEST(CudaModelFusions, EarlyKeyStagesAreExact) {
   XPERT_REQUIRE_GPU();
-  const TempFile tmp("cuda_attn_early_tiny.gguf");
-  const std::string& file = tmp.path;
-  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without("XPERT_ATTN_EARLY", file, 60, 24, 128, "1");
-  EXPECT_EQ(a.prefill, b.prefill);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.step_logits, b.step_logits);
+  expect_exact_with("XPERT_ATTN_EARLY", "tiny-qwen3moe", 60);
 }
 
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all

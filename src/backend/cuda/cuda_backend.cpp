@@ -781,7 +781,7 @@ class CudaBackend final : public Backend {
       const size_t matrix = row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
       per_expert += align16(matrix);
       if (cuda::device_layout_differs(w->type)) staged = std::max(staged, matrix);
-      pins_.pin(w->data, row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1] * (size_t)w->ne[2]);
+      pins_.pin(w->data, matrix * (size_t)w->ne[2]);
     }
     size_t n_copy = used.size();
     if (host_part) {

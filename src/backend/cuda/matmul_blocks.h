@@ -99,7 +99,7 @@ template <>
 struct RowOf<DType::Q6_K> {
   using type = Q6Row;
   __device__ static type at(const uint8_t* w, int64_t r, int64_t rows, size_t row_bytes) {
-    const int64_t nb = (int64_t)(row_bytes / 210), n = rows * nb, b0 = r * nb;
+    const int64_t nb = (int64_t)(row_bytes / sizeof(quant::BlockQ6_K)), n = rows * nb, b0 = r * nb;
     return {w + b0 * 128, w + n * 128 + b0 * 64, w + n * 192 + b0 * 16, w + n * 208 + b0 * 2};
   }
 };
@@ -116,7 +116,7 @@ __device__ __forceinline__ void prefetch_rows(const void* w, int64_t r, int64_t 
                                               size_t row_bytes) {
   if constexpr (T == DType::Q6_K) {
     const Q6Row q = row_at<T>(w, r, rows, row_bytes);
-    const size_t nb = row_bytes / 210;
+    const size_t nb = row_bytes / sizeof(quant::BlockQ6_K);
     prefetch_l2(q.ql, n_rows * nb * 128);
     prefetch_l2(q.qh, n_rows * nb * 64);
     prefetch_l2(q.sc, n_rows * nb * 16);

@@ -1,7 +1,6 @@
 // Decode products (few X rows): one weight row per group of lanes, W streamed once straight from global
 // memory in 16-byte pieces, each piece multiplied with every X row before the next is needed.
 #include <algorithm>
-#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"

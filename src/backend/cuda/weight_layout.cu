@@ -9,7 +9,7 @@
 namespace xpert::cuda {
 namespace {
 
-constexpr size_t kQ6Bytes = 210;  // ql 128, qh 64, scales 16, d 2
+constexpr size_t kQ6Bytes = sizeof(quant::BlockQ6_K);  // ql 128, qh 64, scales 16, d 2
 
 // One thread per block: blocks [g0, g0 + count) of the tensor at dst (src holds just those, as stored),
 // block b of matrix m (n blocks a matrix) to its four fields' places.
@@ -40,7 +40,6 @@ int64_t matrix_blocks(const void* dst, size_t bytes, DType type, int64_t row_len
   if (bytes % ((size_t)n * dtype_info(type).block_bytes) != 0)
     fail_cat("CUDA weights: ", bytes, " bytes are not whole ", rows, " x ", row_len, " ", dtype_name(type),
              " matrices");
-  static_assert(sizeof(quant::BlockQ6_K) == kQ6Bytes, "Q6_K block layout");
   // The readers load ql and qh 16 bytes at a time: every matrix must start 16-byte aligned (experts back
   // to back: rows x blocks a multiple of 8, as CUDA's MoE shapes always are).
   if (reinterpret_cast<uintptr_t>(dst) % 16 || (bytes > (size_t)n * kQ6Bytes && (n * kQ6Bytes) % 16))
