@@ -153,21 +153,21 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
 void expect_exact_with(const char* var, const char* preset, int n_prompt) {
   const TempFile tmp("cuda_exact_with.gguf");
   synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128, "1");
+  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128);
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.step_logits, b.step_logits);
 }
 
-// Qwen3.5's output gate applied by the attention combine (XPERT_ATTN_GATE=1) against mul_sigmoid after it
-// (not yet run on a GPU).
+// Qwen3.5's output gate applied by the attention combine (the default) against mul_sigmoid after it
+// (XPERT_ATTN_GATE=0).
 TEST(CudaModelFusions, AttentionGateInCombineIsExact) {
   XPERT_REQUIRE_GPU();
   expect_exact_with("XPERT_ATTN_GATE", "tiny-qwen35moe", 20);
 }
 
-// The decode attention starting its first key stages before its PDL wait (XPERT_ATTN_EARLY=1) against
-// after it, at depths where the early start happens (not yet run on a GPU).
+// The decode attention starting its first key stages before its PDL wait (the default) against after it
+// (XPERT_ATTN_EARLY=0), at depths where the early start happens.
 TEST(CudaModelFusions, EarlyKeyStagesAreExact) {
   XPERT_REQUIRE_GPU();
   expect_exact_with("XPERT_ATTN_EARLY", "tiny-qwen3moe", 60);

@@ -63,7 +63,7 @@ struct DecodeAttentionArgs {
   int64_t q_stride = 0;  // floats between q's (sequence, head) rows (0: head_dim)
   // Each split starts loading its first key stages before the kernel's PDL wait when they all lie below
   // the sequence's position: keys below it were stored by earlier steps, only the position's own key by
-  // the kernel right before. (XPERT_ATTN_EARLY=1, an experiment; the same bits either way.)
+  // the kernel right before. (On by default, XPERT_ATTN_EARLY=0 turns it off; the same bits either way.)
   bool early_kv = false;
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);

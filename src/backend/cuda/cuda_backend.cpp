@@ -47,11 +47,11 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 
 // XPERT_SHARED_SLOT=0 turns off Qwen3.5's shared expert as one more slot of the MoE kernels (read when a
 // backend is made, so that a test can compare both forms in one process). XPERT_GDN_FUSE: gdn.h.
-// XPERT_ATTN_GATE=1 (read likewise): Qwen3.5's gated attention reads q and the gate where the projection
-// leaves them interleaved, and the combine applies the gate as it writes (fuses_attention_gate; an
-// experiment, not yet measured: it saves the deinterleave and mul_sigmoid launches and the output
-// projection's own q8_1 conversion). XPERT_ATTN_EARLY=1 (likewise): the decode attention starts its first
-// key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; an experiment, not yet measured).
+// XPERT_ATTN_GATE=0 (read likewise) turns off Qwen3.5's gated attention reading q and the gate where the
+// projection leaves them interleaved, with the combine applying the gate as it writes (fuses_attention_gate:
+// no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output projection; measured
+// +2 % tg on qwen3.5, docs/PERF.md). XPERT_ATTN_EARLY=0 (likewise) turns off the decode attention starting
+// its first key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; +1 % tg on qwen3).
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -67,8 +67,8 @@ class CudaBackend final : public Backend {
       : device_(device),
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        attn_gate_(env_is_1("XPERT_ATTN_GATE")),
-        attn_early_(env_is_1("XPERT_ATTN_EARLY")) {
+        attn_gate_(env_on("XPERT_ATTN_GATE")),
+        attn_early_(env_on("XPERT_ATTN_EARLY")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -1101,8 +1101,8 @@ class CudaBackend final : public Backend {
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
-  const bool attn_gate_;    // XPERT_ATTN_GATE=1
-  const bool attn_early_;   // XPERT_ATTN_EARLY=1 (cuda::DecodeAttentionArgs::early_kv)
+  const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
+  const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
