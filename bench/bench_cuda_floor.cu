@@ -25,14 +25,20 @@
 //            each 16-byte piece from five 4-byte loads) against the device layout (weight_layout.h: field
 //            by field, each piece one aligned load; dev::row_at), the same arithmetic (dev::Dot<Q6_K>::mul):
 //            what the blocks' alignment costs the decode dot. An output head's shape and MoE down rows'.
+//   attn:    the decode attention (attention.h) in a chain of itself at a few depths, Qwen3's heads (32 / 4,
+//            head_dim 128) and Qwen3.5's (16 / 2, 256, gated, q and gate interleaved), f16 cache, q8_1 out:
+//            split over the GPU with its combine launch against one block per KV head (one_block).
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
+// Arguments: the sections to run (default all).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/ops.h"
 
@@ -340,7 +346,63 @@ float q6k_us(bool planar, const uint8_t* w, int64_t rows, int k, const int8_t* x
 
 }  // namespace
 
-int main() {
+// attn: us per decode attention launch (its combine included) at positions pos.
+float attn_us(bool one_block, bool qwen35, int32_t pos, cudaStream_t s) {
+  const int64_t H = qwen35 ? 16 : 32, Hk = qwen35 ? 2 : 4, D = qwen35 ? 256 : 128, n_ctx = 4096;
+  const int64_t qs = qwen35 ? 2 * D : D;  // Qwen3.5: q and gate interleaved per head
+  float *q = nullptr, *out = nullptr;
+  void *k = nullptr, *v = nullptr, *ws = nullptr;
+  int8_t* oq = nullptr;
+  float2* ods = nullptr;
+  int32_t* dpos = nullptr;
+  const size_t kv = (size_t)n_ctx * Hk * D * 2;
+  CHECK(cudaMalloc(&q, H * qs * sizeof(float)));
+  CHECK(cudaMemset(q, 0x3c, H * qs * sizeof(float)));
+  CHECK(cudaMalloc(&out, H * D * sizeof(float)));
+  CHECK(cudaMalloc(&k, kv));
+  CHECK(cudaMalloc(&v, kv));
+  CHECK(cudaMemset(k, 0x2c, kv));
+  CHECK(cudaMemset(v, 0x2c, kv));
+  CHECK(cudaMalloc(&oq, H * D));
+  CHECK(cudaMalloc(&ods, H * D / 32 * sizeof(float2)));
+  CHECK(cudaMalloc(&dpos, sizeof(int32_t)));
+  CHECK(cudaMemcpy(dpos, &pos, sizeof(int32_t), cudaMemcpyHostToDevice));
+  xpert::cuda::DecodeAttentionArgs a{.q = q,
+                                     .k = k,
+                                     .v = v,
+                                     .slot_stride = 0,
+                                     .slots = nullptr,
+                                     .pos = dpos,
+                                     .out = out,
+                                     .n_seq = 1,
+                                     .n_head = H,
+                                     .n_head_kv = Hk,
+                                     .head_dim = D,
+                                     .max_kv = n_ctx,
+                                     .kq_scale = 1.0f / 16,
+                                     .sliding_window = 0,
+                                     .min_keys_per_split = 128,
+                                     .out_q = oq,
+                                     .out_ds = ods,
+                                     .gate = qwen35 ? q + D : nullptr,
+                                     .gate_stride = qwen35 ? 2 * D : 0,
+                                     .q_stride = qs,
+                                     .early_kv = true,
+                                     .one_block = one_block};
+  const size_t wsb = xpert::cuda::attention_decode_workspace_bytes(a);
+  if (wsb) CHECK(cudaMalloc(&ws, wsb));
+  const float us = graph_us(s, [&](int) { xpert::cuda::attention_decode(a, ws, s); });
+  for (void* p : {(void*)q, (void*)out, k, v, ws, (void*)oq, (void*)ods, (void*)dpos}) CHECK(cudaFree(p));
+  return us;
+}
+
+int main(int argc, char** argv) {
+  auto run = [&](const char* section) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; ++i)
+      if (!std::strcmp(argv[i], section)) return true;
+    return false;
+  };
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t s;
@@ -351,14 +413,26 @@ int main() {
   CHECK(cudaMalloc(&slots, sizeof(int) * (size_t)(kKernels + 1) * max_blocks));
   CHECK(cudaMemset(slots, 0, sizeof(int) * (size_t)(kKernels + 1) * max_blocks));
   CHECK(cudaMalloc(&count, sizeof(unsigned)));
-  std::printf("| what | blocks x threads | us each |\n|---|---|---:|\n");
-  for (int blocks : {sms, 1024, 4096})
-    for (bool pdl : {false, true})
-      std::printf("| graph chain, %s | %d x 128 | %.2f |\n", pdl ? "PDL" : "plain", blocks,
-                  chain(blocks, 128, pdl, slots, s));
-  for (int threads : {128, 512})
-    std::printf("| grid barrier + a read | %d x %d | %.2f |\n", sms, threads,
-                barrier(sms, threads, count, slots, s));
+  if (run("chain")) {
+    std::printf("| what | blocks x threads | us each |\n|---|---|---:|\n");
+    for (int blocks : {sms, 1024, 4096})
+      for (bool pdl : {false, true})
+        std::printf("| graph chain, %s | %d x 128 | %.2f |\n", pdl ? "PDL" : "plain", blocks,
+                    chain(blocks, 128, pdl, slots, s));
+    for (int threads : {128, 512})
+      std::printf("| grid barrier + a read | %d x %d | %.2f |\n", sms, threads,
+                  barrier(sms, threads, count, slots, s));
+  }
+  if (run("attn")) {
+    std::printf(
+        "\n| decode attention, us a launch | position | split + combine | one block "
+        "|\n|---|---:|---:|---:|\n");
+    for (const bool qwen35 : {false, true})
+      for (const int32_t pos : {15, 63, 127, 255, 511, 1023})
+        std::printf("| %s | %d | %.2f | %.2f |\n",
+                    qwen35 ? "Qwen3.5 (16/2 x 256, gated)" : "Qwen3 (32/4 x 128)", pos,
+                    attn_us(false, qwen35, pos, s), attn_us(true, qwen35, pos, s));
+  }
 
   uint8_t *gate = nullptr, *up = nullptr;
   int* ids = nullptr;
@@ -371,23 +445,25 @@ int main() {
   CHECK(cudaMemset(ids, 0, kUsed * sizeof(int)));
   CHECK(cudaMalloc(&out, kSpans * kUsed * sizeof(unsigned)));
   const double mb = 2.0 * kUsed * kSpans * kSpan / 1e6;
-  const float floor = stream_pair(empty_stream, 0, gate, up, ids, out, s);
-  std::printf(
-      "\n| after 8 expert ids: %.1f MB read by %d x %d blocks of %d threads | us (pair - %.2f) | TB/s |\n"
-      "|---|---:|---:|\n",
-      mb, kSpans, kUsed, kStreamThreads, floor);
-  const struct {
-    const char* name;
-    StreamKernel k;
-    size_t smem;
-  } modes[] = {{"1 load in flight a thread", stream_kernel<0, 1>, 0},
-               {"3 loads in flight", stream_kernel<0, 3>, 0},
-               {"9 loads in flight (all)", stream_kernel<0, 9>, 0},
-               {"L2 bulk prefetch of both spans, then 1 load in flight", stream_kernel<1, 1>, 0},
-               {"cp.async into shared memory (72 KB), then read there", stream_kernel<2, 1>, 2 * kSpan}};
-  for (const auto& m : modes) {
-    const float us = stream_pair(m.k, m.smem, gate, up, ids, out, s) - floor;
-    std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
+  if (run("stream")) {
+    const float floor = stream_pair(empty_stream, 0, gate, up, ids, out, s);
+    std::printf(
+        "\n| after 8 expert ids: %.1f MB read by %d x %d blocks of %d threads | us (pair - %.2f) | TB/s |\n"
+        "|---|---:|---:|\n",
+        mb, kSpans, kUsed, kStreamThreads, floor);
+    const struct {
+      const char* name;
+      StreamKernel k;
+      size_t smem;
+    } modes[] = {{"1 load in flight a thread", stream_kernel<0, 1>, 0},
+                 {"3 loads in flight", stream_kernel<0, 3>, 0},
+                 {"9 loads in flight (all)", stream_kernel<0, 9>, 0},
+                 {"L2 bulk prefetch of both spans, then 1 load in flight", stream_kernel<1, 1>, 0},
+                 {"cp.async into shared memory (72 KB), then read there", stream_kernel<2, 1>, 2 * kSpan}};
+    for (const auto& m : modes) {
+      const float us = stream_pair(m.k, m.smem, gate, up, ids, out, s) - floor;
+      std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
+    }
   }
 
   unsigned *ha = nullptr, *hb = nullptr;
@@ -398,18 +474,20 @@ int main() {
   const uint4* dram =
       reinterpret_cast<const uint4*>(gate);  // 113 MB of experts: about half of scattered reads miss L2
   const unsigned dram16 = (unsigned)(kExperts * kExpertBytes / 16), l2_16 = (unsigned)((4u << 20) / 16);
-  std::printf(
-      "\n| dependent loads after the launch's first read | %u MB (half DRAM) us | L2 (4 MB) us |\n"
-      "|---|---:|---:|\n",
-      (unsigned)(kExperts * kExpertBytes >> 20));
-  std::printf("| 0 | %.2f | %.2f |\n", hops<0>(dram, dram16, ha, hb, sms, s),
-              hops<0>(dram, l2_16, ha, hb, sms, s));
-  std::printf("| 1 | %.2f | %.2f |\n", hops<1>(dram, dram16, ha, hb, sms, s),
-              hops<1>(dram, l2_16, ha, hb, sms, s));
-  std::printf("| 2 | %.2f | %.2f |\n", hops<2>(dram, dram16, ha, hb, sms, s),
-              hops<2>(dram, l2_16, ha, hb, sms, s));
-  std::printf("| 4 | %.2f | %.2f |\n", hops<4>(dram, dram16, ha, hb, sms, s),
-              hops<4>(dram, l2_16, ha, hb, sms, s));
+  if (run("hops")) {
+    std::printf(
+        "\n| dependent loads after the launch's first read | %u MB (half DRAM) us | L2 (4 MB) us |\n"
+        "|---|---:|---:|\n",
+        (unsigned)(kExperts * kExpertBytes >> 20));
+    std::printf("| 0 | %.2f | %.2f |\n", hops<0>(dram, dram16, ha, hb, sms, s),
+                hops<0>(dram, l2_16, ha, hb, sms, s));
+    std::printf("| 1 | %.2f | %.2f |\n", hops<1>(dram, dram16, ha, hb, sms, s),
+                hops<1>(dram, l2_16, ha, hb, sms, s));
+    std::printf("| 2 | %.2f | %.2f |\n", hops<2>(dram, dram16, ha, hb, sms, s),
+                hops<2>(dram, l2_16, ha, hb, sms, s));
+    std::printf("| 4 | %.2f | %.2f |\n", hops<4>(dram, dram16, ha, hb, sms, s),
+                hops<4>(dram, l2_16, ha, hb, sms, s));
+  }
   CHECK(cudaFree(ha));
   CHECK(cudaFree(hb));
 
@@ -418,39 +496,42 @@ int main() {
   CHECK(cudaMalloc(&nb, kNormN * sizeof(float)));
   CHECK(cudaMemset(na, 0, kNormN * sizeof(float)));
   CHECK(cudaMemset(nb, 0, kNormN * sizeof(float)));
-  std::printf(
-      "\n| a norm of %d floats a launch (each block reads all) | blocks x threads | us |\n|---|---|---:|\n",
-      kNormN);
-  std::printf("| float sums | 1 x 1024 | %.2f |\n", norm_chain<float, 1024>(1, na, nb, s));
-  std::printf("| double sums | 1 x 1024 | %.2f |\n", norm_chain<double, 1024>(1, na, nb, s));
-  std::printf("| float sums | 1 x 256 | %.2f |\n", norm_chain<float, 256>(1, na, nb, s));
-  std::printf("| float sums | 8 x 256 | %.2f |\n", norm_chain<float, 256>(8, na, nb, s));
-  std::printf("| float sums | %d x 128 | %.2f |\n", 128, norm_chain<float, 128>(128, na, nb, s));
-  float *nd = nullptr, *nw = nullptr;
-  int8_t* nq = nullptr;
-  float2* nds = nullptr;
-  CHECK(cudaMalloc(&nd, kNormN * sizeof(float)));
-  CHECK(cudaMalloc(&nw, kNormN * sizeof(float)));
-  CHECK(cudaMalloc(&nq, kNormN));
-  CHECK(cudaMalloc(&nds, kNormN / 32 * sizeof(float2)));
-  CHECK(cudaMemset(nd, 0, kNormN * sizeof(float)));  // x += 0: the chain keeps its values
-  for (float* p : {na, nb, nw}) CHECK(cudaMemset(p, 0x3f, kNormN * sizeof(float)));  // 0.747 each
-  for (const bool add : {true, false})
-    for (const bool q8 : {true, false})
-      std::printf("| add_rmsnorm_q8%s%s | 1 x 1024 | %.2f |\n", add ? ", x += d" : "", q8 ? ", q8_1 out" : "",
-                  graph_us(s, [&](int i) {
-                    xpert::cuda::add_rmsnorm_q8(add ? nd : nullptr, i % 2 ? nb : na, kNormN, nw,
-                                                i % 2 ? na : nb, kNormN, 1, kNormN, 1e-6f, q8 ? nq : nullptr,
-                                                q8 ? nds : nullptr, s);
-                  }));
-  CHECK(cudaFree(nd));
-  CHECK(cudaFree(nw));
-  CHECK(cudaFree(nq));
-  CHECK(cudaFree(nds));
-  CHECK(cudaFree(na));
-  CHECK(cudaFree(nb));
+  if (run("norm")) {
+    std::printf(
+        "\n| a norm of %d floats a launch (each block reads all) | blocks x threads | us |\n|---|---|---:|\n",
+        kNormN);
+    std::printf("| float sums | 1 x 1024 | %.2f |\n", norm_chain<float, 1024>(1, na, nb, s));
+    std::printf("| double sums | 1 x 1024 | %.2f |\n", norm_chain<double, 1024>(1, na, nb, s));
+    std::printf("| float sums | 1 x 256 | %.2f |\n", norm_chain<float, 256>(1, na, nb, s));
+    std::printf("| float sums | 8 x 256 | %.2f |\n", norm_chain<float, 256>(8, na, nb, s));
+    std::printf("| float sums | %d x 128 | %.2f |\n", 128, norm_chain<float, 128>(128, na, nb, s));
+    float *nd = nullptr, *nw = nullptr;
+    int8_t* nq = nullptr;
+    float2* nds = nullptr;
+    CHECK(cudaMalloc(&nd, kNormN * sizeof(float)));
+    CHECK(cudaMalloc(&nw, kNormN * sizeof(float)));
+    CHECK(cudaMalloc(&nq, kNormN));
+    CHECK(cudaMalloc(&nds, kNormN / 32 * sizeof(float2)));
+    CHECK(cudaMemset(nd, 0, kNormN * sizeof(float)));  // x += 0: the chain keeps its values
+    for (float* p : {na, nb, nw}) CHECK(cudaMemset(p, 0x3f, kNormN * sizeof(float)));  // 0.747 each
+    for (const bool add : {true, false})
+      for (const bool q8 : {true, false})
+        std::printf("| add_rmsnorm_q8%s%s | 1 x 1024 | %.2f |\n", add ? ", x += d" : "",
+                    q8 ? ", q8_1 out" : "", graph_us(s, [&](int i) {
+                      xpert::cuda::add_rmsnorm_q8(add ? nd : nullptr, i % 2 ? nb : na, kNormN, nw,
+                                                  i % 2 ? na : nb, kNormN, 1, kNormN, 1e-6f,
+                                                  q8 ? nq : nullptr, q8 ? nds : nullptr, s);
+                    }));
+    CHECK(cudaFree(nd));
+    CHECK(cudaFree(nw));
+    CHECK(cudaFree(nq));
+    CHECK(cudaFree(nds));
+    CHECK(cudaFree(na));
+    CHECK(cudaFree(nb));
+  }
 
-  {  // q6k: 151936 x 2048 (an output head, 255 MB) and 131072 x 512 rows (MoE down rows, 55 MB)
+  // q6k: 151936 x 2048 (an output head, 255 MB) and 131072 x 512 rows (MoE down rows, 55 MB)
+  if (run("q6k")) {
     const size_t bytes = (size_t)151936 * 8 * 210;
     uint8_t* w = nullptr;
     int8_t* xq = nullptr;

@@ -129,6 +129,7 @@ class Backend {
     void *k_cache, *v_cache;
     int64_t slot_stride;  // bytes
     const int32_t *slots, *pos;
+    int32_t max_pos;  // the largest of pos (a host copy): decode_attention_form(max_pos) says the form
     float* out;
     int64_t n_seq, n_head, n_head_kv, head_dim, n_ctx;
     float kq_scale;
@@ -144,6 +145,10 @@ class Backend {
     int64_t gate_stride = 0, q_stride = 0;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
+  // Which form of decode_attention this backend records for a step whose deepest token is at max_pos
+  // (CUDA: one pass per KV head when the keys are few, split with a combine otherwise). Part of a decode
+  // graph's key, since a recording keeps the form it was made with.
+  virtual int decode_attention_form(int32_t max_pos) const { return 0; }
   virtual bool fuses_attention_gate() const { return false; }
 
   // A whole decode step of one sequence through a stack of qwen3moe layers (rmsnorm, q/k/v, per-head q/k

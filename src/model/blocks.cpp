@@ -1,5 +1,6 @@
 #include "model/blocks.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cpu/cpu_backend.h"
@@ -34,6 +35,7 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
     if (g.n_tokens != 1) decode_only_ = false;
     for (int32_t t = 0; t < g.n_tokens; ++t) {
       pos_[row + t] = g.pos0 + t;
+      max_pos_ = std::max(max_pos_, g.pos0 + t);
       if (g.all_logits || t == g.n_tokens - 1) out_rows_.push_back(row + t);
     }
     row += g.n_tokens;
@@ -119,6 +121,7 @@ Backend& Exec::enter(int64_t il) {
     if (il == 0 && decode_only_ && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
       std::string key = fmt::format("m{}|kv{}|st{}|ar{}|", fmt::ptr(&m_), args_.cache ? args_.cache->id() : 0,
                                     args_.state ? args_.state->id() : 0, want->scratch().generation());
+      key += fmt::format("af{}|", want->decode_attention_form(max_pos_));
       for (const BatchSegment& g : segments_) key += fmt::format("{},", g.seq);
       for (int64_t r : out_rows_) key += fmt::format("{};", r);
       want->begin_graph(key);
@@ -184,6 +187,7 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .slot_stride = kv.slot_stride(),
                                      .slots = a.seq,
                                      .pos = a.pos,
+                                     .max_pos = ex.max_pos(),
                                      .out = a.att,
                                      .n_seq = ex.n(),
                                      .n_head = c.n_head,

@@ -49,6 +49,7 @@ class Exec {
   bool decode_only() const { return decode_only_; }  // every segment is one token
   const ForwardArgs& args() const { return args_; }
   const std::vector<BatchSegment>& segments() const { return segments_; }
+  int32_t max_pos() const { return max_pos_; }  // the batch's deepest token position
   const std::vector<int64_t>& out_rows() const { return out_rows_; }
   // Final norm and output projection of the rows that need logits, copied to the host.
   void output_logits(std::vector<float>& logits);
@@ -66,6 +67,7 @@ class Exec {
   std::vector<BatchSegment> segments_;
   std::vector<int64_t> out_rows_;
   std::vector<int32_t> pos_;
+  int32_t max_pos_ = 0;
   std::vector<OnDevice> devs_;  // at most two: the CPU and the offload device
   Backend* b_ = nullptr;
   Activations* a_ = nullptr;

@@ -13,6 +13,7 @@
 // quantizer's bytes exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -142,8 +143,10 @@ TEST(CudaAttention, OtherHeadDimsAndSimpleKernel) {
 
 // Several sequences in one decode step, each in its own slot at its own depth. Positions live only on the
 // device: the same launch, replayed after the positions move, is right again (a captured graph's case).
-void check_batched_decode(KvPair types) {
-  const Shape s{16, 2, 256};
+// Both forms: split over the GPU with a combine launch, and one_block (a block per KV head combining its
+// warps itself). Within a form, every variant of the launch (early key stages, q8_1 out, the gate, q and
+// gate interleaved) gives the plain launch's bits.
+void check_batched_decode(KvPair types, const Shape& s = {16, 2, 256}) {
   const int64_t D = s.head_dim, kv_row = s.n_head_kv * D, n_ctx = 4096, n_slots = 4;
   const size_t k_row = row_bytes(types.k, kv_row), v_row = row_bytes(types.v, kv_row);
   // One buffer per side here, so slot s of K starts at s * n_ctx * k_row and of V at s * n_ctx * v_row;
@@ -201,72 +204,85 @@ void check_batched_decode(KvPair types) {
                                     .k_type = types.k,
                                     .v_type = types.v};
   Dev<char> ws(cuda::attention_decode_workspace_bytes(b));
-  for (const std::vector<int32_t>& pos : {std::vector<int32_t>{4095, 0, 1777}, std::vector<int32_t>{5, 3000, 63}}) {
-    dpos.upload(pos);
-    dout.poison();
-    cuda::attention_decode(b, ws.get(), nullptr);
-    const auto got = dout.download();
-    const Err e = compare(got, reference(pos));
-    EXPECT_TRUE(e.finite) << name(types);
-    EXPECT_LT(e.max_abs, quantized(types) ? kQuantMaxAbs : kMaxAbs) << name(types) << ": " << e;
-    EXPECT_LT(e.rel_l2, quantized(types) ? kQuantRelL2 : kRelL2) << name(types) << ": " << e;
-    cuda::attention_decode(b, ws.get(), nullptr);
-    EXPECT_EQ(dout.download(), got) << "deterministic" << name(types);
-    cuda::DecodeAttentionArgs be = b;  // the first key stages started before the wait: the same bits
-    be.early_kv = true;
-    dout.poison();
-    cuda::attention_decode(be, ws.get(), nullptr);
-    EXPECT_EQ(dout.download(), got) << "early_kv " << name(types);
-    // The output's q8_1 activations (for the output projection): the bits quantize_activations gives.
-    const int64_t K = s.n_head * D;
-    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, n_seq, K);
-    Dev<uint8_t> oq(qb), want(qb);
-    oq.poison();
-    cuda::DecodeAttentionArgs bq = b;
-    bq.out_q = reinterpret_cast<int8_t*>(oq.get());
-    bq.out_ds = reinterpret_cast<float2*>(oq.get() + cuda::Workspace::round((size_t)(n_seq * K)));
-    cuda::attention_decode(bq, ws.get(), nullptr);
-    EXPECT_EQ(dout.download(), got) << name(types);
-    cuda::quantize_activations(cuda::ActFormat::q8_1, dout.get(), K, n_seq, K, want.get(), nullptr);
-    std::vector<uint8_t> gq = oq.download(), wq = want.download();
-    const size_t used = cuda::Workspace::round((size_t)(n_seq * K)) + (size_t)(n_seq * (K / 32)) * 8;
-    gq.resize(used), wq.resize(used);
-    EXPECT_EQ(gq, wq) << name(types);
-    // Qwen3.5's output gate applied as the combine writes (XPERT_ATTN_GATE): the bits of mul_sigmoid on
-    // the ungated output, and the q8_1 blocks of those.
-    const auto gate = randn(n_seq * K, 53, 3.0f);
-    Dev<float> dgate(gate), gated(got);
-    cuda::mul_sigmoid(gated.get(), dgate.get(), n_seq * K, nullptr);
-    cuda::DecodeAttentionArgs bg = bq;
-    bg.gate = dgate.get();
-    oq.poison();
-    cuda::attention_decode(bg, ws.get(), nullptr);
-    EXPECT_EQ(dout.download(), gated.download()) << "gated " << name(types);
-    cuda::quantize_activations(cuda::ActFormat::q8_1, gated.get(), K, n_seq, K, want.get(), nullptr);
-    gq = oq.download(), wq = want.download();
-    gq.resize(used), wq.resize(used);
-    EXPECT_EQ(gq, wq) << "gated " << name(types);
-    // The same with q and the gate interleaved per head, as Qwen3.5's projection gives them: rows 2 D apart.
-    std::vector<float> qg((size_t)(n_seq * s.n_head * 2 * D));
-    for (int64_t r = 0; r < n_seq * s.n_head; ++r) {
-      std::copy(q.begin() + r * D, q.begin() + (r + 1) * D, qg.begin() + r * 2 * D);
-      std::copy(gate.begin() + r * D, gate.begin() + (r + 1) * D, qg.begin() + r * 2 * D + D);
+  const int64_t K = s.n_head * D;
+  const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, n_seq, K);
+  const size_t used = cuda::Workspace::round((size_t)(n_seq * K)) + (size_t)(n_seq * (K / 32)) * 8;
+  Dev<uint8_t> oq(qb), want(qb);
+  auto q8 = [&](Dev<uint8_t>& d) {
+    std::vector<uint8_t> v = d.download();
+    v.resize(used);
+    return v;
+  };
+  for (const bool one_block : {false, true})
+    for (const std::vector<int32_t>& pos :
+         {std::vector<int32_t>{4095, 0, 1777}, std::vector<int32_t>{5, 3000, 63},
+          std::vector<int32_t>{63, 0, 17}}) {
+      const std::string what = std::string(one_block ? " one block" : " split") + " heads " +
+                               std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " D " +
+                               std::to_string(D) + " at " + std::to_string(pos[0]) + name(types);
+      cuda::DecodeAttentionArgs b1 = b;
+      b1.one_block = one_block;
+      dpos.upload(pos);
+      dout.poison();
+      cuda::attention_decode(b1, one_block ? nullptr : ws.get(), nullptr);  // one_block needs no workspace
+      const auto got = dout.download();
+      const Err e = compare(got, reference(pos));
+      EXPECT_TRUE(e.finite) << what;
+      EXPECT_LT(e.max_abs, quantized(types) ? kQuantMaxAbs : kMaxAbs) << what << ": " << e;
+      EXPECT_LT(e.rel_l2, quantized(types) ? kQuantRelL2 : kRelL2) << what << ": " << e;
+      cuda::attention_decode(b1, ws.get(), nullptr);
+      EXPECT_EQ(dout.download(), got) << "deterministic" << what;
+      cuda::DecodeAttentionArgs be = b1;  // the first key stages started before the wait: the same bits
+      be.early_kv = true;
+      dout.poison();
+      cuda::attention_decode(be, ws.get(), nullptr);
+      EXPECT_EQ(dout.download(), got) << "early_kv" << what;
+      // The output's q8_1 activations (for the output projection): the bits quantize_activations gives.
+      oq.poison();
+      cuda::DecodeAttentionArgs bq = b1;
+      bq.out_q = reinterpret_cast<int8_t*>(oq.get());
+      bq.out_ds = reinterpret_cast<float2*>(oq.get() + cuda::Workspace::round((size_t)(n_seq * K)));
+      cuda::attention_decode(bq, ws.get(), nullptr);
+      EXPECT_EQ(dout.download(), got) << what;
+      cuda::quantize_activations(cuda::ActFormat::q8_1, dout.get(), K, n_seq, K, want.get(), nullptr);
+      EXPECT_EQ(q8(oq), q8(want)) << what;
+      // Qwen3.5's output gate applied as the output is written: the bits of mul_sigmoid on the ungated
+      // output, and the q8_1 blocks of those.
+      const auto gate = randn(n_seq * K, 53, 3.0f);
+      Dev<float> dgate(gate), gated(got);
+      cuda::mul_sigmoid(gated.get(), dgate.get(), n_seq * K, nullptr);
+      cuda::DecodeAttentionArgs bg = bq;
+      bg.gate = dgate.get();
+      oq.poison();
+      cuda::attention_decode(bg, ws.get(), nullptr);
+      EXPECT_EQ(dout.download(), gated.download()) << "gated" << what;
+      cuda::quantize_activations(cuda::ActFormat::q8_1, gated.get(), K, n_seq, K, want.get(), nullptr);
+      EXPECT_EQ(q8(oq), q8(want)) << "gated" << what;
+      // The same with q and the gate interleaved per head, as Qwen3.5's projection gives them: rows 2 D
+      // apart.
+      std::vector<float> qg((size_t)(n_seq * s.n_head * 2 * D));
+      for (int64_t r = 0; r < n_seq * s.n_head; ++r) {
+        std::copy(q.begin() + r * D, q.begin() + (r + 1) * D, qg.begin() + r * 2 * D);
+        std::copy(gate.begin() + r * D, gate.begin() + (r + 1) * D, qg.begin() + r * 2 * D + D);
+      }
+      Dev<float> dqg(qg);
+      cuda::DecodeAttentionArgs bs = bg;
+      bs.q = dqg.get();
+      bs.q_stride = 2 * D;
+      bs.gate = dqg.get() + D;
+      bs.gate_stride = 2 * D;
+      dout.poison();
+      cuda::attention_decode(bs, ws.get(), nullptr);
+      EXPECT_EQ(dout.download(), gated.download()) << "interleaved" << what;
     }
-    Dev<float> dqg(qg);
-    cuda::DecodeAttentionArgs bs = bg;
-    bs.q = dqg.get();
-    bs.q_stride = 2 * D;
-    bs.gate = dqg.get() + D;
-    bs.gate_stride = 2 * D;
-    dout.poison();
-    cuda::attention_decode(bs, ws.get(), nullptr);
-    EXPECT_EQ(dout.download(), gated.download()) << "interleaved " << name(types);
-  }
 }
 
 TEST(CudaAttention, BatchedDecodeMatchesCpu) {
   XPERT_OPS_REQUIRE_GPU();
-  check_batched_decode({});
+  check_batched_decode({});                // Qwen3.5
+  check_batched_decode({}, {32, 4, 128});  // Qwen3
+  check_batched_decode({}, {24, 2, 128});  // group 12: two head chunks, the second 4 heads
+  check_batched_decode({}, {8, 1, 64});    // head_dim 64
 }
 
 // Issue #10: q8_0 / q4_0 caches (and mixed pairs) through every kernel: flash prefill, split-K decode,

@@ -173,6 +173,26 @@ TEST(CudaModelFusions, EarlyKeyStagesAreExact) {
   expect_exact_with("XPERT_ATTN_EARLY", "tiny-qwen3moe", 60);
 }
 
+// Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block
+// per KV head combining its warps itself (the default) against the split attention and its combine launch
+// (XPERT_ATTN_ONE_BLOCK=0), with and without Qwen3.5's gate: another summation order, so each step's
+// logits within kLogitTol while greedy agrees; the prefill does not take it (the same bits).
+TEST(CudaModelFusions, OneBlockAttentionMatchesSplit) {
+  XPERT_REQUIRE_GPU();
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+    const TempFile tmp("cuda_one_block.gguf");
+    synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
+    const auto [a, b] = with_and_without("XPERT_ATTN_ONE_BLOCK", tmp.path, 20, 24, 1024);
+    EXPECT_EQ(a.prefill, b.prefill) << preset;
+    const int64_t V = (int64_t)(a.prefill.size() / 20);
+    const size_t agree = greedy_agreement(b, a, V);
+    const float worst = worst_step_diff(a, b, agree);
+    EXPECT_LT(worst, kLogitTol) << preset;
+    std::printf("%s Q4_K_M, one-block attention vs split: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
+                preset, worst, agree, a.tokens.size());
+  }
+}
+
 // Heterogeneous experts: every layer on the GPU, but only some experts there (none, every other one, all
 // but one); the rest run on the host's threads over the mmap. Compared with the same model wholly on the
 // GPU (the split changes only which device computes an expert and the order of the final sum), same

@@ -65,6 +65,11 @@ struct DecodeAttentionArgs {
   // the sequence's position: keys below it were stored by earlier steps, only the position's own key by
   // the kernel right before. (On by default, XPERT_ATTN_EARLY=0 turns it off; the same bits either way.)
   bool early_kv = false;
+  // One block per (sequence, KV head): its warps split the keys among themselves (min_keys_per_split
+  // aside) and combine them in shared memory, writing out (and out_q, the gate) with no combine launch and
+  // no workspace. Right at any depth; fast where every sequence sees at most a few hundred keys (the
+  // caller knows its positions). Not the split path's bits: another summation order.
+  bool one_block = false;
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);

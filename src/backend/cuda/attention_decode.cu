@@ -1,5 +1,5 @@
-// Flash decoding over the KV cache (f16, q8_0, q4_0): one query row per sequence, the visible keys split over many
-// warps, partial (max, sum, unnormalized output) per warp, then a combine kernel. See attention.h.
+// Flash decoding over the KV cache (f16, q8_0, q4_0): one query row per sequence, the visible keys split over
+// many warps, partial (max, sum, unnormalized output) per warp, then a combine kernel. See attention.h.
 //
 // One warp = one split of one (sequence, kv head, group of up to 8 query heads). It streams its keys
 // 16 at a time through a private 3-stage cp.async ring (K and V rows of that kv head) and computes
@@ -9,7 +9,9 @@
 //                                                                 S^T's accumulators via movmatrix
 // so the 8 query heads of Qwen3's and Qwen3.5's GQA groups fill the n8 side exactly and nothing is padded.
 // The grid is one wave of resident warps; the number of active splits is computed on the device from
-// the position, so a fixed grid serves every depth; surplus warps exit at once.
+// the position, so a fixed grid serves every depth; surplus warps exit at once. With one_block (few keys,
+// known on the host) a unit's keys are split among the warps of one block, which combines them itself:
+// no combine launch.
 //
 // A quantized side (q8_0 / q4_0) goes through the ring as raw bytes (each key's head slice, whole blocks,
 // copied by 4-byte cp.async: blocks sit at 2-byte alignment, slices at 4), and at its step the warp
@@ -53,10 +55,11 @@ struct DecodeParams {
   const float* gate;  // optional: out *= sigmoid(gate) (combine_kernel), rows gate_stride apart
   int64_t gate_stride, q_stride;
   bool early_kv;       // a warp may start its first key stages before the wait (decode_kernel)
+  bool one_block;      // a unit's splits are the warps of one block, combined there (combine_in_block)
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
-  int n_head, group, n_hchunk, max_splits, min_keys, max_kv, window;
+  int n_head, group, n_hchunk, hc_heads, max_splits, min_keys, max_kv, window;  // hc_heads <= 8 a chunk
   bool wide;  // cache bases and slot stride 16-byte aligned: quantized slices copied in 16/8-byte pieces
   float scale_log2;  // kq_scale * log2(e)
 };
@@ -154,6 +157,65 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
   }
 }
 
+// one_block: the block's warps have split the unit's keys among themselves; their partial (max, sum,
+// output) meet in shared memory (each warp's own ring, free now: heads D + 4 floats apart, so the
+// fragment stores hit 32 banks), and the warps share out the heads' 32-dim pieces, combining each as
+// combine_kernel does: the output, times sigmoid(gate), and its q8_1 block.
+constexpr int kPartPad = 4;
+template <int D>
+__device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned char* smem, int warp_bytes,
+                                                 int seq, int h0, int nh, const float (&o)[D / 16][4],
+                                                 const float (&m)[2], const float (&l)[2]) {
+  constexpr int kRow = D + kPartPad, kPieces = D / 32, kPre = 2;  // pieces whose gate is loaded early
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int nw = blockDim.x / 32, items = nh * kPieces;
+  auto part_of = [&](int w) { return reinterpret_cast<float*>(smem + (size_t)w * warp_bytes); };
+  auto ml_of = [&](int w, int hj) { return reinterpret_cast<const float2*>(part_of(w) + 8 * kRow)[hj]; };
+  auto row_of = [&](int hj) { return (int64_t)seq * p.n_head + h0 + hj; };
+  cp_async_wait<0>();
+  __syncwarp();
+  float* part = part_of(warp);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int hj = 2 * tig + j;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      part[hj * kRow + 16 * mt + gid] = o[mt][j];
+      part[hj * kRow + 16 * mt + gid + 8] = o[mt][2 + j];
+    }
+    if (gid == 0) reinterpret_cast<float2*>(part + 8 * kRow)[hj] = make_float2(m[j], l[j]);
+  }
+  float g[kPre] = {};
+  if (p.gate)
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+      const int it = min(warp + i * nw, items - 1);
+      g[i] = p.gate[row_of(it / kPieces) * p.gate_stride + 32 * (it % kPieces) + lane];
+    }
+  __syncthreads();
+  auto piece = [&](int it, float gv, bool pre) {
+    const int hj = it / kPieces, d = 32 * (it % kPieces) + lane;
+    const int64_t row = row_of(hj);
+    float M = -INFINITY;
+    for (int w = 0; w < nw; ++w) M = fmaxf(M, ml_of(w, hj).x);
+    float acc = 0.0f, L = 0.0f;
+    for (int w = 0; w < nw; ++w) {
+      const float2 ml = ml_of(w, hj);
+      const float wt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+      L += wt * ml.y;
+      acc += wt * part_of(w)[hj * kRow + d];
+    }
+    float v = L > 0.0f ? acc / L : 0.0f;
+    if (p.gate) v *= sigmoidf(pre ? gv : p.gate[row * p.gate_stride + d]);
+    p.out[row * D + d] = v;
+    if (p.out_q) warp_quantize_q8_1(v, p.out_q + row * D + d, p.out_ds + (row * D + d) / 32);
+  };
+#pragma unroll
+  for (int i = 0; i < kPre; ++i)
+    if (warp + i * nw < items) piece(warp + i * nw, g[i], true);
+  for (int it = warp + kPre * nw; it < items; it += nw) piece(it, 0.0f, false);
+}
+
 template <int D, int KT, int VT>
 __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -162,8 +224,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const int split = warp * gridDim.x + blockIdx.x;
   const int seq = blockIdx.z;
   const int hk = blockIdx.y / p.n_hchunk, hc = blockIdx.y % p.n_hchunk;
-  const int h0 = hk * p.group + hc * 8;
-  const int nh = min(8, p.group - hc * 8);
+  const int h0 = hk * p.group + hc * p.hc_heads;
+  const int nh = min(p.hc_heads, p.group - hc * p.hc_heads);
   // The cache slot and the position (split_range) are host copies: read before the wait.
   const int64_t slot = p.slots ? p.slots[seq] : seq;
   const SplitRange r = split_range(p, seq);
@@ -200,7 +262,7 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const bool early = p.early_kv && n_steps > 0 && min(ke, kb + (kStages - 1) * kStepKeys) <= p.pos[seq];
   if (early) prologue();
   pdl_begin();
-  if (!active) return;
+  if (!active && !p.one_block) return;  // one_block: every warp meets at the combine
   // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
   uint32_t qb[D / 16][2];
   {
@@ -295,6 +357,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   for (int j = 0; j < 2; ++j)
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
+  if (p.one_block)
+    return combine_in_block<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), seq, h0, nh, o, m, l);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int hj = 2 * tig + j;
@@ -385,7 +449,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
 }
 
 struct DecodePlan {
-  int n_hchunk, max_splits, warps;
+  int n_hchunk, hc_heads, max_splits, warps;
   size_t smem_bytes, ml_bytes, o_bytes;
 };
 
@@ -468,7 +532,12 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   const DecodeConfig cfg = decode_config(a.head_dim, kv_kind(a.k_type), kv_kind(a.v_type));
   DecodePlan pl{};
   const int64_t group = a.n_head / a.n_head_kv;
-  pl.n_hchunk = (int)((group + 7) / 8);
+  // Query heads a block takes: 8 fill the tensor cores' n side; one_block takes fewer (its blocks then
+  // read the same keys from L2), so that its warps' combine has about two 32-dim pieces each: a warp's
+  // combine is a chain of dependent steps per piece, and the block has only its few warps.
+  pl.warps = cfg.warps;
+  pl.hc_heads = a.one_block ? (int)std::clamp<int64_t>(2 * pl.warps / (a.head_dim / 32), 1, 8) : 8;
+  pl.n_hchunk = (int)((group + pl.hc_heads - 1) / pl.hc_heads);
   const int min_keys = std::max(a.min_keys_per_split, kStepKeys);
   // One wave of resident warps shared by the batch's (sequence, kv head, head chunk) units; never more
   // splits than the keys can feed.
@@ -476,8 +545,11 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   int64_t splits = (int64_t)sm_count() * cfg.blocks_per_sm * cfg.warps / units;
   splits = std::min<int64_t>(splits, (a.max_kv + min_keys - 1) / min_keys);
   pl.max_splits = (int)std::clamp<int64_t>(splits, 1, kMaxSplits);
-  pl.warps = cfg.warps;
   pl.smem_bytes = cfg.smem_bytes;
+  if (a.one_block) {  // a block per unit, its warps the splits; no partials in global memory
+    pl.max_splits = pl.warps;
+    return pl;
+  }
   const size_t rows = (size_t)a.n_seq * a.n_head * pl.max_splits;
   pl.ml_bytes = align_up(rows * sizeof(float2), 256);
   pl.o_bytes = align_up(rows * a.head_dim * sizeof(float), 256);
@@ -490,6 +562,7 @@ void launch(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodePara
                   (unsigned)a.n_seq);
   launch_pdl(decode_kernel<D, KT, VT>, grid, 32 * pl.warps, pl.smem_bytes, stream, p);
   XPERT_CUDA_CHECK_LAUNCH();
+  if (p.one_block) return;
   launch_pdl(combine_kernel, dim3((unsigned)a.n_head, (unsigned)a.n_seq, D / 32), 32 * kCombineWarps, 0, stream, p,
                                                                                                          D);
   XPERT_CUDA_CHECK_LAUNCH();
@@ -522,7 +595,7 @@ size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a) {
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream) {
   if (a.n_seq <= 0) return;
   const DecodePlan pl = plan(a);
-  if (!workspace) detail::fail_rt("cuda attention_decode: no workspace");
+  if (!workspace && !a.one_block) detail::fail_rt("cuda attention_decode: no workspace");
   DecodeParams p{};
   p.q = a.q;
   p.k = static_cast<const char*>(a.k);
@@ -535,17 +608,21 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.gate_stride = a.gate_stride ? a.gate_stride : a.head_dim;
   p.q_stride = a.q_stride ? a.q_stride : a.head_dim;
   p.early_kv = a.early_kv;
+  p.one_block = a.one_block;
   p.out_q = a.out_q;
   p.out_ds = a.out_ds;
-  p.part_ml = static_cast<float2*>(workspace);
-  p.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
+  if (workspace) {
+    p.part_ml = static_cast<float2*>(workspace);
+    p.part_o = reinterpret_cast<float*>(static_cast<char*>(workspace) + pl.ml_bytes);
+  }
   p.k_row = kv_bytes_of(kv_kind(a.k_type), a.n_head_kv * a.head_dim);
   p.v_row = kv_bytes_of(kv_kind(a.v_type), a.n_head_kv * a.head_dim);
   p.n_head = (int)a.n_head;
   p.group = (int)(a.n_head / a.n_head_kv);
   p.n_hchunk = pl.n_hchunk;
+  p.hc_heads = pl.hc_heads;
   p.max_splits = pl.max_splits;
-  p.min_keys = std::max(a.min_keys_per_split, kStepKeys);
+  p.min_keys = a.one_block ? kStepKeys : std::max(a.min_keys_per_split, kStepKeys);
   p.max_kv = (int)a.max_kv;
   p.window = a.sliding_window;
   p.scale_log2 = a.kq_scale * kLog2e;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -42,6 +43,11 @@ constexpr size_t align16(size_t bytes) { return (bytes + 15) & ~(size_t)15; }
 // Batches of at least this many tokens stream a split layer's host experts to the GPU (see moe_split);
 // measured on an H200 host (docs/PERF.md).
 constexpr int64_t kDefaultStreamMinTokens = 64;
+// A decode attention warp streams at least this many keys before another joins it (and a combine).
+constexpr int32_t kDecodeMinKeys = 128;
+// Up to this many keys a sequence, a decode step's attention is one block per KV head whose warps split
+// the keys and combine them in the block (cuda::DecodeAttentionArgs::one_block): no combine launch.
+constexpr int32_t kOneBlockMaxKeys = 512;
 // Smaller batches copy part of the host experts they use and compute the rest on the host, at the same
 // time: by default as many as balance the measured copy and host rates (backend/stream_share.h).
 
@@ -52,9 +58,19 @@ constexpr int64_t kDefaultStreamMinTokens = 64;
 // no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output projection; measured
 // +2 % tg on qwen3.5, docs/PERF.md). XPERT_ATTN_EARLY=0 (likewise) turns off the decode attention starting
 // its first key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; +1 % tg on qwen3).
+// XPERT_ATTN_ONE_BLOCK=N (likewise; default kOneBlockMaxKeys, 0: never) is the most keys a sequence may see
+// for a decode step's attention to take one block per KV head, combined in the block (decode_attention_form).
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
+}
+int32_t env_int(const char* name, int32_t fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end || v < 0 || v > INT32_MAX) fail("{}={}: not a count of keys", name, e);
+  return (int32_t)v;
 }
 bool env_is_1(const char* name) {
   const char* e = std::getenv(name);
@@ -68,7 +84,8 @@ class CudaBackend final : public Backend {
         shared_slot_(env_on("XPERT_SHARED_SLOT")),
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
         attn_gate_(env_on("XPERT_ATTN_GATE")),
-        attn_early_(env_on("XPERT_ATTN_EARLY")) {
+        attn_early_(env_on("XPERT_ATTN_EARLY")),
+        one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -382,6 +399,11 @@ class CudaBackend final : public Backend {
   // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
   // its combine step also writes the q8_1 activations the output projection takes (prepared()).
   bool fuses_attention_gate() const override { return attn_gate_; }
+  // 1: every sequence sees at most one_block_keys_ keys: a block per KV head splits them among its warps
+  // and combines them itself, with no combine launch.
+  int decode_attention_form(int32_t max_pos) const override {
+    return max_pos >= 0 && max_pos < one_block_keys_ ? 1 : 0;
+  }
   bool decode_attention(const DecodeAttention& d) override {
     if (skip_) return true;
     touch();
@@ -420,13 +442,14 @@ class CudaBackend final : public Backend {
                                 .max_kv = d.n_ctx,
                                 .kq_scale = d.kq_scale,
                                 .sliding_window = d.sliding_window,
-                                .min_keys_per_split = 128,
+                                .min_keys_per_split = kDecodeMinKeys,
                                 .k_type = d.k_type,
                                 .v_type = d.v_type,
                                 .gate = d.gate,
                                 .gate_stride = d.gate_stride,
                                 .q_stride = d.q_stride,
-                                .early_kv = attn_early_};
+                                .early_kv = attn_early_,
+                                .one_block = decode_attention_form(d.max_pos) == 1};
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {
@@ -1103,6 +1126,7 @@ class CudaBackend final : public Backend {
   const bool stack_on_;     // XPERT_DECODE_STACK=1
   const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
   const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
+  const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
