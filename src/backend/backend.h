@@ -135,8 +135,9 @@ class Backend {
     float kq_scale;
     int32_t sliding_window;
     DType k_type = DType::F16, v_type = DType::F16;
-    // Not null: q and k are not yet normalized and rotated; the backend applies prep first (q in place),
-    // folding it into its k/v store where it can. A backend returning false has applied nothing.
+    // Not null: q and k are not yet normalized and rotated; the backend applies prep first, folding it into
+    // its k/v store or its attention where it can; q's contents afterwards are unspecified. A backend
+    // returning false has applied nothing.
     const QkPrep* prep = nullptr;
     // Only where fuses_attention_gate() (Qwen3.5's gated attention): out multiplied by sigmoid(gate) as it
     // is written, as mul_sigmoid would after, gate's (sequence, head) rows gate_stride floats apart; and

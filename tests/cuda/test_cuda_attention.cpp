@@ -277,6 +277,92 @@ void check_batched_decode(KvPair types, const Shape& s = {16, 2, 256}) {
     }
 }
 
+// The q/k prep inside one_block's blocks (DecodeAttentionArgs::prep: q, k and v as projected; per-head
+// norms, RoPE, the f16 K/V stores done by the attention) against qk_norm_rope_store_f16's launch and then
+// the same attention: the same output bits and the same cache bytes; and the split form, which takes the
+// prep as that launch, likewise. Several sequences in their slots;
+// Qwen3's heads (2 a block, full NeoX rotation) and Qwen3.5's (1 a block, 64 of 256 dims rotated,
+// q and gate interleaved).
+void check_fused_prep(const Shape& s, int64_t n_rot, bool interleaved) {
+  const int64_t D = s.head_dim, kv_row = s.n_head_kv * D, n_ctx = 1024, n_slots = 3;
+  const int64_t qs = interleaved ? 2 * D : D;
+  const size_t stride = n_ctx * row_bytes(DType::F16, kv_row);
+  std::vector<uint8_t> cache(n_slots * stride);
+  for (int64_t sl = 0; sl < n_slots; ++sl) {
+    const auto r = random_rows(DType::F16, n_ctx, kv_row, 70 + (uint32_t)sl);
+    std::copy(r.begin(), r.end(), cache.begin() + sl * stride);
+  }
+  const std::vector<int32_t> slots = {2, 0, 1};
+  const int64_t n_seq = (int64_t)slots.size();
+  const auto q = randn(n_seq * s.n_head * qs, 71, 2.0f), k = randn(n_seq * kv_row, 72, 2.0f),
+             v = randn(n_seq * kv_row, 73), qw = randn(D, 74, 0.5f), kw = randn(D, 75, 0.5f);
+  Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), dout(n_seq * s.n_head * D);
+  Dev<int32_t> dslots(slots), dpos(n_seq);
+  const cuda::DecodeAttentionArgs::QkPrep prep{.k = dk.get(),
+                                               .v = dv.get(),
+                                               .q_norm = dqw.get(),
+                                               .k_norm = dkw.get(),
+                                               .n_rot = n_rot,
+                                               .freq_base = 1e6f,
+                                               .freq_scale = 1.0f,
+                                               .eps = 1e-6f,
+                                               .mode = RopeMode::neox};
+  for (const std::vector<int32_t>& pos :
+       {std::vector<int32_t>{63, 0, 17}, std::vector<int32_t>{300, 5, 511}}) {
+    dpos.upload(pos);
+    // Outputs and caches of: the prep's own launch, then one_block; the prep inside one_block; the same two
+    // with the split form.
+    std::vector<float> out[4];
+    std::vector<uint8_t> kc[4], vc[4];
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool fused = variant % 2, one_block = variant < 2;
+      Dev<float> dq(q);
+      Dev<uint8_t> dkc(cache), dvc(cache);
+      if (!fused)
+        cuda::qk_norm_rope_store_f16(dq.get(), dk.get(), dv.get(), dqw.get(), dkw.get(), dpos.get(), n_seq,
+                                     s.n_head, s.n_head_kv, D, n_rot, prep.freq_base, prep.freq_scale,
+                                     prep.mode, prep.eps, reinterpret_cast<uint16_t*>(dkc.get()),
+                                     reinterpret_cast<uint16_t*>(dvc.get()), (int64_t)stride / 2,
+                                     dslots.get(), nullptr, qs);
+      const cuda::DecodeAttentionArgs a{.q = dq.get(),
+                                        .k = dkc.get(),
+                                        .v = dvc.get(),
+                                        .slot_stride = (int64_t)stride,
+                                        .slots = dslots.get(),
+                                        .pos = dpos.get(),
+                                        .out = dout.get(),
+                                        .n_seq = n_seq,
+                                        .n_head = s.n_head,
+                                        .n_head_kv = s.n_head_kv,
+                                        .head_dim = D,
+                                        .max_kv = n_ctx,
+                                        .kq_scale = 1.0f / 16.0f,
+                                        .q_stride = qs,
+                                        .one_block = one_block,
+                                        .prep = fused ? &prep : nullptr};
+      Dev<char> ws(std::max<size_t>(cuda::attention_decode_workspace_bytes(a), 1));
+      dout.poison();
+      cuda::attention_decode(a, ws.get(), nullptr);
+      out[variant] = dout.download(), kc[variant] = dkc.download(), vc[variant] = dvc.download();
+    }
+    const std::string what = " heads " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+                             " D " + std::to_string(D) + " at " + std::to_string(pos[0]);
+    EXPECT_EQ(out[1], out[0]) << "fused prep" << what;
+    EXPECT_EQ(kc[1], kc[0]) << "fused prep, K cache" << what;
+    EXPECT_EQ(vc[1], vc[0]) << "fused prep, V cache" << what;
+    EXPECT_NE(kc[0], cache) << "the prep stored nothing" << what;
+    EXPECT_EQ(out[3], out[2]) << "split form, prep" << what;
+    EXPECT_EQ(kc[3], kc[2]) << "split form, prep, K cache" << what;
+    EXPECT_EQ(vc[3], vc[2]) << "split form, prep, V cache" << what;
+  }
+}
+
+TEST(CudaAttention, FusedPrepMatchesItsLaunch) {
+  XPERT_OPS_REQUIRE_GPU();
+  check_fused_prep({32, 4, 128}, 128, false);  // Qwen3
+  check_fused_prep({16, 2, 256}, 64, true);    // Qwen3.5
+}
+
 TEST(CudaAttention, BatchedDecodeMatchesCpu) {
   XPERT_OPS_REQUIRE_GPU();
   check_batched_decode({});                // Qwen3.5

@@ -173,6 +173,13 @@ TEST(CudaModelFusions, EarlyKeyStagesAreExact) {
   expect_exact_with("XPERT_ATTN_EARLY", "tiny-qwen3moe", 60);
 }
 
+// q/k norms + RoPE + K/V stores done by the one-block attention's blocks (the default at head_dim 128 /
+// 256 with an f16 cache) against their own launch first (XPERT_ATTN_PREP=0): the same bits.
+TEST(CudaModelFusions, AttentionPrepInBlocksIsExact) {
+  XPERT_REQUIRE_GPU();
+  expect_exact_with("XPERT_ATTN_PREP", "tiny-qwen3moe-hd128", 20);
+}
+
 // Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block
 // per KV head combining its warps itself (the default) against the split attention and its combine launch
 // (XPERT_ATTN_ONE_BLOCK=0), with and without Qwen3.5's gate: another summation order, so each step's

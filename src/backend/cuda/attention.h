@@ -70,6 +70,20 @@ struct DecodeAttentionArgs {
   // no workspace. Right at any depth; fast where every sequence sees at most a few hundred keys (the
   // caller knows its positions). Not the split path's bits: another summation order.
   bool one_block = false;
+  // Optional: q is as projected, and this step's k and v rows are not yet normalized, rotated or stored.
+  // attention_decode does first what qk_norm_rope_store_f16 would (the same bits): inside the attention's
+  // blocks, with no launch of its own, where it can (one_block, f16 K and V, head_dim 128 or 256), else
+  // as that launch. q's contents afterwards are unspecified.
+  struct QkPrep {
+    const float* k;       // [n_seq][n_head_kv][head_dim]
+    const float* v;       // the same
+    const float* q_norm;  // per-head norm weights (head_dim), null: none
+    const float* k_norm;
+    int64_t n_rot;
+    float freq_base, freq_scale, eps;
+    RopeMode mode;
+  };
+  const QkPrep* prep = nullptr;
 };
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a);
 void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_t stream);

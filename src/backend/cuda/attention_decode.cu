@@ -18,6 +18,7 @@
 // dequantizes the stage into one f16 tile of the same swizzled layout, which the tensor-core code reads
 // as it reads an f16 stage (attention_kv.cuh). So loads stay asynchronous, kStages - 1 steps ahead.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -28,6 +29,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
 #include "backend/cuda/sigmoid.cuh"
@@ -56,6 +58,12 @@ struct DecodeParams {
   int64_t gate_stride, q_stride;
   bool early_kv;       // a warp may start its first key stages before the wait (decode_kernel)
   bool one_block;      // a unit's splits are the warps of one block, combined there (combine_in_block)
+  // Fused q/k prep (one_block, f16 cache; DecodeAttentionArgs::prep): this step's k / v rows, the norms'
+  // weights (null: none), RoPE's constants; q is read as projected and normalized + rotated in the block.
+  const float *prep_k, *prep_v, *prep_qw, *prep_kw;
+  int n_rot;
+  bool neox;
+  float theta_scale, freq_scale, eps;
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -155,6 +163,62 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
       }
     }
   }
+}
+
+// Fused prep: a lane's rotation angles (pairs lane, lane + 32, ...), built as norm_rope_kernel builds them
+// (theta = pos, times theta_scale once per pair before it): the same floats. Positions are host copies.
+template <int D>
+__device__ __forceinline__ void rope_angles(const DecodeParams& p, int pos, float (&rc)[D / 64],
+                                            float (&rs)[D / 64]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < D / 64; ++j) {
+    const int i2 = lane + 32 * j;
+    rc[j] = 1.0f, rs[j] = 0.0f;
+    if (i2 < p.n_rot / 2) {
+      float theta = (float)pos;
+      for (int e = 0; e < i2; ++e) theta *= p.theta_scale;
+      const float th = p.freq_scale * theta;
+      rc[j] = cosf(th);
+      rs[j] = sinf(th);
+    }
+  }
+}
+// One head row by one warp as norm_rope_kernel does it (its norm's sums and products, then the rotation):
+// src's D values -> row (shared memory), normalized and rotated.
+template <int D>
+__device__ __forceinline__ void norm_rope_into(const DecodeParams& p, const float* src, const float* w,
+                                               const float (&rc)[D / 64], const float (&rs)[D / 64],
+                                               float* row) {
+  const int lane = threadIdx.x % 32;
+  float xv[D / 32], wv[D / 32];
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) {
+    xv[j] = src[lane + 32 * j];
+    wv[j] = w ? w[lane + 32 * j] : 1.0f;
+  }
+  float s = 1.0f;
+  if (w) {
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) sum += (double)(xv[j] * xv[j]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    s = 1.0f / sqrtf((float)(sum / (double)D) + p.eps);
+  }
+#pragma unroll
+  for (int j = 0; j < D / 32; ++j) row[lane + 32 * j] = w ? __fmul_rn(__fmul_rn(xv[j], s), wv[j]) : xv[j];
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < D / 64; ++j) {
+    const int i2 = lane + 32 * j;
+    if (i2 >= p.n_rot / 2) break;
+    const int a = p.neox ? i2 : 2 * i2, b = p.neox ? i2 + p.n_rot / 2 : 2 * i2 + 1;
+    const float x0 = row[a], x1 = row[b];
+    row[a] = __fsub_rn(__fmul_rn(x0, rc[j]), __fmul_rn(x1, rs[j]));
+    row[b] = __fadd_rn(__fmul_rn(x0, rs[j]), __fmul_rn(x1, rc[j]));
+  }
+  __syncwarp();
 }
 
 // one_block: the block's warps have split the unit's keys among themselves; their partial (max, sum,
@@ -261,13 +325,44 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   // before the wait (their invalid rows read key kb, also below it).
   const bool early = p.early_kv && n_steps > 0 && min(ke, kb + (kStages - 1) * kStepKeys) <= p.pos[seq];
   if (early) prologue();
+  // Fused prep: warps 0..nh-1 normalize and rotate a q head each into shared memory (after the warps'
+  // rings), the last warp k and the one before v, both stored at the position in the cache by every block
+  // of this KV head (the same bytes); the angles before the wait.
+  const bool prep = p.prep_k != nullptr;
+  float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
+  float rc[D / 64], rs[D / 64];
+  if (prep) rope_angles<D>(p, p.pos[seq], rc, rs);
   pdl_begin();
   if (!active && !p.one_block) return;  // one_block: every warp meets at the combine
+  if (prep) {
+    const int nw = blockDim.x / 32;
+    const int64_t at = slot * p.slot_stride + (int64_t)p.pos[seq] * p.k_row + hk * D * 2;  // f16 cache
+    if (warp < nh) {
+      norm_rope_into<D>(p, p.q + ((int64_t)seq * p.n_head + h0 + warp) * p.q_stride, p.prep_qw, rc, rs,
+                        prep_rows + warp * D);
+    } else if (warp == nw - 1) {
+      float* row = prep_rows + nh * D;
+      norm_rope_into<D>(p, p.prep_k + ((int64_t)seq * (p.n_head / p.group) + hk) * D, p.prep_kw, rc, rs, row);
+      __half* kc = reinterpret_cast<__half*>(const_cast<char*>(p.k) + at);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) kc[lane + 32 * j] = __float2half_rn(row[lane + 32 * j]);
+    } else if (warp == nw - 2) {
+      const float* v = p.prep_v + ((int64_t)seq * (p.n_head / p.group) + hk) * D;
+      float x[D / 32];
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) x[j] = v[lane + 32 * j];
+      __half* vc = reinterpret_cast<__half*>(const_cast<char*>(p.v) + at);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) vc[lane + 32 * j] = __float2half_rn(x[j]);
+    }
+    __syncthreads();  // q in shared memory, the position's K and V in the cache
+  }
   // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
   uint32_t qb[D / 16][2];
   {
     const bool valid = gid < nh;
-    const float* qrow = p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * p.q_stride;
+    const float* qrow = prep ? prep_rows + (valid ? gid : 0) * D
+                             : p.q + ((int64_t)seq * p.n_head + h0 + (valid ? gid : 0)) * p.q_stride;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       const float2 x0 =
@@ -450,6 +545,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) combine_kernel(DecodeParam
 
 struct DecodePlan {
   int n_hchunk, hc_heads, max_splits, warps;
+  bool fuse_prep;  // a.prep done inside the blocks
   size_t smem_bytes, ml_bytes, o_bytes;
 };
 
@@ -489,6 +585,9 @@ const void* decode_kernel_ptr(int64_t D, int kt, int vt) {
                     : decode_kernel_ptr_k<256>(kt, vt);
 }
 
+// The fused prep's rows after the warps' rings: up to 2 q heads and k.
+size_t prep_smem_bytes(int64_t D) { return 3 * (size_t)D * sizeof(float); }
+
 // Warps per block (as many as shared memory allows, up to 4) and resident blocks per SM, per head_dim.
 struct DecodeConfig {
   int warps = 0, blocks_per_sm = 0;
@@ -506,7 +605,8 @@ DecodeConfig decode_config(int64_t D, int kt, int vt) {
   const size_t per_warp = warp_bytes(D, kt, vt);
   c.warps = (int)std::clamp<size_t>((size_t)max_smem_optin() / per_warp, 1, 4);
   c.smem_bytes = per_warp * c.warps;
-  set_smem_limit(kernel, c.smem_bytes);
+  // The limit leaves room for the fused prep's rows where they fit (plan checks the warps again).
+  set_smem_limit(kernel, std::min<size_t>(c.smem_bytes + prep_smem_bytes(D), (size_t)max_smem_optin()));
   XPERT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.blocks_per_sm, kernel, 32 * c.warps,
                                                                  c.smem_bytes));
   if (c.blocks_per_sm < 1)
@@ -548,6 +648,11 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   pl.smem_bytes = cfg.smem_bytes;
   if (a.one_block) {  // a block per unit, its warps the splits; no partials in global memory
     pl.max_splits = pl.warps;
+    // The fused prep takes a warp per q head, one for k, one for v, and rows of shared memory for q and k.
+    pl.fuse_prep = a.prep && a.k_type == DType::F16 && a.v_type == DType::F16 &&
+                   (a.head_dim == 128 || a.head_dim == 256) && pl.warps >= pl.hc_heads + 2 &&
+                   cfg.smem_bytes + prep_smem_bytes(a.head_dim) <= (size_t)max_smem_optin();
+    if (pl.fuse_prep) pl.smem_bytes += prep_smem_bytes(a.head_dim);
     return pl;
   }
   const size_t rows = (size_t)a.n_seq * a.n_head * pl.max_splits;
@@ -596,6 +701,16 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   if (a.n_seq <= 0) return;
   const DecodePlan pl = plan(a);
   if (!workspace && !a.one_block) detail::fail_rt("cuda attention_decode: no workspace");
+  if (a.prep && (a.k_type != DType::F16 || a.v_type != DType::F16))
+    detail::fail_rt("cuda attention_decode: the q/k prep takes an f16 cache");
+  if (a.prep && !pl.fuse_prep) {
+    const DecodeAttentionArgs::QkPrep& pr = *a.prep;
+    qk_norm_rope_store_f16(const_cast<float*>(a.q), pr.k, pr.v, pr.q_norm, pr.k_norm, a.pos, a.n_seq,
+                           a.n_head, a.n_head_kv, a.head_dim, pr.n_rot, pr.freq_base, pr.freq_scale, pr.mode,
+                           pr.eps, static_cast<uint16_t*>(const_cast<void*>(a.k)),
+                           static_cast<uint16_t*>(const_cast<void*>(a.v)), a.slot_stride / 2, a.slots, stream,
+                           a.q_stride);
+  }
   DecodeParams p{};
   p.q = a.q;
   p.k = static_cast<const char*>(a.k);
@@ -609,6 +724,17 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.q_stride = a.q_stride ? a.q_stride : a.head_dim;
   p.early_kv = a.early_kv;
   p.one_block = a.one_block;
+  if (pl.fuse_prep) {
+    const DecodeAttentionArgs::QkPrep& pr = *a.prep;
+    if (pr.n_rot <= 0 || pr.n_rot > a.head_dim || pr.n_rot % 2 != 0)
+      detail::fail_rt("cuda attention_decode: n_rot ", pr.n_rot, " must be even and at most head_dim");
+    p.prep_k = pr.k, p.prep_v = pr.v, p.prep_qw = pr.q_norm, p.prep_kw = pr.k_norm;
+    p.n_rot = (int)pr.n_rot;
+    p.neox = pr.mode == RopeMode::neox;
+    // The same float expression as cpu::rope and norm_rope_params, so theta_scale is the same float.
+    p.theta_scale = std::pow(pr.freq_base, -2.0f / (float)pr.n_rot);
+    p.freq_scale = pr.freq_scale, p.eps = pr.eps;
+  }
   p.out_q = a.out_q;
   p.out_ds = a.out_ds;
   if (workspace) {

@@ -60,6 +60,8 @@ constexpr int32_t kOneBlockMaxKeys = 512;
 // its first key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; +1 % tg on qwen3).
 // XPERT_ATTN_ONE_BLOCK=N (likewise; default kOneBlockMaxKeys, 0: never) is the most keys a sequence may see
 // for a decode step's attention to take one block per KV head, combined in the block (decode_attention_form).
+// XPERT_ATTN_PREP=0 (likewise): those blocks no longer normalize, rotate and store q / k / v themselves
+// (cuda::DecodeAttentionArgs::prep); a launch of its own does it first.
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -85,7 +87,8 @@ class CudaBackend final : public Backend {
         stack_on_(env_is_1("XPERT_DECODE_STACK")),
         attn_gate_(env_on("XPERT_ATTN_GATE")),
         attn_early_(env_on("XPERT_ATTN_EARLY")),
-        one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)) {
+        one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
+        attn_prep_(env_on("XPERT_ATTN_PREP")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -412,10 +415,15 @@ class CudaBackend final : public Backend {
       return false;
     }
     const int64_t row = d.n_head_kv * d.head_dim;
-    auto* q = const_cast<float*>(d.q);  // prep normalizes and rotates q in place (Backend's contract)
+    auto* q = const_cast<float*>(d.q);  // prep may normalize and rotate q in place (Backend's contract)
     auto* k = const_cast<float*>(d.k);
     const QkPrep* pr = d.prep;
-    if (pr && d.k_type == DType::F16 && d.v_type == DType::F16) {
+    const bool one_block = decode_attention_form(d.max_pos) == 1;
+    const bool f16 = d.k_type == DType::F16 && d.v_type == DType::F16;
+    // The attention normalizes, rotates and stores q / k / v itself (DecodeAttentionArgs::prep).
+    const bool fuse_prep = pr && f16 && one_block && attn_prep_;
+    if (fuse_prep) {
+    } else if (pr && f16) {
       cuda::qk_norm_rope_store_f16(
           q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot,
           pr->freq_base, pr->freq_scale, pr->mode, pr->eps, static_cast<uint16_t*>(d.k_cache),
@@ -449,7 +457,17 @@ class CudaBackend final : public Backend {
                                 .gate_stride = d.gate_stride,
                                 .q_stride = d.q_stride,
                                 .early_kv = attn_early_,
-                                .one_block = decode_attention_form(d.max_pos) == 1};
+                                .one_block = one_block};
+    const cuda::DecodeAttentionArgs::QkPrep prep{.k = d.k,
+                                                 .v = d.v,
+                                                 .q_norm = pr ? pr->q_norm : nullptr,
+                                                 .k_norm = pr ? pr->k_norm : nullptr,
+                                                 .n_rot = pr ? pr->n_rot : 0,
+                                                 .freq_base = pr ? pr->freq_base : 0.0f,
+                                                 .freq_scale = pr ? pr->freq_scale : 0.0f,
+                                                 .eps = pr ? pr->eps : 0.0f,
+                                                 .mode = pr ? pr->mode : RopeMode::normal};
+    if (fuse_prep) a.prep = &prep;
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {
@@ -1127,6 +1145,7 @@ class CudaBackend final : public Backend {
   const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
   const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
+  const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
