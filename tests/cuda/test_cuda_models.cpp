@@ -180,6 +180,14 @@ TEST(CudaModelFusions, AttentionPrepInBlocksIsExact) {
   expect_exact_with("XPERT_ATTN_PREP", "tiny-qwen3moe-hd128", 20);
 }
 
+// Qwen3.5's gated norm folded into the recurrent delta rule (a block per value head; the default where the
+// head dims allow) against its own launch after it (XPERT_GDN_NORM_FUSE=0): the same bits in every decode
+// step (the prefill takes the chunked form).
+TEST(CudaModelFusions, GatedNormInDeltaRuleIsExact) {
+  XPERT_REQUIRE_GPU();
+  expect_exact_with("XPERT_GDN_NORM_FUSE", "tiny-qwen35moe", 20);
+}
+
 // Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block
 // per KV head combining its warps itself (the default) against the split attention and its combine launch
 // (XPERT_ATTN_ONE_BLOCK=0), with and without Qwen3.5's gate: another summation order, so each step's

@@ -167,6 +167,30 @@ __global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(Prel
     if (i * 32 < hd) p.out[c0 + lane + 32 * i] = o[i];
 }
 
+// One row of n values by one warp, a lane's values (lane + 32 j) in registers: x * rsqrt(mean(x^2) + eps)
+// * w * silu(z), written to xr and, with q, as q8_1 blocks (q, ds: the row's). Its sums and products are
+// the bits every gated norm here gives.
+template <int kPer>
+__device__ __forceinline__ void gated_norm_warp(const float (&xv)[kPer], const float (&zv)[kPer],
+                                                const float (&wv)[kPer], int n, float eps, float* xr,
+                                                int8_t* q, float2* ds) {
+  const int lane = threadIdx.x % 32;
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) sum += (double)(xv[j] * xv[j]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= n) break;  // n % 32 == 0 with q: whole warps leave together
+    const float v = __fmul_rn(__fmul_rn(__fmul_rn(xv[j], s), wv[j]), silu(zv[j]));
+    xr[i] = v;
+    if (q) warp_quantize_q8_1(v, q + i, ds + i / 32);
+  }
+}
+
 // With q: out's q8_1 activations too (n % 32 == 0; a warp's 32 values are one block). A warp a row; kPer > 0
 // (rows of up to 32 kPer values): a lane's values of x, z and the weights in registers, all loaded at once
 // (the weights before the wait), not a load-store loop that waits for each step's loads in turn.
@@ -183,26 +207,13 @@ __global__ void gated_norm_kernel(float* x, const float* z, const float* w, int6
     for (int j = 0; j < kPer; ++j) wv[j] = lane + 32 * j < n ? w[lane + 32 * j] : 0.0f;
     pdl_begin();
     if (row >= rows) return;
-    double sum = 0.0;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = lane + 32 * j;
       xv[j] = i < n ? xr[i] : 0.0f;
       zv[j] = i < n ? zr[i] : 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) sum += (double)(xv[j] * xv[j]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= n) break;  // n % 32 == 0 with q: whole warps leave together
-      const float v = __fmul_rn(__fmul_rn(__fmul_rn(xv[j], s), wv[j]), silu(zv[j]));
-      xr[i] = v;
-      if (q) warp_quantize_q8_1(v, q + row * n + i, ds + (row * n + i) / 32);
-    }
+    gated_norm_warp<kPer>(xv, zv, wv, n, eps, xr, q ? q + row * n : nullptr, q ? ds + row * n / 32 : nullptr);
   } else {
     pdl_begin();
     if (row >= rows) return;
@@ -219,8 +230,10 @@ __global__ void gated_norm_kernel(float* x, const float* z, const float* w, int6
   }
 }
 
-// Recurrent delta rule. Block (32, R) for value head blockIdx.y and state columns blockIdx.x * 32 + x;
-// thread (x, y) holds rows y*32 .. y*32+31 of its column in registers for all T tokens.
+// Recurrent delta rule. Block (32, R, C) for value head blockIdx.y and state columns (blockIdx.x * C + z) *
+// 32 + x; thread (x, y, z) holds rows y*32 .. y*32+31 of its column in registers for all T tokens. With
+// norm_w (C = head_v_dim / 32: the block holds the whole head) warp 0 also applies the gated norm to the
+// head's output row of each token (gated_norm_warp, the bits of gated_rmsnorm_silu after it).
 struct RecurrentParams {
   const float *q, *k, *v, *g, *beta;
   float* state;
@@ -229,15 +242,23 @@ struct RecurrentParams {
   int64_t n_tokens, qk_stride, v_stride;
   int Hk, Hv, dk, dv;
   float scale;
+  const float *norm_w, *z;  // the fused gated norm's weights (head_v_dim) and gate rows; null: none
+  int8_t* out_q;            // optional q8_1 of the normed rows
+  float2* out_ds;
+  float eps;
 };
 
 constexpr int kMaxRowGroups = 8;  // head_k_dim <= 256
+constexpr int kMaxColGroups = 4;  // a block's columns, head_v_dim <= 128 with the fused norm
+constexpr int kMaxRecurrentThreads = 512;
 
-__global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(RecurrentParams p) {
+__global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(RecurrentParams p) {
   __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
-  __shared__ float red_kv[kMaxRowGroups][32], red_o[kMaxRowGroups][32];
-  const int x = threadIdx.x, y = threadIdx.y, R = blockDim.y, tid = y * 32 + x;
-  const int h = blockIdx.y, kh = h % p.Hk, j = blockIdx.x * 32 + x;
+  __shared__ float red_kv[kMaxColGroups][kMaxRowGroups][32], red_o[kMaxColGroups][kMaxRowGroups][32];
+  __shared__ float row_o[32 * kMaxColGroups];  // the head's output of a token (the fused norm)
+  const int x = threadIdx.x, y = threadIdx.y, zc = threadIdx.z, R = blockDim.y, C = blockDim.z;
+  const int tid = (zc * R + y) * 32 + x;
+  const int h = blockIdx.y, kh = h % p.Hk, j = (blockIdx.x * C + zc) * 32 + x;
   const bool col = j < p.dv;
   float* S = p.state + (int64_t)h * p.dk * p.dv;
   if (!p.state_settled) pdl_begin();
@@ -253,7 +274,7 @@ __global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(Recurr
   for (int64_t t = 0; t < p.n_tokens; ++t) {
     const float* kt = p.k + t * p.qk_stride + (int64_t)kh * p.dk;
     const float* qt = p.q + t * p.qk_stride + (int64_t)kh * p.dk;
-    for (int i = tid; i < 32 * R; i += 32 * R) {
+    for (int i = tid; i < 32 * R; i += 32 * R * C) {
       ks[i] = i < p.dk ? kt[i] : 0.0f;
       qs[i] = i < p.dk ? qt[i] : 0.0f;
     }
@@ -267,10 +288,10 @@ __global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(Recurr
       s[i] *= decay;
       kv += s[i] * ks[y * 32 + i];
     }
-    red_kv[y][x] = kv;
+    red_kv[zc][y][x] = kv;
     __syncthreads();
     float tot = 0.0f;
-    for (int r = 0; r < R; ++r) tot += red_kv[r][x];
+    for (int r = 0; r < R; ++r) tot += red_kv[zc][r][x];
     const float delta = (vj - tot) * beta;
     // S += k delta^T; o = S^T q
     float o = 0.0f;
@@ -279,14 +300,31 @@ __global__ void __launch_bounds__(32 * kMaxRowGroups, 1) recurrent_kernel(Recurr
       s[i] += ks[y * 32 + i] * delta;
       o += s[i] * qs[y * 32 + i];
     }
-    red_o[y][x] = o;
+    red_o[zc][y][x] = o;
     __syncthreads();
     if (y == 0 && col) {
       float ot = 0.0f;
-      for (int r = 0; r < R; ++r) ot += red_o[r][x];
-      p.out[(t * p.Hv + h) * p.dv + j] = ot * p.scale;
+      for (int r = 0; r < R; ++r) ot += red_o[zc][r][x];
+      if (p.norm_w)
+        row_o[j] = ot * p.scale;
+      else
+        p.out[(t * p.Hv + h) * p.dv + j] = ot * p.scale;
     }
-    __syncthreads();  // ks, qs, red_* are refilled for the next token
+    __syncthreads();             // ks, qs, red_* are refilled for the next token; row_o is whole
+    if (p.norm_w && tid < 32) {  // warp 0; row_o is next written after two more barriers
+      float xv[kMaxColGroups], zv[kMaxColGroups], wv[kMaxColGroups];
+      const int64_t row = t * p.Hv + h;
+#pragma unroll
+      for (int c = 0; c < kMaxColGroups; ++c) {
+        const int i = x + 32 * c;
+        xv[c] = i < p.dv ? row_o[i] : 0.0f;
+        zv[c] = i < p.dv ? p.z[row * p.dv + i] : 0.0f;
+        wv[c] = i < p.dv ? p.norm_w[i] : 0.0f;
+      }
+      gated_norm_warp<kMaxColGroups>(xv, zv, wv, p.dv, p.eps, p.out + row * p.dv,
+                                     p.out_q ? p.out_q + row * p.dv : nullptr,
+                                     p.out_q ? p.out_ds + row * p.dv / 32 : nullptr);
+    }
   }
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -395,8 +433,17 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream,
-                          bool state_settled) {
+bool gdn_recurrent_norm_fusable(const GdnShape& s) {
+  // Read at each call (a decode graph records it once), so that a test can compare both forms.
+  const char* e = std::getenv("XPERT_GDN_NORM_FUSE");
+  const bool on = !(e && std::string(e) == "0");
+  const int64_t R = (s.head_k_dim + 31) / 32, C = s.head_v_dim / 32;
+  return on && s.head_v_dim % 32 == 0 && C <= kMaxColGroups && R <= kMaxRowGroups &&
+         32 * R * C <= kMaxRecurrentThreads;
+}
+
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream, bool state_settled,
+                          const GatedNormArgs* norm) {
   if (a.n_tokens <= 0) return;
   if (s.head_k_dim <= 0 || s.head_k_dim > 32 * kMaxRowGroups || s.head_v_dim <= 0 || s.n_k_heads <= 0 ||
       s.n_v_heads <= 0)
@@ -419,9 +466,18 @@ void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_
   p.dk = (int)s.head_k_dim;
   p.dv = (int)s.head_v_dim;
   p.scale = 1.0f / std::sqrt((float)s.head_k_dim);
-  const dim3 grid((unsigned)((s.head_v_dim + 31) / 32), (unsigned)s.n_v_heads);
-  const dim3 block(32, (unsigned)((s.head_k_dim + 31) / 32));
-  launch_pdl(recurrent_kernel, grid, block, 0, stream, p);
+  const unsigned R = (unsigned)((s.head_k_dim + 31) / 32), cols = (unsigned)((s.head_v_dim + 31) / 32);
+  if (norm) {  // a block per head, warp 0 normalizing its rows
+    if (!gdn_recurrent_norm_fusable(s))
+      detail::fail_rt("cuda delta_rule: the gated norm does not fold in at head dims ", s.head_k_dim, " / ",
+                      s.head_v_dim);
+    if (norm->q && s.head_v_dim % 32 != 0)
+      detail::fail_rt("cuda delta_rule: q8_1 output needs head_v_dim % 32");
+    p.norm_w = norm->w, p.z = norm->z, p.out_q = norm->q, p.out_ds = norm->ds, p.eps = norm->eps;
+    launch_pdl(recurrent_kernel, dim3(1, (unsigned)s.n_v_heads), dim3(32, R, cols), 0, stream, p);
+  } else {
+    launch_pdl(recurrent_kernel, dim3(cols, (unsigned)s.n_v_heads), dim3(32, R, 1), 0, stream, p);
+  }
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -465,10 +521,15 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
                         .v_stride = CD};
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  if (form == DeltaRuleForm::chunked)
+  const GatedNormArgs norm{.z = in.z, .w = p.norm, .eps = s.eps, .q = out_q, .ds = out_ds};
+  if (form == DeltaRuleForm::chunked) {
     delta_rule_chunked(s, a, ws, stream);
-  else
+  } else if (gdn_recurrent_norm_fusable(s)) {  // the gated norm folded into the recurrent kernel
+    delta_rule_recurrent(s, a, stream, true, &norm);
+    return;
+  } else {
     delta_rule_recurrent(s, a, stream, true);  // the prelude or the gates ran since the state's last writer
+  }
   gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream, out_q, out_ds);
 }
 

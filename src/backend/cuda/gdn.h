@@ -53,8 +53,18 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
 
 // state_settled: the kernel right before this launch does not write the state (gated_delta_net's prelude or
 // gates ran since its last writer), so the kernel reads it before its PDL wait (launch.cuh).
+// norm (optional): gated_rmsnorm_silu(a.out, norm->z, norm->w, n_tokens * n_v_heads, head_v_dim, eps, q, ds)
+// folded in (the same bits), where gdn_recurrent_norm_fusable says the kernel takes it.
+struct GatedNormArgs {
+  const float* z;
+  const float* w;
+  float eps;
+  int8_t* q = nullptr;
+  float2* ds = nullptr;
+};
+bool gdn_recurrent_norm_fusable(const GdnShape& s);
 void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream,
-                          bool state_settled = false);
+                          bool state_settled = false, const GatedNormArgs* norm = nullptr);
 // Whether the chunked kernels take this shape (head_k_dim 64 or 128, head_v_dim a multiple of 32 up to 128);
 // delta_rule_chunked runs the recurrent form otherwise, and also when q / k rows are not 16-byte aligned.
 bool delta_rule_chunked_supported(const GdnShape& s);
