@@ -205,6 +205,53 @@ TEST(CudaMatmulPrepared, MultiIsEachAlone) {
     }
 }
 
+// Products of two weight types over one decode row in one launch (a Q4_K_M layer's Q4_K q / k and Q6_K v; a
+// Gated DeltaNet's Q6_K input projection and Q4_K gate rows): each output is the bits of its own product.
+TEST(CudaMatmulPrepared, PairIsEachAlone) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t k = 2048;
+  const std::vector<float> x = cudatest::random_values((size_t)k, 19);
+  cuda::DeviceBuffer x_dev = to_device(x);
+  const cuda::ActFormat f = cuda::activation_format(DType::Q4_K, 1);
+  cuda::DeviceBuffer act(cuda::activation_bytes(f, 1, k));
+  const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, 1, k, act.data(), stream);
+  ASSERT_TRUE(cuda::matmul_pair_supported(DType::Q6_K, DType::Q4_K, a));
+  EXPECT_FALSE(cuda::matmul_pair_supported(DType::Q4_K, DType::Q8_0, a));
+  struct Case {
+    std::vector<int64_t> n0, n1;  // rows of the first type's products, of the second's
+    DType t0, t1;
+  };
+  for (const Case& c : {Case{{4096, 512}, {512}, DType::Q4_K, DType::Q6_K},
+                        Case{{8192}, {4096, 32, 32}, DType::Q6_K, DType::Q4_K}}) {
+    SCOPED_TRACE(
+        fmt::format("{} x {} + {} x {}", c.n0.size(), dtype_name(c.t0), c.n1.size(), dtype_name(c.t1)));
+    std::vector<cuda::DeviceBuffer> w, y_pair, y_one;
+    std::vector<cuda::MatmulOut> outs[2];
+    uint32_t seed = 500;
+    for (int g = 0; g < 2; ++g) {
+      const DType t = g ? c.t1 : c.t0;
+      for (int64_t n : g ? c.n1 : c.n0) {
+        const int64_t ldy = n + 3;
+        w.push_back(cudatest::weights_to_device(cudatest::random_weights(t, n, k, ++seed), t, k, n));
+        y_pair.emplace_back((size_t)ldy * 4);
+        y_one.emplace_back((size_t)ldy * 4);
+        XPERT_CUDA_CHECK(cudaMemset(y_pair.back().data(), 0, y_pair.back().bytes()));
+        XPERT_CUDA_CHECK(cudaMemset(y_one.back().data(), 0, y_one.back().bytes()));
+        outs[g].push_back({.w = w.back().data(), .n = n, .y = y_pair.back().as<float>(), .ldy = ldy});
+        cuda::matmul_prepared(t, w.back().data(), n, a, y_one.back().as<float>(), ldy, stream);
+      }
+    }
+    cuda::matmul_prepared_pair(c.t0, outs[0].data(), (int)outs[0].size(), c.t1, outs[1].data(),
+                               (int)outs[1].size(), a, stream);
+    stream.sync();
+    for (size_t j = 0; j < y_pair.size(); ++j)
+      EXPECT_EQ(from_device<float>(y_pair[j], y_pair[j].bytes() / 4),
+                from_device<float>(y_one[j], y_one[j].bytes() / 4))
+          << "output " << j;
+  }
+}
+
 // Q6_K lies field by field on the device (weight_layout.h), matrix by matrix; other types as stored. The
 // upload from the host and the conversion of data already on the device give the same bytes.
 TEST(CudaWeightLayout, Q6KFieldByField) {

@@ -188,6 +188,14 @@ TEST(CudaModelFusions, GatedNormInDeltaRuleIsExact) {
   expect_exact_with("XPERT_GDN_NORM_FUSE", "tiny-qwen35moe", 20);
 }
 
+// A decode row's products of two weight types in one launch (the default; tiny models at Q4_K_M have Q6_K
+// attn_v / attn_qkv in their last layers) against a launch per type (XPERT_MATVEC_PAIR=0): the same bits.
+TEST(CudaModelFusions, PairedProductsAreExact) {
+  XPERT_REQUIRE_GPU();
+  expect_exact_with("XPERT_MATVEC_PAIR", "tiny-qwen3moe-hd128", 20);
+  expect_exact_with("XPERT_MATVEC_PAIR", "tiny-qwen35moe", 20);
+}
+
 // Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block
 // per KV head combining its warps itself (the default) against the split attention and its combine launch
 // (XPERT_ATTN_ONE_BLOCK=0), with and without Qwen3.5's gate: another summation order, so each step's

@@ -61,7 +61,8 @@ constexpr int32_t kOneBlockMaxKeys = 512;
 // XPERT_ATTN_ONE_BLOCK=N (likewise; default kOneBlockMaxKeys, 0: never) is the most keys a sequence may see
 // for a decode step's attention to take one block per KV head, combined in the block (decode_attention_form).
 // XPERT_ATTN_PREP=0 (likewise): those blocks no longer normalize, rotate and store q / k / v themselves
-// (cuda::DecodeAttentionArgs::prep); a launch of its own does it first.
+// (cuda::DecodeAttentionArgs::prep); a launch of its own does it first. XPERT_MATVEC_PAIR=0 (likewise):
+// a decode row's products of two weight types (Q4_K and Q6_K) take a launch each, not one together.
 bool env_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::string(e) == "0");
@@ -88,7 +89,8 @@ class CudaBackend final : public Backend {
         attn_gate_(env_on("XPERT_ATTN_GATE")),
         attn_early_(env_on("XPERT_ATTN_EARLY")),
         one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
-        attn_prep_(env_on("XPERT_ATTN_PREP")) {
+        attn_prep_(env_on("XPERT_ATTN_PREP")),
+        pair_matvec_(env_on("XPERT_MATVEC_PAIR")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -281,20 +283,35 @@ class CudaBackend final : public Backend {
       converted.push_back(cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s()));
       return converted.back();
     };
+    struct Group {
+      DType t;
+      cuda::MatmulOut outs[8];
+      int count = 0;
+    };
+    std::vector<Group> groups;  // the jobs by weight type, in order of first use
     std::vector<bool> done(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (done[i]) continue;
-      const DType t = jobs[i].w->type;
-      cuda::MatmulOut outs[8];
-      int count = 0;
-      for (size_t j = i; j < jobs.size() && count < 8; ++j) {
-        if (done[j] || jobs[j].w->type != t) continue;
+      Group& g = groups.emplace_back();
+      g.t = jobs[i].w->type;
+      for (size_t j = i; j < jobs.size() && g.count < 8; ++j) {
+        if (done[j] || jobs[j].w->type != g.t) continue;
         done[j] = true;
-        outs[count++] = {.w = jobs[j].w->data, .n = jobs[j].w->ne[1], .y = jobs[j].y,
-                         .ldy = jobs[j].ldy ? jobs[j].ldy : jobs[j].w->ne[1]};
+        g.outs[g.count++] = {.w = jobs[j].w->data,
+                             .n = jobs[j].w->ne[1],
+                             .y = jobs[j].y,
+                             .ldy = jobs[j].ldy ? jobs[j].ldy : jobs[j].w->ne[1]};
       }
-      cuda::check_matmul_shape(t, k);
-      cuda::matmul_prepared_multi(t, outs, count, activations(t), s());
+      cuda::check_matmul_shape(g.t, k);
+    }
+    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v): one launch.
+    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4 &&
+        cuda::matmul_pair_supported(groups[0].t, groups[1].t, activations(groups[0].t)) &&
+        activations(groups[1].t).data == activations(groups[0].t).data) {
+      cuda::matmul_prepared_pair(groups[0].t, groups[0].outs, groups[0].count, groups[1].t, groups[1].outs,
+                                 groups[1].count, activations(groups[0].t), s());
+    } else {
+      for (const Group& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
     }
     ar.release(mark);
   }
@@ -1146,6 +1163,7 @@ class CudaBackend final : public Backend {
   const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
   const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
+  const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

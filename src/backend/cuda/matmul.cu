@@ -166,6 +166,38 @@ void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const
   }
 }
 
+namespace {
+detail::MatvecOuts matvec_outs(const MatmulOut* outs, int count) {
+  if (count < 1 || count > detail::MatvecOuts::kMax)
+    fail_cat("CUDA matmul: ", count, " products in a group (1..", detail::MatvecOuts::kMax, ")");
+  detail::MatvecOuts o;
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) {
+    XPERT_CU_ASSERT(outs[i].ldy >= outs[i].n);
+    rows += outs[i].n;
+    o.w[o.count] = outs[i].w;
+    o.end[o.count] = rows;
+    o.y[o.count] = outs[i].y;
+    o.ldy[o.count] = outs[i].ldy;
+    ++o.count;
+  }
+  return o;
+}
+}  // namespace
+
+bool matmul_pair_supported(DType t0, DType t1, const Activations& a) {
+  return detail::matvec_pair_supported(t0, t1, a);
+}
+
+void matmul_prepared_pair(DType t0, const MatmulOut* outs0, int count0, DType t1, const MatmulOut* outs1,
+                          int count1, const Activations& a, cudaStream_t stream) {
+  check_matmul_shape(t0, a.k);
+  check_matmul_shape(t1, a.k);
+  if (a.format != activation_format(t0, a.m) || a.format != activation_format(t1, a.m))
+    fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
+  detail::launch_matvec_pair(t0, matvec_outs(outs0, count0), t1, matvec_outs(outs1, count1), a, stream);
+}
+
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k) {
   return activation_bytes(activation_format(w_type, m), m, k);
 }

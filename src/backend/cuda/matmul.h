@@ -64,6 +64,12 @@ struct MatmulOut {
 };
 void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
                            cudaStream_t stream);
+// Two such groups whose weights differ in type, in one launch, where matmul_pair_supported (one q8_1 row,
+// Q4_K with Q6_K: a Q4_K_M layer's q and k with its v, or a Gated DeltaNet input projection with its gate
+// rows); up to 4 products a group. Each output is the bits of its own matmul_prepared.
+bool matmul_pair_supported(DType t0, DType t1, const Activations& a);
+void matmul_prepared_pair(DType t0, const MatmulOut* outs0, int count0, DType t1, const MatmulOut* outs1,
+                          int count1, const Activations& a, cudaStream_t stream);
 
 // Scratch `matmul` needs; pass at least this many bytes.
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k);

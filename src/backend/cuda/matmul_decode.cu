@@ -23,14 +23,15 @@ constexpr int kBatch = 1;
 // Lanes per row: 2^lpr_log2 (4..32); rows per warp: 32 / lanes. blockIdx.y picks the M rows of X. The rows
 // of up to kMaxOuts matrices of one type and row length are one range (q, k and v of a layer in one
 // launch): global row r belongs to the first output whose `end` is above it.
+// The body of a block bx of that grid (matvec_pair_kernel runs two grids' blocks in one launch).
 template <DType T, int M>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
-                  int64_t m, int lpr_log2, bool prefetch) {
+__device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_bytes, int nc, const ActView& a,
+                                             const float* __restrict__ row_scale, int64_t m, int lpr_log2,
+                                             bool prefetch, int64_t bx) {
   if (prefetch && blockIdx.y == 0 &&
       threadIdx.x < o.count) {  // this CTA's rows of output j = threadIdx.x, fetched early
     const int j = threadIdx.x;
-    const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = (int64_t)blockIdx.x * rows;
+    const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = bx * rows;
     const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
     if (lo < hi) dev::prefetch_rows<T>(o.w[j], lo - begin, hi - lo, o.end[j] - begin, row_bytes);
   }
@@ -38,8 +39,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kActBytes = dev::is_quant(T) ? 1 : T == DType::F32 ? 4 : 2;
   const int lpr = 1 << lpr_log2;
   const int lane = threadIdx.x & 31;
-  const int64_t gr =
-      ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
+  const int64_t gr = (bx * kWarps + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
   int j = 0;
   while (j + 1 < o.count && gr >= o.end[j]) ++j;
   const int64_t begin = j ? o.end[j - 1] : 0, row = gr - begin;
@@ -69,6 +69,31 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < M; ++i)
       if (i < mm) y[(m0 + i) * ldy + row] = acc[i] * (row_scale ? row_scale[m0 + i] : 1.0f);
   }
+}
+
+template <DType T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
+                  int64_t m, int lpr_log2, bool prefetch) {
+  matvec_block<T, M>(o, row_bytes, nc, a, row_scale, m, lpr_log2, prefetch, blockIdx.x);
+}
+
+// Two matvec grids of one q8_1 row in one launch: blocks below blocks0 are grid 0's (type T0), the rest
+// grid 1's, each with its own lanes per row: the same arithmetic, so the same bits, as two launches.
+struct MatvecGrid {
+  MatvecOuts o;
+  size_t row_bytes;
+  int nc, lpr_log2;
+};
+template <DType T0, DType T1>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_pair_kernel(MatvecGrid g0, MatvecGrid g1, ActView a0, ActView a1, unsigned blocks0,
+                       bool prefetch) {
+  if (blockIdx.x < blocks0)
+    matvec_block<T0, 1>(g0.o, g0.row_bytes, g0.nc, a0, nullptr, 1, g0.lpr_log2, prefetch, blockIdx.x);
+  else
+    matvec_block<T1, 1>(g1.o, g1.row_bytes, g1.nc, a1, nullptr, 1, g1.lpr_log2, prefetch,
+                        blockIdx.x - blocks0);
 }
 
 // What the kernels read of prepared activations: the values (and q8_1 scales) and, for f16 / bf16 rows,
@@ -103,7 +128,33 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
+template <DType T>
+MatvecGrid grid_of(const MatvecOuts& o, const Activations& a, unsigned& blocks) {
+  MatvecGrid g{.o = o, .row_bytes = row_bytes(T, a.k), .nc = (int)(a.k / Dot<T>::kElems), .lpr_log2 = 0};
+  g.lpr_log2 = lanes_log2(g.nc);
+  const int64_t rows_per_cta = kWarps * (32 >> g.lpr_log2);
+  blocks = (unsigned)((o.end[o.count - 1] + rows_per_cta - 1) / rows_per_cta);
+  return g;
+}
+
 }  // namespace
+
+bool matvec_pair_supported(DType t0, DType t1, const Activations& a) {
+  return a.m == 1 && a.format == ActFormat::q8_1 &&
+         ((t0 == DType::Q4_K && t1 == DType::Q6_K) || (t0 == DType::Q6_K && t1 == DType::Q4_K));
+}
+
+void launch_matvec_pair(DType t0, const MatvecOuts& o0, DType t1, const MatvecOuts& o1, const Activations& a,
+                        cudaStream_t stream) {
+  if (!matvec_pair_supported(t0, t1, a)) fail_cat("CUDA matmul: no paired launch for these types");
+  if (t0 == DType::Q6_K) return launch_matvec_pair(t1, o1, t0, o0, a, stream);  // Q4_K's blocks first
+  XPERT_CU_ASSERT(o0.count >= 1 && o1.count >= 1);
+  unsigned b0 = 0, b1 = 0;
+  const MatvecGrid g0 = grid_of<DType::Q4_K>(o0, a, b0), g1 = grid_of<DType::Q6_K>(o1, a, b1);
+  launch_pdl(matvec_pair_kernel<DType::Q4_K, DType::Q6_K>, dim3(b0 + b1, 1), kWarps * 32, 0, stream, g0, g1,
+             act_view<DType::Q4_K>(a), act_view<DType::Q6_K>(a), b0, prefetch_enabled());
+  XPERT_CUDA_CHECK_LAUNCH();
+}
 
 void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   XPERT_CU_ASSERT(o.count >= 1 && o.count <= MatvecOuts::kMax);
