@@ -10,7 +10,8 @@
 //            ids, then 192 blocks of 512 threads each read their two 36 KB spans of those experts' 884 KB
 //            matrices (14.2 MB, from DRAM: 16 launches in a row touch 226 MB) with every thread's loads
 //            coalesced, several ways; the time of the pair less the same pair with an empty second kernel.
-//            The floor of the gate/up kernel once its experts are known.
+//            The floor of the gate/up kernel once its experts are known. Then the same bytes in 2x and 4x
+//            as many, smaller blocks: whether the SMs that get two of the 192 blocks set the time.
 //   hops:    a chain of 132-block launches, each block's thread 0 reading the word the launch before wrote,
 //            then making d loads one after another, each address from the value before, in a 113 MB buffer
 //            (twice L2: about half the loads go to DRAM) or a 4 MB one (L2): the slope in d is one
@@ -211,14 +212,41 @@ __global__ void __launch_bounds__(kStreamThreads)
   if (acc == 0x9e3779b9u) out[blockIdx.y * gridDim.x + blockIdx.x] = acc;  // keeps the loads
 }
 
+// The same bytes in kSplit times as many blocks of kStreamThreads / kSplit threads, each a kSplit-th of a
+// span pair, every load in flight at once: 192 blocks of 512 threads leave 60 of 132 SMs two blocks and
+// the rest one, so if an SM's own bandwidth bounds it, the SMs with two set the time; more, smaller blocks
+// even that out (the gate/up kernel's blocks are 32 rows, for one q8_1 block of outputs).
+template <int kSplit>
+__global__ void __launch_bounds__(kStreamThreads / kSplit)
+    stream_split_kernel(const uint8_t* gate, const uint8_t* up, const int* ids, unsigned* out) {
+  wait_then_trigger();
+  const int span = blockIdx.x / kSplit, part = blockIdx.x % kSplit;
+  const int e = ids[blockIdx.y];
+  const uint8_t* g = gate + e * kExpertBytes + span * kSpan;
+  const uint8_t* u = up + e * kExpertBytes + span * kSpan;
+  constexpr int kPieces = (int)(2 * kSpan / 16) / kSplit, kThreads = kStreamThreads / kSplit;
+  uint4 v[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = part * kPieces + threadIdx.x + k * kThreads;
+    v[k] = __ldg(reinterpret_cast<const uint4*>(i < (int)(kSpan / 16) ? g + 16 * (size_t)i
+                                                                      : u + 16 * (size_t)i - kSpan));
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  if (acc == 0x9e3779b9u) out[blockIdx.y * gridDim.x + blockIdx.x] = acc;  // keeps the loads
+}
+
 using StreamKernel = void (*)(const uint8_t*, const uint8_t*, const int*, unsigned*);
 float stream_pair(StreamKernel k, size_t smem, const uint8_t* gate, const uint8_t* up, int* ids,
-                  unsigned* out, cudaStream_t s) {
+                  unsigned* out, cudaStream_t s, int split = 1) {
   if (smem > 48 * 1024)
     CHECK(cudaFuncSetAttribute((const void*)k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   return graph_us(s, [&](int i) {
     launch(route_stub, 1, 32, 0, true, s, ids, i);
-    launch(k, dim3(kSpans, kUsed), kStreamThreads, smem, true, s, gate, up, (const int*)ids, out);
+    launch(k, dim3(kSpans * split, kUsed), kStreamThreads / split, smem, true, s, gate, up, (const int*)ids,
+           out);
   });
 }
 
@@ -443,7 +471,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMemset(up, 2, kExperts * kExpertBytes));
   CHECK(cudaMalloc(&ids, kUsed * sizeof(int)));
   CHECK(cudaMemset(ids, 0, kUsed * sizeof(int)));
-  CHECK(cudaMalloc(&out, kSpans * kUsed * sizeof(unsigned)));
+  CHECK(cudaMalloc(&out, 4 * kSpans * kUsed * sizeof(unsigned)));
   const double mb = 2.0 * kUsed * kSpans * kSpan / 1e6;
   if (run("stream")) {
     const float floor = stream_pair(empty_stream, 0, gate, up, ids, out, s);
@@ -462,6 +490,17 @@ int main(int argc, char** argv) {
                  {"cp.async into shared memory (72 KB), then read there", stream_kernel<2, 1>, 2 * kSpan}};
     for (const auto& m : modes) {
       const float us = stream_pair(m.k, m.smem, gate, up, ids, out, s) - floor;
+      std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
+    }
+    const struct {
+      const char* name;
+      StreamKernel k;
+      int split;
+    } splits[] = {
+        {"9 loads in flight, 384 blocks of 256 threads (half a span pair each)", stream_split_kernel<2>, 2},
+        {"9 loads in flight, 768 blocks of 128 threads (a quarter each)", stream_split_kernel<4>, 4}};
+    for (const auto& m : splits) {
+      const float us = stream_pair(m.k, 0, gate, up, ids, out, s, m.split) - floor;
       std::printf("| %s | %.2f | %.2f |\n", m.name, us, mb / us);
     }
   }
