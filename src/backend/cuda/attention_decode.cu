@@ -328,7 +328,9 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   // Fused prep: warps 0..nh-1 normalize and rotate a q head each into shared memory (after the warps'
   // rings), the last warp k and the one before v, both stored at the position in the cache by every block
   // of this KV head (the same bytes); the angles before the wait.
-  const bool prep = p.prep_k != nullptr;
+  // Only f16 caches take it (plan): the other forms are compiled without it, so it costs them no registers.
+  constexpr bool kPrepForm = KT == kKvF16 && VT == kKvF16 && (D == 128 || D == 256);
+  const bool prep = kPrepForm && p.prep_k != nullptr;
   float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
   float rc[D / 64], rs[D / 64];
   if (prep) rope_angles<D>(p, p.pos[seq], rc, rs);
