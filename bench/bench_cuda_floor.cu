@@ -28,7 +28,8 @@
 //            what the blocks' alignment costs the decode dot. An output head's shape and MoE down rows'.
 //   attn:    the decode attention (attention.h) in a chain of itself at a few depths, Qwen3's heads (32 / 4,
 //            head_dim 128) and Qwen3.5's (16 / 2, 256, gated, q and gate interleaved), f16 cache, q8_1 out:
-//            split over the GPU with its combine launch against one block per KV head (one_block).
+//            split over the GPU with its combine launch against one block per KV head (one_block). Long
+//            depths and bandwidth: bench_cuda_attention.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 // Arguments: the sections to run (default all).
 #include <cooperative_groups.h>

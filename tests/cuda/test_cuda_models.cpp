@@ -82,6 +82,18 @@ float worst_step_diff(const Outputs& a, const Outputs& b, size_t steps) {
   return worst;
 }
 
+// a (a fusion that changes the summation order) against b (without it), n_prompt prompt tokens: the same
+// prefill, each step's logits within kLogitTol while greedy agrees (b's logits decide a near-tie).
+void expect_steps_close(const Outputs& a, const Outputs& b, int n_prompt, const std::string& what) {
+  EXPECT_EQ(a.prefill, b.prefill) << what;
+  const int64_t V = (int64_t)(a.prefill.size() / n_prompt);
+  const size_t agree = greedy_agreement(b, a, V);
+  const float worst = worst_step_diff(a, b, agree);
+  EXPECT_LT(worst, kLogitTol) << what;
+  std::printf("%s: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n", what.c_str(), worst, agree,
+              a.tokens.size());
+}
+
 // The whole decode step of a qwen3moe stack in one persistent kernel (cuda/decode_stack.h, opt-in:
 // XPERT_DECODE_STACK=1) against the op-by-op kernels, synth tiny models at Q4_K_M (head dims 64 and 128, the
 // attention is compiled for each). The prefill takes neither path: the same bits. The steps sum in other
@@ -139,14 +151,7 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
     ASSERT_GT(slot_layers, 0) << "the synth no longer exercises the shared-expert slot";
   }
   const auto [a, b] = with_and_without("XPERT_SHARED_SLOT", file);
-  EXPECT_EQ(a.prefill, b.prefill);
-  const int64_t V = (int64_t)(a.prefill.size() / 20);
-  const size_t agree = greedy_agreement(b, a, V);
-  const float worst = worst_step_diff(a, b, agree);
-  EXPECT_LT(worst, kLogitTol);
-  std::printf(
-      "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
-      worst, agree, a.tokens.size());
+  expect_steps_close(a, b, 20, "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart");
 }
 
 // A preset's Q4_K_M with var=1 and without: the same prefill, tokens and step logits, bit for bit.
@@ -206,13 +211,7 @@ TEST(CudaModelFusions, OneBlockAttentionMatchesSplit) {
     const TempFile tmp("cuda_one_block.gguf");
     synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
     const auto [a, b] = with_and_without("XPERT_ATTN_ONE_BLOCK", tmp.path, 20, 24, 1024);
-    EXPECT_EQ(a.prefill, b.prefill) << preset;
-    const int64_t V = (int64_t)(a.prefill.size() / 20);
-    const size_t agree = greedy_agreement(b, a, V);
-    const float worst = worst_step_diff(a, b, agree);
-    EXPECT_LT(worst, kLogitTol) << preset;
-    std::printf("%s Q4_K_M, one-block attention vs split: steps max|d|/max|logit| %.2e, greedy %zu of %zu\n",
-                preset, worst, agree, a.tokens.size());
+    expect_steps_close(a, b, 20, std::string(preset) + " Q4_K_M, one-block attention vs split");
   }
 }
 

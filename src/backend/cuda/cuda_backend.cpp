@@ -435,11 +435,21 @@ class CudaBackend final : public Backend {
     auto* q = const_cast<float*>(d.q);  // prep may normalize and rotate q in place (Backend's contract)
     auto* k = const_cast<float*>(d.k);
     const QkPrep* pr = d.prep;
-    const bool one_block = decode_attention_form(d.max_pos) == 1;
     const bool f16 = d.k_type == DType::F16 && d.v_type == DType::F16;
-    // The attention normalizes, rotates and stores q / k / v itself (DecodeAttentionArgs::prep).
-    const bool fuse_prep = pr && f16 && one_block && attn_prep_;
-    if (fuse_prep) {
+    // The attention normalizes, rotates and stores q / k / v (DecodeAttentionArgs::prep): inside its blocks
+    // where its form can, else by qk_norm_rope_store_f16 first.
+    const bool hand_prep = pr && f16 && attn_prep_;
+    cuda::DecodeAttentionArgs::QkPrep prep{};
+    if (hand_prep) {
+      prep = {.k = d.k,
+              .v = d.v,
+              .q_norm = pr->q_norm,
+              .k_norm = pr->k_norm,
+              .n_rot = pr->n_rot,
+              .freq_base = pr->freq_base,
+              .freq_scale = pr->freq_scale,
+              .eps = pr->eps,
+              .mode = pr->mode};
     } else if (pr && f16) {
       cuda::qk_norm_rope_store_f16(
           q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot,
@@ -474,17 +484,8 @@ class CudaBackend final : public Backend {
                                 .gate_stride = d.gate_stride,
                                 .q_stride = d.q_stride,
                                 .early_kv = attn_early_,
-                                .one_block = one_block};
-    const cuda::DecodeAttentionArgs::QkPrep prep{.k = d.k,
-                                                 .v = d.v,
-                                                 .q_norm = pr ? pr->q_norm : nullptr,
-                                                 .k_norm = pr ? pr->k_norm : nullptr,
-                                                 .n_rot = pr ? pr->n_rot : 0,
-                                                 .freq_base = pr ? pr->freq_base : 0.0f,
-                                                 .freq_scale = pr ? pr->freq_scale : 0.0f,
-                                                 .eps = pr ? pr->eps : 0.0f,
-                                                 .mode = pr ? pr->mode : RopeMode::normal};
-    if (fuse_prep) a.prep = &prep;
+                                .one_block = decode_attention_form(d.max_pos) == 1,
+                                .prep = hand_prep ? &prep : nullptr};
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {

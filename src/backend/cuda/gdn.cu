@@ -383,11 +383,15 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+bool env_not_0(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
+}  // namespace
+
 bool gdn_fusions_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("XPERT_GDN_FUSE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_not_0("XPERT_GDN_FUSE");
   return on;
 }
 
@@ -435,8 +439,7 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
 
 bool gdn_recurrent_norm_fusable(const GdnShape& s) {
   // Read at each call (a decode graph records it once), so that a test can compare both forms.
-  const char* e = std::getenv("XPERT_GDN_NORM_FUSE");
-  const bool on = !(e && std::string(e) == "0");
+  const bool on = env_not_0("XPERT_GDN_NORM_FUSE");
   const int64_t R = (s.head_k_dim + 31) / 32, C = s.head_v_dim / 32;
   return on && s.head_v_dim % 32 == 0 && C <= kMaxColGroups && R <= kMaxRowGroups &&
          32 * R * C <= kMaxRecurrentThreads;

@@ -1,4 +1,6 @@
 // Host side of the CUDA matmul: which activation form and which kernel a (type, m) pair gets.
+#include <algorithm>
+
 #include "backend/cuda/device.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -132,6 +134,25 @@ void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& 
   detail::launch_gemm(w_type, false, g, stream);
 }
 
+namespace {
+detail::MatvecOuts matvec_outs(const MatmulOut* outs, int count) {
+  if (count < 1 || count > detail::MatvecOuts::kMax)
+    fail_cat("CUDA matmul: ", count, " products in a group (1..", detail::MatvecOuts::kMax, ")");
+  detail::MatvecOuts o;
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) {
+    XPERT_CU_ASSERT(outs[i].ldy >= outs[i].n);
+    rows += outs[i].n;
+    o.w[o.count] = outs[i].w;
+    o.end[o.count] = rows;
+    o.y[o.count] = outs[i].y;
+    o.ldy[o.count] = outs[i].ldy;
+    ++o.count;
+  }
+  return o;
+}
+}  // namespace
+
 void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
                            cudaStream_t stream) {
   check_matmul_shape(w_type, a.k);
@@ -151,39 +172,11 @@ void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const
       detail::launch_gemm(w_type, false, g, stream);
       continue;
     }
-    detail::MatvecOuts o;
-    int64_t rows = 0;
-    for (; i0 < count && o.count < detail::MatvecOuts::kMax; ++i0) {
-      XPERT_CU_ASSERT(outs[i0].ldy >= outs[i0].n);
-      rows += outs[i0].n;
-      o.w[o.count] = outs[i0].w;
-      o.end[o.count] = rows;
-      o.y[o.count] = outs[i0].y;
-      o.ldy[o.count] = outs[i0].ldy;
-      ++o.count;
-    }
-    detail::launch_matvec(w_type, o, a, stream);
+    const int c = std::min(count - i0, detail::MatvecOuts::kMax);
+    detail::launch_matvec(w_type, matvec_outs(outs + i0, c), a, stream);
+    i0 += c;
   }
 }
-
-namespace {
-detail::MatvecOuts matvec_outs(const MatmulOut* outs, int count) {
-  if (count < 1 || count > detail::MatvecOuts::kMax)
-    fail_cat("CUDA matmul: ", count, " products in a group (1..", detail::MatvecOuts::kMax, ")");
-  detail::MatvecOuts o;
-  int64_t rows = 0;
-  for (int i = 0; i < count; ++i) {
-    XPERT_CU_ASSERT(outs[i].ldy >= outs[i].n);
-    rows += outs[i].n;
-    o.w[o.count] = outs[i].w;
-    o.end[o.count] = rows;
-    o.y[o.count] = outs[i].y;
-    o.ldy[o.count] = outs[i].ldy;
-    ++o.count;
-  }
-  return o;
-}
-}  // namespace
 
 bool matmul_pair_supported(DType t0, DType t1, const Activations& a) {
   return detail::matvec_pair_supported(t0, t1, a);
