@@ -27,6 +27,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
+#include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops.h"
@@ -165,25 +166,6 @@ __device__ __forceinline__ void load_side(uint32_t dst, const char* src, int64_t
   }
 }
 
-// Fused prep: a lane's rotation angles (pairs lane, lane + 32, ...), built as norm_rope_kernel builds them
-// (theta = pos, times theta_scale once per pair before it): the same floats. Positions are host copies.
-template <int D>
-__device__ __forceinline__ void rope_angles(const DecodeParams& p, int pos, float (&rc)[D / 64],
-                                            float (&rs)[D / 64]) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int j = 0; j < D / 64; ++j) {
-    const int i2 = lane + 32 * j;
-    rc[j] = 1.0f, rs[j] = 0.0f;
-    if (i2 < p.n_rot / 2) {
-      float theta = (float)pos;
-      for (int e = 0; e < i2; ++e) theta *= p.theta_scale;
-      const float th = p.freq_scale * theta;
-      rc[j] = cosf(th);
-      rs[j] = sinf(th);
-    }
-  }
-}
 // One head row by one warp as norm_rope_kernel does it (its norm's sums and products, then the rotation):
 // src's D values -> row (shared memory), normalized and rotated.
 template <int D>
@@ -197,15 +179,7 @@ __device__ __forceinline__ void norm_rope_into(const DecodeParams& p, const floa
     xv[j] = src[lane + 32 * j];
     wv[j] = w ? w[lane + 32 * j] : 1.0f;
   }
-  float s = 1.0f;
-  if (w) {
-    double sum = 0.0;
-#pragma unroll
-    for (int j = 0; j < D / 32; ++j) sum += (double)(xv[j] * xv[j]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    s = 1.0f / sqrtf((float)(sum / (double)D) + p.eps);
-  }
+  const float s = w ? warp_rms_scale<D / 32>(xv, D, p.eps) : 1.0f;
 #pragma unroll
   for (int j = 0; j < D / 32; ++j) row[lane + 32 * j] = w ? __fmul_rn(__fmul_rn(xv[j], s), wv[j]) : xv[j];
   __syncwarp();
@@ -333,7 +307,7 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const bool prep = kPrepForm && p.prep_k != nullptr;
   float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
   float rc[D / 64], rs[D / 64];
-  if (prep) rope_angles<D>(p, p.pos[seq], rc, rs);
+  if (prep) rope_angles<D / 64>((float)p.pos[seq], p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
   pdl_begin();
   if (!active && !p.one_block) return;  // one_block: every warp meets at the combine
   if (prep) {

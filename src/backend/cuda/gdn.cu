@@ -6,6 +6,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gdn.h"
+#include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
@@ -175,12 +176,7 @@ __device__ __forceinline__ void gated_norm_warp(const float (&xv)[kPer], const f
                                                 const float (&wv)[kPer], int n, float eps, float* xr,
                                                 int8_t* q, float2* ds) {
   const int lane = threadIdx.x % 32;
-  double sum = 0.0;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) sum += (double)(xv[j] * xv[j]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float s = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+  const float s = warp_rms_scale<kPer>(xv, n, eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
@@ -241,20 +242,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32) norm_rope_kernel(NormRopePara
   // multiplies, so it runs while the kernel before finishes.
   constexpr int kPairs = kRopeMaxDim / 64;
   float rc[kPairs], rs[kPairs];
-  if (r < p.n_tokens * heads && !(p.kc && hk >= p.n_head_kv)) {
-    const float ps = (float)p.pos[t];
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int i2 = lane + 32 * j;
-      if (i2 < p.n_rot / 2) {
-        float theta = ps;
-        for (int e = 0; e < i2; ++e) theta *= p.theta_scale;
-        const float th = p.freq_scale * theta;
-        rc[j] = cosf(th);
-        rs[j] = sinf(th);
-      }
-    }
-  }
+  if (r < p.n_tokens * heads && !(p.kc && hk >= p.n_head_kv))
+    rope_angles<kPairs>((float)p.pos[t], p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
   pdl_begin();
   if (r >= p.n_tokens * heads) return;
   __half* cache = nullptr;
@@ -291,17 +280,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) norm_rope_kernel(NormRopePara
       wv[j] = norm && w ? w[i] : 1.0f;
     }
   }
-  float s = 1.0f;
-  if (norm) {
-    double sum = 0.0;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (lane + 32 * j < D) sum += (double)(xv[j] * xv[j]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float mean = (float)(sum / (double)D);
-    s = 1.0f / sqrtf(mean + p.eps);
-  }
+  const float s = norm ? warp_rms_scale<kPerLane>(xv, D, p.eps) : 1.0f;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int i = lane + 32 * j;
