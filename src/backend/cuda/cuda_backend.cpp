@@ -304,15 +304,18 @@ class CudaBackend final : public Backend {
       }
       cuda::check_matmul_shape(g.t, k);
     }
-    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v): one launch.
-    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4 &&
-        cuda::matmul_pair_supported(groups[0].t, groups[1].t, activations(groups[0].t)) &&
-        activations(groups[1].t).data == activations(groups[0].t).data) {
-      cuda::matmul_prepared_pair(groups[0].t, groups[0].outs, groups[0].count, groups[1].t, groups[1].outs,
-                                 groups[1].count, activations(groups[0].t), s());
-    } else {
-      for (const Group& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
+    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
+    // launch.
+    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
+      const Group &g0 = groups[0], &g1 = groups[1];
+      const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
+      if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
+        cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, a0, s());
+        ar.release(mark);
+        return;
+      }
     }
+    for (const Group& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
     ar.release(mark);
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
