@@ -453,6 +453,28 @@ __device__ __forceinline__ void dot_row(const row_t<T>& row, int first, int step
   }
 }
 
+// A lane's first kPre chunks of a row (first, first + step, ...), loaded ahead of the rest: a decode kernel
+// loads them before its PDL wait where no kernel right before writes the weights, so their round trip
+// overlaps the previous kernel instead of following the wait. dot() multiplies them, then walks the rest
+// of the row with dot_row: the chunks in the order dot_row alone takes them, so the same sums, the same bits.
+template <DType T, int kPre>
+struct RowHead {
+  typename Dot<T>::Raw r[kPre];
+  __device__ __forceinline__ void load(const row_t<T>& row, int first, int step, int nc) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u)
+      if (first + u * step < nc) r[u] = Dot<T>::load(row, first + u * step);
+  }
+  template <int M, int kBatch, class V = ActView>
+  __device__ __forceinline__ void dot(const row_t<T>& row, int first, int step, int nc, const V& a, int m,
+                                      float (&acc)[M]) const {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u)
+      if (first + u * step < nc) Dot<T>::template mul<M>(r[u], first + u * step, a, m, acc);
+    dot_row<T, M, kBatch, V>(row, first + kPre * step, step, nc, a, m, acc);
+  }
+};
+
 // --------------------------------------------------------------------------------- dequantization
 // Group g (elements 32g .. 32g + 31) of a row.
 template <DType T>

@@ -192,6 +192,9 @@ ExpertsAt experts_at(const MoeExperts& e) {
 // 373 / 367 / 361. Before the batch (one chunk in flight) both were 407 and 360.
 constexpr int kGateUpBatch = 2;
 constexpr int kDownBatch = 2;
+// Chunks a lane of the down kernel loads before its wait (XPERT_PRELOAD=0: none): of a row of 768 (Qwen3's
+// experts) 2 of a lane's 3, of 512 (Qwen3.5's) both.
+constexpr int kDownPreload = 2;
 // CTA = (32 rows of n_ff, one (token, slot) pair): 64 row dots (gate and up of 32 rows), kLanes lanes
 // each, so 2 * kLanes warps. In a warp, lanes [0, 16) take gate rows and [16, 32) the up rows of the same
 // outputs. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
@@ -262,13 +265,14 @@ int gate_up_lanes() {
 // Everything that comes from the routing (each lane's expert, row and weight, and the L2 prefetch of the
 // CTA's rows) is read before the wait: the routing is two kernels back, and gate/up let this grid launch
 // only after its own wait, so the router had finished and its writes were visible (read past L1, __ldcg).
-// After the wait only the activations gate/up wrote are read before the rows.
+// So are the first of a lane's chunks of its row (weights, which no kernel writes during a step); after the
+// wait only the activations gate/up wrote are read before the rest of the row.
 template <DType T, int kSplit>
 __global__ void __launch_bounds__(128)
     down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
                 int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, float* __restrict__ out, bool accumulate, int lps_log2,
-                bool prefetch) {
+                bool prefetch, bool preload) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -287,15 +291,21 @@ __global__ void __launch_bounds__(128)
     if (prefetch && warp == 0 && sub == 0 && mat)
       dev::prefetch_rows<T>(mat, d, min((int64_t)kRows, D - d), D, row_bytes);
   }
+  // The row's first chunks before the wait too (dev::RowHead): the rows' round trip overlaps gate/up.
+  const int nc = (int)(F / Dot<T>::kElems);
+  const dev::row_t<T> wrow = mat ? dev::row_at<T>(mat, d, D, row_bytes) : dev::row_t<T>{};
+  dev::RowHead<T, kDownPreload> head;
+  head.load(wrow, mat && preload ? sub + lps * wp : nc, lps * kSplit, nc);
   pdl_begin();
   __shared__ float part[4][32];
-  const int nc = (int)(F / Dot<T>::kElems);
   float acc[1] = {0.0f};
   if (mat) {
     const int64_t p = t * kslots + j;
     const ActView a{hq + p * F, hds + p * (F / 32), F};
-    dev::dot_row<T, 1, kDownBatch>(dev::row_at<T>(mat, d, D, row_bytes), sub + lps * wp, lps * kSplit, nc, a,
-                                   1, acc);
+    if (preload)
+      head.template dot<1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
+    else
+      dev::dot_row<T, 1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   if constexpr (kSplit > 1) {
@@ -317,17 +327,19 @@ __global__ void __launch_bounds__(128)
   if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
 }
 
-// Warps per output row of the down kernel: 2 by default (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365
-// t/s and qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4), 4 past 8 slots, where a slot gets 2 lanes of a
-// warp instead of 4 (qwen3.5-35b-a3b with its shared expert as slot 9, tg128 with 2 / 4: 347 / 351 in one
-// call, 342 / 342-344 in another); XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare.
-int down_split(int64_t slots) {
+// Warps per output row of the down kernel: 2 (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365 t/s and
+// qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4); XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare. Past 8 slots a
+// slot gets 2 lanes of a warp instead of 4, and 4 warps a row had measured a little faster there
+// (qwen3.5-35b-a3b with its shared expert as slot 9: 351 / 347 t/s, 342-344 / 342). With the rows' first
+// chunks loaded before the wait 2 is faster (tg128 500.3 / 494.9 against 487.4 / 489.0, 2026-12-01): its
+// 1,024 blocks (Q6_K: 64 registers, 8 blocks an SM) are resident at once, 4's 2,048 took two waves.
+int down_split() {
   static const int forced = [] {
     const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
     const int v = env ? std::atoi(env) : 0;
     return v == 1 || v == 2 || v == 4 ? v : 0;
   }();
-  return forced ? forced : slots > 8 ? 4 : 2;
+  return forced ? forced : 2;
 }
 
 // --------------------------------------------------------------------------------------- grouped path
@@ -568,12 +580,13 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     int lps_log2 = 5;
     while ((1 << (5 - lps_log2)) < k) --lps_log2;
     dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
-      const int split = down_split(k);
+      const int split = down_split();
       const unsigned rows_per_cta = 4 / split;
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
       launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
-                 b.hds, run.out, run.accumulate, lps_log2, detail::prefetch_enabled());
+                 b.hds, run.out, run.accumulate, lps_log2, detail::prefetch_enabled(),
+                 detail::preload_enabled());
       XPERT_CUDA_CHECK_LAUNCH();
     });
     return;

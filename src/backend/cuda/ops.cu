@@ -84,6 +84,14 @@ bool prefetch_enabled() {
   return on;
 }
 
+bool preload_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("XPERT_PRELOAD");
+    return !(env && std::string(env) == "0");
+  }();
+  return on;
+}
+
 unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return (unsigned)std::clamp<int64_t>(blocks, 1, (int64_t)sm_count() * 16);
