@@ -62,6 +62,7 @@ struct DecodeParams {
   // Fused q/k prep (one_block, f16 cache; DecodeAttentionArgs::prep): this step's k / v rows, the norms'
   // weights (null: none), RoPE's constants; q is read as projected and normalized + rotated in the block.
   const float *prep_k, *prep_v, *prep_qw, *prep_kw;
+  bool prep_rows_own;  // the prep's K / V row at the position enters its stage from shared memory
   int n_rot;
   bool neox;
   float theta_scale, freq_scale, eps;
@@ -281,11 +282,19 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   const char* kg = p.k + slot * p.slot_stride + hk * kv_bytes<KT>(D);
   const char* vg = p.v + slot * p.slot_stride + hk * kv_bytes<VT>(D);
 
+  // Fused prep (below) with prep_rows_own: the position's K and V rows are the block's own, so the warp whose
+  // keys end at the position reads the cache only below it (that row zero-filled, then written into its
+  // stage from shared memory): all its stages may start before the wait, and none waits on the stores.
+  constexpr bool kPrepForm = KT == kKvF16 && VT == kKvF16 && (D == 128 || D == 256);
+  const bool prep = kPrepForm && p.prep_k != nullptr;
+  const int pos = p.pos[seq];
+  const bool own_pos = prep && p.prep_rows_own && n_steps > 0 && ke - 1 == pos;
+  const int load_end = own_pos ? pos : ke;
   auto load_step = [&](int step) {
     const uint32_t ks = ring + (step % kStages) * kStageBytes;
     const int key0 = kb + step * kStepKeys;
-    load_side<D, KT>(ks, kg, p.k_row, key0, ke, kb, lane, p.wide);
-    load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, ke, kb, lane, p.wide);
+    load_side<D, KT>(ks, kg, p.k_row, key0, load_end, kb, lane, p.wide);
+    load_side<D, VT>(ks + kKBytes, vg, p.v_row, key0, load_end, kb, lane, p.wide);
   };
   auto prologue = [&] {
 #pragma unroll
@@ -297,14 +306,12 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   // Keys below the position were stored by earlier steps; the position's own key by the kernel right
   // before (norm + RoPE + store). With early_kv, a warp whose first stages all lie below it starts them
   // before the wait (their invalid rows read key kb, also below it).
-  const bool early = p.early_kv && n_steps > 0 && min(ke, kb + (kStages - 1) * kStepKeys) <= p.pos[seq];
+  const bool early = p.early_kv && n_steps > 0 && min(load_end, kb + (kStages - 1) * kStepKeys) <= pos;
   if (early) prologue();
   // Fused prep: warps 0..nh-1 normalize and rotate a q head each into shared memory (after the warps'
   // rings), the last warp k and the one before v, both stored at the position in the cache by every block
-  // of this KV head (the same bytes); the angles before the wait.
+  // of this KV head (the same bytes), and kept in shared memory after q; the angles before the wait.
   // Only f16 caches take it (plan): the other forms are compiled without it, so it costs them no registers.
-  constexpr bool kPrepForm = KT == kKvF16 && VT == kKvF16 && (D == 128 || D == 256);
-  const bool prep = kPrepForm && p.prep_k != nullptr;
   float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
   float rc[D / 64], rs[D / 64];
   if (prep) rope_angles<D / 64>((float)p.pos[seq], p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
@@ -328,8 +335,12 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) x[j] = v[lane + 32 * j];
       __half* vc = reinterpret_cast<__half*>(const_cast<char*>(p.v) + at);
+      float* vrow = prep_rows + (nh + 1) * D;
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) vc[lane + 32 * j] = __float2half_rn(x[j]);
+      for (int j = 0; j < D / 32; ++j) {
+        vc[lane + 32 * j] = __float2half_rn(x[j]);
+        vrow[lane + 32 * j] = x[j];
+      }
     }
     __syncthreads();  // q in shared memory, the position's K and V in the cache
   }
@@ -363,6 +374,22 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     __syncwarp();
     const uint32_t stage = ring + (step % kStages) * kStageBytes;
     uint32_t ks = stage, vs = stage + kKBytes;
+    if constexpr (kPrepForm) {
+      const int row = pos - (kb + step * kStepKeys);
+      if (own_pos && row < kStepKeys) {  // the position's rows, rounded as the stores above round them
+        for (int i = lane; i < 2 * (D / 8); i += 32) {
+          const int ch = i % (D / 8);
+          const float* src = prep_rows + (nh + i / (D / 8)) * D + 8 * ch;
+          uint4 h;
+          h.x = pack_half2(src[0], src[1]);
+          h.y = pack_half2(src[2], src[3]);
+          h.z = pack_half2(src[4], src[5]);
+          h.w = pack_half2(src[6], src[7]);
+          st_shared16((i < D / 8 ? ks : vs) + swizzle<D>(row, ch) * 16, h);
+        }
+        __syncwarp();
+      }
+    }
     if constexpr (KT != kKvF16) {
       dequantize_stage<D, KT>(reinterpret_cast<const char*>(smem_raw) + (ks - base), k_tile, lane);
       ks = k_tile;
@@ -562,7 +589,7 @@ const void* decode_kernel_ptr(int64_t D, int kt, int vt) {
 }
 
 // The fused prep's rows after the warps' rings: up to 2 q heads and k.
-size_t prep_smem_bytes(int64_t D) { return 3 * (size_t)D * sizeof(float); }
+size_t prep_smem_bytes(int64_t D) { return 4 * (size_t)D * sizeof(float); }  // q heads (1-2), k, v
 
 // Warps per block (as many as shared memory allows, up to 4) and resident blocks per SM, per head_dim.
 struct DecodeConfig {
@@ -705,6 +732,11 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
     if (pr.n_rot <= 0 || pr.n_rot > a.head_dim || pr.n_rot % 2 != 0)
       detail::fail_rt("cuda attention_decode: n_rot ", pr.n_rot, " must be even and at most head_dim");
     p.prep_k = pr.k, p.prep_v = pr.v, p.prep_qw = pr.q_norm, p.prep_kw = pr.k_norm;
+    static const bool own = [] {
+      const char* env = std::getenv("XPERT_ATTN_OWN_ROWS");
+      return !(env && std::atoi(env) == 0);
+    }();
+    p.prep_rows_own = own;
     p.n_rot = (int)pr.n_rot;
     p.neox = pr.mode == RopeMode::neox;
     // The same float expression as cpu::rope and norm_rope_params, so theta_scale is the same float.
