@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
     }
   };
   // Keys below the position were stored by earlier steps; the position's own key by the kernel right
-  // before (norm + RoPE + store). With early_kv, a warp whose first stages all lie below it starts them
-  // before the wait (their invalid rows read key kb, also below it).
+  // before (norm + RoPE + store), or by this one (fused prep). With early_kv, a warp whose first stages all
+  // lie below it (below load_end) starts them before the wait (their invalid rows read key kb, also below).
   const bool early = p.early_kv && n_steps > 0 && min(load_end, kb + (kStages - 1) * kStepKeys) <= pos;
   if (early) prologue();
   // Fused prep: warps 0..nh-1 normalize and rotate a q head each into shared memory (after the warps'
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
         vrow[lane + 32 * j] = x[j];
       }
     }
-    __syncthreads();  // q in shared memory, the position's K and V in the cache
+    __syncthreads();  // q in shared memory, the position's K and V in the cache and in shared memory
   }
   // q of this warp's heads as B fragments (k = head dims, n = heads), rounded to f16 as the CPU does.
   uint32_t qb[D / 16][2];
@@ -588,8 +588,8 @@ const void* decode_kernel_ptr(int64_t D, int kt, int vt) {
                     : decode_kernel_ptr_k<256>(kt, vt);
 }
 
-// The fused prep's rows after the warps' rings: up to 2 q heads and k.
-size_t prep_smem_bytes(int64_t D) { return 4 * (size_t)D * sizeof(float); }  // q heads (1-2), k, v
+// The fused prep's rows after the warps' rings: up to 2 q heads, k and v.
+size_t prep_smem_bytes(int64_t D) { return 4 * (size_t)D * sizeof(float); }
 
 // Warps per block (as many as shared memory allows, up to 4) and resident blocks per SM, per head_dim.
 struct DecodeConfig {
