@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -30,5 +31,13 @@ void set_smem_limit(const void* kernel, size_t bytes);
 unsigned grid_for(int64_t n, int threads);
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// A kernel variant chosen by an environment variable (for A/B measurements): its value when it is one of
+// a or b, else the default.
+inline int env_variant(const char* name, int dflt, int a, int b) {
+  const char* env = std::getenv(name);
+  const int v = env ? std::atoi(env) : dflt;
+  return v == a || v == b ? v : dflt;
+}
 
 }  // namespace xpert::cuda::detail
