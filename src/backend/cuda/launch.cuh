@@ -66,4 +66,26 @@ void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaSt
   if (detail::trace_enabled()) detail::trace_after(reinterpret_cast<const void*>(kernel), stream);
 }
 
+// launch_pdl for a grid of thread block clusters of `cluster` blocks along x (sm_90+: the caller checks).
+template <typename... P, typename... A>
+void launch_pdl_cluster(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        unsigned cluster, A&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = detail::pdl_enabled() ? 2 : 1;
+  XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+  if (detail::trace_enabled()) detail::trace_after(reinterpret_cast<const void*>(kernel), stream);
+}
+
 }  // namespace xpert::cuda

@@ -43,9 +43,13 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // are then [n_tokens][k + 1].
 // `form` picks how one token's top k is found (the same result every way): automatic is the block's
 // two-phase ranking wherever it fits (XPERT_BLOCK_ROUTE=0: one warp's serial top-k always; =1: the
-// one-phase block ranking up to 128 experts, the warp past it); tests name the others.
-enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2 };
+// one-phase block ranking up to 128 experts, the warp past it; =3: cluster where it fits); tests name the
+// others. cluster (sm_90, one token, no shared expert, up to 128 experts, rows up to 2048): one cluster of
+// blocks of 8 experts each gathers the logits in one block's shared memory and ranks them there, the
+// same logits and routing as two_phase (where it does not fit: two_phase).
+enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2, cluster = 3 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
+bool moe_router_cluster_fits(int64_t n_tokens, int64_t n_embd, const MoeRouting& r, bool shared_gate);
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate = nullptr, RouteForm form = RouteForm::automatic);
