@@ -314,12 +314,12 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   // Only f16 caches take it (plan): the other forms are compiled without it, so it costs them no registers.
   float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
   float rc[D / 64], rs[D / 64];
-  if (prep) rope_angles<D / 64>((float)p.pos[seq], p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
+  if (prep) rope_angles<D / 64>((float)pos, p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
   pdl_begin();
   if (!active && !p.one_block) return;  // one_block: every warp meets at the combine
   if (prep) {
     const int nw = blockDim.x / 32;
-    const int64_t at = slot * p.slot_stride + (int64_t)p.pos[seq] * p.k_row + hk * D * 2;  // f16 cache
+    const int64_t at = slot * p.slot_stride + (int64_t)pos * p.k_row + hk * D * 2;  // f16 cache
     if (warp < nh) {
       norm_rope_into<D>(p, p.q + ((int64_t)seq * p.n_head + h0 + warp) * p.q_stride, p.prep_qw, rc, rs,
                         prep_rows + warp * D);

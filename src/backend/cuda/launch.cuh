@@ -50,42 +50,49 @@ bool prefetch_enabled();  // XPERT_PREFETCH is not 0: kernels take a flag for th
 bool preload_enabled();  // XPERT_PRELOAD is not 0: the MoE down kernel loads its first chunks before the wait
 }
 
+namespace detail {
+// A launch attribute: thread block clusters of `x` blocks along x (sm_90+).
+inline cudaLaunchAttribute cluster_attr(unsigned x) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+// launch_pdl's body; cluster 0: no clusters.
 template <typename... P, typename... A>
-void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+               unsigned cluster, A&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster) attr[n++] = cluster_attr(cluster);
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = detail::pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-  if (detail::trace_enabled()) detail::trace_after(reinterpret_cast<const void*>(kernel), stream);
+  if (trace_enabled()) trace_after(reinterpret_cast<const void*>(kernel), stream);
+}
+}  // namespace detail
+
+template <typename... P, typename... A>
+void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  detail::launch_ex(kernel, grid, block, smem, stream, 0, std::forward<A>(args)...);
 }
 
 // launch_pdl for a grid of thread block clusters of `cluster` blocks along x (sm_90+: the caller checks).
 template <typename... P, typename... A>
 void launch_pdl_cluster(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         unsigned cluster, A&&... args) {
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = detail::pdl_enabled() ? 2 : 1;
-  XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-  if (detail::trace_enabled()) detail::trace_after(reinterpret_cast<const void*>(kernel), stream);
+  detail::launch_ex(kernel, grid, block, smem, stream, cluster, std::forward<A>(args)...);
 }
 
 }  // namespace xpert::cuda
