@@ -372,6 +372,60 @@ TEST_P(CudaMoe, EqualsReference) {
 
 INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 64));
 
+// The decode gate/up kernel as clusters of two CTAs a span of 32 outputs (MoeRun::gate_up_parts 2, sm_90)
+// against one CTA a span: each output is the same dot of the same lanes, so the layer's output is the same
+// bits, with every expert resident and with half of them (both CTAs of a cluster whose expert is absent
+// leave before its barrier).
+TEST(CudaMoeDecode, GateUpClusterPairsAreBitForBit) {
+  XPERT_REQUIRE_GPU();
+  int major = 0;
+  XPERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 9) GTEST_SKIP() << "thread block clusters need sm_90+";
+  struct Case {
+    int64_t D, F, E, k;
+    DType gu, dn;
+  };
+  cuda::Stream stream;
+  for (const Case c :
+       {Case{2048, 768, 16, 8, DType::Q4_K, DType::Q6_K}, Case{2048, 512, 16, 9, DType::Q5_K, DType::Q8_0},
+        Case{1024, 256, 8, 4, DType::Q6_K, DType::Q4_K}}) {
+    Layer L(c.D, c.F, c.E, c.k, c.gu, c.dn);
+    for (const bool half : {false, true}) {
+      std::vector<bool> resident((size_t)c.E, true);
+      if (half)
+        for (int64_t e = 0; e < c.E; ++e) resident[(size_t)e] = e % 2 == 0;
+      const auto tables = L.tables(resident);
+      const cuda::MoeExperts ex = L.experts(tables);
+      for (const int64_t n : {1, 3}) {
+        SCOPED_TRACE(fmt::format("{}/{} D={} F={} k={} half={} n={}", dtype_name(c.gu), dtype_name(c.dn), c.D,
+                                 c.F, c.k, half, n));
+        const std::vector<float> x = cudatest::random_values((size_t)(n * c.D), 300 + n);
+        cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * c.D) * 4), ids, w;
+        gpu_moe(L, ex, x_dev, n, out.as<float>(), false, cuda::MoePath::decode, stream, &ids, &w);
+        cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(ex, n, c.k));
+        std::vector<float> got[2];
+        for (int parts = 1; parts <= 2; ++parts) {
+          XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+          cuda::moe_experts(ex,
+                            {.x = x_dev.as<float>(),
+                             .n_tokens = n,
+                             .k = c.k,
+                             .ids = ids.as<int32_t>(),
+                             .weights = w.as<float>(),
+                             .out = out.as<float>(),
+                             .path = cuda::MoePath::decode,
+                             .gate_up_parts = parts},
+                            ws.data(), ws.bytes(), stream);
+          stream.sync();
+          got[parts - 1] = from_device<float>(out, x.size());
+        }
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[1][i]), std::bit_cast<uint32_t>(got[0][i])) << i;
+      }
+    }
+  }
+}
+
 // Enough tokens per expert for 64-row tiles in the grouped GEMMs (128 tokens x 8 over 16 experts), against
 // the host evaluation of the GPU's own routing.
 TEST(CudaMoeGrouped, FullTiles) {

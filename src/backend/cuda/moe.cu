@@ -1,5 +1,7 @@
 // CUDA MoE: grouping by expert, the experts' SwiGLU FFN and the weighted sum (see moe.h); the routing is
 // moe_router.cu.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -51,26 +53,34 @@ constexpr int kDownBatch = 2;
 // Chunks a lane of the down kernel loads before its wait (XPERT_PRELOAD=0: none): of a row of 768 (Qwen3's
 // experts) 2 of a lane's 3, of 512 (Qwen3.5's) both.
 constexpr int kDownPreload = 2;
-// CTA = (32 rows of n_ff, one (token, slot) pair): 64 row dots (gate and up of 32 rows), kLanes lanes
-// each, so 2 * kLanes warps. In a warp, lanes [0, 16) take gate rows and [16, 32) the up rows of the same
-// outputs. The CTA then quantizes its 32 outputs into one q8_1 block for the down product.
-template <DType T, int kLanes>
-__global__ void __launch_bounds__(64 * kLanes)
+// CTA = (32 / kParts rows of n_ff, one (token, slot) pair): 64 / kParts row dots (gate and up of its
+// rows), kLanes lanes each, so 2 * kLanes / kParts warps. In a warp, lanes [0, 16) take gate rows and
+// [16, 32) the up rows of the same outputs. The 32 outputs of one span are then quantized into one q8_1
+// block for the down product. kParts 1: the CTA does that. kParts 2 (sm_90): the span's two CTAs are one
+// thread block cluster; each writes its 16 outputs into the first CTA's shared memory and, after one
+// cluster barrier, the first quantizes them. Every output is the same dot of the same lanes either way, so
+// the same bits; the point is the grid: 192 CTAs of 512 threads (Qwen3: 24 spans x 8 slots) leave 60 of
+// the H200's 132 SMs two spans' work and the others one, 384 of 256 at most three halves.
+template <DType T, int kLanes, int kParts>
+__global__ void __launch_bounds__(64 * kLanes / kParts)
     gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
                    int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
                    float2* __restrict__ hds) {
+  static_assert(kParts == 1 || kParts == 2, "one CTA or a cluster of two a span");
   pdl_begin();
   constexpr int kOutPerWarp = 16 / kLanes;
   const int64_t p = blockIdx.y;
   const int e = ids[p];
   const uint8_t* wg = gate(e);
   const uint8_t* wu = up(e);
-  if (!wg || !wu) return;
+  if (!wg || !wu) return;  // a cluster's CTAs share p: both leave
   const int64_t t = p / kslots;
   const ActView a{static_cast<const int8_t*>(xa.data) + t * D, xa.ds + t * (D / 32), D};
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane / kLanes, sub = lane % kLanes;
-  const int fl = warp * kOutPerWarp + grp % kOutPerWarp;
-  const int64_t f = (int64_t)blockIdx.x * 32 + fl;
+  const int part = (int)(blockIdx.x % kParts);
+  const int64_t span = blockIdx.x / kParts;
+  const int fl = part * (32 / kParts) + warp * kOutPerWarp + grp % kOutPerWarp;
+  const int64_t f = span * 32 + fl;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
   dev::dot_row<T, 1, kGateUpBatch>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a,
@@ -79,13 +89,24 @@ __global__ void __launch_bounds__(64 * kLanes)
   for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
   __shared__ float h[32];
-  if (lane < 16 && sub == 0) {
-    const float g = acc[0];
-    h[fl] = g / (1.0f + expf(-g)) * u;
+  const bool writes = lane < 16 && sub == 0;
+  const float g = acc[0];
+  if constexpr (kParts == 1) {
+    if (writes) h[fl] = g / (1.0f + expf(-g)) * u;
+    __syncthreads();
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (writes) cluster.map_shared_rank(h, 0)[fl] = g / (1.0f + expf(-g)) * u;
+    cluster.sync();  // the span's 32 outputs in the first CTA's shared memory
+    if (part != 0) return;
+#else
+    __trap();  // launched only on sm_90+ (gate_up_parts)
+#endif
   }
-  __syncthreads();
   if (warp == 0) {
-    warp_quantize_q8_1(h[lane], hq + p * F + blockIdx.x * 32 + lane, hds + p * (F / 32) + blockIdx.x);
+    warp_quantize_q8_1(h[lane], hq + p * F + span * 32 + lane, hds + p * (F / 32) + span);
   }
 }
 
@@ -94,6 +115,14 @@ __global__ void __launch_bounds__(64 * kLanes)
 int gate_up_lanes() {
   static const int lanes = detail::env_variant("XPERT_MOE_LANES", 8, 4, 16);
   return lanes;
+}
+
+// CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else XPERT_MOE_GU_PARTS
+// (1 by default; 2 to compare: built 2026-12-01, not yet measured); 2 needs sm_90 (clusters), else 1.
+int gate_up_parts(int requested) {
+  static const int from_env = detail::env_variant("XPERT_MOE_GU_PARTS", 1, 1, 2);
+  const int want = requested == 1 || requested == 2 ? requested : from_env;
+  return want == 2 && detail::cc_major() >= 9 ? 2 : 1;
 }
 
 // kSplit warps = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot,
@@ -363,16 +392,22 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
                                : ActView{b.xq, b.xds, D};
     const auto [gate, up, down] = experts_at(e);
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
-      const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
       const int lanes = gate_up_lanes();
+      if (lanes == 8 && gate_up_parts(run.gate_up_parts) == 2) {
+        launch_pdl_cluster(gate_up_kernel<T, 8, 2>, dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2,
+                           0, stream, 2, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds);
+        XPERT_CUDA_CHECK_LAUNCH();
+        return;
+      }
+      const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
       if (lanes == 16)
-        launch_pdl(gate_up_kernel<T, 16>, grid, 64 * 16, 0, stream, gate, up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 16, 1>, grid, 64 * 16, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       else if (lanes == 8)
-        launch_pdl(gate_up_kernel<T, 8>, grid, 64 * 8, 0, stream, gate, up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 8, 1>, grid, 64 * 8, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       else
-        launch_pdl(gate_up_kernel<T, 4>, grid, 64 * 4, 0, stream, gate, up, run.ids, (int)k, D, F,
+        launch_pdl(gate_up_kernel<T, 4, 1>, grid, 64 * 4, 0, stream, gate, up, run.ids, (int)k, D, F,
                    gu_row_bytes, xa, b.hq, b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
     });

@@ -83,6 +83,9 @@ struct MoeRun {
   bool accumulate = false;         // out += result instead of out = result
   MoePath path = MoePath::automatic;
   const Activations* xq = nullptr;  // x already in q8_1 (matmul.h), taken by the decode path; may be null
+  // The decode gate/up kernel's CTAs per 32 outputs: 1, or 2 as one thread block cluster (sm_90; else 1).
+  // The same bits either way; 0: XPERT_MOE_GU_PARTS (default 1).
+  int gate_up_parts = 0;
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;

@@ -50,6 +50,11 @@ int max_smem_optin() {
   return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache);
 }
 
+int cc_major() {
+  static int cache[kMaxDevices] = {};
+  return cached_attribute(cudaDevAttrComputeCapabilityMajor, cache);
+}
+
 void set_smem_limit(const void* kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return;
   static std::mutex mu;

@@ -23,6 +23,7 @@ template <typename... Args>
 // Of the current device, read once per device.
 int sm_count();
 int max_smem_optin();  // bytes of dynamic shared memory a block may ask for
+int cc_major();        // compute capability (9: Hopper)
 
 // Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KB.
 void set_smem_limit(const void* kernel, size_t bytes);
