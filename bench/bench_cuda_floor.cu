@@ -25,7 +25,9 @@
 //   q6k:     a one-row product with Q6_K weights as the file stores them (210-byte blocks, 2-byte aligned,
 //            each 16-byte piece from five 4-byte loads) against the device layout (weight_layout.h: field
 //            by field, each piece one aligned load; dev::row_at), the same arithmetic (dev::Dot<Q6_K>::mul):
-//            what the blocks' alignment costs the decode dot. An output head's shape and MoE down rows'.
+//            what the blocks' alignment costs the decode dot; and the device layout with each lane's two
+//            chunks' loads in flight at once (dev::dot_row batch 2, XPERT_MATVEC_HEAD_BATCH=2). An output
+//            head's shape and MoE down rows'.
 //   attn:    the decode attention (attention.h) in a chain of itself at a few depths, Qwen3's heads (32 / 4,
 //            head_dim 128) and Qwen3.5's (16 / 2, 256, gated, q and gate interleaved), f16 cache, q8_1 out:
 //            split over the GPU with its combine launch against one block per KV head (one_block). Long
@@ -332,44 +334,53 @@ float norm_chain(int blocks, float* a, float* b, cudaStream_t s) {
 }
 
 // ------------------------------------------------------------------------------------------ q6k
-// One row per 32 >> lpr_log2 lanes, as matmul_decode.cu's matvec_kernel; kPlanar: blocks stored field by
-// field.
-template <bool kPlanar>
+// One row per 32 >> lpr_log2 lanes, as matmul_decode.cu's matvec_kernel. kMode 0: the blocks as the file
+// stores them; 1: field by field, one chunk's loads in flight a lane (the matvec's batch 1); 2: field by
+// field through dev::dot_row with two chunks' loads in flight (XPERT_MATVEC_HEAD_BATCH=2).
+template <int kMode>
 __global__ void __launch_bounds__(128)
     q6k_kernel(const uint8_t* w, int64_t rows, int nc, xpert::cuda::dev::ActView a, float* y, int lpr_log2) {
   using D = xpert::cuda::dev::Dot<xpert::DType::Q6_K>;
+  constexpr bool kPlanar = kMode != 0;
   wait_then_trigger();
   const int lpr = 1 << lpr_log2, lane = threadIdx.x & 31, sub = lane & (lpr - 1);
   const int64_t r = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * (32 >> lpr_log2) + (lane >> lpr_log2);
   if (r >= rows) return;
   const int nb = nc / 8;
   float acc[1] = {0.0f};
-  for (int c = sub; c < nc; c += lpr) {
-    D::Raw raw;
-    if constexpr (kPlanar) {
-      raw = D::load(xpert::cuda::dev::row_at<xpert::DType::Q6_K>(w, r, rows, (size_t)nb * 210), c);
-    } else {  // the blocks as the file stores them: 16-byte pieces from 2-byte aligned addresses
-      const uint8_t* blk = w + ((size_t)r * nb + (c >> 3)) * 210;
-      const int c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
-      raw.ql = xpert::cuda::dev::ld_u128_a2(blk + 64 * c6 + 32 * ga + 16 * h);
-      raw.qh = xpert::cuda::dev::ld_u128_a2(blk + 128 + 32 * c6 + 16 * h);
-      raw.sc0 = xpert::cuda::dev::ld_s8(blk + 192 + 8 * c6 + 2 * ga + h);
-      raw.sc1 = xpert::cuda::dev::ld_s8(blk + 196 + 8 * c6 + 2 * ga + h);
-      raw.d = xpert::cuda::dev::ld_u16(blk + 208);
+  if constexpr (kMode == 2) {
+    xpert::cuda::dev::dot_row<xpert::DType::Q6_K, 1, 2>(
+        xpert::cuda::dev::row_at<xpert::DType::Q6_K>(w, r, rows, (size_t)nb * 210), sub, lpr, nc, a, 1, acc);
+  } else
+    for (int c = sub; c < nc; c += lpr) {
+      D::Raw raw;
+      if constexpr (kPlanar) {
+        raw = D::load(xpert::cuda::dev::row_at<xpert::DType::Q6_K>(w, r, rows, (size_t)nb * 210), c);
+      } else {  // the blocks as the file stores them: 16-byte pieces from 2-byte aligned addresses
+        const uint8_t* blk = w + ((size_t)r * nb + (c >> 3)) * 210;
+        const int c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
+        raw.ql = xpert::cuda::dev::ld_u128_a2(blk + 64 * c6 + 32 * ga + 16 * h);
+        raw.qh = xpert::cuda::dev::ld_u128_a2(blk + 128 + 32 * c6 + 16 * h);
+        raw.sc0 = xpert::cuda::dev::ld_s8(blk + 192 + 8 * c6 + 2 * ga + h);
+        raw.sc1 = xpert::cuda::dev::ld_s8(blk + 196 + 8 * c6 + 2 * ga + h);
+        raw.d = xpert::cuda::dev::ld_u16(blk + 208);
+      }
+      D::mul<1>(raw, c, a, 1, acc);
     }
-    D::mul<1>(raw, c, a, 1, acc);
-  }
   for (int off = lpr >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
   if (sub == 0) y[r] = acc[0];
 }
 
-float q6k_us(bool planar, const uint8_t* w, int64_t rows, int k, const int8_t* xq, const float2* xds,
-             float* y, cudaStream_t s) {
+float q6k_us(int mode, const uint8_t* w, int64_t rows, int k, const int8_t* xq, const float2* xds, float* y,
+             cudaStream_t s) {
   const int nc = k / 32, lpr_log2 = nc >= 64 ? 5 : nc >= 32 ? 4 : 3;
   const xpert::cuda::dev::ActView a{xq, xds, k};
   const unsigned grid = (unsigned)((rows + 4 * (32 >> lpr_log2) - 1) / (4 * (32 >> lpr_log2)));
   return graph_us(s, [&](int) {
-    launch(planar ? q6k_kernel<true> : q6k_kernel<false>, grid, 128, 0, true, s, w, rows, nc, a, y, lpr_log2);
+    launch(mode == 2   ? q6k_kernel<2>
+           : mode == 1 ? q6k_kernel<1>
+                       : q6k_kernel<0>,
+           grid, 128, 0, true, s, w, rows, nc, a, y, lpr_log2);
   });
 }
 
@@ -586,12 +597,13 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&y, 151936 * sizeof(float)));
     std::printf(
         "\n| Q6_K one-row product | blocks as stored us (GB/s) | field by field us (GB/s) "
-        "|\n|---|---:|---:|\n");
+        "| field by field, 2 chunks in flight us (GB/s) |\n|---|---:|---:|---:|\n");
     for (const auto& [rows, k] : {std::pair<int64_t, int>{151936, 2048}, {131072, 512}}) {
       const double gb = (double)rows * (k / 256) * 210 / 1e9;
-      const float a = q6k_us(false, w, rows, k, xq, xds, y, s), b = q6k_us(true, w, rows, k, xq, xds, y, s);
-      std::printf("| %lld x %d | %.1f (%.0f) | %.1f (%.0f) |\n", (long long)rows, k, a, gb / a * 1e6, b,
-                  gb / b * 1e6);
+      const float a = q6k_us(0, w, rows, k, xq, xds, y, s), b = q6k_us(1, w, rows, k, xq, xds, y, s),
+                  c = q6k_us(2, w, rows, k, xq, xds, y, s);
+      std::printf("| %lld x %d | %.1f (%.0f) | %.1f (%.0f) | %.1f (%.0f) |\n", (long long)rows, k, a,
+                  gb / a * 1e6, b, gb / b * 1e6, c, gb / c * 1e6);
     }
     CHECK(cudaFree(w));
     CHECK(cudaFree(xq));

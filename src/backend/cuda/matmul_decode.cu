@@ -91,6 +91,15 @@ int long_row_batch() {
   return v;
 }
 
+// Chunks in flight a lane for one activation row of more than 65,536 weight rows (the output heads: each
+// lane has 2 of a 2048-long row), XPERT_MATVEC_HEAD_BATCH=2 to try 2 (1, the default): a CTA's loads in one
+// round trip instead of two. The same sums in the same order. Built 2026-12-01, not yet measured.
+int head_batch() {
+  static const int v = detail::env_variant("XPERT_MATVEC_HEAD_BATCH", 1, 1, 2);
+  return v;
+}
+constexpr int64_t kHeadRows = 65536;
+
 // Two matvec grids of one q8_1 row in one launch: blocks below blocks0 are grid 0's (type T0), the rest
 // grid 1's, each with its own lanes per row: the same arithmetic, so the same bits, as two launches.
 struct MatvecGrid {
@@ -138,7 +147,8 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const float* row_scale = row_scale_of(a);
   auto* kernel = matvec_kernel<T, M>;
   if constexpr (M == 1 && dev::is_quant(T))
-    if (nc >= (4 << lpr_log2) && long_row_batch() == 2) kernel = matvec_kernel<T, 1, 2>;
+    if ((nc >= (4 << lpr_log2) && long_row_batch() == 2) || (n > kHeadRows && head_batch() == 2))
+      kernel = matvec_kernel<T, 1, 2>;
   launch_pdl(kernel, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m, lpr_log2,
              prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
