@@ -68,6 +68,12 @@ void Backend::moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const fl
   ar.release(mark);
 }
 
+void Backend::add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
+                                      const float* w, float* cur, int64_t n) {
+  add_rmsnorm(d, x, w, cur, n, c.n_embd, c.rms_eps);
+  moe_ffn_add(c, lw, cur, n, x);
+}
+
 void Backend::add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,
                                 float* out) {
   const int64_t E = c.n_embd, Fs = c.n_ff_shexp;

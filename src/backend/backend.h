@@ -103,6 +103,11 @@ class Backend {
   // expert's SwiGLU FFN of x when the layer has one (Qwen3.5). Default: moe_ffn into scratch, the shared
   // expert added to it (add_shared_expert), then y = that + y.
   virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
+  // A MoE layer's FFN half after its mixer: x += d; cur = rmsnorm(x) * w; x += the MoE FFN of cur (as
+  // moe_ffn_add). Default: add_rmsnorm, then moe_ffn_add. A backend may fuse them (CUDA, one decode token:
+  // the norm inside the router's blocks, d added in the experts' down product; the same bits).
+  virtual void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
+                                       const float* w, float* cur, int64_t n);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;

@@ -100,6 +100,10 @@ class Qwen35 : public Model {
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
+      if (moe_ && !rg) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert
+        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.attn_post_norm.f32(), a.cur, n);
+        continue;
+      }
       b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
       if (rg) rg->check(c, l, il, a.cur, n);
       if (moe_) {

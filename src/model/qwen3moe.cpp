@@ -71,9 +71,13 @@ class Qwen3Moe : public Model {
       if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       self_attention(c, l, p, il, ex);
-      b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
-      if (rg) rg->check(c, l, il, a.cur, n);
-      b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
+      if (rg) {
+        b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
+        rg->check(c, l, il, a.cur, n);
+        b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
+      } else {
+        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.ffn_norm.f32(), a.cur, n);  // the same, maybe fused
+      }
     }
     ex.output_logits(logits);
   }

@@ -154,11 +154,12 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
   expect_steps_close(a, b, 20, "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart");
 }
 
-// A preset's Q4_K_M with var=1 and without: the same prefill, tokens and step logits, bit for bit.
-void expect_exact_with(const char* var, const char* preset, int n_prompt) {
+// A preset's Q4_K_M with var unset (or on_value) and =0: the same prefill, tokens and step logits, bit for
+// bit.
+void expect_exact_with(const char* var, const char* preset, int n_prompt, const char* on_value = nullptr) {
   const TempFile tmp("cuda_exact_with.gguf");
   synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128);
+  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128, on_value);
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.step_logits, b.step_logits);
@@ -199,6 +200,15 @@ TEST(CudaModelFusions, PairedProductsAreExact) {
   XPERT_REQUIRE_GPU();
   expect_exact_with("XPERT_MATVEC_PAIR", "tiny-qwen3moe-hd128", 20);
   expect_exact_with("XPERT_MATVEC_PAIR", "tiny-qwen35moe", 20);
+}
+
+// The FFN norm inside the decode router (XPERT_NORM_IN_ROUTER=1; n_embd 2048, every expert on the GPU:
+// each router block normalizes x + d itself, the experts' down product adds d) against the norm's own
+// launch: the same bits, Qwen3's layers and Qwen3.5's (the shared expert's gate block normalizes too).
+TEST(CudaModelFusions, NormInRouterIsExact) {
+  XPERT_REQUIRE_GPU();
+  expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen3moe-2048", 20, "1");
+  expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen35moe-2048", 20, "1");
 }
 
 // Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block

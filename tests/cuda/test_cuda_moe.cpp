@@ -11,6 +11,7 @@
 
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/ops.h"
 #include "cuda_test_util.h"
 #include "model/moe.h"
 
@@ -201,6 +202,80 @@ TEST(CudaMoeRouter, ClusterFormIsTheBlockRouterBitForBit) {
           EXPECT_EQ(std::bit_cast<uint32_t>(wts[1][i]), std::bit_cast<uint32_t>(wts[0][i])) << i;
       }
   if (ran == 0) GTEST_SKIP() << "this GPU does not run the cluster router (sm_90+)";
+}
+
+// The FFN norm inside the router (RouterNorm: every block normalizes res + d itself) against the long-row
+// norm's launch (add_rmsnorm_q8, which also writes res + d) then the router: the same y, q8_1 blocks,
+// logits, ids and weights, bit for bit, with and without Qwen3.5's shared-expert gate; res is left as it
+// was. Rows of 2048 (Qwen3's and Qwen3.5's) and 1536 (a thread's second float4 past the row).
+TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
+  XPERT_REQUIRE_GPU();
+  using std::bit_cast;
+  cuda::Stream stream;
+  const int64_t E = 128, k = 8;
+  const cuda::MoeRouting r{.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f};
+  for (const int64_t D : {2048, 1536})
+    for (const bool shared : {false, true}) {
+      SCOPED_TRACE(fmt::format("D={} shared={}", D, shared));
+      ASSERT_TRUE(cuda::moe_router_norm_fits(1, D));
+      const int64_t slots = k + (shared ? 1 : 0);
+      std::vector<float> w = cudatest::random_values((size_t)(E * D), 51);
+      for (float& v : w) v *= 0.05f;
+      const std::vector<float> sg = cudatest::random_values((size_t)D, 52),
+                               res = cudatest::random_values((size_t)D, 53),
+                               d = cudatest::random_values((size_t)D, 54),
+                               nw = cudatest::random_values((size_t)D, 55);
+      cuda::DeviceBuffer w_dev = to_device(w), sg_dev = to_device(sg), d_dev = to_device(d),
+                         nw_dev = to_device(nw), done(4);
+      XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
+      struct Out {
+        std::vector<float> res, y, logits, wt;
+        std::vector<int8_t> q;
+        std::vector<float> ds;
+        std::vector<int32_t> ids;
+      } out[2];
+      for (int f = 0; f < 2; ++f) {
+        cuda::DeviceBuffer res_dev = to_device(res), y((size_t)D * 4), q((size_t)D), ds((size_t)D / 32 * 8),
+                           lg((size_t)E * 4), ids((size_t)slots * 4), wt((size_t)slots * 4);
+        XPERT_CUDA_CHECK(cudaMemset(ids.data(), 0xff, ids.bytes()));
+        const float* sgp = shared ? sg_dev.as<float>() : nullptr;
+        if (f == 0) {
+          cuda::add_rmsnorm_q8(d_dev.as<float>(), res_dev.as<float>(), D, nw_dev.as<float>(), y.as<float>(),
+                               D, 1, D, 1e-6f, q.as<int8_t>(), ds.as<float2>(), stream);
+          cuda::moe_router(w_dev.as<float>(), y.as<float>(), 1, D, r, lg.as<float>(), ids.as<int32_t>(),
+                           wt.as<float>(), done.as<unsigned>(), stream, sgp, cuda::RouteForm::two_phase);
+        } else {
+          const cuda::RouterNorm nm{.res = res_dev.as<float>(),
+                                    .d = d_dev.as<float>(),
+                                    .w = nw_dev.as<float>(),
+                                    .eps = 1e-6f,
+                                    .y = y.as<float>(),
+                                    .q = q.as<int8_t>(),
+                                    .ds = ds.as<float2>()};
+          cuda::moe_router(w_dev.as<float>(), nullptr, 1, D, r, lg.as<float>(), ids.as<int32_t>(),
+                           wt.as<float>(), done.as<unsigned>(), stream, sgp, cuda::RouteForm::two_phase, &nm);
+        }
+        stream.sync();
+        out[f] = {from_device<float>(res_dev, (size_t)D),  from_device<float>(y, (size_t)D),
+                  from_device<float>(lg, (size_t)E),       from_device<float>(wt, (size_t)slots),
+                  from_device<int8_t>(q, (size_t)D),       from_device<float>(ds, (size_t)D / 32 * 2),
+                  from_device<int32_t>(ids, (size_t)slots)};
+      }
+      for (int64_t i = 0; i < D; ++i) {
+        ASSERT_EQ(bit_cast<uint32_t>(out[1].res[i]), bit_cast<uint32_t>(res[i])) << "res written at " << i;
+        ASSERT_EQ(bit_cast<uint32_t>(out[1].y[i]), bit_cast<uint32_t>(out[0].y[i])) << "y " << i;
+        ASSERT_EQ(out[1].q[i], out[0].q[i]) << "q " << i;
+      }
+      for (size_t i = 0; i < out[0].ds.size(); ++i)
+        ASSERT_EQ(bit_cast<uint32_t>(out[1].ds[i]), bit_cast<uint32_t>(out[0].ds[i])) << "ds " << i;
+      for (int64_t e = 0; e < E; ++e)
+        ASSERT_EQ(bit_cast<uint32_t>(out[1].logits[e]), bit_cast<uint32_t>(out[0].logits[e]))
+            << "logit " << e;
+      EXPECT_EQ(out[1].ids, out[0].ids);
+      for (int64_t i = 0; i < slots; ++i)
+        EXPECT_EQ(bit_cast<uint32_t>(out[1].wt[i]), bit_cast<uint32_t>(out[0].wt[i])) << "weight " << i;
+      EXPECT_NE(out[0].res, res) << "the norm's launch adds d to res";
+    }
 }
 
 // One MoE layer on the host (reference input) and on the GPU (uploaded expert tensors and tables).

@@ -90,7 +90,8 @@ class CudaBackend final : public Backend {
         attn_early_(env_on("XPERT_ATTN_EARLY")),
         one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
         attn_prep_(env_on("XPERT_ATTN_PREP")),
-        pair_matvec_(env_on("XPERT_MATVEC_PAIR")) {
+        pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
+        norm_in_router_(env_is_1("XPERT_NORM_IN_ROUTER")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -537,6 +538,32 @@ class CudaBackend final : public Backend {
       return Backend::moe_ffn_add(c, lw, x, n, y);
     moe(c, lw, x, n, y, true, shared);
   }
+  // One decode token whose whole MoE layer is here and whose router takes the fused form: the FFN norm
+  // inside the router's launch (cuda::RouterNorm: every block normalizes x + d itself and writes its share
+  // of cur and cur's q8_1), x + d added by the experts' down product (MoeRun::residual). The same bits as
+  // add_rmsnorm then moe_ffn_add; one launch fewer a layer.
+  void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
+                               const float* w, float* cur, int64_t n) override {
+    if (skip_) return;
+    const int64_t E = c.n_embd;
+    const bool shared = (bool)lw.ffn_up_shexp;
+    const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
+    const bool fits = norm_in_router_ && cuda::moe_router_norm_fits(n, E) && !lw.split &&
+                      experts(c, lw).fused && (!shared || shared_slot(c, lw, n)) &&
+                      cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
+    if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n);
+    touch();
+    const cuda::Activations* act = prepare_slot(cur, n, E);  // where the router writes cur's q8_1
+    if (!act) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n);
+    const cuda::RouterNorm nm{.res = x,
+                              .d = d,
+                              .w = w,
+                              .eps = c.rms_eps,
+                              .y = cur,
+                              .q = static_cast<int8_t*>(const_cast<void*>(act->data)),
+                              .ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux))};
+    moe(c, lw, cur, n, x, true, shared, &nm, d);
+  }
   // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
   // length, an f32 gate, a fused router.
   bool shared_slot(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
@@ -546,8 +573,11 @@ class CudaBackend final : public Backend {
            lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
            cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
   }
+  // nm: the router normalizes x itself and residual is added by the down product (add_rmsnorm_moe_ffn_add,
+  // which checks that the fused router and the decode experts take this layer).
   void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out,
-           bool accumulate, bool shared) {
+           bool accumulate, bool shared, const cuda::RouterNorm* nm = nullptr,
+           const float* residual = nullptr) {
     if (skip_) return;
     const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
@@ -564,7 +594,9 @@ class CudaBackend final : public Backend {
       }
       cuda::moe_router(static_cast<const float*>(lw.ffn_gate_inp.data), x, n, c.n_embd, routing, logits, ids,
                        weights, static_cast<unsigned*>(router_done_.data()), s(),
-                       shared ? static_cast<const float*>(lw.ffn_gate_inp_shexp.data) : nullptr);
+                       shared ? static_cast<const float*>(lw.ffn_gate_inp_shexp.data) : nullptr,
+                       cuda::RouteForm::automatic, nm);
+      if (nm) prepared_.x = nm->y;
     } else {
       matmul(lw.ffn_gate_inp, x, n, logits, X);
       cuda::moe_route(logits, n, routing, ids, weights, s());
@@ -594,8 +626,9 @@ class CudaBackend final : public Backend {
                        .weights = weights,
                        .out = out,
                        .accumulate = accumulate,
-                       .path = shared ? cuda::MoePath::decode : cuda::MoePath::automatic,
-                       .xq = xq},
+                       .path = shared || residual ? cuda::MoePath::decode : cuda::MoePath::automatic,
+                       .xq = xq,
+                       .residual = residual},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
     if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
@@ -1168,6 +1201,7 @@ class CudaBackend final : public Backend {
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
   const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
+  const bool norm_in_router_;     // XPERT_NORM_IN_ROUTER=1 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

@@ -61,8 +61,8 @@ constexpr int kDownPreload = 2;
 // cluster barrier, the first quantizes them. Every output is the same dot of the same lanes either way, so
 // the same bits; the point is the grid: 192 CTAs of 512 threads (Qwen3: 24 spans x 8 slots) leave 60 of
 // the H200's 132 SMs two spans' work and the others one, 384 of 256 at most three halves.
-template <DType T, int kLanes, int kParts>
-__global__ void __launch_bounds__(64 * kLanes / kParts)
+template <DType T, int kLanes, int kParts, int kB = kGateUpBatch>
+__global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLanes == 16 ? 1 : 2))
     gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
                    int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
                    float2* __restrict__ hds) {
@@ -83,8 +83,7 @@ __global__ void __launch_bounds__(64 * kLanes / kParts)
   const int64_t f = span * 32 + fl;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
-  dev::dot_row<T, 1, kGateUpBatch>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a,
-                                   1, acc);
+  dev::dot_row<T, 1, kB>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a, 1, acc);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
@@ -120,9 +119,16 @@ int gate_up_lanes() {
 // CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else XPERT_MOE_GU_PARTS
 // (1 by default; 2 to compare: built 2026-12-01, not yet measured); 2 needs sm_90 (clusters), else 1.
 int gate_up_parts(int requested) {
-  static const int from_env = detail::env_variant("XPERT_MOE_GU_PARTS", 1, 1, 2);
+  static const int from_env = detail::env_variant("XPERT_MOE_GU_PARTS", 2, 1, 2);
   const int want = requested == 1 || requested == 2 ? requested : from_env;
   return want == 2 && detail::cc_major() >= 9 ? 2 : 1;
+}
+
+// Chunks in flight a lane in the two-CTA gate/up: 2 (kGateUpBatch); XPERT_MOE_GU_BATCH=4 to compare (its
+// 256-thread CTAs keep three an SM up to 80 registers, where 512-thread ones kept two only up to 64).
+int gate_up_batch() {
+  static const int v = detail::env_variant("XPERT_MOE_GU_BATCH", 2, 2, 4);
+  return v;
 }
 
 // kSplit warps = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot,
@@ -137,8 +143,8 @@ template <DType T, int kSplit>
 __global__ void __launch_bounds__(128)
     down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
                 int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
-                const float2* __restrict__ hds, float* __restrict__ out, bool accumulate, int lps_log2,
-                bool prefetch, bool preload) {
+                const float2* __restrict__ hds, float* __restrict__ out, bool accumulate,
+                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -190,7 +196,11 @@ __global__ void __launch_bounds__(128)
     const float w = __shfl_sync(kFull, wj, jj << lps_log2);
     if (hv) sum += w * v;
   }
-  if (lane == 0 && d_ok) out[t * D + d] = accumulate ? out[t * D + d] + sum : sum;
+  if (lane == 0 && d_ok) {
+    float o = sum;
+    if (accumulate) o = residual ? (out[t * D + d] + residual[t * D + d]) + sum : out[t * D + d] + sum;
+    out[t * D + d] = o;
+  }
 }
 
 // Warps per output row of the down kernel: 2 (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365 t/s and
@@ -383,6 +393,8 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
 
   if (n > 65535 || (decode && n * k > 65535))
     fail_cat("CUDA MoE: ", n, " tokens in one call (at most 65535)");
+  if (run.residual && (!decode || !run.accumulate))
+    fail_cat("CUDA MoE: a residual is added only by the decode path when it accumulates");
   if (decode) {
     const DecodeBufs b = carve_decode(ws, e, n, k);
     const bool have_xq = run.xq && run.xq->format == ActFormat::q8_1 && run.xq->m == n && run.xq->k == D;
@@ -394,8 +406,9 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const int lanes = gate_up_lanes();
       if (lanes == 8 && gate_up_parts(run.gate_up_parts) == 2) {
-        launch_pdl_cluster(gate_up_kernel<T, 8, 2>, dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2,
-                           0, stream, 2, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds);
+        launch_pdl_cluster(gate_up_batch() == 4 ? gate_up_kernel<T, 8, 2, 4> : gate_up_kernel<T, 8, 2>,
+                           dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2, 0, stream, 2, gate, up,
+                           run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds);
         XPERT_CUDA_CHECK_LAUNCH();
         return;
       }
@@ -419,7 +432,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
       launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
-                 b.hds, run.out, run.accumulate, lps_log2, detail::prefetch_enabled(),
+                 b.hds, run.out, run.accumulate, run.residual, lps_log2, detail::prefetch_enabled(),
                  detail::preload_enabled());
       XPERT_CUDA_CHECK_LAUNCH();
     });

@@ -50,9 +50,26 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2, cluster = 3 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
 bool moe_router_cluster_fits(int64_t n_tokens, int64_t n_embd, const MoeRouting& r, bool shared_gate);
+// The FFN norm before the router, inside its launch (one token, moe_router_norm_fits): the router's input is
+// y = rmsnorm(res + d) * w. Every block computes it itself from res and d, summing as add_rmsnorm_q8's
+// long-row kernel does (the same bits), and block b writes y's q8_1 blocks b, b + blocks, ... (y as f32
+// and q / ds). res is not written: res + d is left to the caller (MoeRun::residual adds d in the experts'
+// down product). The router's x argument is then y.
+struct RouterNorm {
+  const float* res = nullptr;  // [n_embd], written before the kernel before the router's previous one
+  const float* d = nullptr;    // [n_embd]
+  const float* w = nullptr;    // [n_embd], the norm's weights
+  float eps = 0.0f;
+  float* y = nullptr;    // [n_embd] out
+  int8_t* q = nullptr;   // [n_embd] out, y's q8_1 values
+  float2* ds = nullptr;  // [n_embd / 32] out, their scales (matmul.h)
+};
+bool moe_router_norm_fits(int64_t n_tokens,
+                          int64_t n_embd);  // 1 token, 1024 < n_embd <= 2048, n_embd % 32 == 0
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
-                const float* shared_gate = nullptr, RouteForm form = RouteForm::automatic);
+                const float* shared_gate = nullptr, RouteForm form = RouteForm::automatic,
+                const RouterNorm* norm = nullptr);
 
 // One layer's routed experts as seen from this GPU.
 struct MoeExperts {
@@ -86,6 +103,9 @@ struct MoeRun {
   // The decode gate/up kernel's CTAs per 32 outputs: 1, or 2 as one thread block cluster (sm_90; else 1).
   // The same bits either way; 0: XPERT_MOE_GU_PARTS (default 1).
   int gate_up_parts = 0;
+  // Decode, accumulate: out = (out + residual) + the experts' sum, per element (a residual add the router's
+  // norm left to this launch, RouterNorm; null: none).
+  const float* residual = nullptr;
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;

@@ -15,6 +15,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/ops_internal.h"
+#include "backend/cuda/q8_1.cuh"
 #include "backend/cuda/sigmoid.cuh"
 
 namespace xpert::cuda {
@@ -92,11 +93,58 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
 // expert (sg), block E computes its gate instead and fills slot k of each token (id E); `slots` is the
 // row length of ids and weights (k, or k + 1).
 constexpr int kRouterThreads = 256;
+
+// RouterNorm's y for thread t's two float4 of a row of 1024 < n <= 2048 (elements 4t.. and 1024 + 4t..):
+// add_rmsnorm_q8's long-row kernel (rmsnorm_wide_kernel<2>, 1024 threads) has thread i sum the squares of
+// elements i and i + 1024 in double, then a shuffle tree a warp, then a tree over the 32 warps' sums.
+// Thread t here holds that kernel's threads 4t .. 4t + 3 (their warp t / 8, lanes 4 (t % 8) + c), so its
+// tree's offsets 16, 8, 4 are shuffles 4, 2, 1 among 8 lanes and 2, 1 are between t's own four sums: each
+// sum is the same double, then the same scale, then the same products. red: 32 doubles of shared memory.
+__device__ __forceinline__ void norm_in_router(const float4 (&res)[2], const float4 (&d)[2],
+                                               const float4 (&w)[2], int n, float eps, double* red,
+                                               float4 (&y)[2]) {
+  float v[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // res + d: zeros past the row, whose squares add +0.0 (nothing)
+    v[j][0] = res[j].x + d[j].x, v[j][1] = res[j].y + d[j].y;
+    v[j][2] = res[j].z + d[j].z, v[j][3] = res[j].w + d[j].w;
+  }
+  double s[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s[c] = (double)(v[0][c] * v[0][c]) + (double)(v[1][c] * v[1][c]);
+#pragma unroll
+  for (int off = 4; off > 0; off >>= 1)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[c] += __shfl_xor_sync(kFull, s[c], off);
+  double s2[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s2[c] = s[c] + s[c ^ 2];
+  const double s1 = s2[0] + s2[1];
+  if ((threadIdx.x & 7) == 0) red[threadIdx.x >> 3] = s1;
+  __syncthreads();
+  double sum = red[threadIdx.x & 31];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+  const float mean = (float)(sum / (double)n);
+  const float sc = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    y[j].x = __fmul_rn(__fmul_rn(v[j][0], sc), w[j].x), y[j].y = __fmul_rn(__fmul_rn(v[j][1], sc), w[j].y);
+    y[j].z = __fmul_rn(__fmul_rn(v[j][2], sc), w[j].z), y[j].w = __fmul_rn(__fmul_rn(v[j][3], sc), w[j].w);
+  }
+}
+
+// Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
+// sums in a fixed order), and the last block to finish routes the tokens (a warp each). `done` counts the
+// finished blocks and is reset by the last one, so the launch can be replayed from a graph. With a shared
+// expert (sg), block E computes its gate instead and fills slot k of each token (id E); `slots` is the
+// row length of ids and weights (k, or k + 1). kNorm (one token, RouterNorm): x is computed, not read.
+template <bool kNorm>
 __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
                   int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
-                  bool prefetch, int route_form) {
+                  bool prefetch, int route_form, RouterNorm nm) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const float* row = e < E ? w + (int64_t)e * D : sg;
   if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
@@ -109,24 +157,55 @@ __global__ void __launch_bounds__(kRouterThreads)
     const int i = threadIdx.x + j * kRouterThreads;
     pre[j] = i < D / 4 ? __ldg(wr + i) : make_float4(0, 0, 0, 0);
   }
+  // kNorm: the residual and the norm's weights before the wait too. The residual was last written two
+  // kernels back (the layer's previous experts), and the kernel right before let this one launch only after
+  // its own wait, so it is final and visible (read past L1).
+  float4 res[kPre], nw[kPre];
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int j = 0; j < kPre; ++j) {
+      const int i = threadIdx.x + j * kRouterThreads;
+      res[j] = i < D / 4 ? __ldcg(reinterpret_cast<const float4*>(nm.res) + i) : make_float4(0, 0, 0, 0);
+      nw[j] = i < D / 4 ? __ldg(reinterpret_cast<const float4*>(nm.w) + i) : make_float4(0, 0, 0, 0);
+    }
+  }
   pdl_begin();
   extern __shared__ float router_smem[];  // [n][E] for the routing; [8 warps][kMoeDecodeMaxTokens] first
   float acc[kMoeDecodeMaxTokens];
 #pragma unroll
   for (int t = 0; t < kMoeDecodeMaxTokens; ++t) acc[t] = 0.0f;
-  auto mac = [&](const float4& a, int i) {  // row chunk i against every token's x
+  auto fma4 = [](const float4& a, const float4& b, float c) {
+    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, c))));
+  };
+  __shared__ float4 ys[kNorm ? 512 : 1];  // kNorm: y, for the q8_1 blocks
+  if constexpr (kNorm) {
+    __shared__ double nred[32];
+    float4 dv[kPre], yv[kPre];
 #pragma unroll
-    for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {
-      if (t < n) {
-        const float4 b = *(reinterpret_cast<const float4*>(x + (int64_t)t * D) + i);
-        acc[t] = fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc[t]))));
+    for (int j = 0; j < kPre; ++j) {
+      const int i = threadIdx.x + j * kRouterThreads;
+      dv[j] = i < D / 4 ? reinterpret_cast<const float4*>(nm.d)[i] : make_float4(0, 0, 0, 0);
+    }
+    norm_in_router(res, dv, nw, D, nm.eps, nred, yv);
+#pragma unroll
+    for (int j = 0; j < kPre; ++j) {
+      const int i = threadIdx.x + j * kRouterThreads;
+      if (i < D / 4) {
+        ys[i] = yv[j];
+        acc[0] = fma4(pre[j], yv[j], acc[0]);  // router_kernel<false>'s mac for token 0: the same logit
       }
     }
-  };
+  } else {
+    auto mac = [&](const float4& a, int i) {  // row chunk i against every token's x
 #pragma unroll
-  for (int j = 0; j < kPre; ++j)
-    if (threadIdx.x + j * kRouterThreads < D / 4) mac(pre[j], threadIdx.x + j * kRouterThreads);
-  for (int i = threadIdx.x + kPre * kRouterThreads; i < D / 4; i += kRouterThreads) mac(__ldg(wr + i), i);
+      for (int t = 0; t < kMoeDecodeMaxTokens; ++t)
+        if (t < n) acc[t] = fma4(a, *(reinterpret_cast<const float4*>(x + (int64_t)t * D) + i), acc[t]);
+    };
+#pragma unroll
+    for (int j = 0; j < kPre; ++j)
+      if (threadIdx.x + j * kRouterThreads < D / 4) mac(pre[j], threadIdx.x + j * kRouterThreads);
+    for (int i = threadIdx.x + kPre * kRouterThreads; i < D / 4; i += kRouterThreads) mac(__ldg(wr + i), i);
+  }
   float* red = router_smem;
 #pragma unroll
   for (int t = 0; t < kMoeDecodeMaxTokens; ++t) {
@@ -136,6 +215,16 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (lane == 0) red[warp * kMoeDecodeMaxTokens + t] = v;
   }
   __syncthreads();
+  if constexpr (kNorm) {
+    if (warp == 1) {  // this block's share of y and its q8_1 blocks (warp 0 takes the logit)
+      const float* yf = reinterpret_cast<const float*>(ys);
+      for (int qb = e; qb < D / 32; qb += gridDim.x) {
+        const float v = yf[qb * 32 + lane];
+        nm.y[qb * 32 + lane] = v;
+        warp_quantize_q8_1(v, nm.q + qb * 32 + lane, nm.ds + qb);
+      }
+    }
+  }
   if (threadIdx.x < n) {
     float v = 0.0f;
     for (int i = 0; i < kRouterThreads / 32; ++i) v += red[i * kMoeDecodeMaxTokens + threadIdx.x];
@@ -319,10 +408,20 @@ bool moe_router_cluster_fits(int64_t n_tokens, int64_t n_embd, const MoeRouting&
          cluster_runs(cluster_blocks(r.n_expert), cluster_smem(r));
 }
 
+bool moe_router_norm_fits(int64_t n_tokens, int64_t n_embd) {
+  return n_tokens == 1 && n_embd > 1024 && n_embd <= 2048 && n_embd % 32 == 0;
+}
+
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
-                const float* shared_gate, RouteForm form) {
+                const float* shared_gate, RouteForm form, const RouterNorm* norm) {
   if (form == RouteForm::automatic) form = route_form_from_env();
+  if (norm) {
+    if (!moe_router_norm_fits(n_tokens, n_embd))
+      fail_cat("CUDA moe_router: the norm inside the router takes one token of 1024 < n_embd <= 2048, got ",
+               n_tokens, " of ", n_embd);
+    if (form == RouteForm::cluster) form = RouteForm::two_phase;
+  }
   if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r) || (shared_gate && r.k + 1 > 32))
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
              shared_gate ? " + a shared expert" : "", " (supported: up to ", kMoeDecodeMaxTokens,
@@ -344,9 +443,11 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
       std::max({(size_t)n_tokens * r.n_expert, (size_t)(kRouterThreads / 32) * kMoeDecodeMaxTokens, one}) *
       sizeof(float);
   const int slots = (int)r.k + (shared_gate ? 1 : 0);
-  launch_pdl(router_kernel, (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w,
-             shared_gate, x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
-             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), (int)form);
+  launch_pdl(norm ? router_kernel<true> : router_kernel<false>,
+             (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w, shared_gate,
+             norm ? norm->y : x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
+             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), (int)form,
+             norm ? *norm : RouterNorm{});
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
