@@ -26,7 +26,7 @@
 //            each 16-byte piece from five 4-byte loads) against the device layout (weight_layout.h: field
 //            by field, each piece one aligned load; dev::row_at), the same arithmetic (dev::Dot<Q6_K>::mul):
 //            what the blocks' alignment costs the decode dot; and the device layout with each lane's two
-//            chunks' loads in flight at once (dev::dot_row batch 2, XPERT_MATVEC_HEAD_BATCH=2). An output
+//            chunks' loads in flight at once (dev::dot_row batch 2; measured slower, 2026-12-01). An output
 //            head's shape and MoE down rows'.
 //   attn:    the decode attention (attention.h) in a chain of itself at a few depths, Qwen3's heads (32 / 4,
 //            head_dim 128) and Qwen3.5's (16 / 2, 256, gated, q and gate interleaved), f16 cache, q8_1 out:
@@ -336,7 +336,7 @@ float norm_chain(int blocks, float* a, float* b, cudaStream_t s) {
 // ------------------------------------------------------------------------------------------ q6k
 // One row per 32 >> lpr_log2 lanes, as matmul_decode.cu's matvec_kernel. kMode 0: the blocks as the file
 // stores them; 1: field by field, one chunk's loads in flight a lane (the matvec's batch 1); 2: field by
-// field through dev::dot_row with two chunks' loads in flight (XPERT_MATVEC_HEAD_BATCH=2).
+// field through dev::dot_row with two chunks' loads in flight.
 template <int kMode>
 __global__ void __launch_bounds__(128)
     q6k_kernel(const uint8_t* w, int64_t rows, int nc, xpert::cuda::dev::ActView a, float* y, int lpr_log2) {

@@ -91,7 +91,7 @@ class CudaBackend final : public Backend {
         one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
-        norm_in_router_(env_is_1("XPERT_NORM_IN_ROUTER")) {
+        norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -541,7 +541,9 @@ class CudaBackend final : public Backend {
   // One decode token whose whole MoE layer is here and whose router takes the fused form: the FFN norm
   // inside the router's launch (cuda::RouterNorm: every block normalizes x + d itself and writes its share
   // of cur and cur's q8_1), x + d added by the experts' down product (MoeRun::residual). The same bits as
-  // add_rmsnorm then moe_ffn_add; one launch fewer a layer.
+  // add_rmsnorm then moe_ffn_add; one launch fewer a layer. H200 tg128 against XPERT_NORM_IN_ROUTER=0
+  // (2026-12-01, five rounds in two calls): qwen3.5-35b-a3b 507.3 / 502.4, qwen3-30b-a3b even (549.3 /
+  // 551.2).
   void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
                                const float* w, float* cur, int64_t n) override {
     if (skip_) return;
@@ -1201,7 +1203,8 @@ class CudaBackend final : public Backend {
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
   const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
-  const bool norm_in_router_;     // XPERT_NORM_IN_ROUTER=1 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
+  const bool
+      norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

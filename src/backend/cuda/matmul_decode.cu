@@ -1,7 +1,6 @@
 // Decode products (few X rows): one weight row per group of lanes, W streamed once straight from global
 // memory in 16-byte pieces, each piece multiplied with every X row before the next is needed.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -25,7 +24,7 @@ constexpr int kBatch = 1;
 // of up to kMaxOuts matrices of one type and row length are one range (q, k and v of a layer in one
 // launch): global row r belongs to the first output whose `end` is above it.
 // The body of a block bx of that grid (matvec_pair_kernel runs two grids' blocks in one launch).
-template <DType T, int M, int kB = kBatch>
+template <DType T, int M>
 __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_bytes, int nc, const ActView& a,
                                              const float* __restrict__ row_scale, int64_t m, int lpr_log2,
                                              bool prefetch, int64_t bx) {
@@ -56,8 +55,8 @@ __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_byt
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
   if (have) {
-    dev::dot_row<T, M, kB>(dev::row_at<T>(o.w[j], row, o.end[j] - begin, row_bytes), sub, lpr, nc, av, mm,
-                           acc);
+    dev::dot_row<T, M, kBatch>(dev::row_at<T>(o.w[j], row, o.end[j] - begin, row_bytes), sub, lpr, nc, av, mm,
+                               acc);
   }
   for (int off = lpr >> 1; off > 0; off >>= 1) {
 #pragma unroll
@@ -72,33 +71,12 @@ __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_byt
   }
 }
 
-template <DType T, int M, int kB = kBatch>
+template <DType T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
                   int64_t m, int lpr_log2, bool prefetch) {
-  matvec_block<T, M, kB>(o, row_bytes, nc, a, row_scale, m, lpr_log2, prefetch, blockIdx.x);
+  matvec_block<T, M>(o, row_bytes, nc, a, row_scale, m, lpr_log2, prefetch, blockIdx.x);
 }
-
-// Chunks in flight a lane for one activation row of 4 or more chunks a lane (rows of 4096 at 32 lanes:
-// Qwen3's attention output, Qwen3.5's attention and Gated DeltaNet outputs), XPERT_MATVEC_LONG_BATCH=2 to
-// try 2 (1, the default, as every other row): half the dependent round trips after the wait for the same
-// sums in the same order (the same bits). Built 2026-12-01, not yet measured.
-int long_row_batch() {
-  static const int v = [] {
-    const char* env = std::getenv("XPERT_MATVEC_LONG_BATCH");
-    return env && std::atoi(env) == 2 ? 2 : 1;
-  }();
-  return v;
-}
-
-// Chunks in flight a lane for one activation row of more than 65,536 weight rows (the output heads: each
-// lane has 2 of a 2048-long row), XPERT_MATVEC_HEAD_BATCH=2 to try 2 (1, the default): a CTA's loads in one
-// round trip instead of two. The same sums in the same order. Built 2026-12-01, not yet measured.
-int head_batch() {
-  static const int v = detail::env_variant("XPERT_MATVEC_HEAD_BATCH", 1, 1, 2);
-  return v;
-}
-constexpr int64_t kHeadRows = 65536;
 
 // Two matvec grids of one q8_1 row in one launch: blocks below blocks0 are grid 0's (type T0), the rest
 // grid 1's, each with its own lanes per row: the same arithmetic, so the same bits, as two launches.
@@ -145,12 +123,8 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   XPERT_CU_ASSERT(grid.y <= 65535);
   const ActView av = act_view<T>(a);
   const float* row_scale = row_scale_of(a);
-  auto* kernel = matvec_kernel<T, M>;
-  if constexpr (M == 1 && dev::is_quant(T))
-    if ((nc >= (4 << lpr_log2) && long_row_batch() == 2) || (n > kHeadRows && head_batch() == 2))
-      kernel = matvec_kernel<T, 1, 2>;
-  launch_pdl(kernel, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m, lpr_log2,
-             prefetch_enabled());
+  launch_pdl(matvec_kernel<T, M>, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m,
+             lpr_log2, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

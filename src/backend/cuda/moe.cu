@@ -60,8 +60,10 @@ constexpr int kDownPreload = 2;
 // thread block cluster; each writes its 16 outputs into the first CTA's shared memory and, after one
 // cluster barrier, the first quantizes them. Every output is the same dot of the same lanes either way, so
 // the same bits; the point is the grid: 192 CTAs of 512 threads (Qwen3: 24 spans x 8 slots) leave 60 of
-// the H200's 132 SMs two spans' work and the others one, 384 of 256 at most three halves.
-template <DType T, int kLanes, int kParts, int kB = kGateUpBatch>
+// the H200's 132 SMs two spans' work and the others one, 384 of 256 at most three halves (H200 tg128 +1.5 %
+// on both presets, 2026-12-01). The register bounds keep what each form had: two 512-thread CTAs an SM
+// (64 registers), three 256-thread ones (80).
+template <DType T, int kLanes, int kParts>
 __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLanes == 16 ? 1 : 2))
     gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
                    int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
@@ -83,7 +85,8 @@ __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLane
   const int64_t f = span * 32 + fl;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
-  dev::dot_row<T, 1, kB>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a, 1, acc);
+  dev::dot_row<T, 1, kGateUpBatch>(dev::row_at<T>(lane < 16 ? wg : wu, f, F, row_bytes), sub, kLanes, nc, a,
+                                   1, acc);
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const float u = __shfl_down_sync(kFull, acc[0], 16);
@@ -117,18 +120,14 @@ int gate_up_lanes() {
 }
 
 // CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else XPERT_MOE_GU_PARTS
-// (1 by default; 2 to compare: built 2026-12-01, not yet measured); 2 needs sm_90 (clusters), else 1.
+// (2 by default, 1 to compare); 2 needs sm_90 (clusters), else 1. H200 tg128, 2 / 1, three calls:
+// qwen3-30b-a3b 552.6 / 544.3 (four rounds), qwen3.5-35b-a3b 505.6 / 497.8 (three). With gate/up at four
+// chunks' loads in flight a lane (its three CTAs an SM allow 80 registers) even: 552.3 / 552.9, 502.3 /
+// 506.3.
 int gate_up_parts(int requested) {
   static const int from_env = detail::env_variant("XPERT_MOE_GU_PARTS", 2, 1, 2);
   const int want = requested == 1 || requested == 2 ? requested : from_env;
   return want == 2 && detail::cc_major() >= 9 ? 2 : 1;
-}
-
-// Chunks in flight a lane in the two-CTA gate/up: 2 (kGateUpBatch); XPERT_MOE_GU_BATCH=4 to compare (its
-// 256-thread CTAs keep three an SM up to 80 registers, where 512-thread ones kept two only up to 64).
-int gate_up_batch() {
-  static const int v = detail::env_variant("XPERT_MOE_GU_BATCH", 2, 2, 4);
-  return v;
 }
 
 // kSplit warps = one output row d of one token over all its k slots at once (2^lps_log2 lanes per slot,
@@ -406,9 +405,8 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const int lanes = gate_up_lanes();
       if (lanes == 8 && gate_up_parts(run.gate_up_parts) == 2) {
-        launch_pdl_cluster(gate_up_batch() == 4 ? gate_up_kernel<T, 8, 2, 4> : gate_up_kernel<T, 8, 2>,
-                           dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2, 0, stream, 2, gate, up,
-                           run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds);
+        launch_pdl_cluster(gate_up_kernel<T, 8, 2>, dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2,
+                           0, stream, 2, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds);
         XPERT_CUDA_CHECK_LAUNCH();
         return;
       }

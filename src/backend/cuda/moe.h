@@ -43,13 +43,9 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // are then [n_tokens][k + 1].
 // `form` picks how one token's top k is found (the same result every way): automatic is the block's
 // two-phase ranking wherever it fits (XPERT_BLOCK_ROUTE=0: one warp's serial top-k always; =1: the
-// one-phase block ranking up to 128 experts, the warp past it; =3: cluster where it fits); tests name the
-// others. cluster (sm_90, one token, no shared expert, up to 128 experts, rows up to 2048): one cluster of
-// blocks of 8 experts each gathers the logits in one block's shared memory and ranks them there, the
-// same logits and routing as two_phase (where it does not fit: two_phase).
-enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2, cluster = 3 };
+// one-phase block ranking up to 128 experts, the warp past it); tests name the others.
+enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
-bool moe_router_cluster_fits(int64_t n_tokens, int64_t n_embd, const MoeRouting& r, bool shared_gate);
 // The FFN norm before the router, inside its launch (one token, moe_router_norm_fits): the router's input is
 // y = rmsnorm(res + d) * w. Every block computes it itself from res and d, summing as add_rmsnorm_q8's
 // long-row kernel does (the same bits), and block b writes y's q8_1 blocks b, b + blocks, ... (y as f32
@@ -101,7 +97,7 @@ struct MoeRun {
   MoePath path = MoePath::automatic;
   const Activations* xq = nullptr;  // x already in q8_1 (matmul.h), taken by the decode path; may be null
   // The decode gate/up kernel's CTAs per 32 outputs: 1, or 2 as one thread block cluster (sm_90; else 1).
-  // The same bits either way; 0: XPERT_MOE_GU_PARTS (default 1).
+  // The same bits either way; 0: XPERT_MOE_GU_PARTS (default 2).
   int gate_up_parts = 0;
   // Decode, accumulate: out = (out + residual) + the experts' sum, per element (a residual add the router's
   // norm left to this launch, RouterNorm; null: none).

@@ -1,13 +1,8 @@
 // CUDA MoE routing (see moe.h): a warp's top k per token from given logits, and the fused decode router
 // (the router product and the routing in one launch).
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -256,129 +251,22 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
-// The decode router of one token as one thread block cluster (sm_90, RouteForm::cluster): block b computes
-// experts [8b, 8b + 8). Each thread holds its two float4 of each of those rows from before the wait and sums
-// each as router_kernel's thread sums its one row, and each logit adds the warps' sums in router_kernel's
-// order: the same logits, bit for bit. The blocks write them into block 0's shared memory (distributed
-// shared memory), meet at one cluster barrier, and block 0 ranks them there (route_token_block, two phases).
-// That replaces router_kernel's tail: each block's fence and counter, then the last block reading the
-// logits back from L2.
-constexpr int kClusterExperts = 8;     // a block's rows
-constexpr int kClusterMaxBlocks = 16;  // a cluster of 16 is allowed on H100 / H200 (non-portable)
-constexpr int kClusterPre = 2;         // float4 of a row a thread: rows of up to 2048
-__global__ void __launch_bounds__(kRouterThreads)
-    router_cluster_kernel(const float* __restrict__ w, const float* __restrict__ x, int D, int E, int k,
-                          bool norm, float scale, float* __restrict__ logits, int32_t* __restrict__ ids,
-                          float* __restrict__ weights) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ float router_smem[];  // block 0: route_token_block's scratch, the E logits first
-  __shared__ float red[kClusterExperts][kRouterThreads / 32];
-  const int b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  float4 pre[kClusterExperts][kClusterPre];
-#pragma unroll
-  for (int r = 0; r < kClusterExperts; ++r) {
-    const int e = b * kClusterExperts + r;
-    const float4* wr = reinterpret_cast<const float4*>(w + (int64_t)min(e, E - 1) * D);
-#pragma unroll
-    for (int j = 0; j < kClusterPre; ++j) {
-      const int i = threadIdx.x + j * kRouterThreads;
-      pre[r][j] = e < E && i < D / 4 ? __ldg(wr + i) : make_float4(0, 0, 0, 0);
-    }
-  }
-  pdl_begin();
-  float4 xv[kClusterPre];
-#pragma unroll
-  for (int j = 0; j < kClusterPre; ++j) {
-    const int i = threadIdx.x + j * kRouterThreads;
-    xv[j] = i < D / 4 ? reinterpret_cast<const float4*>(x)[i] : make_float4(0, 0, 0, 0);
-  }
-#pragma unroll
-  for (int r = 0; r < kClusterExperts; ++r) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kClusterPre; ++j) {
-      if (threadIdx.x + j * kRouterThreads < D / 4) {
-        const float4 a = pre[r][j], c = xv[j];
-        acc = fmaf(a.w, c.w, fmaf(a.z, c.z, fmaf(a.y, c.y, fmaf(a.x, c.x, acc))));
-      }
-    }
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFull, acc, off);
-    if (lane == 0) red[r][warp] = acc;
-  }
-  __syncthreads();
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x < kClusterExperts) {
-    const int e = b * kClusterExperts + threadIdx.x;
-    if (e < E) {
-      float v = 0.0f;
-      for (int i = 0; i < kRouterThreads / 32; ++i) v += red[threadIdx.x][i];
-      logits[e] = v;
-      cluster.map_shared_rank(router_smem, 0)[e] = v;
-    }
-  }
-  cluster.sync();  // every logit in block 0's shared memory
-  if (b != 0) return;
-  route_token_block<kRouterThreads, true, true>(nullptr, router_smem, E, k, norm, scale, ids, weights);
-#else
-  __trap();  // launched only on sm_90+ (moe_router_cluster_fits)
-#endif
-}
-
 // One decode token's top-k by the router's whole last block in two phases (route_token_block<.., true>)
 // wherever it fits. XPERT_BLOCK_ROUTE=1: the one-phase block ranking where it counts at most 64 ranks a
 // thread (up to 128 experts), else one warp; =0: one warp (route_token) always, to compare. H200 tg128 in
 // one call: one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s,
 // qwen3.5-35b-a3b (256 ranks a thread) 340 / 349; two-phase / one-phase (2026-12-01), qwen3-30b-a3b
 // 458.0 / 457.3 and 461.5 / 457.2, qwen3.5-35b-a3b (two-phase / warp) 411.2 / 404.9 and 422.5 / 403.3.
-// XPERT_BLOCK_ROUTE=3: router_cluster_kernel where it fits (built 2026-12-01, not yet measured).
+// XPERT_BLOCK_ROUTE=3 chose a form as one thread block cluster (blocks of 8 experts gathering their logits
+// in one block's distributed shared memory, one cluster barrier, no counter): +1.4 % on qwen3-30b-a3b with
+// gate/up at one CTA a span, 1.5-2.5 % slower with its clusters of two (2026-12-01), so removed.
 RouteForm route_form_from_env() {
   static const int v = [] {
     const char* env = std::getenv("XPERT_BLOCK_ROUTE");
     const int e = env ? std::atoi(env) : 2;
-    return e >= 0 && e <= 3 ? e : 2;
+    return e >= 0 && e <= 2 ? e : 2;
   }();
   return static_cast<RouteForm>(v);
-}
-
-unsigned cluster_blocks(int64_t n_expert) {
-  return (unsigned)((n_expert + kClusterExperts - 1) / kClusterExperts);
-}
-
-// Whether this device runs a cluster of `blocks` router blocks (asked once per device and size).
-bool cluster_runs(unsigned blocks, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<int, unsigned>, bool> known;
-  int dev = 0;
-  XPERT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, blocks);
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  bool ok = false;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9) {
-    const void* kernel = reinterpret_cast<const void*>(router_cluster_kernel);
-    detail::set_smem_limit(kernel, smem);
-    if (blocks > 8)
-      XPERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    cudaLaunchAttribute attr[1] = {detail::cluster_attr(blocks)};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(kRouterThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, router_cluster_kernel, &cfg) == cudaSuccess &&
-         clusters >= 1;
-    (void)cudaGetLastError();  // a refusal is an answer, not an error for later calls
-  }
-  known[key] = ok;
-  return ok;
-}
-
-size_t cluster_smem(const MoeRouting& r) {
-  return (size_t)route_two_phase_floats((int)r.n_expert, kRouterThreads, (int)r.k) * sizeof(float);
 }
 
 }  // namespace
@@ -401,13 +289,6 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
          r.n_expert >= 1 && r.n_expert <= 1024 && r.k >= 1 && r.k <= 32 && r.k <= r.n_expert;
 }
 
-bool moe_router_cluster_fits(int64_t n_tokens, int64_t n_embd, const MoeRouting& r, bool shared_gate) {
-  return n_tokens == 1 && !shared_gate && moe_router_fusable(DType::F32, n_tokens, n_embd, r) &&
-         n_embd <= 4 * kRouterThreads * kClusterPre && r.n_expert <= kClusterExperts * kClusterMaxBlocks &&
-         route_two_phase_fits((int)r.n_expert, kRouterThreads, (int)r.k) &&
-         cluster_runs(cluster_blocks(r.n_expert), cluster_smem(r));
-}
-
 bool moe_router_norm_fits(int64_t n_tokens, int64_t n_embd) {
   return n_tokens == 1 && n_embd > 1024 && n_embd <= 2048 && n_embd % 32 == 0;
 }
@@ -420,23 +301,11 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
     if (!moe_router_norm_fits(n_tokens, n_embd))
       fail_cat("CUDA moe_router: the norm inside the router takes one token of 1024 < n_embd <= 2048, got ",
                n_tokens, " of ", n_embd);
-    if (form == RouteForm::cluster) form = RouteForm::two_phase;
   }
   if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r) || (shared_gate && r.k + 1 > 32))
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
              shared_gate ? " + a shared expert" : "", " (supported: up to ", kMoeDecodeMaxTokens,
              " tokens, n_embd % 4 == 0, 1024 experts, 32 slots)");
-  if (form == RouteForm::cluster) {
-    if (moe_router_cluster_fits(n_tokens, n_embd, r, shared_gate != nullptr)) {
-      const unsigned blocks = cluster_blocks(r.n_expert);
-      launch_pdl_cluster(router_cluster_kernel, dim3(blocks), kRouterThreads, cluster_smem(r), stream, blocks,
-                         w, x, (int)n_embd, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale,
-                         logits, ids, weights);
-      XPERT_CUDA_CHECK_LAUNCH();
-      return;
-    }
-    form = RouteForm::two_phase;
-  }
   // The routing's scratch: [n][E] floats (route_token), or for one token route_token_block's.
   const size_t one = (size_t)route_two_phase_floats((int)r.n_expert, kRouterThreads, (int)r.k);
   const size_t smem =
