@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -91,7 +92,8 @@ class CudaBackend final : public Backend {
         one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
-        norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")) {
+        norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
+        pinned_out_(env_is_1("XPERT_PINNED_OUT")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -106,6 +108,7 @@ class CudaBackend final : public Backend {
     if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
     if (cuda::detail::trace_enabled()) cuda::detail::trace_dump();
+    step_times_.report();
     if (const std::string share = stream_share_.summary(); !share.empty()) log::info("stream share {}", share);
     for (auto& [key, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -165,7 +168,9 @@ class CudaBackend final : public Backend {
     graph_pass_ = false;
     if (skip_) {
       skip_ = false;
+      step_times_.before(s());
       XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
+      step_times_.after(s());
       return;
     }
     if (!capturing_) return;
@@ -227,9 +232,23 @@ class CudaBackend final : public Backend {
     touch();
     cuda::upload_weights(dst, w.data, w.n_bytes, w.type, w.ne[0], w.ne[1], s());
   }
+  // The copy of a decode step's logits (600 KB for Qwen3's vocabulary) into pageable memory took ~80 us
+  // after the graph had finished (H200, qwen3-30b-a3b, XPERT_STEP_TIMES=1: 1,701 us on the GPU, 1,796 from
+  // one launch to the next). XPERT_PINNED_OUT=1 brings large results through a pinned buffer and one
+  // memcpy instead (built 2026-12-01, not yet measured; off by default).
+  static constexpr size_t kPinnedCopyMin = 64 << 10;
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
-    synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (bytes >= kPinnedCopyMin && pinned_out_) {
+      void* p = out_pin_.get(bytes, s());
+      XPERT_CUDA_CHECK(cudaMemcpyAsync(p, src, bytes, cudaMemcpyDeviceToHost, s()));
+      synchronize();
+      std::memcpy(dst, p, bytes);
+    } else {
+      XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
+      synchronize();
+    }
+    step_times_.done(t0);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     touch();
@@ -1195,6 +1214,54 @@ class CudaBackend final : public Backend {
   bool capturing_ = false, skip_ = false, no_graphs_ = false;
   bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
+  // XPERT_STEP_TIMES=1: each replayed graph's time on the GPU (events around its launch, read when its
+  // output reaches the host) against the host's time from one replay's launch to the next, reported when
+  // the backend goes: what a decode step spends outside its kernels.
+  struct StepTimes {
+    const bool on = env_is_1("XPERT_STEP_TIMES");
+    cuda::Event ev[2] = {cuda::Event(true), cuda::Event(true)};
+    bool pending = false;
+    int64_t n = 0;
+    double gpu_ms = 0, gap_ms = 0, copy_ms = 0,
+           prep_ms = 0;  // prep: from the output's copy to the next launch
+    std::chrono::steady_clock::time_point last{}, copied{};
+    static double ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    }
+    void before(cudaStream_t s) {
+      if (!on) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (n > 0) {
+        gap_ms += ms(last, now);
+        prep_ms += ms(copied, now);
+      }
+      last = now;
+      XPERT_CUDA_CHECK(cudaEventRecord(ev[0].get(), s));
+    }
+    void after(cudaStream_t s) {
+      if (!on) return;
+      XPERT_CUDA_CHECK(cudaEventRecord(ev[1].get(), s));
+      pending = true;
+    }
+    void done(std::chrono::steady_clock::time_point copy_start) {  // the stream has finished
+      if (!pending) return;
+      pending = false;
+      copied = std::chrono::steady_clock::now();
+      copy_ms += ms(copy_start, copied);
+      float ms = 0;
+      XPERT_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0].get(), ev[1].get()));
+      gpu_ms += ms;
+      ++n;
+    }
+    void report() {
+      if (!on || n < 2) return;
+      log::info(
+          "decode graphs: {} replays, {:.1f} us each on the GPU, {:.1f} us from one launch to the next; the "
+          "output's copy call {:.1f} us (waiting included), from its return to the next launch {:.1f} us",
+          n, gpu_ms * 1e3 / n, gap_ms * 1e3 / (n - 1), copy_ms * 1e3 / n, prep_ms * 1e3 / (n - 1));
+    }
+  } step_times_;
+
   int device_;
   const bool shared_slot_;  // XPERT_SHARED_SLOT
   const bool stack_on_;     // XPERT_DECODE_STACK=1
@@ -1205,6 +1272,8 @@ class CudaBackend final : public Backend {
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
+  const bool pinned_out_;       // XPERT_PINNED_OUT=1 (copy_to_host)
+  cuda::PinnedBuffer out_pin_;  // copy_to_host's staging
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
