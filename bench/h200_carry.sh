@@ -30,6 +30,8 @@
 #                                       # (e.g. VARIANTS="X=1 XPERT_PDL=0 XPERT_PDL=0,XPERT_PREFETCH=0"),
 #                                       # for each of BINS (default xpert; other builds in .devbin, see
 #                                       # h200_prepare.sh devbin), ROUNDS times (default 1) in turn
+# bench/h200_nsys.sh PRESET: the decode graph's kernels as they ran (Nsight Systems), after a call here made
+# PRESET's file.
 # bench/h200_prepare.sh makes .lcpbin/devbin.txz and .lcp/ on the development machine.
 # A later call that carries those parts as .lcpbin/ (instead of .lcp/) gets llama-bench without a rebuild;
 # .lcpbin/devbin.txz (`tar -cJf .lcpbin/devbin.txz .devbin`) carries xpert compressed beside it, and
