@@ -49,6 +49,11 @@ class Backend {
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Host memory that results are copied into again and again (a decode step's logits), registered with
+  // this device until unpin_host so that each copy into it is one DMA (CUDA: page-locked in place). False
+  // where the device does not do it (the default) or the registration fails; the memory works either way.
+  virtual bool pin_host(void* p, size_t bytes) { return false; }
+  virtual void unpin_host(void* p) {}
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this device
   // Weight w (w.data in host memory) into dst, this device's allocation of w.n_bytes, in the layout this
   // device's kernels read (a GPU may lay a type out otherwise than the file: CUDA's Q6_K).

@@ -106,7 +106,8 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
       cache_(model.config(), resolve_ctx(model, opts.n_ctx), std::max(1, opts.n_parallel),
              model.layer_devices(), opts.cache_types),
-      state_cache_(model.config(), cache_.types(), opts.cache_ram_bytes) {
+      state_cache_(model.config(), cache_.types(), opts.cache_ram_bytes),
+      logits_(model.offload_device()) {
   opts_.n_parallel = std::max(1, opts_.n_parallel);
   if (model.config().n_expert > 0) routing_ = std::make_unique<RoutingStats>(model);
   if (routing_) rebalancer_ = opts.rebalancer;
@@ -409,9 +410,14 @@ int64_t Engine::step(std::vector<Slot*>& active) {
   if (segs.empty()) return 0;
 
   const auto t0 = std::chrono::steady_clock::now();
-  model_.forward({.tokens = tokens, .cache = &cache_, .segments = segs, .state = state_.get(),
+  logits_.ensure(segs.size() * (size_t)model_.config().n_vocab);  // a row of logits a segment
+  model_.forward({.tokens = tokens,
+                  .cache = &cache_,
+                  .segments = segs,
+                  .state = state_.get(),
                   .routing_stats = routing_.get()},
-                 logits_, pool_);
+                 logits_.get(), pool_);
+  XP_ASSERT(logits_.intact());
   const auto t1 = std::chrono::steady_clock::now();
   forward_seconds_.store(forward_seconds_.load() + std::chrono::duration<double>(t1 - t0).count());
   steps_.fetch_add(1);
@@ -433,7 +439,7 @@ int64_t Engine::step(std::vector<Slot*>& active) {
       if (s.n_past < (int64_t)s.job->params_.prompt.size()) continue;  // more prompt to go
       s.state = Slot::State::generate;
     }
-    sample_and_emit(s, std::span<const float>(logits_.data() + i * V, V));
+    sample_and_emit(s, std::span<const float>(logits_.get().data() + i * V, V));
     ++n_generated;
   }
   std::lock_guard lk(mu_);

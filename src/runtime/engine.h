@@ -29,9 +29,10 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
 #include "model/routing_stats.h"
+#include "runtime/kv_cache.h"
+#include "runtime/pinned_floats.h"
+#include "runtime/recurrent_state.h"
 #include "runtime/state_cache.h"
 #include "sample/sampler.h"
 
@@ -191,7 +192,7 @@ class Engine {
   StateCacheStats cache_stats_;  // under mu_: a copy for stats()
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
-  std::vector<float> logits_;
+  PinnedFloats logits_;  // registered with the model's offload device, where it does that
   std::thread thread_;
 };
 

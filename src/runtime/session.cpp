@@ -18,7 +18,8 @@ Session::Session(const Model& model, const SessionOptions& opts)
     : model_(model),
       opts_(opts),
       pool_(opts.n_threads > 0 ? opts.n_threads : ThreadPool::default_threads()),
-      cache_(model.config(), resolve_ctx(model, opts.n_ctx), 1, model.layer_devices(), opts.cache_types) {
+      cache_(model.config(), resolve_ctx(model, opts.n_ctx), 1, model.layer_devices(), opts.cache_types),
+      logits_(model.offload_device()) {
   if (model.config().has_recurrent_layers()) state_ = std::make_unique<RecurrentState>(model.config(), 1, model.layer_devices());
 }
 
@@ -39,12 +40,14 @@ const std::vector<float>& Session::eval(std::span<const int32_t> tokens) {
     if (every > 0) n = std::min<size_t>(n, (n_past_ / every + 1) * every - n_past_);  // up to a checkpoint
     ForwardArgs a{.tokens = tokens.subspan(i, n), .pos0 = (int32_t)n_past_, .cache = &cache_, .seq = 0, .all_logits = false,
                   .state = state_.get(), .routing_stats = opts_.routing_stats};
-    model_.forward(a, logits_, pool_);
+    logits_.ensure((size_t)model_.config().n_vocab);  // one row of logits a forward (all_logits false)
+    model_.forward(a, logits_.get(), pool_);
+    XP_ASSERT(logits_.intact());
     n_past_ += n;
     i += n;
     if (every > 0 && n_past_ % every == 0) checkpoint();
   }
-  return logits_;
+  return logits_.get();
 }
 
 int64_t Session::truncate(int64_t n) {

@@ -11,6 +11,7 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
+#include "runtime/pinned_floats.h"
 #include "runtime/recurrent_state.h"
 
 namespace xpert {
@@ -63,7 +64,7 @@ class Session {
   std::vector<Checkpoint> checkpoints_;  // on the tokens evaluated so far, at positions <= n_past_
   uint64_t clock_ = 0;
   int64_t n_past_ = 0;
-  std::vector<float> logits_;
+  PinnedFloats logits_;  // registered with the model's offload device, where it does that
 };
 
 }  // namespace xpert

@@ -20,6 +20,7 @@
 #include "model/synth.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
+#include "runtime/session.h"
 
 namespace xpert {
 namespace {
@@ -210,6 +211,35 @@ TEST(CudaModelFusions, NormInRouterIsExact) {
   XPERT_REQUIRE_GPU();
   expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen3moe-2048", 20);
   expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen35moe-2048", 20);
+}
+
+// A session's logits registered with the GPU (XPERT_PIN_LOGITS=1: each step's copy lands in them directly)
+// against plain ones: the logits the session returns are registered host memory, and the same bits over a
+// prompt and 8 decode steps.
+TEST(CudaModelFusions, PinnedLogitsAreTheSame) {
+  XPERT_REQUIRE_GPU();
+  const TempFile tmp("cuda_pin_logits.gguf");
+  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
+  auto on = Model::load(tmp.path);
+  auto off = Model::load(tmp.path);
+  setenv("XPERT_PIN_LOGITS", "1", 1);
+  on->offload(make_cuda_backend(0), on->config().n_layer);
+  unsetenv("XPERT_PIN_LOGITS");
+  off->offload(make_cuda_backend(0), off->config().n_layer);
+  Session a(*on, {.n_ctx = 256, .n_threads = 2}), b(*off, {.n_ctx = 256, .n_threads = 2});
+  const int64_t V = on->config().n_vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 12; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+  const std::vector<float>& la = a.eval(prompt);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, la.data()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "the session's logits are not registered";
+  EXPECT_EQ(la, b.eval(prompt));
+  for (int i = 0; i < 8; ++i) {
+    const int32_t t = (int32_t)((i * 104729 + 7) % V);
+    const std::vector<float>& sa = a.eval(std::span<const int32_t>(&t, 1));
+    EXPECT_EQ(sa, b.eval(std::span<const int32_t>(&t, 1))) << "step " << i;
+  }
 }
 
 // Decode steps whose keys are few (here every step: under 512 positions) record the attention as a block

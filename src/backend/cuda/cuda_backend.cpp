@@ -93,7 +93,8 @@ class CudaBackend final : public Backend {
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
-        pinned_out_(env_is_1("XPERT_PINNED_OUT")) {
+        pinned_out_(env_is_1("XPERT_PINNED_OUT")),
+        pin_logits_(env_is_1("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -237,6 +238,17 @@ class CudaBackend final : public Backend {
   // one launch to the next). XPERT_PINNED_OUT=1 brings large results through a pinned buffer and one
   // memcpy instead (built 2026-12-01, not yet measured; off by default).
   static constexpr size_t kPinnedCopyMin = 64 << 10;
+  // XPERT_PIN_LOGITS=1: the sessions' and the server's logits registered in place (PinnedFloats), so the
+  // copy is one DMA into them (built 2026-12-01, not yet measured; off by default).
+  bool pin_host(void* p, size_t bytes) override {
+    if (!pin_logits_) return false;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) return true;
+    cudaGetLastError();  // a refusal (locked-memory limits) leaves the memory as it was
+    return false;
+  }
+  void unpin_host(void* p) override {
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+  }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     const auto t0 = std::chrono::steady_clock::now();
     if (bytes >= kPinnedCopyMin && pinned_out_) {
@@ -1273,6 +1285,7 @@ class CudaBackend final : public Backend {
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   const bool pinned_out_;       // XPERT_PINNED_OUT=1 (copy_to_host)
+  const bool pin_logits_;       // XPERT_PIN_LOGITS=1 (pin_host)
   cuda::PinnedBuffer out_pin_;  // copy_to_host's staging
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
