@@ -617,6 +617,14 @@ DecodeConfig decode_config(int64_t D, int kt, int vt) {
   return c;
 }
 
+// Query heads a one_block block takes where XPERT_ATTN_HEADS=1 asks for one (0: the rule in plan). At
+// head_dim 128 the rule gives 2 (Qwen3: 16 blocks); one gives 32 blocks of half the prep and combine each.
+// Built 2026-12-01, not yet measured.
+int one_block_heads() {
+  static const int v = detail::env_variant("XPERT_ATTN_HEADS", 0, 0, 1);
+  return v;
+}
+
 DecodePlan plan(const DecodeAttentionArgs& a) {
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
     detail::fail_rt("cuda attention_decode: head_dim ", a.head_dim, " is not supported (64, 128, 256)");
@@ -640,6 +648,7 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   // combine is a chain of dependent steps per piece, and the block has only its few warps.
   pl.warps = cfg.warps;
   pl.hc_heads = a.one_block ? (int)std::clamp<int64_t>(2 * pl.warps / (a.head_dim / 32), 1, 8) : 8;
+  if (a.one_block && one_block_heads() == 1) pl.hc_heads = 1;
   pl.n_hchunk = (int)((group + pl.hc_heads - 1) / pl.hc_heads);
   const int min_keys = std::max(a.min_keys_per_split, kStepKeys);
   // One wave of resident warps shared by the batch's (sequence, kv head, head chunk) units; never more
