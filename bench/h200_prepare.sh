@@ -6,7 +6,8 @@
 #                                         # xz-compressed into .lcpbin/devbin.txz
 #                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
 #                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
-#                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side)
+#                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side);
+#                                         # also .lcpbin/nsyslib, libdw for bench/h200_nsys.sh
 #   bench/h200_prepare.sh lcp [VERSION]   # llama.cpp's source from the llama-cpp-python sdist (PyPI), trimmed
 #                                         # to what llama-bench's CUDA build needs (~29 MB), into .lcp/
 # A call then carries [".lcpbin"] (xpert, plus llama-bench's prebuilt parts once `h200_carry.sh pack` has
@@ -32,6 +33,12 @@ case "${1:-}" in
     done
     tar -cf - .devbin | xz -T"$(nproc)" -6 > .lcpbin/devbin.txz
     ls -l .lcpbin/devbin.txz
+    # elfutils' libdw (Debian libdw1) and what it needs, for bench/h200_nsys.sh's QdstrmImporter there (~1 MB)
+    mkdir -p .lcpbin/nsyslib
+    for l in libdw.so.1 libelf.so.1 libbz2.so.1.0 liblzma.so.5; do
+      p=$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')
+      if [[ -n $p ]]; then cp -L "$p" .lcpbin/nsyslib/; else echo "no $l here (apt-get install libdw1)" >&2; fi
+    done
     ;;
   lcp)
     v=${2:-0.3.36}
