@@ -14,8 +14,8 @@ export LD_LIBRARY_PATH=$PWD/.devbin/lib
 f=/tmp/xpw/${1:?preset}.gguf
 "$T/nsys" profile --cuda-graph-trace="${GRAPH_TRACE:-node}" -t cuda -o /tmp/nsys_p --force-overwrite true \
   .devbin/xpert bench -m "$f" -p 0 -n "${2:-16}" -r 1 2>&1 | grep -E '\|' | tail -1
-# The importer needs elfutils' libdw, which the machine lacks: carry it (and libelf, libbz2, liblzma) in
-# .lcpbin/nsyslib from the development machine's Debian libdw1.
+# The importer needs elfutils' libdw, which the machine lacks: carried in .lcpbin/nsyslib (with libelf,
+# libbz2, liblzma; bench/h200_prepare.sh devbin copies them from the development machine's Debian libdw1).
 LD_LIBRARY_PATH=$PWD/.lcpbin/nsyslib "$D/QdstrmImporter" -i /tmp/nsys_p.qdstrm 2>&1 | tail -2
 for n in "$D/nsys" "$T/nsys"; do
   [[ -x $n ]] || continue

@@ -18,11 +18,13 @@ class PinnedFloats {
   PinnedFloats& operator=(const PinnedFloats&) = delete;
   ~PinnedFloats() { unpin(); }
 
-  // Room for n floats, registered where the device does that (the buffer is unregistered before it moves).
+  // Room for n floats, registered where the device does that (the buffer is unregistered before it moves;
+  // a buffer the device refused is not offered again).
   void ensure(size_t n) {
-    if (v_.capacity() >= n && (pinned_ == v_.data() || !dev_)) return;
+    if (v_.capacity() >= n && tried_ == v_.data()) return;
     unpin();
     v_.reserve(n);
+    tried_ = v_.data();
     if (dev_ && v_.capacity() > 0 && dev_->pin_host(v_.data(), v_.capacity() * sizeof(float)))
       pinned_ = v_.data();
   }
@@ -39,6 +41,7 @@ class PinnedFloats {
   Backend* dev_;
   std::vector<float> v_;
   void* pinned_ = nullptr;
+  const float* tried_ = nullptr;  // the buffer last offered to the device
 };
 
 }  // namespace xpert
