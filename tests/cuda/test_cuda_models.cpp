@@ -155,12 +155,11 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
   expect_steps_close(a, b, 20, "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart");
 }
 
-// A preset's Q4_K_M with var unset (or on_value) and =0: the same prefill, tokens and step logits, bit for
-// bit.
-void expect_exact_with(const char* var, const char* preset, int n_prompt, const char* on_value = nullptr) {
+// A preset's Q4_K_M with var unset and =0: the same prefill, tokens and step logits, bit for bit.
+void expect_exact_with(const char* var, const char* preset, int n_prompt) {
   const TempFile tmp("cuda_exact_with.gguf");
   synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128, on_value);
+  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128);
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.step_logits, b.step_logits);

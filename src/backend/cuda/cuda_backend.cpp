@@ -251,15 +251,10 @@ class CudaBackend final : public Backend {
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     const auto t0 = std::chrono::steady_clock::now();
-    if (bytes >= kPinnedCopyMin && pinned_out_) {
-      void* p = out_pin_.get(bytes, s());
-      XPERT_CUDA_CHECK(cudaMemcpyAsync(p, src, bytes, cudaMemcpyDeviceToHost, s()));
-      synchronize();
-      std::memcpy(dst, p, bytes);
-    } else {
-      XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
-      synchronize();
-    }
+    void* staged = bytes >= kPinnedCopyMin && pinned_out_ ? out_pin_.get(bytes, s()) : nullptr;
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(staged ? staged : dst, src, bytes, cudaMemcpyDeviceToHost, s()));
+    synchronize();
+    if (staged) std::memcpy(dst, staged, bytes);
     step_times_.done(t0);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -564,10 +559,12 @@ class CudaBackend final : public Backend {
   // separately).
   void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) override {
     if (skip_) return;
-    const bool shared = (bool)lw.ffn_up_shexp;
-    if (lw.split || !experts(c, lw).fused || (shared && !shared_slot(c, lw, n)))
-      return Backend::moe_ffn_add(c, lw, x, n, y);
-    moe(c, lw, x, n, y, true, shared);
+    if (!whole_moe_here(c, lw, n)) return Backend::moe_ffn_add(c, lw, x, n, y);
+    moe(c, lw, x, n, y, true, (bool)lw.ffn_up_shexp);
+  }
+  // The layer's experts, and its shared expert if it has one, all run in this backend's MoE kernels.
+  bool whole_moe_here(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
+    return !lw.split && experts(c, lw).fused && (!lw.ffn_up_shexp || shared_slot(c, lw, n));
   }
   // One decode token whose whole MoE layer is here and whose router takes the fused form: the FFN norm
   // inside the router's launch (cuda::RouterNorm: every block normalizes x + d itself and writes its share
@@ -579,10 +576,8 @@ class CudaBackend final : public Backend {
                                const float* w, float* cur, int64_t n) override {
     if (skip_) return;
     const int64_t E = c.n_embd;
-    const bool shared = (bool)lw.ffn_up_shexp;
     const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    const bool fits = norm_in_router_ && cuda::moe_router_norm_fits(n, E) && !lw.split &&
-                      experts(c, lw).fused && (!shared || shared_slot(c, lw, n)) &&
+    const bool fits = norm_in_router_ && cuda::moe_router_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
                       cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
     if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n);
     touch();
@@ -595,7 +590,7 @@ class CudaBackend final : public Backend {
                               .y = cur,
                               .q = static_cast<int8_t*>(const_cast<void*>(act->data)),
                               .ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux))};
-    moe(c, lw, cur, n, x, true, shared, &nm, d);
+    moe(c, lw, cur, n, x, true, (bool)lw.ffn_up_shexp, &nm, d);
   }
   // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
   // length, an f32 gate, a fused router.

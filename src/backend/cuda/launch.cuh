@@ -88,7 +88,8 @@ void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaSt
   detail::launch_ex(kernel, grid, block, smem, stream, 0, std::forward<A>(args)...);
 }
 
-// launch_pdl for a grid of thread block clusters of `cluster` blocks along x (sm_90+: the caller checks).
+// launch_pdl for a grid of thread block clusters of `cluster` blocks along x (sm_90+: the caller checks;
+// 0: no clusters, as launch_pdl).
 template <typename... P, typename... A>
 void launch_pdl_cluster(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         unsigned cluster, A&&... args) {

@@ -97,15 +97,15 @@ __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLane
   const float u = __shfl_down_sync(kFull, acc[0], 16);
   __shared__ float h[32];
   const bool writes = lane < 16 && sub == 0;
-  const float g = acc[0];
+  const float g = acc[0], hv = g / (1.0f + expf(-g)) * u;  // SwiGLU
   if constexpr (kParts == 1) {
-    if (writes) h[fl] = g / (1.0f + expf(-g)) * u;
+    if (writes) h[fl] = hv;
     __syncthreads();
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    if (writes) cluster.map_shared_rank(h, 0)[fl] = g / (1.0f + expf(-g)) * u;
+    if (writes) cluster.map_shared_rank(h, 0)[fl] = hv;
     cluster.sync();  // the span's 32 outputs in the first CTA's shared memory
     if (part != 0) return;
 #else
@@ -431,23 +431,14 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     const auto [gate, up, down] = experts_at(e);
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
       const int lanes = gate_up_lanes();
-      if (lanes == 8 && gate_up_parts(run.gate_up_parts) == 2) {
-        launch_pdl_cluster(gate_up_kernel<T, 8, 2>, dim3((unsigned)(F / 16), (unsigned)(n * k)), 64 * 8 / 2,
-                           0, stream, 2, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq, b.hds,
-                           gate_up_prefetch());
-        XPERT_CUDA_CHECK_LAUNCH();
-        return;
-      }
-      const dim3 grid((unsigned)(F / 32), (unsigned)(n * k));
-      if (lanes == 16)
-        launch_pdl(gate_up_kernel<T, 16, 1>, grid, 64 * 16, 0, stream, gate, up, run.ids, (int)k, D, F,
-                   gu_row_bytes, xa, b.hq, b.hds, gate_up_prefetch());
-      else if (lanes == 8)
-        launch_pdl(gate_up_kernel<T, 8, 1>, grid, 64 * 8, 0, stream, gate, up, run.ids, (int)k, D, F,
-                   gu_row_bytes, xa, b.hq, b.hds, gate_up_prefetch());
-      else
-        launch_pdl(gate_up_kernel<T, 4, 1>, grid, 64 * 4, 0, stream, gate, up, run.ids, (int)k, D, F,
-                   gu_row_bytes, xa, b.hq, b.hds, gate_up_prefetch());
+      const unsigned parts = lanes == 8 && gate_up_parts(run.gate_up_parts) == 2 ? 2 : 1;
+      auto* kernel = parts == 2    ? gate_up_kernel<T, 8, 2>
+                     : lanes == 16 ? gate_up_kernel<T, 16, 1>
+                     : lanes == 8  ? gate_up_kernel<T, 8, 1>
+                                   : gate_up_kernel<T, 4, 1>;
+      launch_pdl_cluster(kernel, dim3((unsigned)(F / 32 * parts), (unsigned)(n * k)), 64 * lanes / parts, 0,
+                         stream, parts == 2 ? 2 : 0, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq,
+                         b.hds, gate_up_prefetch());
       XPERT_CUDA_CHECK_LAUNCH();
     });
     int lps_log2 = 5;

@@ -81,19 +81,20 @@ bool pdl_enabled() {
   return on;
 }
 
+namespace {
+bool env_not_0(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && std::string(env) == "0");
+}
+}  // namespace
+
 bool prefetch_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("XPERT_PREFETCH");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool on = env_not_0("XPERT_PREFETCH");
   return on;
 }
 
 bool preload_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("XPERT_PRELOAD");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool on = env_not_0("XPERT_PRELOAD");
   return on;
 }
 
