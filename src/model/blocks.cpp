@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
@@ -61,9 +62,14 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
   }
 }
 
-Exec::OnDevice& Exec::on(Backend& b) {
+Exec::OnDevice* Exec::find(const Backend& b) {
   for (OnDevice& d : devs_)
-    if (d.b == &b) return d;
+    if (d.b == &b) return &d;
+  return nullptr;
+}
+
+Exec::OnDevice& Exec::on(Backend& b, const float* x_from_host) {
+  if (OnDevice* d = find(b)) return *d;
   const ModelConfig& c = m_.config();
   const int64_t n = n_, q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
   const int64_t ff = std::max(c.n_ff, c.n_ff_shexp);
@@ -71,7 +77,14 @@ Exec::OnDevice& Exec::on(Backend& b) {
   ar.reset();
   OnDevice d;
   d.b = &b;
-  d.a.x = ar.take<float>(n * c.n_embd);
+  // The batch's positions and slots, then x, in one block that one copy fills: [pos | seq | pad | x]
+  // (x from x_from_host where given). A decode step makes one upload, not three calls.
+  const size_t ids_bytes = (2 * (size_t)n * sizeof(int32_t) + 255) / 256 * 256;
+  const size_t x_bytes = (size_t)(n * c.n_embd) * sizeof(float);
+  char* in = static_cast<char*>(ar.take_bytes(ids_bytes + x_bytes));
+  d.a.pos = reinterpret_cast<int32_t*>(in);
+  d.a.seq = d.a.pos + n;
+  d.a.x = reinterpret_cast<float*>(in + ids_bytes);
   d.a.cur = ar.take<float>(n * c.n_embd);
   d.a.out = ar.take<float>(n * c.n_embd);
   d.a.q = ar.take<float>(n * q_dim);
@@ -80,12 +93,12 @@ Exec::OnDevice& Exec::on(Backend& b) {
   d.a.v = ar.take<float>(n * kv_dim);
   d.a.ff_gate = ar.take<float>(n * ff);
   d.a.ff_up = ar.take<float>(n * ff);
-  d.a.pos = ar.take<int32_t>(n);
-  b.copy_from_host(d.a.pos, pos_.data(), n * sizeof(int32_t));
-  std::vector<int32_t> seq;
-  for (const BatchSegment& g : segments_) seq.insert(seq.end(), g.n_tokens, g.seq);
-  d.a.seq = ar.take<int32_t>(n);
-  b.copy_from_host(d.a.seq, seq.data(), n * sizeof(int32_t));
+  upload_.assign(ids_bytes + (x_from_host ? x_bytes : 0), 0);
+  int32_t* ids = reinterpret_cast<int32_t*>(upload_.data());
+  int32_t* seq = std::copy(pos_.begin(), pos_.end(), ids);
+  for (const BatchSegment& g : segments_) seq = std::fill_n(seq, g.n_tokens, g.seq);
+  if (x_from_host) std::memcpy(upload_.data() + ids_bytes, x_from_host, x_bytes);
+  b.copy_from_host(in, upload_.data(), upload_.size());
   if (!b.is_host()) b.set_host_pool(cpu_pool_);
   XP_ASSERT(devs_.size() < devs_.capacity());
   devs_.push_back(d);
@@ -112,8 +125,10 @@ Backend& Exec::enter(int64_t il) {
   Backend* want = m_.layer_device(il);
   if (!want) want = devs_.front().b;  // the CPU
   if (want != b_) {
-    OnDevice& d = on(*want);
-    copy_between(*b_, a_->x, *want, d.a.x, (size_t)n_ * m_.config().n_embd * sizeof(float));
+    // First time on this device, from the host: x goes over with the batch's ids in one copy.
+    const float* x_host = b_->is_host() && !find(*want) ? a_->x : nullptr;
+    OnDevice& d = on(*want, x_host);
+    if (!x_host) copy_between(*b_, a_->x, *want, d.a.x, (size_t)n_ * m_.config().n_embd * sizeof(float));
     b_ = want;
     a_ = &d.a;
     // A decode step of a model wholly on one device is one graph from here to the logits, keyed by
@@ -124,7 +139,7 @@ Backend& Exec::enter(int64_t il) {
       key += fmt::format("af{}|", want->decode_attention_form(max_pos_));
       for (const BatchSegment& g : segments_) key += fmt::format("{},", g.seq);
       for (int64_t r : out_rows_) key += fmt::format("{};", r);
-      want->begin_graph(key);
+      replaying_ = want->begin_graph(key);
       graph_open_ = true;
     }
   }

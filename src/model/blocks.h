@@ -47,6 +47,9 @@ class Exec {
   Arena& arena() const { return b_->scratch(); }  // per-layer temporaries: mark() / release()
   int64_t n() const { return n_; }
   bool decode_only() const { return decode_only_; }  // every segment is one token
+  // enter(0) found this pass's graph recorded: the backend skips the ops until output_logits replays it,
+  // so the forward may go straight there (the layers' ops would only be called and skipped).
+  bool replaying() const { return replaying_; }
   const ForwardArgs& args() const { return args_; }
   const std::vector<BatchSegment>& segments() const { return segments_; }
   int32_t max_pos() const { return max_pos_; }  // the batch's deepest token position
@@ -59,7 +62,8 @@ class Exec {
     Backend* b = nullptr;
     Activations a;
   };
-  OnDevice& on(Backend& b);
+  OnDevice* find(const Backend& b);
+  OnDevice& on(Backend& b, const float* x_from_host = nullptr);
 
   const Model& m_;
   const ForwardArgs& args_;
@@ -74,6 +78,8 @@ class Exec {
   ThreadPool* cpu_pool_ = nullptr;
   bool decode_only_ = true;
   bool graph_open_ = false;  // begin_graph was called on b_; output_logits ends it
+  bool replaying_ = false;
+  std::vector<char> upload_;  // on(): the host side of the batch's one upload
 };
 
 // a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.

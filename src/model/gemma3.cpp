@@ -62,6 +62,7 @@ class Gemma3 : public Model {
     const int64_t n = ex.n(), E = c.n_embd, F = c.n_ff;
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
+      if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
       const bool swa = c.layer_swa[il];

@@ -47,6 +47,7 @@ class LlamaDense : public Model {
     const AttentionLayerParams p = default_attention_params(c);
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
+      if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
       b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);

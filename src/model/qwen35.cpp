@@ -91,6 +91,7 @@ class Qwen35 : public Model {
     begin_recurrent(ex);
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
+      if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
       RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;

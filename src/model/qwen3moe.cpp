@@ -65,6 +65,7 @@ class Qwen3Moe : public Model {
     }
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
+      if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
       RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;

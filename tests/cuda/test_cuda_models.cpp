@@ -212,19 +212,19 @@ TEST(CudaModelFusions, NormInRouterIsExact) {
   expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen35moe-2048", 20);
 }
 
-// A session's logits registered with the GPU (XPERT_PIN_LOGITS=1: each step's copy lands in them directly)
-// against plain ones: the logits the session returns are registered host memory, and the same bits over a
-// prompt and 8 decode steps.
+// A session's logits registered with the GPU (the default: each step's copy lands in them directly) against
+// plain ones (XPERT_PIN_LOGITS=0): the logits the session returns are registered host memory, and the same
+// bits over a prompt and 8 decode steps.
 TEST(CudaModelFusions, PinnedLogitsAreTheSame) {
   XPERT_REQUIRE_GPU();
   const TempFile tmp("cuda_pin_logits.gguf");
   synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
   auto on = Model::load(tmp.path);
   auto off = Model::load(tmp.path);
-  setenv("XPERT_PIN_LOGITS", "1", 1);
   on->offload(make_cuda_backend(0), on->config().n_layer);
-  unsetenv("XPERT_PIN_LOGITS");
+  setenv("XPERT_PIN_LOGITS", "0", 1);
   off->offload(make_cuda_backend(0), off->config().n_layer);
+  unsetenv("XPERT_PIN_LOGITS");
   Session a(*on, {.n_ctx = 256, .n_threads = 2}), b(*off, {.n_ctx = 256, .n_threads = 2});
   const int64_t V = on->config().n_vocab;
   std::vector<int32_t> prompt;
@@ -233,7 +233,10 @@ TEST(CudaModelFusions, PinnedLogitsAreTheSame) {
   cudaPointerAttributes attr{};
   ASSERT_EQ(cudaPointerGetAttributes(&attr, la.data()), cudaSuccess);
   EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "the session's logits are not registered";
-  EXPECT_EQ(la, b.eval(prompt));
+  const std::vector<float>& lb = b.eval(prompt);
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, lb.data()), cudaSuccess);
+  EXPECT_NE(attr.type, cudaMemoryTypeHost) << "XPERT_PIN_LOGITS=0 registered the logits";
+  EXPECT_EQ(la, lb);
   for (int i = 0; i < 8; ++i) {
     const int32_t t = (int32_t)((i * 104729 + 7) % V);
     const std::vector<float>& sa = a.eval(std::span<const int32_t>(&t, 1));

@@ -93,8 +93,7 @@ class CudaBackend final : public Backend {
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
-        pinned_out_(env_is_1("XPERT_PINNED_OUT")),
-        pin_logits_(env_is_1("XPERT_PIN_LOGITS")) {
+        pin_logits_(env_on("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -150,8 +149,9 @@ class CudaBackend final : public Backend {
     }
     auto it = graphs_.find(key);
     if (it != graphs_.end() && it->second.exec) {
+      step_times_.walk();
       skip_ = true;
-      pending_ = it->second.exec;
+      pending_ = &it->second;
       return true;
     }
     if (it == graphs_.end()) {
@@ -169,8 +169,13 @@ class CudaBackend final : public Backend {
     graph_pass_ = false;
     if (skip_) {
       skip_ = false;
+      // The caller takes the outputs where the recording put them (the scratch arena's addresses): a
+      // replay whose pass ended elsewhere would read the wrong memory.
+      if (scratch().mark() != pending_->end_mark)
+        fail("internal error: a decode graph's replay ends at scratch offset {}, its recording at {}",
+             scratch().mark(), pending_->end_mark);
       step_times_.before(s());
-      XPERT_CUDA_CHECK(cudaGraphLaunch(pending_, s()));
+      XPERT_CUDA_CHECK(cudaGraphLaunch(pending_->exec, s()));
       step_times_.after(s());
       return;
     }
@@ -188,7 +193,7 @@ class CudaBackend final : public Backend {
       cudaGraphExecDestroy(e);
       graphs_.erase(capture_key_);
     } else {
-      graphs_[capture_key_].exec = e;
+      graphs_[capture_key_] = {.exec = e, .end_mark = scratch().mark()};
     }
   }
 
@@ -225,21 +230,27 @@ class CudaBackend final : public Backend {
     touch();
     XPERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s()));
   }
+  // Small copies (a decode step's ids and x) pass through a pinned ring outside graph recordings: one DMA
+  // the driver need not stage from pageable memory.
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     touch();
+    if (bytes <= cuda::PinnedRing::kMaxCopy && !capturing_ && !graph_pass_) {
+      void* staged = up_ring_.take(bytes, s());
+      std::memcpy(staged, src, bytes);
+      src = staged;
+    }
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s()));
   }
   void upload_weight(void* dst, const Weight& w) override {
     touch();
     cuda::upload_weights(dst, w.data, w.n_bytes, w.type, w.ne[0], w.ne[1], s());
   }
-  // The copy of a decode step's logits (600 KB for Qwen3's vocabulary) into pageable memory took ~80 us
-  // after the graph had finished (H200, qwen3-30b-a3b, XPERT_STEP_TIMES=1: 1,701 us on the GPU, 1,796 from
-  // one launch to the next). XPERT_PINNED_OUT=1 brings large results through a pinned buffer and one
-  // memcpy instead (built 2026-12-01, not yet measured; off by default).
-  static constexpr size_t kPinnedCopyMin = 64 << 10;
-  // XPERT_PIN_LOGITS=1: the sessions' and the server's logits registered in place (PinnedFloats), so the
-  // copy is one DMA into them (built 2026-12-01, not yet measured; off by default).
+  // A decode step's logits (600 KB for Qwen3's vocabulary) copied into pageable memory took ~80 us after
+  // the graph had finished (H200, qwen3-30b-a3b, XPERT_STEP_TIMES=1: 1,701 us on the GPU, 1,796 from one
+  // launch to the next). The sessions and the server register their logits (PinnedFloats) so the copy is
+  // one DMA straight into them: tg128 +3 % (qwen3-30b-a3b) and +5 % (qwen3.5-35b-a3b), 2026-12-01; a copy
+  // through a pinned staging buffer and a memcpy gained +0.5-1.5 % and is gone. XPERT_PIN_LOGITS=0 turns
+  // the registration off.
   bool pin_host(void* p, size_t bytes) override {
     if (!pin_logits_) return false;
     if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) return true;
@@ -251,10 +262,8 @@ class CudaBackend final : public Backend {
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     const auto t0 = std::chrono::steady_clock::now();
-    void* staged = bytes >= kPinnedCopyMin && pinned_out_ ? out_pin_.get(bytes, s()) : nullptr;
-    XPERT_CUDA_CHECK(cudaMemcpyAsync(staged ? staged : dst, src, bytes, cudaMemcpyDeviceToHost, s()));
+    XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
     synchronize();
-    if (staged) std::memcpy(dst, staged, bytes);
     step_times_.done(t0);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -1206,6 +1215,7 @@ class CudaBackend final : public Backend {
 
   struct Graph {
     cudaGraphExec_t exec = nullptr;
+    size_t end_mark = 0;  // the scratch arena's mark at end_graph: a replay must end where the recording did
   };
   static constexpr size_t kMaxGraphs = 64;
   void clear_graphs() {
@@ -1217,7 +1227,7 @@ class CudaBackend final : public Backend {
   }
   std::map<std::string, Graph> graphs_;
   std::string capture_key_;
-  cudaGraphExec_t pending_ = nullptr;
+  const Graph* pending_ = nullptr;  // the graph end_graph replays
   bool capturing_ = false, skip_ = false, no_graphs_ = false;
   bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
@@ -1230,10 +1240,14 @@ class CudaBackend final : public Backend {
     bool pending = false;
     int64_t n = 0;
     double gpu_ms = 0, gap_ms = 0, copy_ms = 0,
-           prep_ms = 0;  // prep: from the output's copy to the next launch
-    std::chrono::steady_clock::time_point last{}, copied{};
+           prep_ms = 0,  // prep: from the output's copy to the next launch
+        walk_ms = 0;     // the part of prep in which the model's ops are called and skipped
+    std::chrono::steady_clock::time_point last{}, copied{}, walk_start{};
     static double ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
+    }
+    void walk() {
+      if (on) walk_start = std::chrono::steady_clock::now();
     }
     void before(cudaStream_t s) {
       if (!on) return;
@@ -1241,6 +1255,7 @@ class CudaBackend final : public Backend {
       if (n > 0) {
         gap_ms += ms(last, now);
         prep_ms += ms(copied, now);
+        walk_ms += ms(walk_start, now);
       }
       last = now;
       XPERT_CUDA_CHECK(cudaEventRecord(ev[0].get(), s));
@@ -1264,8 +1279,10 @@ class CudaBackend final : public Backend {
       if (!on || n < 2) return;
       log::info(
           "decode graphs: {} replays, {:.1f} us each on the GPU, {:.1f} us from one launch to the next; the "
-          "output's copy call {:.1f} us (waiting included), from its return to the next launch {:.1f} us",
-          n, gpu_ms * 1e3 / n, gap_ms * 1e3 / (n - 1), copy_ms * 1e3 / n, prep_ms * 1e3 / (n - 1));
+          "output's copy call {:.1f} us (waiting included), from its return to the next launch {:.1f} us, of "
+          "which {:.1f} us between the graph's begin and end (the model's ops called and skipped)",
+          n, gpu_ms * 1e3 / n, gap_ms * 1e3 / (n - 1), copy_ms * 1e3 / n, prep_ms * 1e3 / (n - 1),
+          walk_ms * 1e3 / (n - 1));
     }
   } step_times_;
 
@@ -1279,9 +1296,7 @@ class CudaBackend final : public Backend {
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
-  const bool pinned_out_;       // XPERT_PINNED_OUT=1 (copy_to_host)
-  const bool pin_logits_;       // XPERT_PIN_LOGITS=1 (pin_host)
-  cuda::PinnedBuffer out_pin_;  // copy_to_host's staging
+  const bool pin_logits_;  // XPERT_PIN_LOGITS, on unless 0 (pin_host)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
@@ -1301,6 +1316,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
   std::unique_ptr<BackgroundJob> host_job_;  // XPERT_ASYNC_HOST=1, made on first use; after node_pool_: goes first
   cuda::PinnedBuffer split_in_, split_out_, stream_table_;
+  cuda::PinnedRing up_ring_;  // copy_from_host's small copies
   cuda::Event fork_, join_;
   std::unique_ptr<cuda::Stream> aux_;
   std::map<std::pair<const LayerWeights*, int64_t>, std::unique_ptr<SplitCall>> split_calls_;

@@ -65,6 +65,17 @@ void* PinnedBuffer::get(size_t bytes, cudaStream_t stream) {
   return p_;
 }
 
+void* PinnedRing::take(size_t bytes, cudaStream_t stream) {
+  const size_t step = (bytes + 255) / 256 * 256;
+  if (used_ + step > kBytes) {
+    if (buf_.data()) XPERT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    used_ = 0;
+  }
+  void* p = static_cast<char*>(buf_.get(kBytes, stream)) + used_;
+  used_ += step;
+  return p;
+}
+
 Event::~Event() {
   if (e_) cudaEventDestroy(e_);
 }

@@ -62,6 +62,19 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// Pinned host memory that small host-to-device copies pass through, taken in turn: a copy from pinned
+// memory is one DMA the driver need not stage. A turn that wraps around waits for the stream first (the
+// copies queued from the start of the ring may still be reading it).
+class PinnedRing {
+ public:
+  static constexpr size_t kBytes = 1 << 20;
+  static constexpr size_t kMaxCopy = 64 << 10;    // larger copies go straight from their memory
+  void* take(size_t bytes, cudaStream_t stream);  // bytes <= kMaxCopy
+ private:
+  PinnedBuffer buf_;
+  size_t used_ = kBytes;  // the first take allocates and starts at 0
+};
+
 // An event without timing, created on first use (on the current device).
 class Event {
  public:

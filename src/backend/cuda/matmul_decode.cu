@@ -24,7 +24,7 @@ constexpr int kBatch = 1;
 // of up to kMaxOuts matrices of one type and row length are one range (q, k and v of a layer in one
 // launch): global row r belongs to the first output whose `end` is above it.
 // The body of a block bx of that grid (matvec_pair_kernel runs two grids' blocks in one launch).
-template <DType T, int M>
+template <DType T, int M, int B = kBatch>
 __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_bytes, int nc, const ActView& a,
                                              const float* __restrict__ row_scale, int64_t m, int lpr_log2,
                                              bool prefetch, int64_t bx) {
@@ -55,8 +55,8 @@ __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_byt
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
   if (have) {
-    dev::dot_row<T, M, kBatch>(dev::row_at<T>(o.w[j], row, o.end[j] - begin, row_bytes), sub, lpr, nc, av, mm,
-                               acc);
+    dev::dot_row<T, M, B>(dev::row_at<T>(o.w[j], row, o.end[j] - begin, row_bytes), sub, lpr, nc, av, mm,
+                          acc);
   }
   for (int off = lpr >> 1; off > 0; off >>= 1) {
 #pragma unroll
@@ -71,11 +71,11 @@ __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_byt
   }
 }
 
-template <DType T, int M>
+template <DType T, int M, int B = kBatch>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecOuts o, size_t row_bytes, int nc, ActView a, const float* __restrict__ row_scale,
                   int64_t m, int lpr_log2, bool prefetch) {
-  matvec_block<T, M>(o, row_bytes, nc, a, row_scale, m, lpr_log2, prefetch, blockIdx.x);
+  matvec_block<T, M, B>(o, row_bytes, nc, a, row_scale, m, lpr_log2, prefetch, blockIdx.x);
 }
 
 // Two matvec grids of one q8_1 row in one launch: blocks below blocks0 are grid 0's (type T0), the rest
@@ -113,18 +113,30 @@ int lanes_log2(int nc) {
   return lpr_log2;
 }
 
+// One-row products of at least kHeadRows outputs (an output head: Qwen3's 151,936 rows of 2,048, Q6_K) at
+// 16 lanes a row with two chunks' loads in flight a lane, 8 rows a CTA: the rule's 32 lanes (two chunks a
+// lane, 4 rows a CTA) made 37,984 CTAs of almost no work each. H200 tg128, two rounds each, 2026-12-01:
+// qwen3-30b-a3b 586.0 / 592.7 against 584.5 / 584.1, qwen3.5-35b-a3b 542.0 / 541.6 against 535.8 / 528.3;
+// 8 lanes at one or four chunks in flight and 4 lanes at four were between, 32 lanes at two slower.
+constexpr int64_t kHeadRows = 65536;
+constexpr int kHeadLanesLog2 = 4, kHeadBatch = 2;
+
 template <DType T, int M>
 void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
-  const int lpr_log2 = lanes_log2(nc);
-  const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const int64_t n = o.end[o.count - 1];
+  const bool head = M == 1 && n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2);
+  const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
+  const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));
   XPERT_CU_ASSERT(grid.y <= 65535);
   const ActView av = act_view<T>(a);
   const float* row_scale = row_scale_of(a);
-  launch_pdl(matvec_kernel<T, M>, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m,
-             lpr_log2, prefetch_enabled());
+  auto* kernel = matvec_kernel<T, M>;
+  if constexpr (M == 1)
+    if (head) kernel = matvec_kernel<T, 1, kHeadBatch>;
+  launch_pdl(kernel, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m, lpr_log2,
+             prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,8 +66,8 @@ constexpr int kDownPreload = 2;
 template <DType T, int kLanes, int kParts>
 __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLanes == 16 ? 1 : 2))
     gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
-                   int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq, float2* __restrict__ hds,
-                   bool prefetch) {
+                   int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
+                   float2* __restrict__ hds) {
   static_assert(kParts == 1 || kParts == 2, "one CTA or a cluster of two a span");
   pdl_begin();
   constexpr int kOutPerWarp = 16 / kLanes;
@@ -82,11 +82,6 @@ __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLane
   const int part = (int)(blockIdx.x % kParts);
   const int64_t span = blockIdx.x / kParts;
   const int fl = part * (32 / kParts) + warp * kOutPerWarp + grp % kOutPerWarp;
-  if (prefetch && threadIdx.x == 0) {  // the CTA's rows on their way into L2 at once (XPERT_GU_PREFETCH=1)
-    const int64_t f0 = span * 32 + part * (32 / kParts);
-    dev::prefetch_rows<T>(wg, f0, 32 / kParts, F, row_bytes);
-    dev::prefetch_rows<T>(wu, f0, 32 / kParts, F, row_bytes);
-  }
   const int64_t f = span * 32 + fl;
   const int nc = (int)(D / Dot<T>::kElems);
   float acc[1] = {0.0f};
@@ -124,20 +119,6 @@ int gate_up_lanes() {
   return lanes;
 }
 
-// XPERT_GU_PREFETCH=1: each gate/up CTA starts its rows into L2 right after the expert id, so that its lanes'
-// later chunks come from L2 (built 2026-12-01, not yet measured; off by default).
-bool gate_up_prefetch() {
-  static const bool v = detail::env_variant("XPERT_GU_PREFETCH", 0, 0, 1) == 1;
-  return v;
-}
-
-// XPERT_DOWN_AHEAD=1: the down kernel's CTAs resident beside gate/up also start later CTAs' rows into L2
-// (down_kernel's `ahead`; built 2026-12-01, not yet measured; off by default).
-bool down_ahead() {
-  static const bool v = detail::env_variant("XPERT_DOWN_AHEAD", 0, 0, 1) == 1;
-  return v;
-}
-
 // CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else XPERT_MOE_GU_PARTS
 // (2 by default, 1 to compare); 2 needs sm_90 (clusters), else 1. H200 tg128, 2 / 1, three calls:
 // qwen3-30b-a3b 552.6 / 544.3 (four rounds), qwen3.5-35b-a3b 505.6 / 497.8 (three). With gate/up at four
@@ -162,7 +143,7 @@ __global__ void __launch_bounds__(128)
     down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
                 int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, float* __restrict__ out, bool accumulate,
-                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload, bool ahead) {
+                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -180,13 +161,6 @@ __global__ void __launch_bounds__(128)
     // Warp 0 holds the CTA's first row (d0): one lane a slot starts all the CTA's rows of that expert.
     if (prefetch && warp == 0 && sub == 0 && mat) {
       dev::prefetch_rows<T>(mat, d, min((int64_t)kRows, D - d), D, row_bytes);
-      // ahead (XPERT_DOWN_AHEAD=1): the grid's first quarter, the CTAs resident beside gate/up, also starts
-      // the rows of the CTAs a quarter, a half and three quarters of the grid on, which start after it.
-      if (ahead && blockIdx.x < gridDim.x / 4)
-        for (int q = 1; q <= 3; ++q) {
-          const int64_t dq = d + (int64_t)q * (gridDim.x / 4) * kRows;
-          if (dq < D) dev::prefetch_rows<T>(mat, dq, min((int64_t)kRows, D - dq), D, row_bytes);
-        }
     }
   }
   // The row's first chunks before the wait too (dev::RowHead): the rows' round trip overlaps gate/up.
@@ -438,7 +412,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
                                    : gate_up_kernel<T, 4, 1>;
       launch_pdl_cluster(kernel, dim3((unsigned)(F / 32 * parts), (unsigned)(n * k)), 64 * lanes / parts, 0,
                          stream, parts == 2 ? 2 : 0, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq,
-                         b.hds, gate_up_prefetch());
+                         b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
     });
     int lps_log2 = 5;
@@ -450,7 +424,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
       launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
                  b.hds, run.out, run.accumulate, run.residual, lps_log2, detail::prefetch_enabled(),
-                 detail::preload_enabled(), down_ahead());
+                 detail::preload_enabled());
       XPERT_CUDA_CHECK_LAUNCH();
     });
     return;
