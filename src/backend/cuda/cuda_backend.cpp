@@ -93,8 +93,7 @@ class CudaBackend final : public Backend {
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
-        pin_logits_(env_on("XPERT_PIN_LOGITS")),
-        router_prefetch_(env_int("XPERT_ROUTER_PREFETCH", 0)) {
+        pin_logits_(env_on("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -611,23 +610,6 @@ class CudaBackend final : public Backend {
            lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
            cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
   }
-  // What the router starts into L2 once it has ranked the experts (XPERT_ROUTER_PREFETCH: 0 nothing, 1 the
-  // chosen experts' gate, up and down, 2 gate and up, 3 down; experiment of 2026-12-01, off by default).
-  cuda::RouterPrefetch router_prefetch(const cuda::MoeExperts& e, bool fused) const {
-    const int mode = router_prefetch_;
-    if (!fused || mode < 1 || mode > 3) return {};
-    return {.gate = e.gate,
-            .up = e.up,
-            .down = e.down,
-            .gate_base = static_cast<const uint8_t*>(e.gate_base),
-            .up_base = static_cast<const uint8_t*>(e.up_base),
-            .down_base = static_cast<const uint8_t*>(e.down_base),
-            .gate_up_bytes = row_bytes(e.gate_type, e.n_embd) * (size_t)e.n_ff,
-            .down_bytes = row_bytes(e.down_type, e.n_ff) * (size_t)e.n_embd,
-            .n_base = e.gate_base ? (int)e.n_expert : 0,
-            .gate_up = mode != 3,
-            .down_rows = mode != 2};
-  }
   // nm: the router normalizes x itself and residual is added by the down product (add_rmsnorm_moe_ffn_add,
   // which checks that the fused router and the decode experts take this layer).
   void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out,
@@ -642,9 +624,7 @@ class CudaBackend final : public Backend {
     float* weights = ar.take<float>(n * slots);
     const cuda::MoeRouting routing{.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
                                    .weights_scale = c.expert_weights_scale};
-    const ExpertTables& t = experts(c, lw);
     if (cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing)) {
-      const cuda::RouterPrefetch pf = router_prefetch(t.e, t.fused);
       if (!router_done_.data()) {
         router_done_ = DeviceBuffer(*this, sizeof(unsigned));
         XPERT_CUDA_CHECK(cudaMemset(router_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
@@ -652,12 +632,13 @@ class CudaBackend final : public Backend {
       cuda::moe_router(static_cast<const float*>(lw.ffn_gate_inp.data), x, n, c.n_embd, routing, logits, ids,
                        weights, static_cast<unsigned*>(router_done_.data()), s(),
                        shared ? static_cast<const float*>(lw.ffn_gate_inp_shexp.data) : nullptr,
-                       cuda::RouteForm::automatic, nm, pf.gate ? &pf : nullptr);
+                       cuda::RouteForm::automatic, nm);
       if (nm) prepared_.x = nm->y;
     } else {
       matmul(lw.ffn_gate_inp, x, n, logits, X);
       cuda::moe_route(logits, n, routing, ids, weights, s());
     }
+    const ExpertTables& t = experts(c, lw);
     if (lw.split && t.fused) {
       moe_split(c, lw, t.e, x, n, ids, weights, out);
       ar.release(mark);
@@ -1316,7 +1297,6 @@ class CudaBackend final : public Backend {
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   const bool pin_logits_;  // XPERT_PIN_LOGITS, on unless 0 (pin_host)
-  const int router_prefetch_;  // XPERT_ROUTER_PREFETCH (router_prefetch)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;

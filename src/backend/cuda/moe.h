@@ -62,25 +62,10 @@ struct RouterNorm {
 };
 bool moe_router_norm_fits(int64_t n_tokens,
                           int64_t n_embd);  // 1 token, 1024 < n_embd <= 2048, n_embd % 32 == 0
-// The experts' matrices a one-token router starts into L2 as soon as it has ranked them (each whole
-// matrix, gate and up first, then down), so the expert kernels after it read them from L2 or in flight.
-// The pointers as MoeExperts gives them: ids below n_base at base + id * bytes, others through the tables
-// (device arrays; null entries are skipped).
-struct RouterPrefetch {
-  const void* const* gate = nullptr;  // null: no prefetch
-  const void* const* up = nullptr;
-  const void* const* down = nullptr;
-  const uint8_t* gate_base = nullptr;
-  const uint8_t* up_base = nullptr;
-  const uint8_t* down_base = nullptr;
-  size_t gate_up_bytes = 0, down_bytes = 0;  // one expert's matrix
-  int n_base = 0;
-  bool gate_up = true, down_rows = true;  // which of them
-};
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate = nullptr, RouteForm form = RouteForm::automatic,
-                const RouterNorm* norm = nullptr, const RouterPrefetch* prefetch = nullptr);
+                const RouterNorm* norm = nullptr);
 
 // One layer's routed experts as seen from this GPU.
 struct MoeExperts {

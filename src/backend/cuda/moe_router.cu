@@ -82,23 +82,6 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
   route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, ids + t * k, weights + t * k);
 }
 
-// One token's chosen experts' matrices on their way into L2 (RouterPrefetch): gate and up of every slot
-// first, then down, each matrix with one bulk prefetch per MiB.
-__device__ __forceinline__ void prefetch_experts(const RouterPrefetch& pf, const int32_t* ids, int slots) {
-  auto at = [&](const void* const* table, const uint8_t* base, size_t bytes, int e) -> const void* {
-    return base && e < pf.n_base ? base + (size_t)e * bytes : table[e];
-  };
-  for (int j = 0; j < slots && pf.gate_up; ++j) {
-    const int e = __ldcg(ids + j);
-    if (const void* g = at(pf.gate, pf.gate_base, pf.gate_up_bytes, e)) prefetch_l2(g, pf.gate_up_bytes);
-    if (const void* u = at(pf.up, pf.up_base, pf.gate_up_bytes, e)) prefetch_l2(u, pf.gate_up_bytes);
-  }
-  for (int j = 0; j < slots && pf.down_rows; ++j) {
-    const int e = __ldcg(ids + j);
-    if (const void* d = at(pf.down, pf.down_base, pf.down_bytes, e)) prefetch_l2(d, pf.down_bytes);
-  }
-}
-
 // Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
 // sums in a fixed order), and the last block to finish routes the tokens (a warp each). `done` counts the
 // finished blocks and is reset by the last one, so the launch can be replayed from a graph. With a shared
@@ -156,7 +139,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
                   int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
-                  bool prefetch, int route_form, RouterNorm nm, RouterPrefetch pf) {
+                  bool prefetch, int route_form, RouterNorm nm) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const float* row = e < E ? w + (int64_t)e * D : sg;
   if (prefetch && threadIdx.x == 0) prefetch_l2(row, (size_t)D * sizeof(float));
@@ -266,10 +249,6 @@ __global__ void __launch_bounds__(kRouterThreads)
     route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * slots,
                 weights + warp * slots);
   }
-  if (pf.gate && n == 1) {
-    __syncthreads();  // the ids this block wrote; a shared expert's slot came before the count
-    if (threadIdx.x == 0) prefetch_experts(pf, ids, slots);
-  }
 }
 
 // One decode token's top-k by the router's whole last block in two phases (route_token_block<.., true>)
@@ -316,8 +295,7 @@ bool moe_router_norm_fits(int64_t n_tokens, int64_t n_embd) {
 
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
-                const float* shared_gate, RouteForm form, const RouterNorm* norm,
-                const RouterPrefetch* prefetch) {
+                const float* shared_gate, RouteForm form, const RouterNorm* norm) {
   if (form == RouteForm::automatic) form = route_form_from_env();
   if (norm) {
     if (!moe_router_norm_fits(n_tokens, n_embd))
@@ -338,7 +316,7 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
              (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w, shared_gate,
              norm ? norm->y : x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
              r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), (int)form,
-             norm ? *norm : RouterNorm{}, prefetch ? *prefetch : RouterPrefetch{});
+             norm ? *norm : RouterNorm{});
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
