@@ -72,6 +72,13 @@ class Backend {
     int64_t ldy = 0;
   };
   virtual void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs);
+  // cur = rmsnorm(x) * w (rows m of n_embd), then the jobs' products of cur: rmsnorm then matmuls (a
+  // layer's attention norm and its q, k and v). A GPU may normalize inside the products' launch.
+  virtual void rmsnorm_matmuls(const float* x, const float* w, float* cur, int64_t m, int64_t n_embd,
+                               float eps, std::span<const MatmulJob> jobs) {
+    rmsnorm(x, w, cur, m, n_embd, eps);
+    matmuls(cur, m, jobs);
+  }
   // y = x / rms(x) * w per row of n; w may be null; y may alias x.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   // x: rows of n_heads * head_dim per token at position pos[t] (pos in this backend's memory).

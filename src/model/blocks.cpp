@@ -252,13 +252,16 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex) {
+                    Exec& ex, const float* norm_w) {
   const int64_t n = ex.n();
   const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
   Backend& b = ex.b();
   Activations& a = ex.a();
   const Backend::MatmulJob qkv[] = {{&lw.wq, a.q}, {&lw.wk, a.k}, {&lw.wv, a.v}};
-  b.matmuls(a.cur, n, qkv);
+  if (norm_w)
+    b.rmsnorm_matmuls(a.x, norm_w, a.cur, n, c.n_embd, c.rms_eps, qkv);
+  else
+    b.matmuls(a.cur, n, qkv);
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);

@@ -82,9 +82,10 @@ class Exec {
   std::vector<char> upload_;  // on(): the host side of the batch's one upload
 };
 
-// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.
+// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache. With
+// norm_w, a.cur is first computed as rmsnorm(a.x) * norm_w (Backend::rmsnorm_matmuls, with q, k and v).
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex);
+                    Exec& ex, const float* norm_w = nullptr);
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
 // With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).

@@ -96,8 +96,7 @@ class Qwen35 : public Model {
       const LayerWeights& l = layer(il);
       RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.attn_post_norm.f32(), a.x, n);
-      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      if (c.layer_recurrent[il])
+      if (c.layer_recurrent[il])  // each normalizes x into cur with its input products
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
@@ -251,7 +250,7 @@ class Qwen35 : public Model {
     float* y = ar.take<float>(n * VD);
     const Backend::MatmulJob proj[] = {
         {&l.ssm_qkv, qkv}, {&l.ssm_gate, z}, {&l.ssm_alpha, alpha}, {&l.ssm_beta, beta}};
-    b.matmuls(a.cur, n, proj);
+    b.rmsnorm_matmuls(a.x, l.attn_norm.f32(), a.cur, n, config_.n_embd, config_.rms_eps, proj);
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
@@ -283,7 +282,7 @@ class Qwen35 : public Model {
     float* qg = ar.take<float>(n * 2 * q_dim);
     float* gate = ar.take<float>(n * q_dim);
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
-    b.matmuls(a.cur, n, qkv);
+    b.rmsnorm_matmuls(a.x, l.attn_norm.f32(), a.cur, n, c.n_embd, c.rms_eps, qkv);
     const Backend::QkPrep prep{.q_norm = l.q_norm.f32(),
                                .k_norm = l.k_norm.f32(),
                                .pos = a.pos,

@@ -70,8 +70,7 @@ class Qwen3Moe : public Model {
       const LayerWeights& l = layer(il);
       RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
-      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      self_attention(c, l, p, il, ex);
+      self_attention(c, l, p, il, ex, l.attn_norm.f32());  // cur = norm(x) first
       if (rg) {
         b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
         rg->check(c, l, il, a.cur, n);

@@ -212,6 +212,23 @@ TEST(CudaModelFusions, NormInRouterIsExact) {
   expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen35moe-2048", 20);
 }
 
+// The attention norm inside the q/k/v products' launch (XPERT_NORM_IN_QKV=1: each CTA normalizes x into
+// its shared memory, the first also writes cur and its q8_1 row) against the norm's own launch: the same
+// bits, Qwen3's layers (one type, and the Q4_K / Q6_K pair in the layers with a Q6_K v) and Qwen3.5's
+// (gated attention; the Gated DeltaNet's four input products of three types keep the norm's launch).
+TEST(CudaModelFusions, NormInQkvIsExact) {
+  XPERT_REQUIRE_GPU();
+  for (const char* preset : {"tiny-qwen3moe-2048", "tiny-qwen35moe-2048"}) {
+    SCOPED_TRACE(preset);
+    const TempFile tmp("cuda_norm_in_qkv.gguf");
+    synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
+    const auto [a, b] = with_and_without("XPERT_NORM_IN_QKV", tmp.path, 20, 24, 128, "1");
+    EXPECT_EQ(a.prefill, b.prefill);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.step_logits, b.step_logits);
+  }
+}
+
 // A session's logits registered with the GPU (the default: each step's copy lands in them directly) against
 // plain ones (XPERT_PIN_LOGITS=0): the logits the session returns are registered host memory, and the same
 // bits over a prompt and 8 decode steps.

@@ -93,7 +93,8 @@ class CudaBackend final : public Backend {
         attn_prep_(env_on("XPERT_ATTN_PREP")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
-        pin_logits_(env_on("XPERT_PIN_LOGITS")) {
+        pin_logits_(env_on("XPERT_PIN_LOGITS")),
+        norm_in_qkv_(env_is_1("XPERT_NORM_IN_QKV")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -307,6 +308,7 @@ class CudaBackend final : public Backend {
       for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
       return;
     }
+    const std::vector<JobGroup> groups = group_jobs(jobs, k);  // the jobs by weight type
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     std::vector<cuda::Activations> converted;
@@ -319,16 +321,32 @@ class CudaBackend final : public Backend {
       converted.push_back(cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s()));
       return converted.back();
     };
-    struct Group {
-      DType t;
-      cuda::MatmulOut outs[8];
-      int count = 0;
-    };
-    std::vector<Group> groups;  // the jobs by weight type, in order of first use
+    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
+    // launch.
+    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
+      const JobGroup &g0 = groups[0], &g1 = groups[1];
+      const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
+      if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
+        cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, a0, s());
+        ar.release(mark);
+        return;
+      }
+    }
+    for (const JobGroup& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
+    ar.release(mark);
+  }
+  struct JobGroup {
+    DType t;
+    cuda::MatmulOut outs[8];
+    int count = 0;
+  };
+  // Products of one row length k by weight type, in order of first use, up to 8 a group.
+  static std::vector<JobGroup> group_jobs(std::span<const MatmulJob> jobs, int64_t k) {
+    std::vector<JobGroup> groups;
     std::vector<bool> done(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (done[i]) continue;
-      Group& g = groups.emplace_back();
+      JobGroup& g = groups.emplace_back();
       g.t = jobs[i].w->type;
       for (size_t j = i; j < jobs.size() && g.count < 8; ++j) {
         if (done[j] || jobs[j].w->type != g.t) continue;
@@ -340,19 +358,42 @@ class CudaBackend final : public Backend {
       }
       cuda::check_matmul_shape(g.t, k);
     }
-    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
-    // launch.
-    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
-      const Group &g0 = groups[0], &g1 = groups[1];
-      const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
-      if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
-        cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, a0, s());
-        ar.release(mark);
-        return;
-      }
+    return groups;
+  }
+  // The attention norm inside the q/k/v products' launch (XPERT_NORM_IN_QKV=1; built 2026-12-01, not yet
+  // run on a GPU; a probe that left the norm's launch out entirely measured +7.5 % tg128 on qwen3-30b-a3b):
+  // one decode row of 1024 < n_embd <= 2048 whose products are of one quantized type or the Q4_K / Q6_K
+  // pair, none of them over x or cur. Otherwise the norm's own launch, then the products.
+  void rmsnorm_matmuls(const float* x, const float* w, float* cur, int64_t m, int64_t n_embd, float eps,
+                       std::span<const MatmulJob> jobs) override {
+    if (skip_) return;
+    auto unfused = [&] { Backend::rmsnorm_matmuls(x, w, cur, m, n_embd, eps, jobs); };
+    if (!norm_in_qkv_ || m != 1 || !w || jobs.empty()) return unfused();
+    auto apart = [](const float* a, int64_t na, const float* b, int64_t nb) {
+      return a + na <= b || b + nb <= a;
+    };
+    for (const MatmulJob& j : jobs) {
+      const int64_t ny = j.ldy ? j.ldy : j.w->ne[1];
+      if (j.w->ne[0] != n_embd || !apart(j.y, ny, x, n_embd) || !apart(j.y, ny, cur, n_embd))
+        return unfused();
     }
-    for (const Group& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
-    ar.release(mark);
+    const std::vector<JobGroup> groups = group_jobs(jobs, n_embd);
+    touch();
+    const cuda::Activations* act = prepare_slot(cur, 1, n_embd);
+    if (!act) return unfused();
+    const cuda::NormIn nm{.x = x, .w = w, .eps = eps, .y = cur};
+    const JobGroup& g0 = groups[0];
+    if (groups.size() == 1 && cuda::activation_format(g0.t, 1) == cuda::ActFormat::q8_1 &&
+        cuda::norm_matmul_fits(*act, g0.count)) {
+      cuda::matmul_prepared_multi(g0.t, g0.outs, g0.count, *act, s(), &nm);
+    } else if (groups.size() == 2 && pair_matvec_ && cuda::matmul_pair_supported(g0.t, groups[1].t, *act) &&
+               cuda::norm_matmul_fits(*act, g0.count) && cuda::norm_matmul_fits(*act, groups[1].count)) {
+      const JobGroup& g1 = groups[1];
+      cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, *act, s(), &nm);
+    } else {
+      return unfused();
+    }
+    prepared_.x = cur;
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
     add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read
@@ -1297,6 +1338,7 @@ class CudaBackend final : public Backend {
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   const bool pin_logits_;  // XPERT_PIN_LOGITS, on unless 0 (pin_host)
+  const bool norm_in_qkv_;  // XPERT_NORM_IN_QKV=1 (rmsnorm_matmuls)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
