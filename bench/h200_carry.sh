@@ -30,6 +30,8 @@
 #                                       # (e.g. VARIANTS="X=1 XPERT_PDL=0 XPERT_PDL=0,XPERT_PREFETCH=0"),
 #                                       # for each of BINS (default xpert; other builds in .devbin, see
 #                                       # h200_prepare.sh devbin), ROUNDS times (default 1) in turn
+#   bench/h200_carry.sh steps           # XPERT_STEP_TIMES=1 lines (GPU time, launch to launch, host work
+#                                       # between steps) of PRESETS under each of VARIANTS
 # bench/h200_nsys.sh PRESET: the decode graph's kernels as they ran (Nsight Systems), after a call here made
 # PRESET's file.
 # bench/h200_prepare.sh makes .lcpbin/devbin.txz and .lcp/ on the development machine.
@@ -203,7 +205,17 @@ PY
       done
     done 2>&1 | tee "$OUT/ab.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab" >&2
+  steps)  # XPERT_STEP_TIMES=1 under each of VARIANTS: a decode step's GPU time against its host time
+    for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
+      f=$(synth "$preset" | tail -1)
+      for v in ${VARIANTS:-X=1}; do
+        echo "## $preset $v"
+        env ${v//,/ } XPERT_STEP_TIMES=1 .devbin/xpert bench -m "$f" -p 0 -n "${N:-128}" -r 2 2>&1 |
+          grep -E 'decode graphs|\| *tg'
+      done
+    done 2>&1 | tee "$OUT/steps.md"
+    ;;
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac

@@ -3,7 +3,8 @@
 # nsight-compute install: its target nsys records, its desktop QdstrmImporter converts, nsys stats exports)
 # for PRESET's synth file (bench/h200_carry.sh made it): $OUT/nsys_PRESET_cuda_gpu_trace.csv, one row a
 # kernel with its start and duration in ns (GRAPH_TRACE=graph: a row a graph launch instead, which costs the
-# host less). Usage: bench/h200_nsys.sh PRESET [N tokens, default 16]
+# host less). Usage: bench/h200_nsys.sh PRESET [N tokens, default 16]. Back here,
+# `bench/nsys_path.py CSV [STEPS] [LAYERS]` sums each kernel's share of a step's critical path.
 set -uo pipefail
 H=$(ls -d /opt/nvidia/nsight-compute/*/host | head -1)
 T=$H/target-linux-x64
