@@ -214,8 +214,8 @@ TEST(CudaModelFusions, NormInRouterIsExact) {
 
 // The attention norm inside the q/k/v products' launch (XPERT_NORM_IN_QKV=1: each CTA normalizes x into
 // its shared memory, the first also writes cur and its q8_1 row) against the norm's own launch: the same
-// bits, Qwen3's layers (one type, and the Q4_K / Q6_K pair in the layers with a Q6_K v) and Qwen3.5's
-// (gated attention; the Gated DeltaNet's four input products of three types keep the norm's launch).
+// bits, Qwen3's layers (one type, and the Q4_K / Q6_K pair in the layers with a Q6_K v) and Qwen3.5's (the
+// gated attention's q/k/v and the Gated DeltaNet's four input products, Q4_K alone or with a Q6_K qkv).
 TEST(CudaModelFusions, NormInQkvIsExact) {
   XPERT_REQUIRE_GPU();
   for (const char* preset : {"tiny-qwen3moe-2048", "tiny-qwen35moe-2048"}) {
