@@ -125,10 +125,12 @@ Backend& Exec::enter(int64_t il) {
   Backend* want = m_.layer_device(il);
   if (!want) want = devs_.front().b;  // the CPU
   if (want != b_) {
-    // First time on this device, from the host: x goes over with the batch's ids in one copy.
-    const float* x_host = b_->is_host() && !find(*want) ? a_->x : nullptr;
+    // First time on this device, from the host, and small (a decode step's): x goes over with the batch's
+    // ids in one copy. A prefill's x goes straight from where it is (no staging copy of megabytes).
+    const size_t x_bytes = (size_t)n_ * m_.config().n_embd * sizeof(float);
+    const float* x_host = b_->is_host() && !find(*want) && x_bytes <= (64 << 10) ? a_->x : nullptr;
     OnDevice& d = on(*want, x_host);
-    if (!x_host) copy_between(*b_, a_->x, *want, d.a.x, (size_t)n_ * m_.config().n_embd * sizeof(float));
+    if (!x_host) copy_between(*b_, a_->x, *want, d.a.x, x_bytes);
     b_ = want;
     a_ = &d.a;
     // A decode step of a model wholly on one device is one graph from here to the logits, keyed by
