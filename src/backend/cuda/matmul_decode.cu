@@ -207,7 +207,7 @@ struct NormArgs {
   float2* ds;
 };
 
-template <DType T>
+template <DType T, int B>
 __global__ void __launch_bounds__(kWarps * 32, kNormCtas)
     matvec_norm_kernel(MatvecOuts o, size_t row_bytes, int nc, NormArgs na, int lpr_log2, bool prefetch) {
   __shared__ NormShared sm;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32, kNormCtas)
   pdl_begin();
   norm_to_shared(na.nm, na.n, wv, sm, na.q, na.ds, blockIdx.x == 0);
   const dev::SharedAct a{sm.q, sm.ds, na.n};
-  matvec_block<T, 1>(o, row_bytes, nc, a, nullptr, 1, lpr_log2, false, blockIdx.x);
+  matvec_block<T, 1, B>(o, row_bytes, nc, a, nullptr, 1, lpr_log2, false, blockIdx.x);
 }
 
 // matvec_pair_kernel with the norm inside (NormIn): the same products of the same q8_1 row.
@@ -273,12 +273,13 @@ int lanes_log2(int nc) {
 // 8 lanes at one or four chunks in flight and 4 lanes at four were between, 32 lanes at two slower.
 constexpr int64_t kHeadRows = 65536;
 constexpr int kHeadLanesLog2 = 4, kHeadBatch = 2;
+bool head_form(int64_t n, int nc) { return n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2); }
 
 template <DType T, int M>
 void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
   const int64_t n = o.end[o.count - 1];
-  const bool head = M == 1 && n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2);
+  const bool head = M == 1 && head_form(n, nc);
   const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
   const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));
@@ -293,14 +294,17 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
+// The same lanes and batch as launch<T, 1> (the head form past kHeadRows), so the same bits.
 template <DType T>
 void launch_norm(const MatvecOuts& o, const Activations& a, const NormIn& nm, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
-  const int lpr_log2 = lanes_log2(nc);
-  const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const int64_t n = o.end[o.count - 1];
-  launch_pdl(matvec_norm_kernel<T>, dim3((unsigned)((n + rows_per_cta - 1) / rows_per_cta)), kWarps * 32, 0,
-             stream, o, row_bytes(T, a.k), nc, norm_args(nm, a), lpr_log2, prefetch_enabled());
+  const bool head = head_form(n, nc);
+  const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
+  const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
+  launch_pdl(head ? matvec_norm_kernel<T, kHeadBatch> : matvec_norm_kernel<T, kBatch>,
+             dim3((unsigned)((n + rows_per_cta - 1) / rows_per_cta)), kWarps * 32, 0, stream, o,
+             row_bytes(T, a.k), nc, norm_args(nm, a), lpr_log2, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
