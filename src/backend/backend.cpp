@@ -69,9 +69,10 @@ void Backend::moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const fl
 }
 
 void Backend::add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
-                                      const float* w, float* cur, int64_t n) {
+                                      const float* w, float* cur, int64_t n, const float* next_w) {
   add_rmsnorm(d, x, w, cur, n, c.n_embd, c.rms_eps);
   moe_ffn_add(c, lw, cur, n, x);
+  if (next_w) rmsnorm(x, next_w, cur, n, c.n_embd, c.rms_eps);
 }
 
 void Backend::add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,

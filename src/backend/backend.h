@@ -72,13 +72,6 @@ class Backend {
     int64_t ldy = 0;
   };
   virtual void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs);
-  // cur = rmsnorm(x) * w (rows m of n_embd), then the jobs' products of cur: rmsnorm then matmuls (a
-  // layer's attention norm and its q, k and v). A GPU may normalize inside the products' launch.
-  virtual void rmsnorm_matmuls(const float* x, const float* w, float* cur, int64_t m, int64_t n_embd,
-                               float eps, std::span<const MatmulJob> jobs) {
-    rmsnorm(x, w, cur, m, n_embd, eps);
-    matmuls(cur, m, jobs);
-  }
   // y = x / rms(x) * w per row of n; w may be null; y may alias x.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   // x: rows of n_heads * head_dim per token at position pos[t] (pos in this backend's memory).
@@ -116,10 +109,12 @@ class Backend {
   // expert added to it (add_shared_expert), then y = that + y.
   virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
   // A MoE layer's FFN half after its mixer: x += d; cur = rmsnorm(x) * w; x += the MoE FFN of cur (as
-  // moe_ffn_add). Default: add_rmsnorm, then moe_ffn_add. A backend may fuse them (CUDA, one decode token:
-  // the norm inside the router's blocks, d added in the experts' down product; the same bits).
+  // moe_ffn_add); then, with next_w (the next layer's input norm, same eps), cur = rmsnorm(x) * next_w.
+  // Default: add_rmsnorm, moe_ffn_add, rmsnorm. A backend may fuse them (CUDA, one decode token: the norm
+  // inside the router's blocks, d added in the experts' down product, the next norm in its last block; the
+  // same bits).
   virtual void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
-                                       const float* w, float* cur, int64_t n);
+                                       const float* w, float* cur, int64_t n, const float* next_w);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;

@@ -148,6 +148,10 @@ Backend& Exec::enter(int64_t il) {
   return *b_;
 }
 
+bool Exec::next_layer_here(int64_t il) const {
+  return il + 1 < m_.config().n_layer && m_.layer_device(il + 1) == m_.layer_device(il);
+}
+
 void Exec::output_logits(std::vector<float>& logits) {
   const ModelConfig& c = m_.config();
   const ModelWeights& w = b_->is_host() ? m_.host_weights() : m_.io_weights();
@@ -254,16 +258,13 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex, const float* norm_w) {
+                    Exec& ex) {
   const int64_t n = ex.n();
   const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
   Backend& b = ex.b();
   Activations& a = ex.a();
   const Backend::MatmulJob qkv[] = {{&lw.wq, a.q}, {&lw.wk, a.k}, {&lw.wv, a.v}};
-  if (norm_w)
-    b.rmsnorm_matmuls(a.x, norm_w, a.cur, n, c.n_embd, c.rms_eps, qkv);
-  else
-    b.matmuls(a.cur, n, qkv);
+  b.matmuls(a.cur, n, qkv);
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);

@@ -54,6 +54,9 @@ class Exec {
   const std::vector<BatchSegment>& segments() const { return segments_; }
   int32_t max_pos() const { return max_pos_; }  // the batch's deepest token position
   const std::vector<int64_t>& out_rows() const { return out_rows_; }
+  // Layer il + 1 exists and runs where layer il does: its input norm may then end layer il (cur stays on
+  // that device).
+  bool next_layer_here(int64_t il) const;
   // Final norm and output projection of the rows that need logits, copied to the host.
   void output_logits(std::vector<float>& logits);
 
@@ -82,10 +85,9 @@ class Exec {
   std::vector<char> upload_;  // on(): the host side of the batch's one upload
 };
 
-// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache. With
-// norm_w, a.cur is first computed as rmsnorm(a.x) * norm_w (Backend::rmsnorm_matmuls, with q, k and v).
+// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex, const float* norm_w = nullptr);
+                    Exec& ex);
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
 // With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).

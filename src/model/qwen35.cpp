@@ -89,6 +89,7 @@ class Qwen35 : public Model {
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
     begin_recurrent(ex);
+    bool normed = false;  // the previous layer left this one's cur = norm(x)
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       if (ex.replaying()) break;  // the recorded graph runs the layers
@@ -96,12 +97,17 @@ class Qwen35 : public Model {
       const LayerWeights& l = layer(il);
       RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.attn_post_norm.f32(), a.x, n);
-      if (c.layer_recurrent[il])  // each normalizes x into cur with its input products
+      if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
+      normed = false;
+      if (c.layer_recurrent[il])
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
-      if (moe_ && !rg) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert
-        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.attn_post_norm.f32(), a.cur, n);
+      if (moe_ && !rg) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert; then the
+                          // next layer's cur = norm(x)
+        const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
+        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.attn_post_norm.f32(), a.cur, n, next_w);
+        normed = next_w != nullptr;
         continue;
       }
       b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
@@ -250,7 +256,7 @@ class Qwen35 : public Model {
     float* y = ar.take<float>(n * VD);
     const Backend::MatmulJob proj[] = {
         {&l.ssm_qkv, qkv}, {&l.ssm_gate, z}, {&l.ssm_alpha, alpha}, {&l.ssm_beta, beta}};
-    b.rmsnorm_matmuls(a.x, l.attn_norm.f32(), a.cur, n, config_.n_embd, config_.rms_eps, proj);
+    b.matmuls(a.cur, n, proj);
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
@@ -282,7 +288,7 @@ class Qwen35 : public Model {
     float* qg = ar.take<float>(n * 2 * q_dim);
     float* gate = ar.take<float>(n * q_dim);
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
-    b.rmsnorm_matmuls(a.x, l.attn_norm.f32(), a.cur, n, c.n_embd, c.rms_eps, qkv);
+    b.matmuls(a.cur, n, qkv);
     const Backend::QkPrep prep{.q_norm = l.q_norm.f32(),
                                .k_norm = l.k_norm.f32(),
                                .pos = a.pos,

@@ -63,6 +63,7 @@ class Qwen3Moe : public Model {
       ex.output_logits(logits);
       return;
     }
+    bool normed = false;  // the previous layer left this one's cur = norm(x)
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       if (ex.replaying()) break;  // the recorded graph runs the layers
@@ -70,13 +71,17 @@ class Qwen3Moe : public Model {
       const LayerWeights& l = layer(il);
       RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;
       if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
-      self_attention(c, l, p, il, ex, l.attn_norm.f32());  // cur = norm(x) first
+      if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
+      self_attention(c, l, p, il, ex);
       if (rg) {
         b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
         rg->check(c, l, il, a.cur, n);
         b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
-      } else {
-        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.ffn_norm.f32(), a.cur, n);  // the same, maybe fused
+        normed = false;
+      } else {  // the same, maybe fused, then the next layer's cur = norm(x)
+        const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
+        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.ffn_norm.f32(), a.cur, n, next_w);
+        normed = next_w != nullptr;
       }
     }
     ex.output_logits(logits);

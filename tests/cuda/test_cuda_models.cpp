@@ -155,12 +155,11 @@ TEST(CudaModelFusions, SharedExpertSlotMatchesSeparateProducts) {
   expect_steps_close(a, b, 20, "tiny-qwen35moe Q4_K_M, shared-expert slot vs apart");
 }
 
-// A preset's Q4_K_M with var unset (or =on_value) and =0: the same prefill, tokens and step logits, bit
-// for bit.
-void expect_exact_with(const char* var, const char* preset, int n_prompt, const char* on_value = nullptr) {
+// A preset's Q4_K_M with var unset and =0: the same prefill, tokens and step logits, bit for bit.
+void expect_exact_with(const char* var, const char* preset, int n_prompt) {
   const TempFile tmp("cuda_exact_with.gguf");
   synth_write({.preset = preset, .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
-  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128, on_value);
+  const auto [a, b] = with_and_without(var, tmp.path, n_prompt, 24, 128);
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.step_logits, b.step_logits);
@@ -213,14 +212,13 @@ TEST(CudaModelFusions, NormInRouterIsExact) {
   expect_exact_with("XPERT_NORM_IN_ROUTER", "tiny-qwen35moe-2048", 20);
 }
 
-// The attention norm inside the q/k/v products' launch (XPERT_NORM_IN_QKV=1: each CTA normalizes x into
-// its shared memory, the first also writes cur and its q8_1 row) against the norm's own launch: the same
-// bits, Qwen3's layers (one type, and the Q4_K / Q6_K pair in the layers with a Q6_K v) and Qwen3.5's (the
-// gated attention's q/k/v and the Gated DeltaNet's four input products, Q4_K alone or with a Q6_K qkv).
-TEST(CudaModelFusions, NormInQkvIsExact) {
+// The next layer's attention norm done by the experts' down product's last block (the default beside the
+// norm in the router) against its own launch at the next layer's start (XPERT_NORM_AFTER_DOWN=0): the same
+// bits, Qwen3's layers and Qwen3.5's (before both of its mixers).
+TEST(CudaModelFusions, NormAfterDownIsExact) {
   XPERT_REQUIRE_GPU();
-  expect_exact_with("XPERT_NORM_IN_QKV", "tiny-qwen3moe-2048", 20, "1");
-  expect_exact_with("XPERT_NORM_IN_QKV", "tiny-qwen35moe-2048", 20, "1");
+  expect_exact_with("XPERT_NORM_AFTER_DOWN", "tiny-qwen3moe-2048", 20);
+  expect_exact_with("XPERT_NORM_AFTER_DOWN", "tiny-qwen35moe-2048", 20);
 }
 
 // A session's logits registered with the GPU (the default: each step's copy lands in them directly) against

@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
         pin_logits_(env_on("XPERT_PIN_LOGITS")),
-        norm_in_qkv_(env_is_1("XPERT_NORM_IN_QKV")) {
+        norm_after_down_(env_on("XPERT_NORM_AFTER_DOWN")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -308,7 +308,6 @@ class CudaBackend final : public Backend {
       for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
       return;
     }
-    const std::vector<JobGroup> groups = group_jobs(jobs, k);  // the jobs by weight type
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     std::vector<cuda::Activations> converted;
@@ -321,32 +320,16 @@ class CudaBackend final : public Backend {
       converted.push_back(cuda::quantize_activations(f, x, k, m, k, ws ? ar.take_bytes(ws) : nullptr, s()));
       return converted.back();
     };
-    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
-    // launch.
-    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
-      const JobGroup &g0 = groups[0], &g1 = groups[1];
-      const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
-      if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
-        cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, a0, s());
-        ar.release(mark);
-        return;
-      }
-    }
-    for (const JobGroup& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
-    ar.release(mark);
-  }
-  struct JobGroup {
-    DType t;
-    cuda::MatmulOut outs[8];
-    int count = 0;
-  };
-  // Products of one row length k by weight type, in order of first use, up to 8 a group.
-  static std::vector<JobGroup> group_jobs(std::span<const MatmulJob> jobs, int64_t k) {
-    std::vector<JobGroup> groups;
+    struct Group {
+      DType t;
+      cuda::MatmulOut outs[8];
+      int count = 0;
+    };
+    std::vector<Group> groups;  // the jobs by weight type, in order of first use
     std::vector<bool> done(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       if (done[i]) continue;
-      JobGroup& g = groups.emplace_back();
+      Group& g = groups.emplace_back();
       g.t = jobs[i].w->type;
       for (size_t j = i; j < jobs.size() && g.count < 8; ++j) {
         if (done[j] || jobs[j].w->type != g.t) continue;
@@ -358,42 +341,19 @@ class CudaBackend final : public Backend {
       }
       cuda::check_matmul_shape(g.t, k);
     }
-    return groups;
-  }
-  // The attention norm inside the q/k/v products' launch (XPERT_NORM_IN_QKV=1; built 2026-12-01, not yet
-  // run on a GPU; a probe that left the norm's launch out entirely measured +7.5 % tg128 on qwen3-30b-a3b):
-  // one decode row of 1024 < n_embd <= 2048 whose products are of one quantized type or the Q4_K / Q6_K
-  // pair, none of them over x or cur. Otherwise the norm's own launch, then the products.
-  void rmsnorm_matmuls(const float* x, const float* w, float* cur, int64_t m, int64_t n_embd, float eps,
-                       std::span<const MatmulJob> jobs) override {
-    if (skip_) return;
-    auto unfused = [&] { Backend::rmsnorm_matmuls(x, w, cur, m, n_embd, eps, jobs); };
-    if (!norm_in_qkv_ || m != 1 || !w || jobs.empty()) return unfused();
-    auto apart = [](const float* a, int64_t na, const float* b, int64_t nb) {
-      return a + na <= b || b + nb <= a;
-    };
-    for (const MatmulJob& j : jobs) {
-      const int64_t ny = j.ldy ? j.ldy : j.w->ne[1];
-      if (j.w->ne[0] != n_embd || !apart(j.y, ny, x, n_embd) || !apart(j.y, ny, cur, n_embd))
-        return unfused();
+    // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
+    // launch.
+    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
+      const Group &g0 = groups[0], &g1 = groups[1];
+      const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
+      if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
+        cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, a0, s());
+        ar.release(mark);
+        return;
+      }
     }
-    const std::vector<JobGroup> groups = group_jobs(jobs, n_embd);
-    touch();
-    const cuda::Activations* act = prepare_slot(cur, 1, n_embd);
-    if (!act) return unfused();
-    const cuda::NormIn nm{.x = x, .w = w, .eps = eps, .y = cur};
-    const JobGroup& g0 = groups[0];
-    if (groups.size() == 1 && cuda::activation_format(g0.t, 1) == cuda::ActFormat::q8_1 &&
-        cuda::norm_matmul_fits(*act, g0.count)) {
-      cuda::matmul_prepared_multi(g0.t, g0.outs, g0.count, *act, s(), &nm);
-    } else if (groups.size() == 2 && pair_matvec_ && cuda::matmul_pair_supported(g0.t, groups[1].t, *act) &&
-               cuda::norm_matmul_fits(*act, g0.count) && cuda::norm_matmul_fits(*act, groups[1].count)) {
-      const JobGroup& g1 = groups[1];
-      cuda::matmul_prepared_pair(g0.t, g0.outs, g0.count, g1.t, g1.outs, g1.count, *act, s(), &nm);
-    } else {
-      return unfused();
-    }
-    prepared_.x = cur;
+    for (const Group& g : groups) cuda::matmul_prepared_multi(g.t, g.outs, g.count, activations(g.t), s());
+    ar.release(mark);
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
     add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read
@@ -622,25 +582,42 @@ class CudaBackend final : public Backend {
   // add_rmsnorm then moe_ffn_add; one launch fewer a layer. H200 tg128 against XPERT_NORM_IN_ROUTER=0
   // (2026-12-01, five rounds in two calls): qwen3.5-35b-a3b 507.3 / 502.4, qwen3-30b-a3b even (549.3 /
   // 551.2).
+  //
+  // With next_w, the next layer's input norm of x is the down product's last block (MoeNormOut): it
+  // writes cur and cur's q8_1 into the same slot, which the next layer's q/k/v products take (prepared()).
+  // XPERT_NORM_AFTER_DOWN=0: the norm's own launch after the experts. Leaving that launch out entirely (a
+  // probe with wrong output) measured qwen3-30b-a3b's tg128 7.5 % faster, qwen3.5-35b-a3b's 3.6 %; doing
+  // it in every CTA of the q/k/v products (XPERT_NORM_IN_QKV, 2026-12-01, since removed) 11 % and 21 %
+  // slower: ~1,280 CTAs each normalizing x for 4 rows of work.
   void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
-                               const float* w, float* cur, int64_t n) override {
+                               const float* w, float* cur, int64_t n, const float* next_w) override {
     if (skip_) return;
     const int64_t E = c.n_embd;
     const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
     const bool fits = norm_in_router_ && cuda::moe_router_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
                       cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
-    if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n);
+    if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
     touch();
     const cuda::Activations* act = prepare_slot(cur, n, E);  // where the router writes cur's q8_1
-    if (!act) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n);
-    const cuda::RouterNorm nm{.res = x,
-                              .d = d,
-                              .w = w,
-                              .eps = c.rms_eps,
-                              .y = cur,
-                              .q = static_cast<int8_t*>(const_cast<void*>(act->data)),
-                              .ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux))};
-    moe(c, lw, cur, n, x, true, (bool)lw.ffn_up_shexp, &nm, d);
+    if (!act) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+    auto* q = static_cast<int8_t*>(const_cast<void*>(act->data));
+    auto* ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux));
+    const cuda::RouterNorm nm{.res = x, .d = d, .w = w, .eps = c.rms_eps, .y = cur, .q = q, .ds = ds};
+    cuda::MoeNormOut no;
+    if (next_w && norm_after_down_ && cuda::moe_norm_out_fits(n, E)) {
+      if (!norm_done_.data()) {
+        norm_done_ = DeviceBuffer(*this, sizeof(unsigned));
+        XPERT_CUDA_CHECK(cudaMemset(norm_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
+      }
+      no = {.w = next_w,
+            .eps = c.rms_eps,
+            .y = cur,
+            .q = q,
+            .ds = ds,
+            .done = static_cast<unsigned*>(norm_done_.data())};
+    }
+    moe(c, lw, cur, n, x, true, (bool)lw.ffn_up_shexp, &nm, d, no);
+    if (next_w && !no.w) rmsnorm(x, next_w, cur, n, E, c.rms_eps);
   }
   // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
   // length, an f32 gate, a fused router.
@@ -655,7 +632,7 @@ class CudaBackend final : public Backend {
   // which checks that the fused router and the decode experts take this layer).
   void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out,
            bool accumulate, bool shared, const cuda::RouterNorm* nm = nullptr,
-           const float* residual = nullptr) {
+           const float* residual = nullptr, const cuda::MoeNormOut& norm_out = {}) {
     if (skip_) return;
     const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
@@ -706,7 +683,8 @@ class CudaBackend final : public Backend {
                        .accumulate = accumulate,
                        .path = shared || residual ? cuda::MoePath::decode : cuda::MoePath::automatic,
                        .xq = xq,
-                       .residual = residual},
+                       .residual = residual,
+                       .norm_out = norm_out},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
     if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
@@ -1338,7 +1316,7 @@ class CudaBackend final : public Backend {
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   const bool pin_logits_;  // XPERT_PIN_LOGITS, on unless 0 (pin_host)
-  const bool norm_in_qkv_;  // XPERT_NORM_IN_QKV=1 (rmsnorm_matmuls)
+  const bool norm_after_down_;  // XPERT_NORM_AFTER_DOWN, on unless 0 (add_rmsnorm_moe_ffn_add: MoeNormOut)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
@@ -1371,6 +1349,7 @@ class CudaBackend final : public Backend {
   Prepared prepared_;
   DeviceBuffer prep_buf_;
   DeviceBuffer router_done_;  // moe_router's block counter
+  DeviceBuffer norm_done_;    // the down product's block counter for the next norm (MoeNormOut)
 };
 
 }  // namespace

@@ -153,23 +153,11 @@ detail::MatvecOuts matvec_outs(const MatmulOut* outs, int count) {
 }
 }  // namespace
 
-bool norm_matmul_fits(const Activations& a, int count) {
-  return a.m == 1 && a.format == ActFormat::q8_1 && a.k > 1024 && a.k <= 2048 && a.k % 32 == 0 &&
-         count >= 1 && count <= detail::MatvecOuts::kMax;
-}
-
 void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
-                           cudaStream_t stream, const NormIn* norm) {
+                           cudaStream_t stream) {
   check_matmul_shape(w_type, a.k);
   if (a.format != activation_format(w_type, a.m))
     fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
-  if (norm) {
-    if (!norm_matmul_fits(a, count) || !norm->w)
-      fail_cat("CUDA matmul: a norm inside the products takes one q8_1 row of 1024 < k <= 2048 and up to ",
-               detail::MatvecOuts::kMax, " products, with the norm's weights");
-    detail::launch_matvec(w_type, matvec_outs(outs, count), a, stream, norm);
-    return;
-  }
   const bool tensor = a.m > kDecodeMaxRows && w_type != DType::F32 && a.k % 32 == 0;
   for (int i0 = 0; i0 < count;) {
     if (tensor) {  // up to GemmArgs::kMaxOuts products in one grid
@@ -195,16 +183,12 @@ bool matmul_pair_supported(DType t0, DType t1, const Activations& a) {
 }
 
 void matmul_prepared_pair(DType t0, const MatmulOut* outs0, int count0, DType t1, const MatmulOut* outs1,
-                          int count1, const Activations& a, cudaStream_t stream, const NormIn* norm) {
-  if (norm && (!norm_matmul_fits(a, count0) || !norm_matmul_fits(a, count1) || !norm->w))
-    fail_cat(
-        "CUDA matmul: a norm inside the products takes one q8_1 row of 1024 < k <= 2048, with the "
-        "norm's weights");
+                          int count1, const Activations& a, cudaStream_t stream) {
   check_matmul_shape(t0, a.k);
   check_matmul_shape(t1, a.k);
   if (a.format != activation_format(t0, a.m) || a.format != activation_format(t1, a.m))
     fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
-  detail::launch_matvec_pair(t0, matvec_outs(outs0, count0), t1, matvec_outs(outs1, count1), a, stream, norm);
+  detail::launch_matvec_pair(t0, matvec_outs(outs0, count0), t1, matvec_outs(outs1, count1), a, stream);
 }
 
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k) {

@@ -62,26 +62,14 @@ struct MatmulOut {
   float* y = nullptr;
   int64_t ldy = 0;
 };
-// The row the products read, normalized by their own launch (norm_matmul_fits): y = x / rms(x) * w with
-// add_rmsnorm_q8's long-row arithmetic (the same bits), each CTA into its shared memory in q8_1, the first
-// CTA also into y and into the prepared activations a, as the norm's own launch would have left them.
-struct NormIn {
-  const float* x = nullptr;
-  const float* w = nullptr;  // the norm's weights (required)
-  float eps = 0.0f;
-  float* y = nullptr;
-};
-// One q8_1 row of 1024 < k <= 2048, k % 32 == 0, up to 4 products (one launch).
-bool norm_matmul_fits(const Activations& a, int count);
 void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const Activations& a,
-                           cudaStream_t stream, const NormIn* norm = nullptr);
+                           cudaStream_t stream);
 // Two such groups whose weights differ in type, in one launch, where matmul_pair_supported (one q8_1 row,
 // Q4_K with Q6_K: a Q4_K_M layer's q and k with its v, or a Gated DeltaNet input projection with its gate
 // rows); up to 4 products a group. Each output is the bits of its own matmul_prepared.
 bool matmul_pair_supported(DType t0, DType t1, const Activations& a);
 void matmul_prepared_pair(DType t0, const MatmulOut* outs0, int count0, DType t1, const MatmulOut* outs1,
-                          int count1, const Activations& a, cudaStream_t stream,
-                          const NormIn* norm = nullptr);
+                          int count1, const Activations& a, cudaStream_t stream);
 
 // Scratch `matmul` needs; pass at least this many bytes.
 size_t matmul_workspace_bytes(DType w_type, int64_t m, int64_t k);

@@ -8,7 +8,6 @@
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 #include "backend/cuda/ops_internal.h"
-#include "backend/cuda/q8_1.cuh"
 
 namespace xpert::cuda::detail {
 namespace {
@@ -25,8 +24,8 @@ constexpr int kBatch = 1;
 // of up to kMaxOuts matrices of one type and row length are one range (q, k and v of a layer in one
 // launch): global row r belongs to the first output whose `end` is above it.
 // The body of a block bx of that grid (matvec_pair_kernel runs two grids' blocks in one launch).
-template <DType T, int M, int B = kBatch, class V = ActView>
-__device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_bytes, int nc, const V& a,
+template <DType T, int M, int B = kBatch>
+__device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_bytes, int nc, const ActView& a,
                                              const float* __restrict__ row_scale, int64_t m, int lpr_log2,
                                              bool prefetch, int64_t bx) {
   if (prefetch && blockIdx.y == 0 &&
@@ -48,7 +47,7 @@ __device__ __forceinline__ void matvec_block(const MatvecOuts& o, size_t row_byt
   const int sub = lane & (lpr - 1);
   const int64_t m0 = (int64_t)blockIdx.y * M;
   const int mm = (int)min((int64_t)M, m - m0);
-  V av = a;
+  ActView av = a;
   av.data = static_cast<const char*>(a.data) + m0 * a.k * kActBytes;
   if (a.ds) av.ds = a.ds + m0 * (a.k / 32);
 
@@ -97,158 +96,6 @@ __global__ void __launch_bounds__(kWarps * 32)
                         blockIdx.x - blocks0);
 }
 
-// ------------------------------------------------------------------ the norm inside the products
-// NormIn: every CTA normalizes the row (1024 < n <= 2048) into its shared memory and quantizes it to q8_1
-// there; its dots then read it through dev::SharedAct. The sums are add_rmsnorm_q8's long-row kernel's
-// (rmsnorm_wide_kernel<2>: 1024 threads, thread i the squares of elements i and i + 1024 in double, a
-// shuffle tree a warp, a tree over the 32 warps' sums): thread t here holds that kernel's threads 8t ..
-// 8t + 7 (their warp t / 4, lanes 8 (t % 4) + c), so its tree's offsets 16 and 8 are shuffles 2 and 1
-// between threads and 4, 2, 1 are between t's own eight sums. The same doubles, the same scale, the same
-// products; q8_1's blocks do not depend on the order of their max and sum. The first CTA also writes y and
-// the q8_1 row to global memory, where the norm's own launch would have.
-constexpr int kNormRow = 2048;
-struct NormShared {
-  float y[kNormRow];
-  alignas(16) int8_t q[kNormRow];
-  float2 ds[kNormRow / 32];
-  double red[32];
-};
-static_assert(kWarps * 32 == 128, "the norm's thread map assumes 128 threads");
-// CTAs an SM the fused kernels keep resident (registers held to 48): Qwen3's q/k/v grid is 1,280 CTAs, at 56
-// registers (9 an SM) 92 of them would wait for a second wave.
-constexpr int kNormCtas = 10;
-
-// Thread t's elements: 8t .. 8t + 7 and 1024 + 8t .. 1024 + 8t + 7 (zeros past n), as four float4.
-__device__ __forceinline__ void norm_load(const float* p, int n, float4 (&v)[4]) {
-  const int t = threadIdx.x;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int e = h * 1024 + 8 * t + 4 * u;
-      v[2 * h + u] = e < n ? *reinterpret_cast<const float4*>(p + e) : make_float4(0, 0, 0, 0);
-    }
-}
-
-__device__ __forceinline__ float f4(const float4& v, int c) {
-  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
-}
-
-// After the wait: y = x / rms(x) * w into sm (and, first CTA, into nm.y and q / ds).
-__device__ __forceinline__ void norm_to_shared(const NormIn& nm, int n, const float4 (&wv)[4], NormShared& sm,
-                                               int8_t* __restrict__ q, float2* __restrict__ ds, bool first) {
-  const int t = threadIdx.x, lane = t & 31;
-  float4 xv[4];
-  norm_load(nm.x, n, xv);
-  float v[2][8];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) v[h][c] = f4(xv[2 * h + c / 4], c % 4);
-  double s[8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) s[c] = (double)(v[0][c] * v[0][c]) + (double)(v[1][c] * v[1][c]);
-#pragma unroll
-  for (int off = 2; off > 0; off >>= 1)  // the long-row kernel's offsets 16 and 8
-#pragma unroll
-    for (int c = 0; c < 8; ++c) s[c] += __shfl_xor_sync(0xffffffffu, s[c], off);
-#pragma unroll
-  for (int off = 4; off > 0; off >>= 1) {  // its offsets 4, 2, 1
-    double r[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) r[c] = s[c] + s[c ^ off];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) s[c] = r[c];
-  }
-  if (t % 4 == 0) sm.red[t / 4] = s[0];
-  __syncthreads();
-  double sum = sm.red[lane];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float mean = (float)(sum / (double)n);
-  const float sc = 1.0f / sqrtf(mean + nm.eps);
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const int e = h * 1024 + 8 * t + c;
-      if (e < n) {
-        const float o = __fmul_rn(__fmul_rn(v[h][c], sc), f4(wv[2 * h + c / 4], c % 4));
-        sm.y[e] = o;
-        if (first) nm.y[e] = o;
-      }
-    }
-  __syncthreads();
-  thread_quantize_q8_1(sm.y, n, sm.q, sm.ds, t, kWarps * 32);
-  __syncthreads();
-  if (first) {
-    for (int i = t; i < n / 16; i += kWarps * 32)
-      reinterpret_cast<uint4*>(q)[i] = reinterpret_cast<const uint4*>(sm.q)[i];
-    for (int b = t; b < n / 32; b += kWarps * 32) ds[b] = sm.ds[b];
-  }
-}
-
-// This CTA's rows of each output, started into L2 before the wait (matvec_block's prefetch).
-template <DType T>
-__device__ __forceinline__ void prefetch_cta_rows(const MatvecOuts& o, size_t row_bytes, int lpr_log2,
-                                                  int64_t bx) {
-  if (threadIdx.x < o.count) {
-    const int j = threadIdx.x;
-    const int64_t rows = (int64_t)kWarps * (32 >> lpr_log2), r0 = bx * rows;
-    const int64_t begin = j ? o.end[j - 1] : 0, lo = max(r0, begin), hi = min(r0 + rows, o.end[j]);
-    if (lo < hi) dev::prefetch_rows<T>(o.w[j], lo - begin, hi - lo, o.end[j] - begin, row_bytes);
-  }
-}
-
-struct NormArgs {
-  NormIn nm;
-  int n;
-  int8_t* q;  // the prepared activations the first CTA writes
-  float2* ds;
-};
-
-template <DType T, int B>
-__global__ void __launch_bounds__(kWarps * 32, kNormCtas)
-    matvec_norm_kernel(MatvecOuts o, size_t row_bytes, int nc, NormArgs na, int lpr_log2, bool prefetch) {
-  __shared__ NormShared sm;
-  if (prefetch) prefetch_cta_rows<T>(o, row_bytes, lpr_log2, blockIdx.x);
-  float4 wv[4];
-  norm_load(na.nm.w, na.n, wv);  // the norm's weights: no kernel writes them
-  pdl_begin();
-  norm_to_shared(na.nm, na.n, wv, sm, na.q, na.ds, blockIdx.x == 0);
-  const dev::SharedAct a{sm.q, sm.ds, na.n};
-  matvec_block<T, 1, B>(o, row_bytes, nc, a, nullptr, 1, lpr_log2, false, blockIdx.x);
-}
-
-// matvec_pair_kernel with the norm inside (NormIn): the same products of the same q8_1 row.
-template <DType T0, DType T1>
-__global__ void __launch_bounds__(kWarps * 32, kNormCtas)
-    matvec_pair_norm_kernel(MatvecGrid g0, MatvecGrid g1, NormArgs na, unsigned blocks0, bool prefetch) {
-  __shared__ NormShared sm;
-  const bool in0 = blockIdx.x < blocks0;
-  const int64_t bx = in0 ? blockIdx.x : blockIdx.x - blocks0;
-  if (prefetch) {
-    if (in0)
-      prefetch_cta_rows<T0>(g0.o, g0.row_bytes, g0.lpr_log2, bx);
-    else
-      prefetch_cta_rows<T1>(g1.o, g1.row_bytes, g1.lpr_log2, bx);
-  }
-  float4 wv[4];
-  norm_load(na.nm.w, na.n, wv);
-  pdl_begin();
-  norm_to_shared(na.nm, na.n, wv, sm, na.q, na.ds, blockIdx.x == 0);
-  const dev::SharedAct a{sm.q, sm.ds, na.n};
-  if (in0)
-    matvec_block<T0, 1>(g0.o, g0.row_bytes, g0.nc, a, nullptr, 1, g0.lpr_log2, false, bx);
-  else
-    matvec_block<T1, 1>(g1.o, g1.row_bytes, g1.nc, a, nullptr, 1, g1.lpr_log2, false, bx);
-}
-
-NormArgs norm_args(const NormIn& nm, const Activations& a) {
-  return {nm, (int)a.k, static_cast<int8_t*>(const_cast<void*>(a.data)),
-          reinterpret_cast<float2*>(const_cast<float*>(a.aux))};
-}
-
 // What the kernels read of prepared activations: the values (and q8_1 scales) and, for f16 / bf16 rows,
 // each row's scale.
 template <DType T>
@@ -273,13 +120,12 @@ int lanes_log2(int nc) {
 // 8 lanes at one or four chunks in flight and 4 lanes at four were between, 32 lanes at two slower.
 constexpr int64_t kHeadRows = 65536;
 constexpr int kHeadLanesLog2 = 4, kHeadBatch = 2;
-bool head_form(int64_t n, int nc) { return n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2); }
 
 template <DType T, int M>
 void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
   const int64_t n = o.end[o.count - 1];
-  const bool head = M == 1 && head_form(n, nc);
+  const bool head = M == 1 && n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2);
   const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
   const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));
@@ -291,20 +137,6 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
     if (head) kernel = matvec_kernel<T, 1, kHeadBatch>;
   launch_pdl(kernel, grid, kWarps * 32, 0, stream, o, row_bytes(T, a.k), nc, av, row_scale, a.m, lpr_log2,
              prefetch_enabled());
-  XPERT_CUDA_CHECK_LAUNCH();
-}
-
-// The same lanes and batch as launch<T, 1> (the head form past kHeadRows), so the same bits.
-template <DType T>
-void launch_norm(const MatvecOuts& o, const Activations& a, const NormIn& nm, cudaStream_t stream) {
-  const int nc = (int)(a.k / Dot<T>::kElems);
-  const int64_t n = o.end[o.count - 1];
-  const bool head = head_form(n, nc);
-  const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
-  const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
-  launch_pdl(head ? matvec_norm_kernel<T, kHeadBatch> : matvec_norm_kernel<T, kBatch>,
-             dim3((unsigned)((n + rows_per_cta - 1) / rows_per_cta)), kWarps * 32, 0, stream, o,
-             row_bytes(T, a.k), nc, norm_args(nm, a), lpr_log2, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -325,34 +157,21 @@ bool matvec_pair_supported(DType t0, DType t1, const Activations& a) {
 }
 
 void launch_matvec_pair(DType t0, const MatvecOuts& o0, DType t1, const MatvecOuts& o1, const Activations& a,
-                        cudaStream_t stream, const NormIn* norm) {
+                        cudaStream_t stream) {
   if (!matvec_pair_supported(t0, t1, a)) fail_cat("CUDA matmul: no paired launch for these types");
-  if (t0 == DType::Q6_K) return launch_matvec_pair(t1, o1, t0, o0, a, stream, norm);  // Q4_K's blocks first
+  if (t0 == DType::Q6_K) return launch_matvec_pair(t1, o1, t0, o0, a, stream);  // Q4_K's blocks first
   XPERT_CU_ASSERT(o0.count >= 1 && o1.count >= 1);
   unsigned b0 = 0, b1 = 0;
   const MatvecGrid g0 = grid_of<DType::Q4_K>(o0, a, b0), g1 = grid_of<DType::Q6_K>(o1, a, b1);
-  if (norm)
-    launch_pdl(matvec_pair_norm_kernel<DType::Q4_K, DType::Q6_K>, dim3(b0 + b1, 1), kWarps * 32, 0, stream,
-               g0, g1, norm_args(*norm, a), b0, prefetch_enabled());
-  else
-    launch_pdl(matvec_pair_kernel<DType::Q4_K, DType::Q6_K>, dim3(b0 + b1, 1), kWarps * 32, 0, stream, g0, g1,
-               act_view<DType::Q4_K>(a), act_view<DType::Q6_K>(a), b0, prefetch_enabled());
+  launch_pdl(matvec_pair_kernel<DType::Q4_K, DType::Q6_K>, dim3(b0 + b1, 1), kWarps * 32, 0, stream, g0, g1,
+             act_view<DType::Q4_K>(a), act_view<DType::Q6_K>(a), b0, prefetch_enabled());
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream,
-                   const NormIn* norm) {
+void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   XPERT_CU_ASSERT(o.count >= 1 && o.count <= MatvecOuts::kMax);
   if (o.end[o.count - 1] == 0 || a.m == 0) return;
-  if (norm) XPERT_CU_ASSERT(a.m == 1 && a.format == ActFormat::q8_1 && a.k > 1024 && a.k <= kNormRow);
   const bool ok = dev::dispatch_type(w_type, [&]<DType T>() {
-    if (norm) {
-      if constexpr (dev::is_quant(T))
-        launch_norm<T>(o, a, *norm, stream);
-      else
-        fail_cat("CUDA matmul: a norm inside the products needs a quantized weight type");
-      return;
-    }
     if (a.m <= 1)
       launch<T, 1>(o, a, stream);
     else if (a.m <= 2)

@@ -62,14 +62,12 @@ struct MatvecOuts {
   float* y[kMax] = {};
   int64_t ldy[kMax] = {};
 };
-// norm: the launch normalizes the row itself (matmul.h's NormIn; one q8_1 row, norm_matmul_fits).
-void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream,
-                   const NormIn* norm = nullptr);
+void launch_matvec(DType w_type, const MatvecOuts& o, const Activations& a, cudaStream_t stream);
 // o0's products (type t0) and o1's (t1) in one launch; where matvec_pair_supported (one q8_1 row; Q4_K with
 // Q6_K, the types of a Q4_K_M layer's projections).
 bool matvec_pair_supported(DType t0, DType t1, const Activations& a);
 void launch_matvec_pair(DType t0, const MatvecOuts& o0, DType t1, const MatvecOuts& o1, const Activations& a,
-                        cudaStream_t stream, const NormIn* norm = nullptr);
+                        cudaStream_t stream);
 void launch_matvec(DType w_type, const void* w, int64_t n, const Activations& a, float* y, int64_t ldy,
                    cudaStream_t stream);
 

@@ -12,6 +12,8 @@
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/norm_row.cuh"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
 
@@ -138,12 +140,15 @@ int gate_up_parts(int requested) {
 // only after its own wait, so the router had finished and its writes were visible (read past L1, __ldcg).
 // So are the first of a lane's chunks of its row (weights, which no kernel writes during a step); after the
 // wait only the activations gate/up wrote are read before the rest of the row.
-template <DType T, int kSplit>
+// kNorm (one token, MoeNormOut): each row's writer fences it, and the last CTA to finish (a counter it
+// resets) normalizes the whole of out into no.y / q / ds (norm_row.cuh: the norm's own launch's bits).
+template <DType T, int kSplit, bool kNorm = false>
 __global__ void __launch_bounds__(128)
     down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
                 int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, float* __restrict__ out, bool accumulate,
-                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload) {
+                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload,
+                MoeNormOut no) {
   constexpr int kRows = 4 / kSplit;  // rows per CTA
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -180,26 +185,43 @@ __global__ void __launch_bounds__(128)
       dev::dot_row<T, 1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
+  const bool writer = kSplit == 1 || wp == 0;  // the row's first warp adds the others' sums
   if constexpr (kSplit > 1) {
     part[warp][lane] = acc[0];
     __syncthreads();
-    if (wp != 0) return;
-    float v = 0.0f;
-    for (int q = 0; q < kSplit; ++q) v += part[warp + q][lane];
-    acc[0] = v;
+    if (!kNorm && !writer) return;
+    if (writer) {
+      float v = 0.0f;
+      for (int q = 0; q < kSplit; ++q) v += part[warp + q][lane];
+      acc[0] = v;
+    }
   }
-  const int have = mat != nullptr;
-  float sum = 0.0f;
-  for (int jj = 0; jj < kslots; ++jj) {
-    const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
-    const int hv = __shfl_sync(kFull, have, jj << lps_log2);
-    const float w = __shfl_sync(kFull, wj, jj << lps_log2);
-    if (hv) sum += w * v;
+  if (writer) {
+    const int have = mat != nullptr;
+    float sum = 0.0f;
+    for (int jj = 0; jj < kslots; ++jj) {
+      const float v = __shfl_sync(kFull, acc[0], jj << lps_log2);
+      const int hv = __shfl_sync(kFull, have, jj << lps_log2);
+      const float w = __shfl_sync(kFull, wj, jj << lps_log2);
+      if (hv) sum += w * v;
+    }
+    if (lane == 0 && d_ok) {
+      float o = sum;
+      if (accumulate) o = residual ? (out[t * D + d] + residual[t * D + d]) + sum : out[t * D + d] + sum;
+      out[t * D + d] = o;
+      if constexpr (kNorm) __threadfence();  // before this CTA counts itself done
+    }
   }
-  if (lane == 0 && d_ok) {
-    float o = sum;
-    if (accumulate) o = residual ? (out[t * D + d] + residual[t * D + d]) + sum : out[t * D + d] + sum;
-    out[t * D + d] = o;
+  if constexpr (kNorm) {
+    __shared__ bool last;
+    __shared__ double red[32];
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(no.done, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every other CTA's rows are visible
+    norm_row_128(out, no.w, (int)D, no.eps, no.y, no.q, no.ds, red);
+    if (threadIdx.x == 0) *no.done = 0;
   }
 }
 
@@ -378,6 +400,10 @@ std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
   return t;
 }
 
+bool moe_norm_out_fits(int64_t n_tokens, int64_t n_embd) {
+  return n_tokens == 1 && n_embd > 1024 && n_embd <= 2048 && n_embd % 32 == 0;
+}
+
 void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream) {
   check_moe_experts(e);
@@ -395,6 +421,12 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat("CUDA MoE: ", n, " tokens in one call (at most 65535)");
   if (run.residual && (!decode || !run.accumulate))
     fail_cat("CUDA MoE: a residual is added only by the decode path when it accumulates");
+  const MoeNormOut& no = run.norm_out;
+  if (no.w &&
+      (!decode || !run.accumulate || !moe_norm_out_fits(n, D) || !no.y || !no.q || !no.ds || !no.done))
+    fail_cat(
+        "CUDA MoE: the norm after the experts takes one decode token of 1024 < n_embd <= 2048, "
+        "accumulated, with its outputs and counter");
   if (decode) {
     const DecodeBufs b = carve_decode(ws, e, n, k);
     const bool have_xq = run.xq && run.xq->format == ActFormat::q8_1 && run.xq->m == n && run.xq->k == D;
@@ -422,11 +454,14 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
       const unsigned rows_per_cta = 4 / split;
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
       auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
+      if (no.w && split == 2) kernel = down_kernel<T, 2, true>;  // the default split only
       launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
                  b.hds, run.out, run.accumulate, run.residual, lps_log2, detail::prefetch_enabled(),
-                 detail::preload_enabled());
+                 detail::preload_enabled(), no);
       XPERT_CUDA_CHECK_LAUNCH();
     });
+    if (no.w && down_split() != 2)
+      add_rmsnorm_q8(nullptr, run.out, D, no.w, no.y, D, 1, D, no.eps, no.q, no.ds, stream);
     return;
   }
 

@@ -87,6 +87,18 @@ struct MoeExperts {
 
 enum class MoePath { automatic, decode, grouped };
 
+// Decode, one token: after the experts' sum, y = rmsnorm(out) * w with y's q8_1 (the next layer's input
+// norm; add_rmsnorm_q8's bits). The down product's last block to finish computes it (moe_norm_out_fits).
+struct MoeNormOut {
+  const float* w = nullptr;  // [n_embd], the norm's weights; null: no norm
+  float eps = 0.0f;
+  float* y = nullptr;        // [n_embd] out
+  int8_t* q = nullptr;       // [n_embd] out, y's q8_1 values
+  float2* ds = nullptr;      // [n_embd / 32] out, their scales (matmul.h)
+  unsigned* done = nullptr;  // one device counter, zero before the first call (the launch leaves it zero)
+};
+bool moe_norm_out_fits(int64_t n_tokens, int64_t n_embd);  // 1 token, 1024 < n_embd <= 2048, n_embd % 32 == 0
+
 struct MoeRun {
   const float* x = nullptr;        // [n_tokens][n_embd], the normalized FFN input
   int64_t n_tokens = 0, k = 0;     // k = experts per token
@@ -102,6 +114,7 @@ struct MoeRun {
   // Decode, accumulate: out = (out + residual) + the experts' sum, per element (a residual add the router's
   // norm left to this launch, RouterNorm; null: none).
   const float* residual = nullptr;
+  MoeNormOut norm_out = {};  // decode, accumulate: the next norm of out (MoeNormOut)
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;
