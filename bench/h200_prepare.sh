@@ -3,7 +3,7 @@
 #   bench/h200_prepare.sh devbin [BUILD] [NAME=BINARY ...]
 #                                         # xpert (+ tests/xpert_cuda_tests and bench/bench_cuda_floor
 #                                         # when built) and the shared libraries ldd lists,
-#                                         # xz-compressed into .lcpbin/devbin.txz
+#                                         # stripped and xz-compressed into .lcpbin/devbin.txz
 #                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
 #                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
 #                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side);
@@ -31,7 +31,10 @@ case "${1:-}" in
       ldd "$bin" | awk '/=> \//{print $3}' | grep -v -E 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt)\.so' |
         while read -r l; do cp -L "$l" .devbin/lib/; done
     done
-    tar -cf - .devbin | xz -T"$(nproc)" -6 > .lcpbin/devbin.txz
+    # Stripped, and xz -9e: its 64 MiB window sees the device code xpert and the test binary share (~9 MB
+    # for both with bench_cuda_floor, against ~18 MB at -6), so llama-bench's parts fit in the same carry.
+    strip .devbin/xpert* .devbin/bench_cuda_floor 2>/dev/null || true
+    tar -cf - .devbin | xz -T"$(nproc)" -9e > .lcpbin/devbin.txz
     ls -l .lcpbin/devbin.txz
     # elfutils' libdw (Debian libdw1) and what it needs, for bench/h200_nsys.sh's QdstrmImporter there (~1 MB)
     mkdir -p .lcpbin/nsyslib
