@@ -23,6 +23,7 @@
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_internal.h"
 #include "backend/cuda/trace.h"
 #include "backend/cuda/weight_layout.h"
 #include "backend/stream_share.h"
@@ -64,10 +65,7 @@ constexpr int32_t kOneBlockMaxKeys = 512;
 // XPERT_ATTN_PREP=0 (likewise): those blocks no longer normalize, rotate and store q / k / v themselves
 // (cuda::DecodeAttentionArgs::prep); a launch of its own does it first. XPERT_MATVEC_PAIR=0 (likewise):
 // a decode row's products of two weight types (Q4_K and Q6_K) take a launch each, not one together.
-bool env_on(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && std::string(e) == "0");
-}
+using cuda::detail::env_on;
 int32_t env_int(const char* name, int32_t fallback) {
   const char* e = std::getenv(name);
   if (!e || !*e) return fallback;

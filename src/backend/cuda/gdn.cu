@@ -379,15 +379,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-bool env_not_0(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && std::string(e) == "0");
-}
-}  // namespace
-
 bool gdn_fusions_enabled() {
-  static const bool on = env_not_0("XPERT_GDN_FUSE");
+  static const bool on = detail::env_on("XPERT_GDN_FUSE");
   return on;
 }
 
@@ -435,7 +428,7 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
 
 bool gdn_recurrent_norm_fusable(const GdnShape& s) {
   // Read at each call (a decode graph records it once), so that a test can compare both forms.
-  const bool on = env_not_0("XPERT_GDN_NORM_FUSE");
+  const bool on = detail::env_on("XPERT_GDN_NORM_FUSE");
   const int64_t R = (s.head_k_dim + 31) / 32, C = s.head_v_dim / 32;
   return on && s.head_v_dim % 32 == 0 && C <= kMaxColGroups && R <= kMaxRowGroups &&
          32 * R * C <= kMaxRecurrentThreads;

@@ -72,8 +72,7 @@ void set_smem_limit(const void* kernel, size_t bytes) {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("XPERT_PDL");
-    if (env && std::string(env) == "0") return false;
+    if (!env_on("XPERT_PDL")) return false;
     int major = 0;
     return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()) == cudaSuccess &&
            major >= 9;
@@ -81,20 +80,13 @@ bool pdl_enabled() {
   return on;
 }
 
-namespace {
-bool env_not_0(const char* name) {
-  const char* env = std::getenv(name);
-  return !(env && std::string(env) == "0");
-}
-}  // namespace
-
 bool prefetch_enabled() {
-  static const bool on = env_not_0("XPERT_PREFETCH");
+  static const bool on = env_on("XPERT_PREFETCH");
   return on;
 }
 
 bool preload_enabled() {
-  static const bool on = env_not_0("XPERT_PRELOAD");
+  static const bool on = env_on("XPERT_PRELOAD");
   return on;
 }
 

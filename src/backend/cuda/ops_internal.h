@@ -33,6 +33,12 @@ unsigned grid_for(int64_t n, int threads);
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// A switch that is on unless its environment variable is "0".
+inline bool env_on(const char* name) {
+  const char* env = std::getenv(name);
+  return !(env && std::string(env) == "0");
+}
+
 // A kernel variant chosen by an environment variable (for A/B measurements): its value when it is one of
 // a or b, else the default.
 inline int env_variant(const char* name, int dflt, int a, int b) {
