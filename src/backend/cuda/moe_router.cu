@@ -9,6 +9,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/norm_row.cuh"
 #include "backend/cuda/ops_internal.h"
 #include "backend/cuda/q8_1.cuh"
 #include "backend/cuda/sigmoid.cuh"
@@ -90,11 +91,8 @@ __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E,
 constexpr int kRouterThreads = 256;
 
 // RouterNorm's y for thread t's two float4 of a row of 1024 < n <= 2048 (elements 4t.. and 1024 + 4t..):
-// add_rmsnorm_q8's long-row kernel (rmsnorm_wide_kernel<2>, 1024 threads) has thread i sum the squares of
-// elements i and i + 1024 in double, then a shuffle tree a warp, then a tree over the 32 warps' sums.
-// Thread t here holds that kernel's threads 4t .. 4t + 3 (their warp t / 8, lanes 4 (t % 8) + c), so its
-// tree's offsets 16, 8, 4 are shuffles 4, 2, 1 among 8 lanes and 2, 1 are between t's own four sums: each
-// sum is the same double, then the same scale, then the same products. red: 32 doubles of shared memory.
+// thread t holds add_rmsnorm_q8's long-row kernel's threads 4t .. 4t + 3, whose sums wide_row_sumsq
+// reproduces (norm_row.cuh); then the same scale and the same products. red: 32 doubles of shared memory.
 __device__ __forceinline__ void norm_in_router(const float4 (&res)[2], const float4 (&d)[2],
                                                const float4 (&w)[2], int n, float eps, double* red,
                                                float4 (&y)[2]) {
@@ -104,22 +102,7 @@ __device__ __forceinline__ void norm_in_router(const float4 (&res)[2], const flo
     v[j][0] = res[j].x + d[j].x, v[j][1] = res[j].y + d[j].y;
     v[j][2] = res[j].z + d[j].z, v[j][3] = res[j].w + d[j].w;
   }
-  double s[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) s[c] = (double)(v[0][c] * v[0][c]) + (double)(v[1][c] * v[1][c]);
-#pragma unroll
-  for (int off = 4; off > 0; off >>= 1)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) s[c] += __shfl_xor_sync(kFull, s[c], off);
-  double s2[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) s2[c] = s[c] + s[c ^ 2];
-  const double s1 = s2[0] + s2[1];
-  if ((threadIdx.x & 7) == 0) red[threadIdx.x >> 3] = s1;
-  __syncthreads();
-  double sum = red[threadIdx.x & 31];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
+  const double sum = wide_row_sumsq<4>(v, red);
   const float mean = (float)(sum / (double)n);
   const float sc = 1.0f / sqrtf(mean + eps);
 #pragma unroll

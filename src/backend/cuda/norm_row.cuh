@@ -1,10 +1,10 @@
-// One row of 1024 < n <= 2048 normalized by one CTA of 128 threads, the same bits as add_rmsnorm_q8's
-// long-row kernel (rmsnorm_wide_kernel<2>, 1024 threads): there thread i sums the squares of elements i
-// and i + 1024 in double, then a shuffle tree a warp, then a tree over the 32 warps' sums. Thread t here
-// holds that kernel's threads 8t .. 8t + 7 (their warp t / 4, lanes 8 (t % 4) + c), so its tree's offsets
-// 16 and 8 are shuffles 2 and 1 between threads and 4, 2, 1 are between t's own eight sums: the same
-// doubles, the same scale, the same products. The q8_1 blocks are q8_1.cuh's arithmetic over the four
-// threads that hold a block (their maximum and sum do not depend on order).
+// The long-row norm's sums (add_rmsnorm_q8's rmsnorm_wide_kernel<2>, 1024 threads, rows of 1024 < n <= 2048)
+// reproduced by fewer threads: there thread i sums the squares of elements i and i + 1024 in double, then a
+// shuffle tree a warp (offsets 16 .. 1), then a tree over the 32 warps' sums. A thread here holds V of that
+// kernel's consecutive threads, so the tree's offsets of V and more are shuffles between threads and those
+// below V are between its own V sums: the same doubles, so the same scale and the same products. Used by
+// the router's norm (moe_router.cu, 256 threads, V = 4) and the one-CTA norm after the experts (norm_row_128,
+// 128 threads, V = 8).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,13 +12,43 @@
 
 namespace xpert::cuda {
 
+// The sum of squares of a row for a block of 1024 / V threads, thread t holding the long-row kernel's
+// threads V t .. V t + V - 1: v[h][c] is element h * 1024 + V t + c (zero past the row). red: 32 doubles
+// of shared memory. Every thread of the block calls it and gets the total.
+template <int V>
+__device__ __forceinline__ double wide_row_sumsq(const float (&v)[2][V], double* red) {
+  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V a power of two up to a warp");
+  const int lane = threadIdx.x & 31;
+  double s[V];
+#pragma unroll
+  for (int c = 0; c < V; ++c) s[c] = (double)(v[0][c] * v[0][c]) + (double)(v[1][c] * v[1][c]);
+#pragma unroll
+  for (int off = 16; off >= V; off >>= 1)  // between threads: the partner is off / V threads away
+#pragma unroll
+    for (int c = 0; c < V; ++c) s[c] += __shfl_xor_sync(0xffffffffu, s[c], off / V);
+#pragma unroll
+  for (int off = V / 2; off > 0; off >>= 1) {  // within the thread
+    double r[V];
+#pragma unroll
+    for (int c = 0; c < V; ++c) r[c] = s[c] + s[c ^ off];
+#pragma unroll
+    for (int c = 0; c < V; ++c) s[c] = r[c];
+  }
+  if (threadIdx.x % (32 / V) == 0) red[threadIdx.x / (32 / V)] = s[0];  // the long-row kernel's warp sums
+  __syncthreads();
+  double sum = red[lane];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  return sum;
+}
+
 // x [n] (read past L1: other CTAs of the launch may have written it) -> y = x / rms(x) * w [n], and y's
 // q8_1 values q [n] and scales ds [n / 32]. n % 32 == 0. red: 32 doubles of shared memory. Every thread of
 // the CTA (128) calls it.
 __device__ __forceinline__ void norm_row_128(const float* x, const float* __restrict__ w, int n, float eps,
                                              float* __restrict__ y, int8_t* __restrict__ q,
                                              float2* __restrict__ ds, double* red) {
-  const int t = threadIdx.x, lane = t & 31;
+  const int t = threadIdx.x;
   float v[2][8], wv[2][8];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -30,26 +60,7 @@ __device__ __forceinline__ void norm_row_128(const float* x, const float* __rest
       v[h][4 * u] = a.x, v[h][4 * u + 1] = a.y, v[h][4 * u + 2] = a.z, v[h][4 * u + 3] = a.w;
       wv[h][4 * u] = b.x, wv[h][4 * u + 1] = b.y, wv[h][4 * u + 2] = b.z, wv[h][4 * u + 3] = b.w;
     }
-  double s[8];
-#pragma unroll
-  for (int c = 0; c < 8; ++c) s[c] = (double)(v[0][c] * v[0][c]) + (double)(v[1][c] * v[1][c]);
-#pragma unroll
-  for (int off = 2; off > 0; off >>= 1)  // the long-row kernel's offsets 16 and 8
-#pragma unroll
-    for (int c = 0; c < 8; ++c) s[c] += __shfl_xor_sync(0xffffffffu, s[c], off);
-#pragma unroll
-  for (int off = 4; off > 0; off >>= 1) {  // its offsets 4, 2, 1
-    double r[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) r[c] = s[c] + s[c ^ off];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) s[c] = r[c];
-  }
-  if (t % 4 == 0) red[t / 4] = s[0];
-  __syncthreads();
-  double sum = red[lane];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const double sum = wide_row_sumsq<8>(v, red);
   const float mean = (float)(sum / (double)n);
   const float sc = 1.0f / sqrtf(mean + eps);
 #pragma unroll
