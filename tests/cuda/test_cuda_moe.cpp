@@ -176,7 +176,7 @@ TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
   for (const int64_t D : {2048, 1536})
     for (const bool shared : {false, true}) {
       SCOPED_TRACE(fmt::format("D={} shared={}", D, shared));
-      ASSERT_TRUE(cuda::moe_router_norm_fits(1, D));
+      ASSERT_TRUE(cuda::long_row_norm_fits(1, D));
       const int64_t slots = k + (shared ? 1 : 0);
       std::vector<float> w = cudatest::random_values((size_t)(E * D), 51);
       for (float& v : w) v *= 0.05f;

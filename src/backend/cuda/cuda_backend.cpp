@@ -592,7 +592,7 @@ class CudaBackend final : public Backend {
     if (skip_) return;
     const int64_t E = c.n_embd;
     const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    const bool fits = norm_in_router_ && cuda::moe_router_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
+    const bool fits = norm_in_router_ && cuda::long_row_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
                       cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
     if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
     touch();
@@ -602,7 +602,7 @@ class CudaBackend final : public Backend {
     auto* ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux));
     const cuda::RouterNorm nm{.res = x, .d = d, .w = w, .eps = c.rms_eps, .y = cur, .q = q, .ds = ds};
     cuda::MoeNormOut no;
-    if (next_w && norm_after_down_ && cuda::moe_norm_out_fits(n, E)) {
+    if (next_w && norm_after_down_) {  // fits: long_row_norm_fits, as for the router's norm
       if (!norm_done_.data()) {
         norm_done_ = DeviceBuffer(*this, sizeof(unsigned));
         XPERT_CUDA_CHECK(cudaMemset(norm_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable

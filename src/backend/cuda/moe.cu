@@ -400,7 +400,7 @@ std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
   return t;
 }
 
-bool moe_norm_out_fits(int64_t n_tokens, int64_t n_embd) {
+bool long_row_norm_fits(int64_t n_tokens, int64_t n_embd) {
   return n_tokens == 1 && n_embd > 1024 && n_embd <= 2048 && n_embd % 32 == 0;
 }
 
@@ -423,7 +423,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat("CUDA MoE: a residual is added only by the decode path when it accumulates");
   const MoeNormOut& no = run.norm_out;
   if (no.w &&
-      (!decode || !run.accumulate || !moe_norm_out_fits(n, D) || !no.y || !no.q || !no.ds || !no.done))
+      (!decode || !run.accumulate || !long_row_norm_fits(n, D) || !no.y || !no.q || !no.ds || !no.done))
     fail_cat(
         "CUDA MoE: the norm after the experts takes one decode token of 1024 < n_embd <= 2048, "
         "accumulated, with its outputs and counter");

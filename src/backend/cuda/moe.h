@@ -46,7 +46,7 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // one-phase block ranking up to 128 experts, the warp past it); tests name the others.
 enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
-// The FFN norm before the router, inside its launch (one token, moe_router_norm_fits): the router's input is
+// The FFN norm before the router, inside its launch (one token, long_row_norm_fits): the router's input is
 // y = rmsnorm(res + d) * w. Every block computes it itself from res and d, summing as add_rmsnorm_q8's
 // long-row kernel does (the same bits), and block b writes y's q8_1 blocks b, b + blocks, ... (y as f32
 // and q / ds). res is not written: res + d is left to the caller (MoeRun::residual adds d in the experts'
@@ -60,8 +60,9 @@ struct RouterNorm {
   int8_t* q = nullptr;   // [n_embd] out, y's q8_1 values
   float2* ds = nullptr;  // [n_embd / 32] out, their scales (matmul.h)
 };
-bool moe_router_norm_fits(int64_t n_tokens,
-                          int64_t n_embd);  // 1 token, 1024 < n_embd <= 2048, n_embd % 32 == 0
+// What RouterNorm and MoeNormOut take: the long-row norm's exact sums in fewer threads (norm_row.cuh), one
+// token, 1024 < n_embd <= 2048, n_embd % 32 == 0.
+bool long_row_norm_fits(int64_t n_tokens, int64_t n_embd);
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate = nullptr, RouteForm form = RouteForm::automatic,
@@ -88,7 +89,7 @@ struct MoeExperts {
 enum class MoePath { automatic, decode, grouped };
 
 // Decode, one token: after the experts' sum, y = rmsnorm(out) * w with y's q8_1 (the next layer's input
-// norm; add_rmsnorm_q8's bits). The down product's last block to finish computes it (moe_norm_out_fits).
+// norm; add_rmsnorm_q8's bits). The down product's last block to finish computes it (long_row_norm_fits).
 struct MoeNormOut {
   const float* w = nullptr;  // [n_embd], the norm's weights; null: no norm
   float eps = 0.0f;
@@ -97,7 +98,6 @@ struct MoeNormOut {
   float2* ds = nullptr;      // [n_embd / 32] out, their scales (matmul.h)
   unsigned* done = nullptr;  // one device counter, zero before the first call (the launch leaves it zero)
 };
-bool moe_norm_out_fits(int64_t n_tokens, int64_t n_embd);  // 1 token, 1024 < n_embd <= 2048, n_embd % 32 == 0
 
 struct MoeRun {
   const float* x = nullptr;        // [n_tokens][n_embd], the normalized FFN input

@@ -272,16 +272,12 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
          r.n_expert >= 1 && r.n_expert <= 1024 && r.k >= 1 && r.k <= 32 && r.k <= r.n_expert;
 }
 
-bool moe_router_norm_fits(int64_t n_tokens, int64_t n_embd) {
-  return n_tokens == 1 && n_embd > 1024 && n_embd <= 2048 && n_embd % 32 == 0;
-}
-
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate, RouteForm form, const RouterNorm* norm) {
   if (form == RouteForm::automatic) form = route_form_from_env();
   if (norm) {
-    if (!moe_router_norm_fits(n_tokens, n_embd))
+    if (!long_row_norm_fits(n_tokens, n_embd))
       fail_cat("CUDA moe_router: the norm inside the router takes one token of 1024 < n_embd <= 2048, got ",
                n_tokens, " of ", n_embd);
   }
