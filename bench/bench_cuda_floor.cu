@@ -32,6 +32,12 @@
 //            head_dim 128) and Qwen3.5's (16 / 2, 256, gated, q and gate interleaved), f16 cache, q8_1 out:
 //            split over the GPU with its combine launch against one block per KV head (one_block). Long
 //            depths and bandwidth: bench_cuda_attention.
+//   cluster: thread block clusters (sm_90): how many clusters of 2..16 blocks can be resident at once with
+//   one
+//            or two blocks an SM (cudaOccupancyMaxActiveClusters), and one hand-off inside a cluster: every
+//            block's thread 0 writing the next block's shared memory (distributed shared memory), one
+//            cluster barrier, then reading its own, kHops times in one launch: the cost of a fused kernel's
+//            phase boundary that stays inside a cluster, beside the chain's and the grid barrier's.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 // Arguments: the sections to run (default all).
 #include <cooperative_groups.h>
@@ -147,6 +153,81 @@ float graph_us(cudaStream_t s, F&& body) {
 
 float chain(int blocks, int threads, bool pdl, int* slots, cudaStream_t s) {
   return graph_us(s, [&](int i) { launch(chain_kernel, blocks, threads, 0, pdl, s, slots, i, pdl); });
+}
+
+// ----------------------------------------------------------------------------------------- cluster
+constexpr int kHops = 10000;
+
+// kHops hand-offs around each cluster's ring of blocks (double-buffered slots: a write of hop i + 1 lands in
+// the slot its reader emptied before the barrier of hop i).
+__global__ void cluster_hop_kernel(int* out, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  __shared__ int slot[2];
+  const unsigned rank = cl.block_rank(), size = cl.num_blocks();
+  int v = (int)rank;
+  if (threadIdx.x == 0) slot[0] = slot[1] = 0;
+  cl.sync();
+  for (int i = 0; i < n; ++i) {
+    if (threadIdx.x == 0) cl.map_shared_rank(slot, (rank + 1) % size)[i & 1] = v + 1;
+    cl.sync();
+    if (threadIdx.x == 0) v = slot[i & 1];
+  }
+  cl.sync();  // no block leaves while another may still write its shared memory
+  if (threadIdx.x == 0) out[blockIdx.x] = v;
+#endif
+}
+
+cudaLaunchConfig_t cluster_config(int blocks, int threads, int size, size_t smem, cudaLaunchAttribute* attr,
+                                  cudaStream_t s) {
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)size;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of `size` blocks that can be resident at once, each block `threads` threads with `smem` bytes of
+// dynamic shared memory (a block an SM or two, as a fused kernel's blocks would be).
+int max_clusters(int size, int threads, size_t smem, cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(size, threads, size, smem, attr, s);
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, cluster_hop_kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return n;
+}
+
+// Microseconds a hop: one launch of `clusters` clusters of `size` blocks doing kHops hops.
+float cluster_hop_us(int clusters, int size, int threads, size_t smem, int* out, cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(clusters * size, threads, size, smem, attr, s);
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int r = 0; r <= kReplays; ++r) {  // the first is a warm-up
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaLaunchKernelEx(&cfg, cluster_hop_kernel, out, kHops));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r > 0) best = std::min(best, ms);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return best * 1000.0f / kHops;
 }
 
 // ------------------------------------------------------------------------------------------ stream
@@ -462,6 +543,25 @@ int main(int argc, char** argv) {
     for (int threads : {128, 512})
       std::printf("| grid barrier + a read | %d x %d | %.2f |\n", sms, threads,
                   barrier(sms, threads, count, slots, s));
+  }
+  if (run("cluster")) {
+    CHECK(cudaFuncSetAttribute(cluster_hop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK(cudaFuncSetAttribute(cluster_hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
+    // 120 KB of shared memory: one block an SM; 100 KB: two.
+    const size_t one = 120 << 10, two = 100 << 10;
+    std::printf(
+        "\n| cluster of | resident clusters, a block an SM | two an SM | hop us, 512 threads, a block an SM "
+        "(clusters) |\n|---:|---:|---:|---|\n");
+    for (int size : {2, 4, 8, 16}) {
+      const int n1 = max_clusters(size, 512, one, s), n2 = max_clusters(size, 512, two, s);
+      std::printf("| %d | %d | %d | ", size, n1, n2);
+      if (n1 > 0) {
+        const int full = std::min(n1, sms / size);
+        for (int clusters : {1, full})
+          std::printf("%.3f (%d) ", cluster_hop_us(clusters, size, 512, one, slots, s), clusters);
+      }
+      std::printf("|\n");
+    }
   }
   if (run("attn")) {
     std::printf(
