@@ -37,7 +37,9 @@
 //            or two blocks an SM (cudaOccupancyMaxActiveClusters), and one hand-off inside a cluster: every
 //            block's thread 0 writing the next block's shared memory (distributed shared memory), one
 //            cluster barrier, then reading its own, kHops times in one launch: the cost of a fused kernel's
-//            phase boundary that stays inside a cluster, beside the chain's and the grid barrier's.
+//            phase boundary that stays inside a cluster, beside the chain's and the grid barrier's. Then how
+//            a few clusters of 8 or 16 blocks of two-an-SM size spread over the SMs (%smid): whether a fused
+//            kernel's clusters get an SM a block.
 // Each figure is the best of kReplays replays, in microseconds per launch, per barrier or per pair.
 // Arguments: the sections to run (default all).
 #include <cooperative_groups.h>
@@ -47,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/matmul_blocks.h"
@@ -179,6 +182,15 @@ __global__ void cluster_hop_kernel(int* out, int n) {
 #endif
 }
 
+// Where each block ran: its SM's id.
+__global__ void cluster_where_kernel(int* sm) {
+  if (threadIdx.x == 0) {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    sm[blockIdx.x] = (int)id;
+  }
+}
+
 cudaLaunchConfig_t cluster_config(int blocks, int threads, int size, size_t smem, cudaLaunchAttribute* attr,
                                   cudaStream_t s) {
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -228,6 +240,25 @@ float cluster_hop_us(int clusters, int size, int threads, size_t smem, int* out,
   CHECK(cudaEventDestroy(a));
   CHECK(cudaEventDestroy(b));
   return best * 1000.0f / kHops;
+}
+
+// How `clusters` clusters of `size` blocks with `smem` bytes each spread over the SMs: the SMs used and the
+// most blocks on one.
+std::pair<int, int> cluster_spread(int clusters, int size, size_t smem, int* sm, cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(clusters * size, 512, size, smem, attr, s);
+  CHECK(cudaLaunchKernelEx(&cfg, cluster_where_kernel, sm));
+  CHECK(cudaStreamSynchronize(s));
+  std::vector<int> ids(clusters * size);
+  CHECK(cudaMemcpy(ids.data(), sm, ids.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  std::vector<int> per(1024, 0);
+  int used = 0, most = 0;
+  for (int id : ids) {
+    if (id < 0 || id >= 1024) continue;
+    used += per[id]++ == 0;
+    most = std::max(most, per[id]);
+  }
+  return {used, most};
 }
 
 // ------------------------------------------------------------------------------------------ stream
@@ -561,6 +592,15 @@ int main(int argc, char** argv) {
           std::printf("%.3f (%d) ", cluster_hop_us(clusters, size, 512, one, slots, s), clusters);
       }
       std::printf("|\n");
+    }
+    CHECK(cudaFuncSetAttribute(cluster_where_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CHECK(cudaFuncSetAttribute(cluster_where_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
+    std::printf(
+        "\n| clusters x blocks, 100 KB a block (two fit an SM) | SMs used | most blocks on one SM "
+        "|\n|---|---:|---:|\n");
+    for (const auto& [clusters, size] : {std::pair{4, 16}, {8, 16}, {9, 16}, {8, 8}, {16, 8}, {18, 8}}) {
+      const auto [used, most] = cluster_spread(clusters, size, two, slots, s);
+      std::printf("| %d x %d | %d | %d |\n", clusters, size, used, most);
     }
   }
   if (run("attn")) {
