@@ -5,6 +5,7 @@
 # carry .devbin plus .lcp/ (llama.cpp's source from llama-cpp-python, trimmed). Steps:
 #   bench/h200_carry.sh llama           # build llama.cpp's llama-bench with CUDA (~4 min on 16 cores)
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
+#                                       # (xpert's first run with its bandwidth roofline lines)
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh stack           # the decode stack (XPERT_DECODE_STACK=1) against the op path: its
@@ -76,7 +77,7 @@ case "${1:-}" in
       for preset in qwen3-30b-a3b qwen3.5-35b-a3b; do
         f=$(synth $preset | tail -1)
         echo "## $preset: xpert"
-        "$X" bench -m "$f" -p 512 -n 128 -r 3 2>&1 | grep '|'
+        "$X" bench -m "$f" -p 512 -n 128 -r 3 2>&1 | grep -E '\||^roofline|^  (pp|tg)'
         echo "## $preset: llama.cpp"
         "$L" -m "$f" -ngl 99 -p 512 -n 128 -r 3
         echo "## $preset: xpert again"

@@ -3,12 +3,12 @@
 // run starts after DEPTH tokens already in the context: they are evaluated once, untimed, and each run
 // cuts the context back to them (hybrid models through a checkpoint of the recurrent state).
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "backend/backend.h"
@@ -16,9 +16,11 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "model/expert_plan.h"
 #include "model/model.h"
 #include "model/routing_stats.h"
 #include "runtime/session.h"
+#include "runtime/traffic.h"
 
 namespace xpert::cli {
 namespace {
@@ -28,6 +30,7 @@ struct Result {
   int64_t n_prompt, n_gen;
   std::vector<double> tps;
   int64_t depth = 0;
+  double bytes = 0;  // what one run moves through memory (runtime/traffic.h)
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -65,6 +68,19 @@ double run_once(Session& s, int64_t depth, const std::vector<int32_t>& depth_tok
   }
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return (double)(n_prompt + n_gen) / sec;
+}
+
+// The bytes one run of a test moves: its prompt in passes of `batch` tokens, or its tokens one at a time,
+// after `depth` tokens already in the context.
+double run_bytes(const StepTraffic& t, int64_t depth, int64_t n_prompt, int64_t n_gen, int64_t batch) {
+  double bytes = 0;
+  for (int64_t done = 0; done < n_prompt;) {
+    const int64_t n = std::min(batch, n_prompt - done);
+    done += n;
+    bytes += t.prefill_bytes(n, (double)(depth + done));
+  }
+  for (int64_t i = 0; i < n_gen; ++i) bytes += t.decode_bytes((double)(depth + i + 1));
+  return bytes;
 }
 
 }  // namespace
@@ -110,6 +126,7 @@ Command add_bench(CLI::App& app) {
       so.routing_stats = routing.get();
     }
     Session s(*model, so);
+    const StepTraffic traffic = StepTraffic::of(*model, so.cache_types);
     std::mt19937 rng(1234);
     std::vector<Result> results;
     for (int64_t depth : o->depths) {
@@ -124,6 +141,7 @@ Command add_bench(CLI::App& app) {
         run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab);  // warm-up
         for (int i = 0; i < o->reps; ++i)
           r.tps.push_back(run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab));
+        r.bytes = run_bytes(traffic, r.depth, r.n_prompt, r.n_gen, o->m.batch);
         results.push_back(std::move(r));
       }
     }
@@ -141,16 +159,45 @@ Command add_bench(CLI::App& app) {
       params += t.n_elements();
     }
     const int threads = s.pool().size();
+    // The roofline: the device that runs every layer (the host when none is offloaded); none when the layers
+    // or their experts are split between devices, whose bandwidths differ.
+    double bandwidth = 0;
+    std::string where;
+    if (model->n_offloaded() == 0 || (model->n_offloaded() == c.n_layer && !model->splits_experts())) {
+      Backend* dev = model->n_offloaded() ? model->offload_device() : nullptr;
+      where = dev ? dev->name() : "host";
+      try {
+        bandwidth = copy_bandwidth(dev, s.pool());
+      } catch (const Error& e) {
+        log::warn("no bandwidth roofline: the copy to measure it failed ({})", e.what());
+      }
+    }
     const std::string backend = model->n_offloaded()
                                     ? fmt::format("{} ngl={}", model->offload_device()->name(), model->n_offloaded())
                                     : fmt::format("CPU ({})", isa_name(best_isa()));
     if (o->output == "json") {
       nlohmann::json out = nlohmann::json::array();
       for (const Result& r : results)
-        out.push_back({{"model", c.name}, {"arch", c.arch}, {"model_size", bytes}, {"model_n_params", params},
-                       {"backend", backend}, {"isa", isa_name(best_isa())}, {"n_threads", threads},
-                       {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"n_depth", r.depth}, {"avg_ts", r.mean()}, {"stddev_ts", r.stddev()},
-                       {"samples_ts", r.tps}});
+        out.push_back({{"model", c.name},
+                       {"arch", c.arch},
+                       {"model_size", bytes},
+                       {"model_n_params", params},
+                       {"backend", backend},
+                       {"isa", isa_name(best_isa())},
+                       {"n_threads", threads},
+                       {"n_prompt", r.n_prompt},
+                       {"n_gen", r.n_gen},
+                       {"n_depth", r.depth},
+                       {"avg_ts", r.mean()},
+                       {"stddev_ts", r.stddev()},
+                       {"samples_ts", r.tps},
+                       {"bytes_per_token", r.bytes / (double)(r.n_prompt + r.n_gen)}});
+      if (bandwidth > 0)
+        for (size_t i = 0; i < results.size(); ++i) {
+          const Result& r = results[i];
+          out[i]["copy_bandwidth"] = bandwidth;
+          out[i]["roofline_ts"] = (double)(r.n_prompt + r.n_gen) * bandwidth / r.bytes;
+        }
       fmt::print("{}\n", out.dump(2));
     } else {
       fmt::print("| model | size | params | backend | threads | test | t/s |\n");
@@ -158,6 +205,18 @@ Command add_bench(CLI::App& app) {
       for (const Result& r : results)
         fmt::print("| {} {} | {:.2f} MiB | {:.2f} M | {} | {} | {} | {:.2f} ± {:.2f} |\n", c.arch, c.name,
                    bytes / 1048576.0, params / 1e6, backend, threads, r.test, r.mean(), r.stddev());
+      if (bandwidth > 0) {
+        fmt::print(
+            "\nroofline: the bytes a test moves at the copy bandwidth of {}, {:.0f} GB/s (read + write)\n",
+            where, bandwidth / 1e9);
+        for (const Result& r : results) {
+          const double tokens = (double)(r.n_prompt + r.n_gen), roof = tokens * bandwidth / r.bytes;
+          fmt::print("  {}: {} a token, at most {:.1f} t/s; {:.2f} t/s is {:.1f} % of it\n", r.test,
+                     format_bytes(r.bytes / tokens), roof, r.mean(), 100.0 * r.mean() / roof);
+        }
+      } else if (where.empty()) {
+        fmt::print("\nroofline: not measured (the layers or their experts are split between devices)\n");
+      }
     }
     return 0;
   };

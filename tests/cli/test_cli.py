@@ -38,6 +38,13 @@ def test_bench_json(xpert, model):
     rows = json.loads(r.stdout)
     assert [(x["n_prompt"], x["n_gen"]) for x in rows] == [(16, 0), (0, 4)]
     assert all(x["avg_ts"] > 0 and len(x["samples_ts"]) == 2 for x in rows)
+    # The bandwidth roofline (runtime/traffic.h): a prompt token moves less than a decoded one (the weights
+    # are read once a pass), and the roofline is the bytes at the measured copy bandwidth.
+    pp, tg = rows
+    assert 0 < pp["bytes_per_token"] < tg["bytes_per_token"]
+    assert all(x["copy_bandwidth"] > 0 for x in rows)
+    assert all(abs(x["roofline_ts"] * x["bytes_per_token"] - x["copy_bandwidth"]) <= 1e-6 * x["copy_bandwidth"]
+               for x in rows)
 
 
 def test_bench_depth(xpert, model):
@@ -51,6 +58,8 @@ def test_bench_depth(xpert, model):
     r = xpert("bench", "-m", hybrid, "-p", 8, "-n", 4, "-r", 2, "-d", "40", "-t", 2)
     assert r.returncode == 0, r.stderr.decode()
     assert "pp8 @ d40" in r.stdout.decode() and "tg4 @ d40" in r.stdout.decode()
+    assert "roofline: the bytes a test moves at the copy bandwidth of host" in r.stdout.decode()
+    assert "  tg4 @ d40: " in r.stdout.decode()
 
 
 def test_profile_writes_a_profile(xpert, tmp_path):
