@@ -31,6 +31,8 @@ struct Result {
   std::vector<double> tps;
   int64_t depth = 0;
   double bytes = 0;  // what one run moves through memory (runtime/traffic.h)
+  double tokens() const { return (double)(n_prompt + n_gen); }
+  double roofline(double bandwidth) const { return tokens() * bandwidth / bytes; }  // t/s
   double mean() const {
     double s = 0;
     for (double v : tps) s += v;
@@ -177,7 +179,7 @@ Command add_bench(CLI::App& app) {
                                     : fmt::format("CPU ({})", isa_name(best_isa()));
     if (o->output == "json") {
       nlohmann::json out = nlohmann::json::array();
-      for (const Result& r : results)
+      for (const Result& r : results) {
         out.push_back({{"model", c.name},
                        {"arch", c.arch},
                        {"model_size", bytes},
@@ -191,13 +193,12 @@ Command add_bench(CLI::App& app) {
                        {"avg_ts", r.mean()},
                        {"stddev_ts", r.stddev()},
                        {"samples_ts", r.tps},
-                       {"bytes_per_token", r.bytes / (double)(r.n_prompt + r.n_gen)}});
-      if (bandwidth > 0)
-        for (size_t i = 0; i < results.size(); ++i) {
-          const Result& r = results[i];
-          out[i]["copy_bandwidth"] = bandwidth;
-          out[i]["roofline_ts"] = (double)(r.n_prompt + r.n_gen) * bandwidth / r.bytes;
+                       {"bytes_per_token", r.bytes / r.tokens()}});
+        if (bandwidth > 0) {
+          out.back()["copy_bandwidth"] = bandwidth;
+          out.back()["roofline_ts"] = r.roofline(bandwidth);
         }
+      }
       fmt::print("{}\n", out.dump(2));
     } else {
       fmt::print("| model | size | params | backend | threads | test | t/s |\n");
@@ -210,9 +211,9 @@ Command add_bench(CLI::App& app) {
             "\nroofline: the bytes a test moves at the copy bandwidth of {}, {:.0f} GB/s (read + write)\n",
             where, bandwidth / 1e9);
         for (const Result& r : results) {
-          const double tokens = (double)(r.n_prompt + r.n_gen), roof = tokens * bandwidth / r.bytes;
+          const double roof = r.roofline(bandwidth);
           fmt::print("  {}: {} a token, at most {:.1f} t/s; {:.2f} t/s is {:.1f} % of it\n", r.test,
-                     format_bytes(r.bytes / tokens), roof, r.mean(), 100.0 * r.mean() / roof);
+                     format_bytes(r.bytes / r.tokens()), roof, r.mean(), 100.0 * r.mean() / roof);
         }
       } else if (where.empty()) {
         fmt::print("\nroofline: not measured (the layers or their experts are split between devices)\n");

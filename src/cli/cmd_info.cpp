@@ -41,8 +41,7 @@ Command add_info(CLI::App& app) {
     check_kv_type(c, kv_types.v, "--cache-type-v");
     size_t kv = 0;
     for (int64_t il = 0; il < c.n_layer; ++il)
-      if (il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il])
-        kv += kv_bytes_per_layer(c, n_ctx, 1, kv_types);
+      if (!c.recurrent(il)) kv += kv_bytes_per_layer(c, n_ctx, 1, kv_types);
     std::string ffn = c.n_ff ? fmt::format("ff {}", c.n_ff) : "";
     if (c.n_expert > 0) {
       ffn += fmt::format("{}{} experts (top {}) x ff {}", ffn.empty() ? "" : ", ", c.n_expert, c.n_expert_used,

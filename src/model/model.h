@@ -60,6 +60,7 @@ struct ModelConfig {
   // layers with a per-sequence state instead of a KV cache (see model/gated_delta_net.h).
   std::vector<bool> layer_recurrent;
   int64_t ssm_d_conv = 0, ssm_d_inner = 0, ssm_d_state = 0, ssm_n_group = 0, ssm_dt_rank = 0;
+  bool recurrent(int64_t il) const { return il < (int64_t)layer_recurrent.size() && layer_recurrent[il]; }
   bool has_recurrent_layers() const {
     for (bool r : layer_recurrent)
       if (r) return true;

@@ -51,7 +51,7 @@ KvCache::KvCache(const ModelConfig& c, int64_t n_ctx, int n_seq, const std::vect
   v_row_bytes_ = kv_row_bytes(c, types.v);
   slot_bytes_ = (size_t)n_ctx * (k_row_bytes_ + v_row_bytes_);
   const size_t per_layer = (size_t)n_seq * slot_bytes_;
-  auto attention = [&](int64_t il) { return il >= (int64_t)c.layer_recurrent.size() || !c.layer_recurrent[il]; };
+  auto attention = [&](int64_t il) { return !c.recurrent(il); };
   size_t n_host = 0, n_total = 0;
   for (int64_t il = 0; il < c.n_layer; ++il) {
     if (!attention(il)) continue;

@@ -13,10 +13,6 @@ namespace xpert {
 
 namespace {
 
-bool recurrent_layer(const ModelConfig& c, int64_t il) {
-  return il < (int64_t)c.layer_recurrent.size() && c.layer_recurrent[il];
-}
-
 std::string parts(const DeviceMemory& d) {
   std::string s = fmt::format("weights {}{}", format_bytes((double)d.weights), d.weights_mapped ? " (mapped)" : "");
   if (d.kv) s += fmt::format(" + KV cache {}", format_bytes((double)d.kv));
@@ -91,7 +87,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
   const size_t kv = kv_bytes_per_layer(c, o.n_ctx, o.n_parallel, o.cache_types), rec = recurrent_bytes_per_layer(c, o.n_parallel);
   for (int64_t il = 0; il < c.n_layer; ++il) {
     DeviceMemory& d = offloaded && il >= placement.first_gpu_layer ? *p.gpu : p.host;
-    if (recurrent_layer(c, il)) d.recurrent += rec;
+    if (c.recurrent(il))
+      d.recurrent += rec;
     else d.kv += kv;
   }
   (offloaded ? *p.gpu : p.host).scratch = scratch_bytes(c, o.n_batch, o.n_parallel);

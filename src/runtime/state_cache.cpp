@@ -12,14 +12,10 @@ namespace xpert {
 
 namespace {
 
-bool is_recurrent(const ModelConfig& c, int64_t il) {
-  return il < (int64_t)c.layer_recurrent.size() && c.layer_recurrent[il];
-}
-
 std::vector<int64_t> recurrent_layers(const ModelConfig& c) {
   std::vector<int64_t> out;
   for (int64_t il = 0; il < c.n_layer; ++il)
-    if (is_recurrent(c, il)) out.push_back(il);
+    if (c.recurrent(il)) out.push_back(il);
   return out;
 }
 
@@ -85,7 +81,7 @@ StateCache::StateCache(const ModelConfig& c, KvTypes types, size_t budget_bytes)
       budget_(budget_bytes),
       root_(std::make_unique<Node>()) {
   for (int64_t il = 0; il < c.n_layer; ++il)
-    (is_recurrent(c, il) ? recurrent_layers_ : attn_layers_).push_back(il);
+    (c.recurrent(il) ? recurrent_layers_ : attn_layers_).push_back(il);
   if (!recurrent_layers_.empty()) {
     const GdnShape s = gdn_shape(c);
     state_floats_ = recurrent_layers_.size() * (size_t)(s.conv_state_size() + s.ssm_state_size());

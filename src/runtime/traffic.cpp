@@ -44,7 +44,7 @@ StepTraffic StepTraffic::of(const Model& m, KvTypes types) {
   t.n_expert_used = c.n_expert > 0 ? c.n_expert_used : 0;
   const double kv = (double)kv_bytes_per_layer(c, 1, 1, types), rec = (double)recurrent_bytes_per_layer(c, 1);
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    if (il < (int64_t)c.layer_recurrent.size() && c.layer_recurrent[il])
+    if (c.recurrent(il))
       t.state += rec;
     else if (c.sliding_window > 0 && il < (int64_t)c.layer_swa.size() && c.layer_swa[il])
       t.kv_window_per_position += kv;
