@@ -85,23 +85,15 @@ double copy_bandwidth(Backend* device, ThreadPool& pool) {
     return 2.0 * (double)bytes * kCopies / s;
   }
   Backend& b = *device;
-  void* src = b.alloc(bytes);
-  void* dst = nullptr;
-  try {
-    dst = b.alloc(bytes);
-  } catch (...) {
-    b.dealloc(src);
-    throw;
-  }
-  b.zero(src, bytes);
-  b.copy(dst, src, bytes);
+  const DeviceBuffer src(b, bytes), dst(b, bytes);
+  b.zero(src.data(), bytes);
+  b.copy(dst.data(), src.data(), bytes);
   b.synchronize();
   const double s = seconds([&] {
-    for (int i = 0; i < kCopies; ++i) i % 2 ? b.copy(src, dst, bytes) : b.copy(dst, src, bytes);
+    for (int i = 0; i < kCopies; ++i)
+      i % 2 ? b.copy(src.data(), dst.data(), bytes) : b.copy(dst.data(), src.data(), bytes);
     b.synchronize();
   });
-  b.dealloc(src);
-  b.dealloc(dst);
   return 2.0 * (double)bytes * kCopies / s;
 }
 
