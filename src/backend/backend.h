@@ -158,6 +158,10 @@ class Backend {
     int64_t gate_stride = 0, q_stride = 0;
   };
   virtual bool decode_attention(const DecodeAttention&) { return false; }
+  // decode_attention, then its output projection proj = out . wo (what matmul(wo, out, n_seq, proj) gives,
+  // summed in another order; out itself is left unspecified) in one call where the backend fuses the two;
+  // false where it does not, with nothing done.
+  virtual bool decode_attention_proj(const DecodeAttention&, const Weight& wo, float* proj) { return false; }
   // Which form of decode_attention this backend records for a step whose deepest token is at max_pos
   // (CUDA: one pass per KV head when the keys are few, split with a combine otherwise). Part of a decode
   // graph's key, since a recording keeps the form it was made with.

@@ -189,8 +189,8 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
           .sliding_window = 0};
 }
 
-void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep, const AttentionGate* gate) {
+bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                     const Backend::QkPrep* prep, const AttentionGate* gate, const Weight* wo) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim, D = c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
@@ -223,9 +223,10 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .gate = fuse ? gate->qg + D : nullptr,
                                      .gate_stride = fuse ? 2 * D : 0,
                                      .q_stride = fuse ? 2 * D : 0};
+    if (wo && !gate && b.decode_attention_proj(d, *wo, a.out)) return true;
     if (b.decode_attention(d)) {
       if (gate && !fuse) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
-      return;
+      return false;
     }
     if (fuse) split_gate();  // the backend declined (and applied nothing): the path below reads a.q
   }
@@ -255,6 +256,7 @@ void attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
     row += g.n_tokens;
   }
   if (gate) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
+  return false;
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
@@ -282,7 +284,7 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
     b.scale(a.q, p.q_scale, n * q_dim);
     attend_segments(c, p, il, ex);
   } else {
-    attend_segments(c, p, il, ex, &prep);
+    if (attend_segments(c, p, il, ex, &prep, nullptr, &lw.wo)) return;
   }
   b.matmul(lw.wo, a.att, n, a.out);
 }

@@ -26,6 +26,7 @@
 #include "base/half.h"
 #include "base/thread_pool.h"
 #include "cuda_ops_test_util.h"
+#include "cuda_test_util.h"
 #include "quant/quant.h"
 #include "runtime/kv_cache.h"
 
@@ -361,6 +362,123 @@ TEST(CudaAttention, FusedPrepMatchesItsLaunch) {
   XPERT_OPS_REQUIRE_GPU();
   check_fused_prep({32, 4, 128}, 128, false);  // Qwen3
   check_fused_prep({16, 2, 256}, 64, true);    // Qwen3.5
+}
+
+// The attention with its output projection in one launch (DecodeAttentionArgs::Proj: one_block with the
+// fused prep, then each block's rows of W over its KV head's columns, parts summed by sum_parts) against
+// the same attention then matmul: the same cache bytes and, the products' sums being in another order, the
+// same projection within float rounding. Qwen3's heads (32 / 4 at 128), one KV head fewer and more, at
+// depths 0 to 900; a shape it does not take is said so by attention_decode_proj_fits.
+void check_proj(int64_t n_head_kv, int64_t n_out) {
+  const Shape s{8 * n_head_kv, n_head_kv, 128};
+  const int64_t D = s.head_dim, kv_row = s.n_head_kv * D, n_ctx = 1024, k_in = s.n_head * D;
+  const size_t stride = n_ctx * row_bytes(DType::F16, kv_row);
+  const auto cache = random_rows(DType::F16, n_ctx, kv_row, 80);
+  const auto q = randn(s.n_head * D, 81, 2.0f), k = randn(kv_row, 82, 2.0f), v = randn(kv_row, 83),
+             qw = randn(D, 84, 0.5f), kw = randn(D, 85, 0.5f);
+  const std::vector<uint8_t> w = cudatest::random_weights(DType::Q4_K, n_out, k_in, 86);
+  Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), datt(k_in), dy(n_out), dparts(n_head_kv * n_out);
+  Dev<uint8_t> dw(w);
+  Dev<int32_t> dpos(1);
+  const cuda::DecodeAttentionArgs::QkPrep prep{.k = dk.get(),
+                                               .v = dv.get(),
+                                               .q_norm = dqw.get(),
+                                               .k_norm = dkw.get(),
+                                               .n_rot = D,
+                                               .freq_base = 1e6f,
+                                               .freq_scale = 1.0f,
+                                               .eps = 1e-6f,
+                                               .mode = RopeMode::neox};
+  const cuda::DecodeAttentionArgs::Proj proj{
+      .w = dw.get(), .type = DType::Q4_K, .n_out = n_out, .parts = dparts.get()};
+  for (const int32_t pos : {0, 1, 63, 200, 900}) {
+    dpos.upload(std::vector<int32_t>{pos});
+    std::vector<float> y[2];
+    std::vector<uint8_t> kc[2], vc[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Dev<float> dq(q);
+      Dev<uint8_t> dkc(cache), dvc(cache);
+      cuda::DecodeAttentionArgs a{.q = dq.get(),
+                                  .k = dkc.get(),
+                                  .v = dvc.get(),
+                                  .slot_stride = (int64_t)stride,
+                                  .slots = nullptr,
+                                  .pos = dpos.get(),
+                                  .out = datt.get(),
+                                  .n_seq = 1,
+                                  .n_head = s.n_head,
+                                  .n_head_kv = s.n_head_kv,
+                                  .head_dim = D,
+                                  .max_kv = n_ctx,
+                                  .kq_scale = 1.0f / 16.0f,
+                                  .one_block = true,
+                                  .prep = &prep};
+      dy.poison();
+      if (fused) {
+        a.proj = &proj;
+        ASSERT_TRUE(cuda::attention_decode_proj_fits(a));
+        dparts.poison();
+        cuda::attention_decode(a, nullptr, nullptr);
+        cuda::sum_parts(dparts.get(), (int)n_head_kv, n_out, dy.get(), nullptr);
+      } else {
+        // The model's path: the combine's q8_1 blocks, then the decode product over them.
+        Dev<int8_t> aq(k_in);
+        Dev<float> ads(k_in / 16);
+        a.out_q = aq.get(), a.out_ds = reinterpret_cast<float2*>(ads.get());
+        cuda::attention_decode(a, nullptr, nullptr);
+        const cuda::Activations act{
+            .format = cuda::ActFormat::q8_1, .data = aq.get(), .aux = ads.get(), .m = 1, .k = k_in};
+        cuda::matmul_prepared(DType::Q4_K, dw.get(), n_out, act, dy.get(), n_out, nullptr);
+      }
+      y[fused] = dy.download(), kc[fused] = dkc.download(), vc[fused] = dvc.download();
+    }
+    const std::string what = " KV heads " + std::to_string(n_head_kv) + " rows " + std::to_string(n_out) +
+                             " at " + std::to_string(pos);
+    EXPECT_EQ(kc[1], kc[0]) << "K cache" << what;
+    EXPECT_EQ(vc[1], vc[0]) << "V cache" << what;
+    const Err e = compare(y[1], y[0]);
+    double scale = 0.0;
+    for (float x : y[0]) scale = std::max(scale, (double)std::fabs(x));
+    EXPECT_TRUE(e.finite) << what;
+    EXPECT_GT(scale, 0.1) << what;
+    EXPECT_LT(e.max_abs, 1e-5 * scale) << what << ": " << e;
+    EXPECT_LT(e.rel_l2, 1e-6) << what << ": " << e;
+  }
+}
+
+TEST(CudaAttention, ProjectionInsideMatchesAttentionThenMatmul) {
+  XPERT_OPS_REQUIRE_GPU();
+  check_proj(4, 2048);  // Qwen3-30B-A3B
+  check_proj(1, 64);
+  check_proj(8, 4096);
+  // What it does not take: another head_dim, 4 query heads a KV head, a row count off the blocks' 64.
+  Dev<int32_t> dpos(1);
+  cuda::DecodeAttentionArgs::QkPrep prep{};
+  prep.n_rot = 128;
+  const cuda::DecodeAttentionArgs::Proj proj{
+      .w = dpos.get(), .type = DType::Q4_K, .n_out = 2048, .parts = reinterpret_cast<float*>(dpos.get())};
+  cuda::DecodeAttentionArgs a{};
+  a.pos = dpos.get(), a.n_seq = 1, a.n_head = 32, a.n_head_kv = 4, a.head_dim = 128, a.max_kv = 64;
+  a.one_block = true, a.prep = &prep, a.proj = &proj;
+  EXPECT_TRUE(cuda::attention_decode_proj_fits(a));
+  a.head_dim = 256;
+  EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
+  a.head_dim = 128, a.n_head_kv = 8;
+  EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
+  a.n_head_kv = 4;
+  const cuda::DecodeAttentionArgs::Proj odd{
+      .w = dpos.get(), .type = DType::Q4_K, .n_out = 2000, .parts = reinterpret_cast<float*>(dpos.get())};
+  a.proj = &odd;
+  EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
+  a.proj = &proj;
+  EXPECT_THROW(cuda::attention_decode(
+                   [&] {
+                     auto b = a;
+                     b.head_dim = 256;
+                     return b;
+                   }(),
+                   nullptr, nullptr),
+               Error);
 }
 
 TEST(CudaAttention, BatchedDecodeMatchesCpu) {

@@ -221,6 +221,28 @@ TEST(CudaModelFusions, NormAfterDownIsExact) {
   expect_exact_with("XPERT_NORM_AFTER_DOWN", "tiny-qwen35moe-2048", 20);
 }
 
+// The attention and its output projection in one launch (the default for Qwen3-30B-A3B's attention with a
+// Q4_K output matrix: each block's rows over its KV head's columns, the router adding the KV heads' parts)
+// against the attention then the product (XPERT_ATTN_PROJ=0): the same prefill (which takes neither), and
+// steps within kLogitTol, not the same bits (the products sum in another order, so equal bits would mean
+// the fusion did not run). Then the same with the FFN norm's own launch (XPERT_NORM_IN_ROUTER=0 on both),
+// which takes the parts' sum from sum_parts instead of the router.
+TEST(CudaModelFusions, ProjectionInAttentionIsClose) {
+  XPERT_REQUIRE_GPU();
+  const TempFile tmp("cuda_attn_proj.gguf");
+  synth_write(
+      {.preset = "tiny-qwen3moe-gqa8", .type = "Q4_K_M", .output = tmp.path, .seed = 7, .progress = {}});
+  for (const bool router : {true, false}) {
+    if (!router) setenv("XPERT_NORM_IN_ROUTER", "0", 1);
+    const auto [a, b] = with_and_without("XPERT_ATTN_PROJ", tmp.path, 20, 24, 128);
+    unsetenv("XPERT_NORM_IN_ROUTER");
+    expect_steps_close(a, b, 20,
+                       router ? "projection in attention, parts added by the router"
+                              : "projection in attention, parts added by sum_parts");
+    EXPECT_NE(a.step_logits, b.step_logits) << "the fusion did not run";
+  }
+}
+
 // A session's logits registered with the GPU (the default: each step's copy lands in them directly) against
 // plain ones (XPERT_PIN_LOGITS=0): the logits the session returns are registered host memory, and the same
 // bits over a prompt and 8 decode steps.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
@@ -166,7 +167,9 @@ TEST(CudaMoeRouter, EveryFormAgrees) {
 // The FFN norm inside the router (RouterNorm: every block normalizes res + d itself) against the long-row
 // norm's launch (add_rmsnorm_q8, which also writes res + d) then the router: the same y, q8_1 blocks,
 // logits, ids and weights, bit for bit, with and without Qwen3.5's shared-expert gate; res is left as it
-// was. Rows of 2048 (Qwen3's and Qwen3.5's) and 1536 (a thread's second float4 past the row).
+// was. Rows of 2048 (Qwen3's and Qwen3.5's) and 1536 (a thread's second float4 past the row). d is
+// cuda::sum_parts of a few rows; the router given those parts instead (the attention's fused projection)
+// gives the same bits again and writes their sum to d.
 TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
   XPERT_REQUIRE_GPU();
   using std::bit_cast;
@@ -176,24 +179,29 @@ TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
   for (const int64_t D : {2048, 1536})
     for (const bool shared : {false, true}) {
       SCOPED_TRACE(fmt::format("D={} shared={}", D, shared));
+      const int n_parts = D == 2048 ? 4 : 3;
       ASSERT_TRUE(cuda::long_row_norm_fits(1, D));
       const int64_t slots = k + (shared ? 1 : 0);
       std::vector<float> w = cudatest::random_values((size_t)(E * D), 51);
       for (float& v : w) v *= 0.05f;
       const std::vector<float> sg = cudatest::random_values((size_t)D, 52),
                                res = cudatest::random_values((size_t)D, 53),
-                               d = cudatest::random_values((size_t)D, 54),
+                               parts = cudatest::random_values((size_t)(n_parts * D), 54),
                                nw = cudatest::random_values((size_t)D, 55);
-      cuda::DeviceBuffer w_dev = to_device(w), sg_dev = to_device(sg), d_dev = to_device(d),
-                         nw_dev = to_device(nw), done(4);
+      cuda::DeviceBuffer w_dev = to_device(w), sg_dev = to_device(sg), parts_dev = to_device(parts),
+                         d_dev((size_t)D * 4), nw_dev = to_device(nw), done(4);
+      cuda::sum_parts(parts_dev.as<float>(), n_parts, D, d_dev.as<float>(), stream);
+      const std::vector<float> d = from_device<float>(d_dev, (size_t)D);
       XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
       struct Out {
         std::vector<float> res, y, logits, wt;
         std::vector<int8_t> q;
         std::vector<float> ds;
         std::vector<int32_t> ids;
-      } out[2];
-      for (int f = 0; f < 2; ++f) {
+      } out[3];
+      cuda::DeviceBuffer d_out((size_t)D * 4);
+      XPERT_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));
+      for (int f = 0; f < 3; ++f) {
         cuda::DeviceBuffer res_dev = to_device(res), y((size_t)D * 4), q((size_t)D), ds((size_t)D / 32 * 8),
                            lg((size_t)E * 4), ids((size_t)slots * 4), wt((size_t)slots * 4);
         XPERT_CUDA_CHECK(cudaMemset(ids.data(), 0xff, ids.bytes()));
@@ -205,12 +213,14 @@ TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
                            wt.as<float>(), done.as<unsigned>(), stream, sgp, cuda::RouteForm::two_phase);
         } else {
           const cuda::RouterNorm nm{.res = res_dev.as<float>(),
-                                    .d = d_dev.as<float>(),
+                                    .d = f == 1 ? d_dev.as<float>() : d_out.as<float>(),
                                     .w = nw_dev.as<float>(),
                                     .eps = 1e-6f,
                                     .y = y.as<float>(),
                                     .q = q.as<int8_t>(),
-                                    .ds = ds.as<float2>()};
+                                    .ds = ds.as<float2>(),
+                                    .parts = f == 2 ? parts_dev.as<float>() : nullptr,
+                                    .n_parts = f == 2 ? n_parts : 0};
           cuda::moe_router(w_dev.as<float>(), nullptr, 1, D, r, lg.as<float>(), ids.as<int32_t>(),
                            wt.as<float>(), done.as<unsigned>(), stream, sgp, cuda::RouteForm::two_phase, &nm);
         }
@@ -220,19 +230,29 @@ TEST(CudaMoeRouter, NormInsideIsTheNormThenTheRouterBitForBit) {
                   from_device<int8_t>(q, (size_t)D),       from_device<float>(ds, (size_t)D / 32 * 2),
                   from_device<int32_t>(ids, (size_t)slots)};
       }
-      for (int64_t i = 0; i < D; ++i) {
-        ASSERT_EQ(bit_cast<uint32_t>(out[1].res[i]), bit_cast<uint32_t>(res[i])) << "res written at " << i;
-        ASSERT_EQ(bit_cast<uint32_t>(out[1].y[i]), bit_cast<uint32_t>(out[0].y[i])) << "y " << i;
-        ASSERT_EQ(out[1].q[i], out[0].q[i]) << "q " << i;
+      for (int f = 1; f < 3; ++f) {
+        SCOPED_TRACE(f == 1 ? "norm inside" : "norm inside, d in parts");
+        for (int64_t i = 0; i < D; ++i) {
+          ASSERT_EQ(bit_cast<uint32_t>(out[f].res[i]), bit_cast<uint32_t>(res[i])) << "res written at " << i;
+          ASSERT_EQ(bit_cast<uint32_t>(out[f].y[i]), bit_cast<uint32_t>(out[0].y[i])) << "y " << i;
+          ASSERT_EQ(out[f].q[i], out[0].q[i]) << "q " << i;
+        }
+        for (size_t i = 0; i < out[0].ds.size(); ++i)
+          ASSERT_EQ(bit_cast<uint32_t>(out[f].ds[i]), bit_cast<uint32_t>(out[0].ds[i])) << "ds " << i;
+        for (int64_t e = 0; e < E; ++e)
+          ASSERT_EQ(bit_cast<uint32_t>(out[f].logits[e]), bit_cast<uint32_t>(out[0].logits[e]))
+              << "logit " << e;
+        EXPECT_EQ(out[f].ids, out[0].ids);
+        for (int64_t i = 0; i < slots; ++i)
+          EXPECT_EQ(bit_cast<uint32_t>(out[f].wt[i]), bit_cast<uint32_t>(out[0].wt[i])) << "weight " << i;
       }
-      for (size_t i = 0; i < out[0].ds.size(); ++i)
-        ASSERT_EQ(bit_cast<uint32_t>(out[1].ds[i]), bit_cast<uint32_t>(out[0].ds[i])) << "ds " << i;
-      for (int64_t e = 0; e < E; ++e)
-        ASSERT_EQ(bit_cast<uint32_t>(out[1].logits[e]), bit_cast<uint32_t>(out[0].logits[e]))
-            << "logit " << e;
-      EXPECT_EQ(out[1].ids, out[0].ids);
-      for (int64_t i = 0; i < slots; ++i)
-        EXPECT_EQ(bit_cast<uint32_t>(out[1].wt[i]), bit_cast<uint32_t>(out[0].wt[i])) << "weight " << i;
+      const std::vector<float> d_sum = from_device<float>(d_out, (size_t)D);
+      for (int64_t i = 0; i < D; ++i) {
+        ASSERT_EQ(bit_cast<uint32_t>(d_sum[i]), bit_cast<uint32_t>(d[i])) << "d written at " << i;
+        float ref = parts[i];  // sum_parts' order
+        for (int j = 1; j < n_parts; ++j) ref += parts[j * D + i];
+        ASSERT_EQ(bit_cast<uint32_t>(d[i]), bit_cast<uint32_t>(ref)) << "sum_parts at " << i;
+      }
       EXPECT_NE(out[0].res, res) << "the norm's launch adds d to res";
     }
 }

@@ -27,8 +27,10 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_kv.cuh"
 #include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/head_norm.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
@@ -66,6 +68,11 @@ struct DecodeParams {
   int n_rot;
   bool neox;
   float theta_scale, freq_scale, eps;
+  // proj (DecodeAttentionArgs::Proj): the block's rows of W start at row blockIdx.x * kProjRows.
+  const uint8_t* proj_w;
+  int64_t proj_row_bytes;  // bytes of one row of W (all its columns)
+  int proj_n_out;
+  float* proj_parts;
   float* part_o;       // [n_seq][n_head][max_splits][D]
   float2* part_ml;     // [n_seq][n_head][max_splits] (running max in log2 units, sum)
   int64_t k_row, v_row;  // bytes per cache row (n_head_kv * D values in the cache's type)
@@ -202,18 +209,15 @@ __device__ __forceinline__ void norm_rope_into(const DecodeParams& p, const floa
 // combine_kernel does: the output, times sigmoid(gate), and its q8_1 block.
 constexpr int kPartPad = 4;
 template <int D>
-__device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned char* smem, int warp_bytes,
-                                                 int seq, int h0, int nh, const float (&o)[D / 16][4],
-                                                 const float (&m)[2], const float (&l)[2]) {
-  constexpr int kRow = D + kPartPad, kPieces = D / 32, kPre = 2;  // pieces whose gate is loaded early
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-  const int nw = blockDim.x / 32, items = nh * kPieces;
-  auto part_of = [&](int w) { return reinterpret_cast<float*>(smem + (size_t)w * warp_bytes); };
-  auto ml_of = [&](int w, int hj) { return reinterpret_cast<const float2*>(part_of(w) + 8 * kRow)[hj]; };
-  auto row_of = [&](int hj) { return (int64_t)seq * p.n_head + h0 + hj; };
-  cp_async_wait<0>();
-  __syncwarp();
-  float* part = part_of(warp);
+__device__ __forceinline__ float* part_of(unsigned char* smem, int warp_bytes, int w) {
+  return reinterpret_cast<float*>(smem + (size_t)w * warp_bytes);
+}
+// This warp's partial (output, max, sum) of its heads into its ring.
+template <int D>
+__device__ __forceinline__ void store_part(float* part, const float (&o)[D / 16][4], const float (&m)[2],
+                                           const float (&l)[2]) {
+  constexpr int kRow = D + kPartPad;
+  const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int hj = 2 * tig + j;
@@ -224,6 +228,42 @@ __device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned
     }
     if (gid == 0) reinterpret_cast<float2*>(part + 8 * kRow)[hj] = make_float2(m[j], l[j]);
   }
+}
+// Head hj's output at dim d from the partials of warps 0 .. n_ring - 1, as combine_kernel combines splits.
+template <int D>
+__device__ __forceinline__ float combine_parts(unsigned char* smem, int warp_bytes, int n_ring, int hj,
+                                               int d) {
+  constexpr int kRow = D + kPartPad;
+  auto ml_of = [&](int w) {
+    return reinterpret_cast<const float2*>(part_of<D>(smem, warp_bytes, w) + 8 * kRow)[hj];
+  };
+  float M = -INFINITY;
+  for (int w = 0; w < n_ring; ++w) M = fmaxf(M, ml_of(w).x);
+  float acc = 0.0f, L = 0.0f;
+  for (int w = 0; w < n_ring; ++w) {
+    const float2 ml = ml_of(w);
+    const float wt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+    L += wt * ml.y;
+    acc += wt * part_of<D>(smem, warp_bytes, w)[hj * kRow + d];
+  }
+  return L > 0.0f ? acc / L : 0.0f;
+}
+
+// one_block: the block's warps have split the unit's keys among themselves; their partial (max, sum,
+// output) meet in shared memory (each warp's own ring, free now: heads D + 4 floats apart, so the
+// fragment stores hit 32 banks), and the warps share out the heads' 32-dim pieces, combining each as
+// combine_kernel does: the output, times sigmoid(gate), and its q8_1 block.
+template <int D>
+__device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned char* smem, int warp_bytes,
+                                                 int seq, int h0, int nh, const float (&o)[D / 16][4],
+                                                 const float (&m)[2], const float (&l)[2]) {
+  constexpr int kPieces = D / 32, kPre = 2;  // pieces whose gate is loaded early
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nw = blockDim.x / 32, items = nh * kPieces;
+  auto row_of = [&](int hj) { return (int64_t)seq * p.n_head + h0 + hj; };
+  cp_async_wait<0>();
+  __syncwarp();
+  store_part<D>(part_of<D>(smem, warp_bytes, warp), o, m, l);
   float g[kPre] = {};
   if (p.gate)
 #pragma unroll
@@ -235,16 +275,7 @@ __device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned
   auto piece = [&](int it, float gv, bool pre) {
     const int hj = it / kPieces, d = 32 * (it % kPieces) + lane;
     const int64_t row = row_of(hj);
-    float M = -INFINITY;
-    for (int w = 0; w < nw; ++w) M = fmaxf(M, ml_of(w, hj).x);
-    float acc = 0.0f, L = 0.0f;
-    for (int w = 0; w < nw; ++w) {
-      const float2 ml = ml_of(w, hj);
-      const float wt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
-      L += wt * ml.y;
-      acc += wt * part_of(w)[hj * kRow + d];
-    }
-    float v = L > 0.0f ? acc / L : 0.0f;
+    float v = combine_parts<D>(smem, warp_bytes, nw, hj, d);
     if (p.gate) v *= sigmoidf(pre ? gv : p.gate[row * p.gate_stride + d]);
     p.out[row * D + d] = v;
     if (p.out_q) warp_quantize_q8_1(v, p.out_q + row * D + d, p.out_ds + (row * D + d) / 32);
@@ -255,12 +286,80 @@ __device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned
   for (int it = warp + kPre * nw; it < items; it += nw) piece(it, 0.0f, false);
 }
 
-template <int D, int KT, int VT>
-__global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
+// proj: a block of kProjThreads, of which the first kProjRingWarps split the keys (the rest do the prep and
+// then help combine), for kProjRows rows of the output projection over its KV head's kProjHeads query
+// heads: the block's slice of W (rows x 4 Q4_K blocks at head_dim 128) in shared memory after the prep's
+// rows, then the heads' output as q8_1 (int8 values, then float2 scales).
+constexpr int kProjThreads = 256, kProjRingWarps = 4, kProjRows = 64, kProjHeads = 8;
+constexpr int kProjLanes = 4;  // lanes a row in the product: 8 rows a warp
+static_assert(kProjRows == kProjThreads / kProjLanes && kProjThreads > 32 * kProjRingWarps);
+template <int D>
+constexpr int proj_w_row_bytes() {
+  return kProjHeads * D / quant::kQKK * (int)sizeof(quant::BlockQ4_K);
+}
+template <int D>
+constexpr size_t proj_smem_bytes() {  // after the prep's rows
+  return (size_t)kProjRows * proj_w_row_bytes<D>() + kProjHeads * D + kProjHeads * D / 32 * sizeof(float2);
+}
+
+// The block's rows of W, its KV head's columns, into shared memory (cp.async; the caller waits): by the
+// warps past the rings, whose cp.async groups hold nothing else.
+template <int D>
+__device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst, int hk) {
+  constexpr int kRowBytes = proj_w_row_bytes<D>(), kUnits = kRowBytes / 16;
+  const int t = threadIdx.x - 32 * kProjRingWarps, nt = kProjThreads - 32 * kProjRingWarps;
+  const uint8_t* src =
+      p.proj_w + (int64_t)blockIdx.x * kProjRows * p.proj_row_bytes + (int64_t)hk * kRowBytes;
+  for (int i = t; i < kProjRows * kUnits; i += nt) {
+    const int r = i / kUnits, u = i % kUnits;
+    cp_async16(dst + r * kRowBytes + u * 16, src + r * p.proj_row_bytes + u * 16, true);
+  }
+  cp_async_commit();
+}
+
+// proj's end: the ring warps' partials combined into the KV head's output as q8_1 in shared memory (the
+// one_block combine's values and blocks), then this block's rows of W . those columns into parts[hk].
+template <int D>
+__device__ __forceinline__ void combine_proj(const DecodeParams& p, unsigned char* smem, int warp_bytes,
+                                             unsigned char* wsm, int hk, int nh, const float (&o)[D / 16][4],
+                                             const float (&m)[2], const float (&l)[2]) {
+  using Dot = dev::Dot<DType::Q4_K>;
+  constexpr int kPieces = D / 32, kRowBytes = proj_w_row_bytes<D>(), kChunks = kProjHeads * D / Dot::kElems;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto* aq = reinterpret_cast<int8_t*>(wsm + kProjRows * kRowBytes);
+  auto* ads = reinterpret_cast<float2*>(aq + kProjHeads * D);
+  cp_async_wait<0>();  // the ring's last stages, or W
+  __syncwarp();
+  if (warp < kProjRingWarps) store_part<D>(part_of<D>(smem, warp_bytes, warp), o, m, l);
+  __syncthreads();
+  constexpr int kItems = kProjHeads * kPieces, kWarps = kProjThreads / 32;  // nh == kProjHeads (fits)
+#pragma unroll
+  for (int it = warp; it < kItems; it += kWarps) {
+    const int hj = it / kPieces, d = 32 * (it % kPieces) + lane;
+    warp_quantize_q8_1(combine_parts<D>(smem, warp_bytes, kProjRingWarps, hj, d), aq + hj * D + d,
+                       ads + (hj * D + d) / 32);
+  }
+  __syncthreads();
+  const int r = warp * (32 / kProjLanes) + lane / kProjLanes, sub = lane % kProjLanes;
+  const uint8_t* row = wsm + r * kRowBytes;
+  const dev::SharedAct a{aq, ads, kProjHeads * D};
+  float acc[1] = {0.0f};
+#pragma unroll
+  for (int c = sub; c < kChunks; c += kProjLanes)
+    Dot::template mul<1, dev::SharedAct>(Dot::load_shared(row, c), c, a, 1, acc);
+#pragma unroll
+  for (int off = kProjLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
+  if (sub == 0) p.proj_parts[(int64_t)hk * p.proj_n_out + blockIdx.x * kProjRows + r] = acc[0];
+}
+
+// The decode kernel's body; kProj: the proj form (combine_proj), a unit's blocks blockIdx.x all computing it.
+template <int D, int KT, int VT, bool kProj>
+__device__ __forceinline__ void decode_body(const DecodeParams& p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   // Warp-major, so that a few active splits land on different blocks (SMs), not on one block's warps.
-  const int split = warp * gridDim.x + blockIdx.x;
+  const int split = kProj ? warp : warp * gridDim.x + blockIdx.x;
+  const int n_ring = kProj ? kProjRingWarps : blockDim.x / 32;  // warps with a ring
   const int seq = blockIdx.z;
   const int hk = blockIdx.y / p.n_hchunk, hc = blockIdx.y % p.n_hchunk;
   const int h0 = hk * p.group + hc * p.hc_heads;
@@ -312,7 +411,10 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   // rings), the last warp k and the one before v, both stored at the position in the cache by every block
   // of this KV head (the same bytes), and kept in shared memory after q; the angles before the wait.
   // Only f16 caches take it (plan): the other forms are compiled without it, so it costs them no registers.
-  float* prep_rows = reinterpret_cast<float*>(smem_raw + blockDim.x / 32 * warp_smem_bytes<D, KT, VT>());
+  float* prep_rows = reinterpret_cast<float*>(smem_raw + n_ring * warp_smem_bytes<D, KT, VT>());
+  unsigned char* wsm = reinterpret_cast<unsigned char*>(prep_rows + (kProjHeads + 2) * D);  // kProj: W, act
+  if constexpr (kProj)
+    if (warp >= kProjRingWarps) proj_load_w<D>(p, smem_addr(wsm), hk);
   float rc[D / 64], rs[D / 64];
   if (prep) rope_angles<D / 64>((float)pos, p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
   pdl_begin();
@@ -320,16 +422,18 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   if (prep) {
     const int nw = blockDim.x / 32;
     const int64_t at = slot * p.slot_stride + (int64_t)pos * p.k_row + hk * D * 2;  // f16 cache
-    if (warp < nh) {
-      norm_rope_into<D>(p, p.q + ((int64_t)seq * p.n_head + h0 + warp) * p.q_stride, p.prep_qw, rc, rs,
-                        prep_rows + warp * D);
-    } else if (warp == nw - 1) {
+    auto prep_q = [&](int j) {
+      norm_rope_into<D>(p, p.q + ((int64_t)seq * p.n_head + h0 + j) * p.q_stride, p.prep_qw, rc, rs,
+                        prep_rows + j * D);
+    };
+    auto prep_k = [&] {
       float* row = prep_rows + nh * D;
       norm_rope_into<D>(p, p.prep_k + ((int64_t)seq * (p.n_head / p.group) + hk) * D, p.prep_kw, rc, rs, row);
       __half* kc = reinterpret_cast<__half*>(const_cast<char*>(p.k) + at);
 #pragma unroll
       for (int j = 0; j < D / 32; ++j) kc[lane + 32 * j] = __float2half_rn(row[lane + 32 * j]);
-    } else if (warp == nw - 2) {
+    };
+    auto prep_v = [&] {
       const float* v = p.prep_v + ((int64_t)seq * (p.n_head / p.group) + hk) * D;
       float x[D / 32];
 #pragma unroll
@@ -341,6 +445,15 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
         vc[lane + 32 * j] = __float2half_rn(x[j]);
         vrow[lane + 32 * j] = x[j];
       }
+    };
+    if constexpr (kProj) {  // fewer warps than rows: k, v, then the q heads, dealt round
+      for (int it = warp; it < nh + 2; it += nw) it == 0 ? prep_k() : it == 1 ? prep_v() : prep_q(it - 2);
+    } else if (warp < nh) {
+      prep_q(warp);
+    } else if (warp == nw - 1) {
+      prep_k();
+    } else if (warp == nw - 2) {
+      prep_v();
     }
     __syncthreads();  // q in shared memory, the position's K and V in the cache and in shared memory
   }
@@ -455,6 +568,8 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
   for (int j = 0; j < 2; ++j)
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
+  if constexpr (kProj)
+    return combine_proj<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), wsm, hk, nh, o, m, l);
   if (p.one_block)
     return combine_in_block<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), seq, h0, nh, o, m, l);
 #pragma unroll
@@ -470,6 +585,15 @@ __global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
       po[16 * mt + gid + 8] = o[mt][2 + j];
     }
   }
+}
+
+template <int D, int KT, int VT>
+__global__ void __launch_bounds__(128) decode_kernel(DecodeParams p) {
+  decode_body<D, KT, VT, false>(p);
+}
+template <int D>
+__global__ void __launch_bounds__(kProjThreads) decode_proj_kernel(DecodeParams p) {
+  decode_body<D, kKvF16, kKvF16, true>(p);
 }
 
 // out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s over the active splits of one (sequence, head).
@@ -617,6 +741,13 @@ DecodeConfig decode_config(int64_t D, int kt, int vt) {
   return c;
 }
 
+// The proj form's shared memory (head_dim 128, f16): the ring warps' rings, the prep's rows (8 q heads, k
+// and v), W's slice and the heads' q8_1 output.
+size_t proj_block_smem_bytes() {
+  return kProjRingWarps * warp_smem_bytes<128, kKvF16, kKvF16>() + (kProjHeads + 2) * 128 * sizeof(float) +
+         proj_smem_bytes<128>();
+}
+
 DecodePlan plan(const DecodeAttentionArgs& a) {
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
     detail::fail_rt("cuda attention_decode: head_dim ", a.head_dim, " is not supported (64, 128, 256)");
@@ -631,9 +762,22 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
   // Quantized slices are copied 4 bytes at a time (f16 rows 16): the bases and the slot stride must allow it.
   const bool quant = a.k_type != DType::F16 || a.v_type != DType::F16;
   if (quant && (((uintptr_t)a.k | (uintptr_t)a.v | (uintptr_t)a.slot_stride) & 3) != 0)
-    detail::fail_rt("cuda attention_decode: a quantized cache must be 4-byte aligned (bases and slot stride)");
-  const DecodeConfig cfg = decode_config(a.head_dim, kv_kind(a.k_type), kv_kind(a.v_type));
+    detail::fail_rt(
+        "cuda attention_decode: a quantized cache must be 4-byte aligned (bases and slot stride)");
   DecodePlan pl{};
+  if (a.proj) {  // a block of kProjThreads per (row slice, KV head): its ring warps split the keys
+    if (!attention_decode_proj_fits(a))
+      detail::fail_rt(
+          "cuda attention_decode: this output projection is not fused (attention_decode_proj_fits)");
+    pl.warps = kProjThreads / 32;
+    pl.hc_heads = kProjHeads;
+    pl.n_hchunk = 1;
+    pl.max_splits = kProjRingWarps;
+    pl.fuse_prep = true;
+    pl.smem_bytes = proj_block_smem_bytes();
+    return pl;
+  }
+  const DecodeConfig cfg = decode_config(a.head_dim, kv_kind(a.k_type), kv_kind(a.v_type));
   const int64_t group = a.n_head / a.n_head_kv;
   // Query heads a block takes: 8 fill the tensor cores' n side; one_block takes fewer (its blocks then
   // read the same keys from L2), so that each of its warps' combine has about one 32-dim piece: a warp's
@@ -695,7 +839,33 @@ void launch_k(const DecodeAttentionArgs& a, const DecodePlan& pl, const DecodePa
   }
 }
 
+__global__ void sum_parts_kernel(const float* __restrict__ parts, int n_parts, int64_t n,
+                                 float* __restrict__ out) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  pdl_begin();
+  if (i >= n) return;
+  float v = parts[i];
+  for (int k = 1; k < n_parts; ++k) v += parts[(int64_t)k * n + i];
+  out[i] = v;
+}
+
 }  // namespace
+
+bool attention_decode_proj_fits(const DecodeAttentionArgs& a) {
+  const DecodeAttentionArgs::Proj* pr = a.proj;
+  return pr && a.n_seq == 1 && a.one_block && a.prep && a.k_type == DType::F16 && a.v_type == DType::F16 &&
+         a.head_dim == 128 && a.n_head_kv > 0 && a.n_head == kProjHeads * a.n_head_kv && !a.gate &&
+         pr->type == DType::Q4_K && pr->w && pr->parts && ((uintptr_t)pr->w & 15) == 0 && pr->n_out > 0 &&
+         pr->n_out % kProjRows == 0 && pr->n_out / kProjRows <= 65535 &&
+         proj_block_smem_bytes() <= (size_t)max_smem_optin();
+}
+
+void sum_parts(const float* parts, int n_parts, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  XPERT_CU_ASSERT(n_parts >= 1);
+  launch_pdl(sum_parts_kernel, dim3((unsigned)((n + 255) / 256)), 256, 0, stream, parts, n_parts, n, out);
+  XPERT_CUDA_CHECK_LAUNCH();
+}
 
 size_t attention_decode_workspace_bytes(const DecodeAttentionArgs& a) {
   const DecodePlan pl = plan(a);
@@ -763,6 +933,18 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.window = a.sliding_window;
   p.scale_log2 = a.kq_scale * kLog2e;
   p.wide = (((uintptr_t)a.k | (uintptr_t)a.v | (uintptr_t)a.slot_stride) & 15) == 0;
+  if (a.proj) {
+    p.one_block = true;
+    p.proj_w = static_cast<const uint8_t*>(a.proj->w);
+    p.proj_row_bytes = (int64_t)row_bytes(DType::Q4_K, a.n_head * a.head_dim);
+    p.proj_n_out = (int)a.proj->n_out;
+    p.proj_parts = a.proj->parts;
+    set_smem_limit((const void*)decode_proj_kernel<128>, pl.smem_bytes);
+    launch_pdl(decode_proj_kernel<128>, dim3((unsigned)(a.proj->n_out / kProjRows), (unsigned)a.n_head_kv, 1),
+               kProjThreads, pl.smem_bytes, stream, p);
+    XPERT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (a.head_dim) {
     case 64:
       return launch_k<64>(a, pl, p, stream);

@@ -89,6 +89,7 @@ class CudaBackend final : public Backend {
         attn_early_(env_on("XPERT_ATTN_EARLY")),
         one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
         attn_prep_(env_on("XPERT_ATTN_PREP")),
+        attn_proj_(env_on("XPERT_ATTN_PROJ")),
         pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
         norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
         pin_logits_(env_on("XPERT_PIN_LOGITS")),
@@ -165,6 +166,7 @@ class CudaBackend final : public Backend {
   }
 
   void end_graph() override {
+    settle();
     graph_pass_ = false;
     if (skip_) {
       skip_ = false;
@@ -260,6 +262,7 @@ class CudaBackend final : public Backend {
     if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    settle();
     const auto t0 = std::chrono::steady_clock::now();
     XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
     synchronize();
@@ -270,6 +273,7 @@ class CudaBackend final : public Backend {
     if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
   }
   void synchronize() override {
+    settle();
     XPERT_CUDA_CHECK(cudaStreamSynchronize(s()));
     check_host_error();
   }
@@ -281,6 +285,7 @@ class CudaBackend final : public Backend {
 
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override {
     if (skip_) return;
+    settle();
     const int64_t k = w.ne[0], n = w.ne[1];
     if (const cuda::Activations* a = prepared(x, m, k, w.type)) {
       cuda::matmul_prepared(w.type, w.data, n, *a, y, ldy ? ldy : n, s());
@@ -298,6 +303,7 @@ class CudaBackend final : public Backend {
   // at decode sizes the jobs of one weight type also share one launch.
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override {
     if (skip_) return;
+    settle();
     const int64_t k = jobs.empty() ? 0 : jobs[0].w->ne[0];
     bool batched = true;  // an output over x would change what a later conversion reads
     for (const MatmulJob& j : jobs)
@@ -462,7 +468,26 @@ class CudaBackend final : public Backend {
   int decode_attention_form(int32_t max_pos) const override {
     return max_pos >= 0 && max_pos < one_block_keys_ ? 1 : 0;
   }
-  bool decode_attention(const DecodeAttention& d) override {
+  bool decode_attention(const DecodeAttention& d) override { return attend_decode(d, nullptr, nullptr); }
+  // The attention and its output projection as one launch (cuda::DecodeAttentionArgs::Proj) where it fits:
+  // proj then owes the sum of its KV heads' parts (owed_), which the router adds itself when the layer's
+  // FFN is add_rmsnorm_moe_ffn_add's fused form, and settle() otherwise.
+  bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override {
+    if (skip_) return true;
+    if (!attn_proj_ || !attn_prep_ || !d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
+        wo.ne[0] != d.n_head * d.head_dim || decode_attention_form(d.max_pos) != 1)
+      return false;
+    const size_t need = (size_t)(d.n_head_kv * wo.ne[1]) * sizeof(float);
+    if (parts_buf_.size() < need) {
+      if (capturing_) return false;
+      stale_graphs_ = true;
+      synchronize();
+      parts_buf_ = DeviceBuffer(*this, need);
+    }
+    return attend_decode(d, &wo, proj);
+  }
+  // decode_attention; with wo, the fused projection into proj, or false (nothing done) where it does not fit.
+  bool attend_decode(const DecodeAttention& d, const Weight* wo, float* proj) {
     if (skip_) return true;
     touch();
     if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
@@ -477,6 +502,7 @@ class CudaBackend final : public Backend {
     // The attention normalizes, rotates and stores q / k / v (DecodeAttentionArgs::prep): inside its blocks
     // where its form can, else by qk_norm_rope_store_f16 first.
     const bool hand_prep = pr && f16 && attn_prep_;
+    if (wo && !hand_prep) return false;
     cuda::DecodeAttentionArgs::QkPrep prep{};
     if (hand_prep) {
       prep = {.k = d.k,
@@ -524,6 +550,18 @@ class CudaBackend final : public Backend {
                                 .early_kv = attn_early_,
                                 .one_block = decode_attention_form(d.max_pos) == 1,
                                 .prep = hand_prep ? &prep : nullptr};
+    cuda::DecodeAttentionArgs::Proj pj{};
+    if (wo) {  // nothing is launched yet: a projection that does not fit declines the whole call
+      pj = {.w = wo->data,
+            .type = wo->type,
+            .n_out = wo->ne[1],
+            .parts = static_cast<float*>(parts_buf_.data())};
+      a.proj = &pj;
+      if (!cuda::attention_decode_proj_fits(a)) return false;
+      cuda::attention_decode(a, nullptr, s());
+      owed_ = {.out = proj, .n_parts = (int)d.n_head_kv, .n = wo->ne[1]};
+      return true;
+    }
     const int64_t out_k = d.n_head * d.head_dim;
     const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
     if (out_act) {
@@ -595,12 +633,26 @@ class CudaBackend final : public Backend {
     const bool fits = norm_in_router_ && cuda::long_row_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
                       cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
     if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+    // d still owed as decode_attention_proj's parts: the router adds them (and writes d) itself.
+    const bool take = owed_.out == d && owed_.n == E && owed_.n_parts <= cuda::kMaxRouterParts;
+    const OwedSum owed = take ? std::exchange(owed_, {}) : OwedSum{};
     touch();
     const cuda::Activations* act = prepare_slot(cur, n, E);  // where the router writes cur's q8_1
-    if (!act) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+    if (!act) {
+      if (take) owed_ = owed;  // settled by the path below
+      return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+    }
     auto* q = static_cast<int8_t*>(const_cast<void*>(act->data));
     auto* ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux));
-    const cuda::RouterNorm nm{.res = x, .d = d, .w = w, .eps = c.rms_eps, .y = cur, .q = q, .ds = ds};
+    const cuda::RouterNorm nm{.res = x,
+                              .d = d,
+                              .w = w,
+                              .eps = c.rms_eps,
+                              .y = cur,
+                              .q = q,
+                              .ds = ds,
+                              .parts = take ? static_cast<const float*>(parts_buf_.data()) : nullptr,
+                              .n_parts = owed.n_parts};
     cuda::MoeNormOut no;
     if (next_w && norm_after_down_) {  // fits: long_row_norm_fits, as for the router's norm
       if (!norm_done_.data()) {
@@ -715,7 +767,23 @@ class CudaBackend final : public Backend {
     const float* x = nullptr;
     cuda::Activations act;
   };
-  void touch() { prepared_ = {}; }
+  void touch() {
+    settle();
+    prepared_ = {};
+  }
+  // The sum decode_attention_proj left owed: its parts in parts_buf_, out = their sum (cuda::sum_parts).
+  // Every op but the router that takes them (take_owed) settles it first: touch() and the ops that do not
+  // touch.
+  struct OwedSum {
+    float* out = nullptr;
+    int n_parts = 0;
+    int64_t n = 0;
+  };
+  void settle() {
+    if (!owed_.out) return;
+    const OwedSum o = std::exchange(owed_, {});
+    cuda::sum_parts(static_cast<const float*>(parts_buf_.data()), o.n_parts, o.n, o.out, s());
+  }
   // Room in prep_buf_ for the q8_1 activations of rows x k (decode sizes, k % 32 == 0): describes them
   // in prepared_.act (prepared_.x stays null until the producer is launched), or null without room. The
   // buffer grows outside a capture only; graphs recorded with the old one are dropped.
@@ -1309,7 +1377,9 @@ class CudaBackend final : public Backend {
   const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
   const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
-  const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
+  const bool attn_prep_;
+  const bool attn_proj_;  // XPERT_ATTN_PROJ, on unless 0 (decode_attention_proj)          // XPERT_ATTN_PREP,
+                          // on unless 0 (cuda::DecodeAttentionArgs::prep)
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
@@ -1348,6 +1418,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer prep_buf_;
   DeviceBuffer router_done_;  // moe_router's block counter
   DeviceBuffer norm_done_;    // the down product's block counter for the next norm (MoeNormOut)
+  DeviceBuffer parts_buf_;    // decode_attention_proj's parts
+  OwedSum owed_;
 };
 
 }  // namespace

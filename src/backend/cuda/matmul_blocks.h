@@ -278,6 +278,16 @@ struct DotK45 {
     r.qh = kQ5 ? ld_u128(b + 16 + 16 * h) : make_uint4(0, 0, 0, 0);
     return r;
   }
+  // The same from a row in shared memory (16-byte aligned blocks).
+  __device__ static Raw load_shared(const uint8_t* row, int c) {
+    const int c4 = (c >> 1) & 3, h = c & 1;
+    const uint8_t* b = row + (c >> 3) * kBytes;
+    Raw r;
+    r.hdr = *reinterpret_cast<const uint4*>(b);
+    r.q = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * c4 + 16 * h);
+    r.qh = kQ5 ? *reinterpret_cast<const uint4*>(b + 16 + 16 * h) : make_uint4(0, 0, 0, 0);
+    return r;
+  }
   template <int M, class V = ActView>
   __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const int blk = c >> 3, c4 = (c >> 1) & 3, h = c & 1;

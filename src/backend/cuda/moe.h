@@ -59,7 +59,12 @@ struct RouterNorm {
   float* y = nullptr;    // [n_embd] out
   int8_t* q = nullptr;   // [n_embd] out, y's q8_1 values
   float2* ds = nullptr;  // [n_embd / 32] out, their scales (matmul.h)
+  // Optional: d comes as d_parts rows of n_embd (attention_decode's Proj parts): every block adds them as
+  // sum_parts does, and block 0 writes the sum to d, which is then out as well.
+  const float* parts = nullptr;
+  int n_parts = 0;  // 1 .. kMaxRouterParts
 };
+constexpr int kMaxRouterParts = 4;
 // What RouterNorm and MoeNormOut take: the long-row norm's exact sums in fewer threads (norm_row.cuh), one
 // token, 1024 < n_embd <= 2048, n_embd % 32 == 0.
 bool long_row_norm_fits(int64_t n_tokens, int64_t n_embd);

@@ -162,7 +162,23 @@ __global__ void __launch_bounds__(kRouterThreads)
 #pragma unroll
     for (int j = 0; j < kPre; ++j) {
       const int i = threadIdx.x + j * kRouterThreads;
-      dv[j] = i < D / 4 ? reinterpret_cast<const float4*>(nm.d)[i] : make_float4(0, 0, 0, 0);
+      if (nm.parts) {  // sum_parts' order: ((p0 + p1) + p2) + ...
+        float4 pv[kMaxRouterParts];
+#pragma unroll
+        for (int k = 0; k < kMaxRouterParts; ++k)
+          if (k < nm.n_parts && i < D / 4)
+            pv[k] = reinterpret_cast<const float4*>(nm.parts + (int64_t)k * D)[i];
+        dv[j] = i < D / 4 ? pv[0] : make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 1; k < kMaxRouterParts; ++k)
+          if (k < nm.n_parts && i < D / 4) {
+            dv[j].x += pv[k].x, dv[j].y += pv[k].y;
+            dv[j].z += pv[k].z, dv[j].w += pv[k].w;
+          }
+        if (e == 0 && i < D / 4) reinterpret_cast<float4*>(const_cast<float*>(nm.d))[i] = dv[j];
+      } else {
+        dv[j] = i < D / 4 ? reinterpret_cast<const float4*>(nm.d)[i] : make_float4(0, 0, 0, 0);
+      }
     }
     norm_in_router(res, dv, nw, D, nm.eps, nred, yv);
 #pragma unroll
@@ -280,6 +296,8 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
     if (!long_row_norm_fits(n_tokens, n_embd))
       fail_cat("CUDA moe_router: the norm inside the router takes one token of 1024 < n_embd <= 2048, got ",
                n_tokens, " of ", n_embd);
+    if (norm->parts && (norm->n_parts < 1 || norm->n_parts > kMaxRouterParts))
+      fail_cat("CUDA moe_router: d in ", norm->n_parts, " parts (supported: 1 to ", kMaxRouterParts, ")");
   }
   if (!moe_router_fusable(DType::F32, n_tokens, n_embd, r) || (shared_gate && r.k + 1 > 32))
     fail_cat("CUDA moe_router: ", n_tokens, " tokens of ", n_embd, ", ", r.n_expert, " experts, top ", r.k,
