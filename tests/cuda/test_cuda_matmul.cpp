@@ -10,6 +10,7 @@
 //  * random: uniform X, where the GPU's q8_1 (32-blocks) and the CPU's Q8_K (256-blocks) round X
 //    differently: |y - ref| / |ref| over the whole output <= 1.5e-2 for block types (about 0.5 % seen
 //    from the two int8 roundings), 1e-4 for float types (X rounded the same way on both sides).
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -68,6 +69,35 @@ double norm2(const float* v, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += (double)v[i] * v[i];
   return std::sqrt(s);
+}
+
+// The output head streamed through shared memory by bulk copies (matmul_stream.cu: the default on sm_90
+// for Q6_K heads of a multiple of 16 rows) against the decode form's lanes (XPERT_HEAD_STREAM=0): the same
+// bits. Qwen3's head, and a row count that leaves the CTAs' last groups uneven.
+TEST(CudaMatmulHead, StreamedIsTheDecodeFormBitForBit) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t k = 2048;
+  for (const int64_t n : {int64_t{151936}, int64_t{65536 + 16 * 1001}}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    const std::vector<uint8_t> w = cudatest::random_weights(DType::Q6_K, n, k, 4321);
+    cuda::DeviceBuffer w_dev = cudatest::weights_to_device(w, DType::Q6_K, k, n);
+    cuda::DeviceBuffer x_dev = to_device(cudatest::random_values((size_t)k, 17));
+    cuda::DeviceBuffer ws(std::max<size_t>(cuda::matmul_workspace_bytes(DType::Q6_K, 1, k), 1));
+    std::vector<float> y[2];
+    for (int streamed = 0; streamed < 2; ++streamed) {
+      if (!streamed) setenv("XPERT_HEAD_STREAM", "0", 1);
+      cuda::DeviceBuffer y_dev((size_t)n * 4);
+      XPERT_CUDA_CHECK(cudaMemset(y_dev.data(), 0xFF, y_dev.bytes()));
+      cuda::matmul(DType::Q6_K, w_dev.data(), n, k, x_dev.as<float>(), 1, y_dev.as<float>(), n, ws.data(),
+                   ws.bytes(), stream);
+      stream.sync();
+      unsetenv("XPERT_HEAD_STREAM");
+      y[streamed] = from_device<float>(y_dev, (size_t)n);
+    }
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[1][j]), std::bit_cast<uint32_t>(y[0][j])) << "row " << j;
+  }
 }
 
 class CudaMatmul : public ::testing::TestWithParam<DType> {};

@@ -358,6 +358,18 @@ struct Dot<DType::Q6_K> {
     r.d = ld_u16(row.d + blk * 2);
     return r;
   }
+  // The same from a row whose fields are in shared memory (matmul_stream.cu).
+  __device__ static Raw load_shared(const Q6Row& row, int c) {
+    const int blk = c >> 3, c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;
+    Raw r;
+    r.ql = *reinterpret_cast<const uint4*>(row.ql + blk * 128 + 64 * c6 + 32 * ga + 16 * h);
+    r.qh = *reinterpret_cast<const uint4*>(row.qh + blk * 64 + 32 * c6 + 16 * h);
+    const uint2 s8 = *reinterpret_cast<const uint2*>(row.sc + blk * 16 + 8 * c6);
+    r.sc0 = (int8_t)(s8.x >> (16 * ga + 8 * h));
+    r.sc1 = (int8_t)(s8.y >> (16 * ga + 8 * h));
+    r.d = *reinterpret_cast<const uint16_t*>(row.d + blk * 2);
+    return r;
+  }
   template <int M, class V = ActView>
   __device__ static void mul(const Raw& r, int c, const V& a, int m, float (&acc)[M]) {
     const int blk = c >> 3, c6 = (c >> 2) & 1, ga = (c >> 1) & 1, h = c & 1;

@@ -126,6 +126,7 @@ void launch(const MatvecOuts& o, const Activations& a, cudaStream_t stream) {
   const int nc = (int)(a.k / Dot<T>::kElems);
   const int64_t n = o.end[o.count - 1];
   const bool head = M == 1 && n >= kHeadRows && nc >= (kHeadBatch << kHeadLanesLog2);
+  if (head && o.count == 1 && launch_matvec_stream(T, o.w[0], n, a, o.y[0], stream)) return;
   const int lpr_log2 = head ? kHeadLanesLog2 : lanes_log2(nc);
   const int64_t rows_per_cta = kWarps * (32 >> lpr_log2);
   const dim3 grid((unsigned)((n + rows_per_cta - 1) / rows_per_cta), (unsigned)((a.m + M - 1) / M));

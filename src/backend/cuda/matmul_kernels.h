@@ -51,6 +51,12 @@ void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream
 // One-time per-device kernel set-up (shared-memory limits), outside any stream capture.
 void gemm_init();
 
+// One row of q8_1 activations times very many Q6_K rows (an output head) streamed through shared memory
+// (matmul_stream.cu: sm_90, n % 16 == 0, k % 256 == 0): the decode form's bits. False (nothing launched)
+// where the device, the shape or XPERT_HEAD_STREAM=0 does not take it.
+bool launch_matvec_stream(DType w_type, const void* w, int64_t n, const Activations& a, float* y,
+                          cudaStream_t stream);
+
 // Matrix-vector products for m rows of prepared activations (any m; W re-read per 8 rows).
 // Several matrices of one type and row length read the same activations in one launch: output j takes
 // global rows [end[j-1], end[j]) (its own rows 0..n_j) and writes y[j] with row stride ldy[j].
