@@ -365,19 +365,21 @@ TEST(CudaAttention, FusedPrepMatchesItsLaunch) {
 }
 
 // The attention with its output projection in one launch (DecodeAttentionArgs::Proj: one_block with the
-// fused prep, then each block's rows of W over its KV head's columns, parts summed by sum_parts) against
-// the same attention then matmul: the same cache bytes and, the products' sums being in another order, the
-// same projection within float rounding. Qwen3's heads (32 / 4 at 128), one KV head fewer and more, at
-// depths 0 to 900; a shape it does not take is said so by attention_decode_proj_fits.
-void check_proj(int64_t n_head_kv, int64_t n_out) {
-  const Shape s{8 * n_head_kv, n_head_kv, 128};
+// fused prep, then each block's rows of W over its 4 query heads' columns, parts summed by sum_parts)
+// against the same attention then the decode product over its q8_1 output: the same cache bytes and, the
+// products' sums being in another order, the same projection within float rounding. Qwen3's heads (32 / 4
+// at 128), other counts of KV heads and 4 query heads a KV head, at depths 0 to 900; a shape it does not
+// take is said so by attention_decode_proj_fits.
+void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out) {
+  const Shape s{group * n_head_kv, n_head_kv, 128};
   const int64_t D = s.head_dim, kv_row = s.n_head_kv * D, n_ctx = 1024, k_in = s.n_head * D;
   const size_t stride = n_ctx * row_bytes(DType::F16, kv_row);
   const auto cache = random_rows(DType::F16, n_ctx, kv_row, 80);
   const auto q = randn(s.n_head * D, 81, 2.0f), k = randn(kv_row, 82, 2.0f), v = randn(kv_row, 83),
              qw = randn(D, 84, 0.5f), kw = randn(D, 85, 0.5f);
   const std::vector<uint8_t> w = cudatest::random_weights(DType::Q4_K, n_out, k_in, 86);
-  Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), datt(k_in), dy(n_out), dparts(n_head_kv * n_out);
+  const int64_t n_parts = cuda::attention_decode_proj_parts(s.n_head);
+  Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), datt(k_in), dy(n_out), dparts(n_parts * n_out);
   Dev<uint8_t> dw(w);
   Dev<int32_t> dpos(1);
   const cuda::DecodeAttentionArgs::QkPrep prep{.k = dk.get(),
@@ -419,7 +421,7 @@ void check_proj(int64_t n_head_kv, int64_t n_out) {
         ASSERT_TRUE(cuda::attention_decode_proj_fits(a));
         dparts.poison();
         cuda::attention_decode(a, nullptr, nullptr);
-        cuda::sum_parts(dparts.get(), (int)n_head_kv, n_out, dy.get(), nullptr);
+        cuda::sum_parts(dparts.get(), (int)n_parts, n_out, dy.get(), nullptr);
       } else {
         // The model's path: the combine's q8_1 blocks, then the decode product over them.
         Dev<int8_t> aq(k_in);
@@ -432,8 +434,8 @@ void check_proj(int64_t n_head_kv, int64_t n_out) {
       }
       y[fused] = dy.download(), kc[fused] = dkc.download(), vc[fused] = dvc.download();
     }
-    const std::string what = " KV heads " + std::to_string(n_head_kv) + " rows " + std::to_string(n_out) +
-                             " at " + std::to_string(pos);
+    const std::string what = " heads " + std::to_string(s.n_head) + "/" + std::to_string(n_head_kv) +
+                             " rows " + std::to_string(n_out) + " at " + std::to_string(pos);
     EXPECT_EQ(kc[1], kc[0]) << "K cache" << what;
     EXPECT_EQ(vc[1], vc[0]) << "V cache" << what;
     const Err e = compare(y[1], y[0]);
@@ -448,10 +450,11 @@ void check_proj(int64_t n_head_kv, int64_t n_out) {
 
 TEST(CudaAttention, ProjectionInsideMatchesAttentionThenMatmul) {
   XPERT_OPS_REQUIRE_GPU();
-  check_proj(4, 2048);  // Qwen3-30B-A3B
-  check_proj(1, 64);
-  check_proj(8, 4096);
-  // What it does not take: another head_dim, 4 query heads a KV head, a row count off the blocks' 64.
+  check_proj(8, 4, 2048);  // Qwen3-30B-A3B
+  check_proj(8, 1, 128);
+  check_proj(8, 8, 4096);
+  check_proj(4, 4, 2048);
+  // What it does not take: another head_dim, 2 query heads a KV head, a row count off the blocks' 128.
   Dev<int32_t> dpos(1);
   cuda::DecodeAttentionArgs::QkPrep prep{};
   prep.n_rot = 128;
@@ -463,11 +466,13 @@ TEST(CudaAttention, ProjectionInsideMatchesAttentionThenMatmul) {
   EXPECT_TRUE(cuda::attention_decode_proj_fits(a));
   a.head_dim = 256;
   EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
-  a.head_dim = 128, a.n_head_kv = 8;
+  a.head_dim = 128, a.n_head_kv = 16;
   EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
   a.n_head_kv = 4;
-  const cuda::DecodeAttentionArgs::Proj odd{
-      .w = dpos.get(), .type = DType::Q4_K, .n_out = 2000, .parts = reinterpret_cast<float*>(dpos.get())};
+  const cuda::DecodeAttentionArgs::Proj odd{.w = dpos.get(),
+                                            .type = DType::Q4_K,
+                                            .n_out = 2048 + 64,
+                                            .parts = reinterpret_cast<float*>(dpos.get())};
   a.proj = &odd;
   EXPECT_FALSE(cuda::attention_decode_proj_fits(a));
   a.proj = &proj;

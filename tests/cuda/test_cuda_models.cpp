@@ -222,7 +222,7 @@ TEST(CudaModelFusions, NormAfterDownIsExact) {
 }
 
 // The attention and its output projection in one launch (the default for Qwen3-30B-A3B's attention with a
-// Q4_K output matrix: each block's rows over its KV head's columns, the router adding the KV heads' parts)
+// Q4_K output matrix: each block's rows over 4 heads' columns, the router adding the groups' parts)
 // against the attention then the product (XPERT_ATTN_PROJ=0): the same prefill (which takes neither), and
 // steps within kLogitTol, not the same bits (the products sum in another order, so equal bits would mean
 // the fusion did not run). Then the same with the FFN norm's own launch (XPERT_NORM_IN_ROUTER=0 on both),

@@ -84,23 +84,24 @@ struct DecodeAttentionArgs {
     RopeMode mode;
   };
   const QkPrep* prep = nullptr;
-  // Optional (attention_decode_proj_fits): the output projection too, split by KV head. For each sequence
-  // (n_seq must be 1) and KV head g, parts[g][n_out] = W[:, g's query heads' columns] . out[those columns]:
-  // sum_parts gives W . out (matmul's product, its sums in another order). No kernel reads out, so it is not
+  // Optional (attention_decode_proj_fits): the output projection too, split by groups of 4 query heads. For
+  // one sequence and group g (attention_decode_proj_parts of them), parts[g][n_out] = W[:, g's columns] .
+  // out[g's columns]: sum_parts gives W . out (matmul's product, its sums in another order). out is not
   // written (nor out_q). Each block copies its slice of W into shared memory before the PDL wait, then
-  // computes its KV head's attention itself (the KV head's blocks all the same one, keys from L2), so the
-  // output never leaves the block.
+  // computes its group's attention itself (a group's blocks all the same one, keys from L2), so the output
+  // never leaves the block.
   struct Proj {
     const void* w;  // [n_out][n_head * head_dim], Q4_K blocks (row_bytes apart)
     DType type = DType::Q4_K;
     int64_t n_out = 0;
-    float* parts = nullptr;  // [n_head_kv][n_out]
+    float* parts = nullptr;  // [attention_decode_proj_parts][n_out]
   };
   const Proj* proj = nullptr;
 };
 // Whether attention_decode takes a.proj (a.proj set): one sequence, one_block, the fused prep, f16 K and V,
-// head_dim 128, 8 query heads a KV head, Q4_K weights, n_out a multiple of 64.
+// head_dim 128, 4 or 8 query heads a KV head, no gate, Q4_K weights, n_out a multiple of 128.
 bool attention_decode_proj_fits(const DecodeAttentionArgs& a);
+int64_t attention_decode_proj_parts(int64_t n_head);  // rows of Proj::parts: n_head / 4
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... over n_parts rows of n floats (the order in
 // which cuda::RouterNorm adds them too).
 void sum_parts(const float* parts, int n_parts, int64_t n, float* out, cudaStream_t stream);

@@ -286,12 +286,13 @@ __device__ __forceinline__ void combine_in_block(const DecodeParams& p, unsigned
   for (int it = warp + kPre * nw; it < items; it += nw) piece(it, 0.0f, false);
 }
 
-// proj: a block of kProjThreads, of which the first kProjRingWarps split the keys (the rest do the prep and
-// then help combine), for kProjRows rows of the output projection over its KV head's kProjHeads query
-// heads: the block's slice of W (rows x 4 Q4_K blocks at head_dim 128) in shared memory after the prep's
-// rows, then the heads' output as q8_1 (int8 values, then float2 scales).
-constexpr int kProjThreads = 256, kProjRingWarps = 4, kProjRows = 64, kProjHeads = 8;
-constexpr int kProjLanes = 4;  // lanes a row in the product: 8 rows a warp
+// proj: a block of kProjThreads, of which the first kProjRingWarps split the keys (all do the prep, combine
+// and product), for kProjRows rows of the output projection over kProjHeads query heads of one KV head (a
+// unit: blockIdx.y): the block's slice of W (rows x 2 Q4_K blocks at head_dim 128) in shared memory after
+// the prep's rows, then the heads' output as q8_1 (int8 values, then float2 scales). Four heads a block
+// rather than a KV head's eight: the prep's rows and the combine's pieces are then one round of the warps.
+constexpr int kProjThreads = 256, kProjRingWarps = 4, kProjRows = 128, kProjHeads = 4;
+constexpr int kProjLanes = 2;  // lanes a row in the product: 16 rows a warp
 static_assert(kProjRows == kProjThreads / kProjLanes && kProjThreads > 32 * kProjRingWarps);
 template <int D>
 constexpr int proj_w_row_bytes() {
@@ -305,11 +306,11 @@ constexpr size_t proj_smem_bytes() {  // after the prep's rows
 // The block's rows of W, its KV head's columns, into shared memory (cp.async; the caller waits): by the
 // warps past the rings, whose cp.async groups hold nothing else.
 template <int D>
-__device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst, int hk) {
+__device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst, int unit) {
   constexpr int kRowBytes = proj_w_row_bytes<D>(), kUnits = kRowBytes / 16;
   const int t = threadIdx.x - 32 * kProjRingWarps, nt = kProjThreads - 32 * kProjRingWarps;
   const uint8_t* src =
-      p.proj_w + (int64_t)blockIdx.x * kProjRows * p.proj_row_bytes + (int64_t)hk * kRowBytes;
+      p.proj_w + (int64_t)blockIdx.x * kProjRows * p.proj_row_bytes + (int64_t)unit * kRowBytes;
   for (int i = t; i < kProjRows * kUnits; i += nt) {
     const int r = i / kUnits, u = i % kUnits;
     cp_async16(dst + r * kRowBytes + u * 16, src + r * p.proj_row_bytes + u * 16, true);
@@ -318,11 +319,12 @@ __device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst,
 }
 
 // proj's end: the ring warps' partials combined into the KV head's output as q8_1 in shared memory (the
-// one_block combine's values and blocks), then this block's rows of W . those columns into parts[hk].
+// one_block combine's values and blocks), then this block's rows of W . those columns into parts[unit].
 template <int D>
 __device__ __forceinline__ void combine_proj(const DecodeParams& p, unsigned char* smem, int warp_bytes,
-                                             unsigned char* wsm, int hk, int nh, const float (&o)[D / 16][4],
-                                             const float (&m)[2], const float (&l)[2]) {
+                                             unsigned char* wsm, int unit, int nh,
+                                             const float (&o)[D / 16][4], const float (&m)[2],
+                                             const float (&l)[2]) {
   using Dot = dev::Dot<DType::Q4_K>;
   constexpr int kPieces = D / 32, kRowBytes = proj_w_row_bytes<D>(), kChunks = kProjHeads * D / Dot::kElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -349,7 +351,7 @@ __device__ __forceinline__ void combine_proj(const DecodeParams& p, unsigned cha
     Dot::template mul<1, dev::SharedAct>(Dot::load_shared(row, c), c, a, 1, acc);
 #pragma unroll
   for (int off = kProjLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
-  if (sub == 0) p.proj_parts[(int64_t)hk * p.proj_n_out + blockIdx.x * kProjRows + r] = acc[0];
+  if (sub == 0) p.proj_parts[(int64_t)unit * p.proj_n_out + blockIdx.x * kProjRows + r] = acc[0];
 }
 
 // The decode kernel's body; kProj: the proj form (combine_proj), a unit's blocks blockIdx.x all computing it.
@@ -414,7 +416,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   float* prep_rows = reinterpret_cast<float*>(smem_raw + n_ring * warp_smem_bytes<D, KT, VT>());
   unsigned char* wsm = reinterpret_cast<unsigned char*>(prep_rows + (kProjHeads + 2) * D);  // kProj: W, act
   if constexpr (kProj)
-    if (warp >= kProjRingWarps) proj_load_w<D>(p, smem_addr(wsm), hk);
+    if (warp >= kProjRingWarps) proj_load_w<D>(p, smem_addr(wsm), blockIdx.y);
   float rc[D / 64], rs[D / 64];
   if (prep) rope_angles<D / 64>((float)pos, p.n_rot, p.theta_scale, p.freq_scale, rc, rs);
   pdl_begin();
@@ -569,7 +571,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
   if constexpr (kProj)
-    return combine_proj<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), wsm, hk, nh, o, m, l);
+    return combine_proj<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), wsm, blockIdx.y, nh, o, m, l);
   if (p.one_block)
     return combine_in_block<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), seq, h0, nh, o, m, l);
 #pragma unroll
@@ -771,7 +773,7 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
           "cuda attention_decode: this output projection is not fused (attention_decode_proj_fits)");
     pl.warps = kProjThreads / 32;
     pl.hc_heads = kProjHeads;
-    pl.n_hchunk = 1;
+    pl.n_hchunk = (int)(a.n_head / a.n_head_kv / kProjHeads);
     pl.max_splits = kProjRingWarps;
     pl.fuse_prep = true;
     pl.smem_bytes = proj_block_smem_bytes();
@@ -854,11 +856,14 @@ __global__ void sum_parts_kernel(const float* __restrict__ parts, int n_parts, i
 bool attention_decode_proj_fits(const DecodeAttentionArgs& a) {
   const DecodeAttentionArgs::Proj* pr = a.proj;
   return pr && a.n_seq == 1 && a.one_block && a.prep && a.k_type == DType::F16 && a.v_type == DType::F16 &&
-         a.head_dim == 128 && a.n_head_kv > 0 && a.n_head == kProjHeads * a.n_head_kv && !a.gate &&
+         a.head_dim == 128 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 &&
+         (a.n_head / a.n_head_kv) % kProjHeads == 0 && a.n_head / a.n_head_kv <= 8 && !a.gate &&
          pr->type == DType::Q4_K && pr->w && pr->parts && ((uintptr_t)pr->w & 15) == 0 && pr->n_out > 0 &&
          pr->n_out % kProjRows == 0 && pr->n_out / kProjRows <= 65535 &&
          proj_block_smem_bytes() <= (size_t)max_smem_optin();
 }
+
+int64_t attention_decode_proj_parts(int64_t n_head) { return n_head / kProjHeads; }
 
 void sum_parts(const float* parts, int n_parts, int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return;
@@ -940,7 +945,8 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
     p.proj_n_out = (int)a.proj->n_out;
     p.proj_parts = a.proj->parts;
     set_smem_limit((const void*)decode_proj_kernel<128>, pl.smem_bytes);
-    launch_pdl(decode_proj_kernel<128>, dim3((unsigned)(a.proj->n_out / kProjRows), (unsigned)a.n_head_kv, 1),
+    launch_pdl(decode_proj_kernel<128>,
+               dim3((unsigned)(a.proj->n_out / kProjRows), (unsigned)(a.n_head_kv * pl.n_hchunk), 1),
                kProjThreads, pl.smem_bytes, stream, p);
     XPERT_CUDA_CHECK_LAUNCH();
     return;

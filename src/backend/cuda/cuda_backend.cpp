@@ -477,7 +477,7 @@ class CudaBackend final : public Backend {
     if (!attn_proj_ || !attn_prep_ || !d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
         wo.ne[0] != d.n_head * d.head_dim || decode_attention_form(d.max_pos) != 1)
       return false;
-    const size_t need = (size_t)(d.n_head_kv * wo.ne[1]) * sizeof(float);
+    const size_t need = (size_t)(cuda::attention_decode_proj_parts(d.n_head) * wo.ne[1]) * sizeof(float);
     if (parts_buf_.size() < need) {
       if (capturing_) return false;
       stale_graphs_ = true;
@@ -559,7 +559,7 @@ class CudaBackend final : public Backend {
       a.proj = &pj;
       if (!cuda::attention_decode_proj_fits(a)) return false;
       cuda::attention_decode(a, nullptr, s());
-      owed_ = {.out = proj, .n_parts = (int)d.n_head_kv, .n = wo->ne[1]};
+      owed_ = {.out = proj, .n_parts = (int)cuda::attention_decode_proj_parts(d.n_head), .n = wo->ne[1]};
       return true;
     }
     const int64_t out_k = d.n_head * d.head_dim;

@@ -64,7 +64,7 @@ struct RouterNorm {
   const float* parts = nullptr;
   int n_parts = 0;  // 1 .. kMaxRouterParts
 };
-constexpr int kMaxRouterParts = 4;
+constexpr int kMaxRouterParts = 8;
 // What RouterNorm and MoeNormOut take: the long-row norm's exact sums in fewer threads (norm_row.cuh), one
 // token, 1024 < n_embd <= 2048, n_embd % 32 == 0.
 bool long_row_norm_fits(int64_t n_tokens, int64_t n_embd);

@@ -162,20 +162,28 @@ __global__ void __launch_bounds__(kRouterThreads)
 #pragma unroll
     for (int j = 0; j < kPre; ++j) {
       const int i = threadIdx.x + j * kRouterThreads;
-      if (nm.parts) {  // sum_parts' order: ((p0 + p1) + p2) + ...
-        float4 pv[kMaxRouterParts];
+      if (nm.parts) {  // sum_parts' order: ((p0 + p1) + p2) + ..., four parts' loads at a time
+        float4 v = make_float4(0, 0, 0, 0);
 #pragma unroll
-        for (int k = 0; k < kMaxRouterParts; ++k)
-          if (k < nm.n_parts && i < D / 4)
-            pv[k] = reinterpret_cast<const float4*>(nm.parts + (int64_t)k * D)[i];
-        dv[j] = i < D / 4 ? pv[0] : make_float4(0, 0, 0, 0);
+        for (int k0 = 0; k0 < kMaxRouterParts; k0 += 4) {
+          float4 pv[4];
 #pragma unroll
-        for (int k = 1; k < kMaxRouterParts; ++k)
-          if (k < nm.n_parts && i < D / 4) {
-            dv[j].x += pv[k].x, dv[j].y += pv[k].y;
-            dv[j].z += pv[k].z, dv[j].w += pv[k].w;
-          }
-        if (e == 0 && i < D / 4) reinterpret_cast<float4*>(const_cast<float*>(nm.d))[i] = dv[j];
+          for (int k = 0; k < 4; ++k)
+            if (k0 + k < nm.n_parts && i < D / 4)
+              pv[k] = reinterpret_cast<const float4*>(nm.parts + (int64_t)(k0 + k) * D)[i];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            if (k0 + k < nm.n_parts && i < D / 4) {
+              if (k0 + k == 0) {
+                v = pv[k];
+              } else {
+                v.x += pv[k].x, v.y += pv[k].y;
+                v.z += pv[k].z, v.w += pv[k].w;
+              }
+            }
+        }
+        dv[j] = v;
+        if (e == 0 && i < D / 4) reinterpret_cast<float4*>(const_cast<float*>(nm.d))[i] = v;
       } else {
         dv[j] = i < D / 4 ? reinterpret_cast<const float4*>(nm.d)[i] : make_float4(0, 0, 0, 0);
       }
