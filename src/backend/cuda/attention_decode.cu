@@ -303,7 +303,7 @@ constexpr size_t proj_smem_bytes() {  // after the prep's rows
   return (size_t)kProjRows * proj_w_row_bytes<D>() + kProjHeads * D + kProjHeads * D / 32 * sizeof(float2);
 }
 
-// The block's rows of W, its KV head's columns, into shared memory (cp.async; the caller waits): by the
+// The block's rows of W, its unit's columns, into shared memory (cp.async; the caller waits): by the
 // warps past the rings, whose cp.async groups hold nothing else.
 template <int D>
 __device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst, int unit) {
@@ -318,13 +318,12 @@ __device__ __forceinline__ void proj_load_w(const DecodeParams& p, uint32_t dst,
   cp_async_commit();
 }
 
-// proj's end: the ring warps' partials combined into the KV head's output as q8_1 in shared memory (the
+// proj's end: the ring warps' partials combined into the unit's heads' output as q8_1 in shared memory (the
 // one_block combine's values and blocks), then this block's rows of W . those columns into parts[unit].
 template <int D>
 __device__ __forceinline__ void combine_proj(const DecodeParams& p, unsigned char* smem, int warp_bytes,
-                                             unsigned char* wsm, int unit, int nh,
-                                             const float (&o)[D / 16][4], const float (&m)[2],
-                                             const float (&l)[2]) {
+                                             unsigned char* wsm, int unit, const float (&o)[D / 16][4],
+                                             const float (&m)[2], const float (&l)[2]) {
   using Dot = dev::Dot<DType::Q4_K>;
   constexpr int kPieces = D / 32, kRowBytes = proj_w_row_bytes<D>(), kChunks = kProjHeads * D / Dot::kElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -571,7 +570,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
   if constexpr (kProj)
-    return combine_proj<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), wsm, blockIdx.y, nh, o, m, l);
+    return combine_proj<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), wsm, blockIdx.y, o, m, l);
   if (p.one_block)
     return combine_in_block<D>(p, smem_raw, warp_smem_bytes<D, KT, VT>(), seq, h0, nh, o, m, l);
 #pragma unroll
@@ -743,8 +742,8 @@ DecodeConfig decode_config(int64_t D, int kt, int vt) {
   return c;
 }
 
-// The proj form's shared memory (head_dim 128, f16): the ring warps' rings, the prep's rows (8 q heads, k
-// and v), W's slice and the heads' q8_1 output.
+// The proj form's shared memory (head_dim 128, f16): the ring warps' rings, the prep's rows (the unit's q
+// heads, k and v), W's slice and the heads' q8_1 output.
 size_t proj_block_smem_bytes() {
   return kProjRingWarps * warp_smem_bytes<128, kKvF16, kKvF16>() + (kProjHeads + 2) * 128 * sizeof(float) +
          proj_smem_bytes<128>();
@@ -767,7 +766,7 @@ DecodePlan plan(const DecodeAttentionArgs& a) {
     detail::fail_rt(
         "cuda attention_decode: a quantized cache must be 4-byte aligned (bases and slot stride)");
   DecodePlan pl{};
-  if (a.proj) {  // a block of kProjThreads per (row slice, KV head): its ring warps split the keys
+  if (a.proj) {  // a block of kProjThreads per (row slice, unit of kProjHeads): its ring warps split the keys
     if (!attention_decode_proj_fits(a))
       detail::fail_rt(
           "cuda attention_decode: this output projection is not fused (attention_decode_proj_fits)");

@@ -470,7 +470,7 @@ class CudaBackend final : public Backend {
   }
   bool decode_attention(const DecodeAttention& d) override { return attend_decode(d, nullptr, nullptr); }
   // The attention and its output projection as one launch (cuda::DecodeAttentionArgs::Proj) where it fits:
-  // proj then owes the sum of its KV heads' parts (owed_), which the router adds itself when the layer's
+  // proj then owes the sum of its head groups' parts (owed_), which the router adds itself when the layer's
   // FFN is add_rmsnorm_moe_ffn_add's fused form, and settle() otherwise.
   bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override {
     if (skip_) return true;
@@ -772,8 +772,8 @@ class CudaBackend final : public Backend {
     prepared_ = {};
   }
   // The sum decode_attention_proj left owed: its parts in parts_buf_, out = their sum (cuda::sum_parts).
-  // Every op but the router that takes them (take_owed) settles it first: touch() and the ops that do not
-  // touch.
+  // Every op but the router that takes them (add_rmsnorm_moe_ffn_add) settles it first: touch() and the ops
+  // that do not touch.
   struct OwedSum {
     float* out = nullptr;
     int n_parts = 0;
@@ -1377,9 +1377,8 @@ class CudaBackend final : public Backend {
   const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
   const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
   const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
-  const bool attn_prep_;
-  const bool attn_proj_;  // XPERT_ATTN_PROJ, on unless 0 (decode_attention_proj)          // XPERT_ATTN_PREP,
-                          // on unless 0 (cuda::DecodeAttentionArgs::prep)
+  const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
+  const bool attn_proj_;          // XPERT_ATTN_PROJ, on unless 0 (decode_attention_proj)
   const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
   const bool
       norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
