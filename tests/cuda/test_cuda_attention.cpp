@@ -368,9 +368,9 @@ TEST(CudaAttention, FusedPrepMatchesItsLaunch) {
 // fused prep, then each block's rows of W over its 4 query heads' columns, parts summed by sum_parts)
 // against the same attention then the decode product over its q8_1 output: the same cache bytes and, the
 // products' sums being in another order, the same projection within float rounding. Qwen3's heads (32 / 4
-// at 128), other counts of KV heads and 4 query heads a KV head, at depths 0 to 900; a shape it does not
-// take is said so by attention_decode_proj_fits.
-void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out) {
+// at 128), other counts of KV heads and 4 query heads a KV head, with and without a sliding window, at
+// depths 0 to 900; a shape it does not take is said so by attention_decode_proj_fits.
+void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out, int32_t window = 0) {
   const Shape s{group * n_head_kv, n_head_kv, 128};
   const int64_t D = s.head_dim, kv_row = s.n_head_kv * D, n_ctx = 1024, k_in = s.n_head * D;
   const size_t stride = n_ctx * row_bytes(DType::F16, kv_row);
@@ -413,6 +413,7 @@ void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out) {
                                   .head_dim = D,
                                   .max_kv = n_ctx,
                                   .kq_scale = 1.0f / 16.0f,
+                                  .sliding_window = window,
                                   .one_block = true,
                                   .prep = &prep};
       dy.poison();
@@ -434,8 +435,9 @@ void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out) {
       }
       y[fused] = dy.download(), kc[fused] = dkc.download(), vc[fused] = dvc.download();
     }
-    const std::string what = " heads " + std::to_string(s.n_head) + "/" + std::to_string(n_head_kv) +
-                             " rows " + std::to_string(n_out) + " at " + std::to_string(pos);
+    const std::string what = " window " + std::to_string(window) + " heads " + std::to_string(s.n_head) +
+                             "/" + std::to_string(n_head_kv) + " rows " + std::to_string(n_out) + " at " +
+                             std::to_string(pos);
     EXPECT_EQ(kc[1], kc[0]) << "K cache" << what;
     EXPECT_EQ(vc[1], vc[0]) << "V cache" << what;
     const Err e = compare(y[1], y[0]);
@@ -454,6 +456,7 @@ TEST(CudaAttention, ProjectionInsideMatchesAttentionThenMatmul) {
   check_proj(8, 1, 128);
   check_proj(8, 8, 4096);
   check_proj(4, 4, 2048);
+  check_proj(8, 4, 2048, 100);  // a sliding window: the one-block form's key ranges
   // What it does not take: another head_dim, 2 query heads a KV head, a row count off the blocks' 128.
   Dev<int32_t> dpos(1);
   cuda::DecodeAttentionArgs::QkPrep prep{};
