@@ -278,6 +278,22 @@ void check_batched_decode(KvPair types, const Shape& s = {16, 2, 256}) {
     }
 }
 
+// The fused prep's arguments: this step's k and v rows, the per-head norm weights, NeoX RoPE over n_rot
+// dims (Qwen3's and Qwen3.5's constants).
+cuda::DecodeAttentionArgs::QkPrep neox_prep(const Dev<float>& k, const Dev<float>& v,
+                                            const Dev<float>& q_norm, const Dev<float>& k_norm,
+                                            int64_t n_rot) {
+  return {.k = k.get(),
+          .v = v.get(),
+          .q_norm = q_norm.get(),
+          .k_norm = k_norm.get(),
+          .n_rot = n_rot,
+          .freq_base = 1e6f,
+          .freq_scale = 1.0f,
+          .eps = 1e-6f,
+          .mode = RopeMode::neox};
+}
+
 // The q/k prep inside one_block's blocks (DecodeAttentionArgs::prep: q, k and v as projected; per-head
 // norms, RoPE, the f16 K/V stores done by the attention) against qk_norm_rope_store_f16's launch and then
 // the same attention: the same output bits and the same cache bytes; and the split form, which takes the
@@ -299,15 +315,7 @@ void check_fused_prep(const Shape& s, int64_t n_rot, bool interleaved) {
              v = randn(n_seq * kv_row, 73), qw = randn(D, 74, 0.5f), kw = randn(D, 75, 0.5f);
   Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), dout(n_seq * s.n_head * D);
   Dev<int32_t> dslots(slots), dpos(n_seq);
-  const cuda::DecodeAttentionArgs::QkPrep prep{.k = dk.get(),
-                                               .v = dv.get(),
-                                               .q_norm = dqw.get(),
-                                               .k_norm = dkw.get(),
-                                               .n_rot = n_rot,
-                                               .freq_base = 1e6f,
-                                               .freq_scale = 1.0f,
-                                               .eps = 1e-6f,
-                                               .mode = RopeMode::neox};
+  const cuda::DecodeAttentionArgs::QkPrep prep = neox_prep(dk, dv, dqw, dkw, n_rot);
   for (const std::vector<int32_t>& pos :
        {std::vector<int32_t>{63, 0, 17}, std::vector<int32_t>{300, 5, 511}}) {
     dpos.upload(pos);
@@ -382,15 +390,7 @@ void check_proj(int64_t group, int64_t n_head_kv, int64_t n_out, int32_t window 
   Dev<float> dk(k), dv(v), dqw(qw), dkw(kw), datt(k_in), dy(n_out), dparts(n_parts * n_out);
   Dev<uint8_t> dw(w);
   Dev<int32_t> dpos(1);
-  const cuda::DecodeAttentionArgs::QkPrep prep{.k = dk.get(),
-                                               .v = dv.get(),
-                                               .q_norm = dqw.get(),
-                                               .k_norm = dkw.get(),
-                                               .n_rot = D,
-                                               .freq_base = 1e6f,
-                                               .freq_scale = 1.0f,
-                                               .eps = 1e-6f,
-                                               .mode = RopeMode::neox};
+  const cuda::DecodeAttentionArgs::QkPrep prep = neox_prep(dk, dv, dqw, dkw, D);
   const cuda::DecodeAttentionArgs::Proj proj{
       .w = dw.get(), .type = DType::Q4_K, .n_out = n_out, .parts = dparts.get()};
   for (const int32_t pos : {0, 1, 63, 200, 900}) {

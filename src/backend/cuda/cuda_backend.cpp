@@ -474,6 +474,7 @@ class CudaBackend final : public Backend {
   // FFN is add_rmsnorm_moe_ffn_add's fused form, and settle() otherwise.
   bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override {
     if (skip_) return true;
+    // The cheap checks, before the parts' buffer is made; cuda::attention_decode_proj_fits decides.
     if (!attn_proj_ || !attn_prep_ || !d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
         wo.ne[0] != d.n_head * d.head_dim || decode_attention_form(d.max_pos) != 1)
       return false;
@@ -684,6 +685,7 @@ class CudaBackend final : public Backend {
            bool accumulate, bool shared, const cuda::RouterNorm* nm = nullptr,
            const float* residual = nullptr, const cuda::MoeNormOut& norm_out = {}) {
     if (skip_) return;
+    settle();  // it does not touch: x may be prepared activations
     const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
     const size_t mark = ar.mark();

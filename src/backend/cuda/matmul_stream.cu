@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
       Dot<DType::Q6_K>::template mul<1>(Dot<DType::Q6_K>::load_shared(q, c), c, a, 1, acc);
 #pragma unroll
     for (int off = kLanes / 2; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
-    if (sub == 0) y[g * kRows + lr] = acc[0] * 1.0f;  // the decode form's product with no row scale
+    if (sub == 0) y[g * kRows + lr] = acc[0];
     __syncthreads();                                  // every lane is done with stage s
     if (threadIdx.x == 0) issue(i + stages);
   }
