@@ -14,6 +14,8 @@ build: deps
 	cmake --preset $(PRESET) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+# What `make run` builds (every CUDA architecture of the release preset), with warnings as errors: a target
+# that does not build, or warns, for any listed architecture fails `make test` too.
 build-ci: deps
 	cmake --preset ci >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)

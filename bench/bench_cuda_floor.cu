@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/ops.h"
 
@@ -70,10 +71,7 @@ constexpr int kReplays = 5;
   } while (0)
 
 __global__ void chain_kernel(int* slots, int i, bool pdl) {
-  if (pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  if (pdl) xpert::cuda::pdl_begin();
   if (threadIdx.x == 0) {
     const int v = __ldcg(slots + (size_t)i * gridDim.x + (blockIdx.x + 1) % gridDim.x);
     slots[(size_t)(i + 1) * gridDim.x + blockIdx.x] = v + 1;
@@ -268,10 +266,8 @@ constexpr size_t kSpan = 32 * kRowBytes, kExpertBytes = kSpans * kSpan;
 constexpr int kStreamThreads = 512;
 constexpr int kPerThread = (int)(2 * kSpan / 16 / kStreamThreads);  // 16-byte loads a thread: 9
 
-__device__ void wait_then_trigger() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+// PDL's wait and trigger on sm_90+, nothing on older GPUs (launch.cuh).
+__device__ void wait_then_trigger() { xpert::cuda::pdl_begin(); }
 
 // Step i's experts: (8 i + 17 j) mod 128, all different within 16 consecutive steps.
 __global__ void route_stub(int* ids, int i) {
@@ -309,10 +305,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     }
   } else {
     if (kMode == 1 && threadIdx.x == 0) {
-      for (const uint8_t* p : {g, u}) {
-        const size_t a = __cvta_generic_to_global(p);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)kSpan) : "memory");
-      }
+      for (const uint8_t* p : {g, u}) xpert::cuda::prefetch_l2(p, kSpan);
     }
     for (int c0 = 0; c0 < kPerThread; c0 += kDepth) {
       uint4 v[kDepth];
@@ -555,8 +548,10 @@ int main(int argc, char** argv) {
       if (!std::strcmp(argv[i], section)) return true;
     return false;
   };
-  int sms = 0;
+  int sms = 0, major = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const bool sm90 = major >= 9;  // PDL, bulk prefetches and clusters; older GPUs run the plain forms only
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const int max_blocks = 4096;
@@ -569,13 +564,15 @@ int main(int argc, char** argv) {
     std::printf("| what | blocks x threads | us each |\n|---|---|---:|\n");
     for (int blocks : {sms, 1024, 4096})
       for (bool pdl : {false, true})
-        std::printf("| graph chain, %s | %d x 128 | %.2f |\n", pdl ? "PDL" : "plain", blocks,
+        if (!pdl || sm90)
+          std::printf("| graph chain, %s | %d x 128 | %.2f |\n", pdl ? "PDL" : "plain", blocks,
                     chain(blocks, 128, pdl, slots, s));
     for (int threads : {128, 512})
       std::printf("| grid barrier + a read | %d x %d | %.2f |\n", sms, threads,
                   barrier(sms, threads, count, slots, s));
   }
-  if (run("cluster")) {
+  if (run("cluster") && !sm90) std::printf("\ncluster: skipped, thread block clusters need sm_90+\n");
+  if (run("cluster") && sm90) {
     CHECK(cudaFuncSetAttribute(cluster_hop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     CHECK(cudaFuncSetAttribute(cluster_hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10));
     // 120 KB of shared memory: one block an SM; 100 KB: two.

@@ -4,7 +4,7 @@
 #                                         # xpert (+ tests/xpert_cuda_tests and bench/bench_cuda_floor
 #                                         # when built) and the shared libraries ldd lists,
 #                                         # stripped and xz-compressed into .lcpbin/devbin.txz
-#                                         # (BUILD: a build with -DCMAKE_CUDA_ARCHITECTURES=90; default build);
+#                                         # (BUILD: default build; build-dev from `cmake --preset dev`, sm_90 alone);
 #                                         # each NAME=BINARY adds another xpert build as .devbin/NAME, for
 #                                         # `h200_carry.sh ab` with BINS (compile-time variants side by side);
 #                                         # also .lcpbin/nsyslib, libdw for bench/h200_nsys.sh

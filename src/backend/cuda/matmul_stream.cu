@@ -30,6 +30,8 @@ constexpr int kLanes = 16;                // lanes a row (matmul_decode.cu's hea
 constexpr int kRows = kThreads / kLanes;  // rows a group (a stage)
 constexpr int kMaxStages = 8;
 
+// The bulk copy engine and its barriers: sm_90+ only, as the kernel that uses them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -49,6 +51,7 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, unsigne
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+#endif
 
 // Dynamic shared memory: `stages` stages of kRows rows (ql, qh, sc, d of the group, each contiguous), then
 // an mbarrier per stage.
