@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "base/error.h"
-#include "model/model.h"
 
 namespace xpert {
 
@@ -57,40 +56,39 @@ void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float*
   rope(k, pos, n_tokens, n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode);
 }
 
-void Backend::moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) {
-  const int64_t E = c.n_embd;
+void Backend::moe_ffn_add(const MoeFfn& m, const float* x, int64_t n, float* y) {
+  const int64_t E = m.n_embd;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* t = ar.take<float>(n * E);
-  moe_ffn(c, lw, x, n, t);
-  if (lw.ffn_up_shexp) add_shared_expert(c, lw, x, n, t);
+  moe_ffn(m, x, n, t);
+  if (m.shared_up) add_shared_expert(m, x, n, t);
   add(t, y, y, n * E);
   ar.release(mark);
 }
 
-void Backend::add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
-                                      const float* w, float* cur, int64_t n, const float* next_w) {
-  add_rmsnorm(d, x, w, cur, n, c.n_embd, c.rms_eps);
-  moe_ffn_add(c, lw, cur, n, x);
-  if (next_w) rmsnorm(x, next_w, cur, n, c.n_embd, c.rms_eps);
+void Backend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                      int64_t n, const float* next_w) {
+  add_rmsnorm(d, x, w, cur, n, m.n_embd, m.rms_eps);
+  moe_ffn_add(m, cur, n, x);
+  if (next_w) rmsnorm(x, next_w, cur, n, m.n_embd, m.rms_eps);
 }
 
-void Backend::add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,
-                                float* out) {
-  const int64_t E = c.n_embd, Fs = c.n_ff_shexp;
+void Backend::add_shared_expert(const MoeFfn& m, const float* x, int64_t n, float* out) {
+  const int64_t E = m.n_embd, Fs = m.n_ff_shared;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* gate = ar.take<float>(n * Fs);
   float* up = ar.take<float>(n * Fs);
   float* sh_out = ar.take<float>(n * E);
   float* sh_g = ar.take<float>(n);
-  Weight gate_vec = lw.ffn_gate_inp_shexp;  // [n_embd] as a 1-row matrix
+  Weight gate_vec = m.shared_gate_inp;  // [n_embd] as a 1-row matrix
   gate_vec.ne[0] = E;
   gate_vec.ne[1] = 1;
-  const MatmulJob jobs[] = {{&lw.ffn_gate_shexp, gate}, {&lw.ffn_up_shexp, up}, {&gate_vec, sh_g}};
+  const MatmulJob jobs[] = {{&m.shared_gate, gate}, {&m.shared_up, up}, {&gate_vec, sh_g}};
   matmuls(x, n, jobs);
   swiglu(gate, up, gate, n * Fs);
-  matmul(lw.ffn_down_shexp, gate, n, sh_out);
+  matmul(m.shared_down, gate, n, sh_out);
   add_sigmoid_scaled(out, sh_out, sh_g, n, E);
   ar.release(mark);
 }

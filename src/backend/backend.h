@@ -11,17 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "backend/experts.h"
+#include "backend/gated_delta_net.h"
 #include "backend/op_types.h"
+#include "backend/tensor.h"
 
 namespace xpert {
 
 class ThreadPool;
-struct Weight;
 struct ModelConfig;
 struct LayerWeights;
-struct GdnShape;
-struct GdnLayerParams;
-struct GdnLayerInputs;
 
 enum class DeviceKind { cpu, cuda, opencl };
 
@@ -103,18 +102,18 @@ class Backend {
   virtual void attention(const AttentionArgs& a) = 0;
 
   // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
-  virtual void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) = 0;
+  virtual void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) = 0;
   // The layer's whole MoE FFN added to y (the residual): y += moe_ffn(x), plus sigmoid(x . g) * the shared
   // expert's SwiGLU FFN of x when the layer has one (Qwen3.5). Default: moe_ffn into scratch, the shared
   // expert added to it (add_shared_expert), then y = that + y.
-  virtual void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y);
+  virtual void moe_ffn_add(const MoeFfn& m, const float* x, int64_t n, float* y);
   // A MoE layer's FFN half after its mixer: x += d; cur = rmsnorm(x) * w; x += the MoE FFN of cur (as
-  // moe_ffn_add); then, with next_w (the next layer's input norm, same eps), cur = rmsnorm(x) * next_w.
-  // Default: add_rmsnorm, moe_ffn_add, rmsnorm. A backend may fuse them (CUDA, one decode token: the norm
-  // inside the router's blocks, d added in the experts' down product, the next norm in its last block; the
-  // same bits).
-  virtual void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
-                                       const float* w, float* cur, int64_t n, const float* next_w);
+  // moe_ffn_add); then, with next_w (the next layer's input norm), cur = rmsnorm(x) * next_w; norms with
+  // m.rms_eps. Default: add_rmsnorm, moe_ffn_add, rmsnorm. A backend may fuse them (CUDA, one decode token:
+  // the norm inside the router's blocks, d added in the experts' down product, the next norm in its last
+  // block; the same bits).
+  virtual void add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                       int64_t n, const float* next_w);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;
@@ -213,7 +212,7 @@ class Backend {
  protected:
   // out += sigmoid(x . g) * down(silu(x Wg^T) * (x Wu^T)) for the layer's shared expert, with this
   // backend's plain ops (x: [n][n_embd]).
-  void add_shared_expert(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out);
+  void add_shared_expert(const MoeFfn& m, const float* x, int64_t n, float* out);
 
   ThreadPool* host_pool_ = nullptr;
   // Derived destructors call this first: the arena frees through the derived class's dealloc.

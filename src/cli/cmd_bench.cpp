@@ -16,9 +16,9 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 #include "model/model.h"
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 #include "runtime/session.h"
 #include "runtime/traffic.h"
 

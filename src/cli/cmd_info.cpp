@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "backend/devices.h"
+#include "runtime/placement.h"
 #include "base/error.h"
 #include "cli/commands.h"
 #include "model/model.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/devices.h"
+#include "runtime/placement.h"
 #include "format/gguf.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/devices.h"
+#include "runtime/placement.h"
 #include "backend/stream_share.h"
 #include "base/error.h"
 #include "base/log.h"

@@ -7,12 +7,34 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
-#include "model/moe.h"
 #include "quant/quant.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
 
 namespace xpert {
+
+MoeFfn moe_ffn_args(const ModelConfig& c, const LayerWeights& lw, int64_t il, RoutingSink* stats) {
+  return {.n_embd = c.n_embd,
+          .n_ff = c.n_ff_exp,
+          .n_expert = c.n_expert,
+          .n_used = c.n_expert_used,
+          .norm_weights = c.expert_weights_norm,
+          .weights_scale = c.expert_weights_scale,
+          .rms_eps = c.rms_eps,
+          .router = lw.ffn_gate_inp,
+          .gate = lw.ffn_gate_exps,
+          .up = lw.ffn_up_exps,
+          .down = lw.ffn_down_exps,
+          .n_ff_shared = lw.ffn_up_shexp ? c.n_ff_shexp : 0,
+          .shared_gate_inp = lw.ffn_gate_inp_shexp,
+          .shared_gate = lw.ffn_gate_shexp,
+          .shared_up = lw.ffn_up_shexp,
+          .shared_down = lw.ffn_down_shexp,
+          .split = lw.split,
+          .exec = lw.expert_exec,
+          .layer = il,
+          .stats = stats};
+}
 
 Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embed_scale) : m_(m), args_(args) {
   const ModelConfig& c = m.config();
@@ -42,7 +64,6 @@ Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embe
     row += g.n_tokens;
   }
   if (row != n_) fail("batch segments cover {} tokens, the batch has {}", row, n_);
-  routing_tap() = {.stats = args.routing_stats, .layer = -1};
 
   // The embedding lookup runs on the host (the table stays in the mmap); x then goes where layer 0 runs.
   CpuBackend& cpu = CpuBackend::of(pool);
@@ -106,7 +127,6 @@ Exec::OnDevice& Exec::on(Backend& b, const float* x_from_host) {
 }
 
 Exec::~Exec() {
-  routing_tap() = {};
   if (graph_open_) b_->abort_graph();
 }
 
@@ -121,7 +141,6 @@ bool graphs_enabled() {
 }  // namespace
 
 Backend& Exec::enter(int64_t il) {
-  routing_tap().layer = il;
   Backend* want = m_.layer_device(il);
   if (!want) want = devs_.front().b;  // the CPU
   if (want != b_) {

@@ -51,6 +51,8 @@ class Exec {
   // so the forward may go straight there (the layers' ops would only be called and skipped).
   bool replaying() const { return replaying_; }
   const ForwardArgs& args() const { return args_; }
+  // Layer il's MoE FFN for the backend's ops, counting its routing in the pass's statistics.
+  MoeFfn moe(const LayerWeights& l, int64_t il) const { return moe_ffn_args(m_.config(), l, il, args_.routing_stats); }
   const std::vector<BatchSegment>& segments() const { return segments_; }
   int32_t max_pos() const { return max_pos_; }  // the batch's deepest token position
   const std::vector<int64_t>& out_rows() const { return out_rows_; }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/experts.h"
+#include "backend/tensor.h"
 #include "format/gguf.h"
 #include "quant/dtype.h"
 
@@ -19,18 +21,6 @@ class KvCache;
 class RecurrentState;
 class Backend;
 class DeviceBuffer;
-class ExpertExecutor;
-class RoutingStats;
-
-// A weight matrix (or vector) in its storage format. ne[0] is the row length (ggml order).
-struct Weight {
-  DType type = DType::F32;
-  const void* data = nullptr;
-  int64_t ne[3] = {0, 1, 1};  // [cols (k), rows (n), matrices (experts of a 3-D expert tensor)]
-  size_t n_bytes = 0;
-  explicit operator bool() const { return data != nullptr; }
-  const float* f32() const { return static_cast<const float*>(data); }
-};
 
 enum class ActivationFn { silu, gelu_tanh };
 
@@ -69,20 +59,6 @@ struct ModelConfig {
 };
 
 struct LayerWeights;
-
-// The experts of an offloaded MoE layer split between the GPU and the host (heterogeneous experts):
-// experts with on_device[e] have their three matrices in the GPU's memory (gate/up/down[e]); the others
-// are read in place from the host's mmap through `host`.
-struct ExpertSplit {
-  std::vector<bool> on_device;
-  std::vector<const void*> gate, up, down;  // per expert: device pointer, null when on the host
-  const LayerWeights* host = nullptr;
-  int64_t n_on_device() const {
-    int64_t n = 0;
-    for (bool b : on_device) n += b;
-    return n;
-  }
-};
 
 // One swap inside a split layer (Model::move_experts): expert `admit` comes to the GPU into the memory of
 // expert `evict`, which from then on runs from the host's copy. The layer's resident count is unchanged.
@@ -133,8 +109,11 @@ struct ForwardArgs {
   bool all_logits = false;     // false: logits of the last token only
   std::span<const BatchSegment> segments = {};
   RecurrentState* state = nullptr;  // per-slot recurrent state; required by models with recurrent layers
-  RoutingStats* routing_stats = nullptr;  // MoE models: count each layer's expert choices here (CPU MoE)
+  RoutingSink* routing_stats = nullptr;  // MoE models: count each layer's expert choices here
 };
+
+// Layer il's routed-experts FFN as the backend's MoE ops take it (lw: the layer's weights on its device).
+MoeFfn moe_ffn_args(const ModelConfig& c, const LayerWeights& lw, int64_t il, RoutingSink* stats);
 
 // Calls fn(name, weight) for every tensor of a layer that is present.
 void for_each_weight(LayerWeights& l, const std::function<void(const char*, Weight&)>& fn);

@@ -7,7 +7,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/model.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 
 namespace xpert {
 
@@ -68,7 +68,9 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
         // Only the chosen experts travel, each as its own allocation; the rest stay in the mmap.
         auto sp = std::make_unique<ExpertSplit>();
         sp->on_device = *mask;
-        sp->host = &w_.layers[il];
+        sp->host_gate = w_.layers[il].ffn_gate_exps;
+        sp->host_up = w_.layers[il].ffn_up_exps;
+        sp->host_down = w_.layers[il].ffn_down_exps;
         sp->gate.assign(c.n_expert, nullptr);
         sp->up.assign(c.n_expert, nullptr);
         sp->down.assign(c.n_expert, nullptr);

@@ -7,7 +7,7 @@
 #include "base/thread_pool.h"
 #include "model/blocks.h"
 #include "model/loader.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 #include "model/route_guess.h"
 #include "runtime/kv_cache.h"
 

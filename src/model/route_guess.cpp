@@ -6,7 +6,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "model/moe.h"
+#include "backend/experts.h"
 
 namespace xpert {
 namespace {

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "base/log.h"
-#include "runtime/expert_rebalancer.h"
+#include "runtime/experts/rebalancer.h"
 #include "text/tokenizer.h"
 #include "text/utf8_stream.h"
 

@@ -29,7 +29,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/model.h"
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 #include "runtime/kv_cache.h"
 #include "runtime/pinned_floats.h"
 #include "runtime/recurrent_state.h"

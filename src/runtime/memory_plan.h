@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 #include "model/model.h"
 
 namespace xpert {

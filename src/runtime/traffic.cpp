@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "base/thread_pool.h"
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 #include "runtime/memory_plan.h"
 
 namespace xpert {

@@ -14,7 +14,7 @@
 #include "backend/cuda/matmul.h"
 #include "base/thread_pool.h"
 #include "cuda_ops_test_util.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 
 namespace xpert::cudaops_test {
 namespace {

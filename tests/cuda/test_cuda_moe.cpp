@@ -14,7 +14,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "cuda_test_util.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 
 namespace xpert {
 namespace {

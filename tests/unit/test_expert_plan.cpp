@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "backend/devices.h"
+#include "runtime/placement.h"
 #include "base/error.h"
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 #include "model/model.h"
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 
 namespace xpert {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 
 namespace xpert {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "base/error.h"
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
 #include "runtime/memory_plan.h"

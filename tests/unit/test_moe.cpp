@@ -7,7 +7,7 @@
 #include <random>
 
 #include "base/thread_pool.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 #include "quant/quant.h"
 
 namespace xpert {

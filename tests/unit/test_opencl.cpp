@@ -19,7 +19,7 @@
 #include "backend/opencl/expert_device.h"
 #include "backend/opencl/program_cache.h"
 #include "base/error.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 #include "quant/quant.h"
 
 namespace xpert::opencl {

@@ -18,9 +18,9 @@
 #include "base/error.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 #include "model/model.h"
-#include "model/moe.h"
+#include "backend/experts.h"
 #include "quant/quant.h"
 
 namespace xpert {

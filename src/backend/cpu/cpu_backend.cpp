@@ -6,12 +6,11 @@
 #include <new>
 #include <vector>
 
+#include "backend/cpu/gated_delta_net.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/moe.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
-#include "model/gated_delta_net.h"
-#include "model/model.h"
-#include "model/moe.h"
 
 namespace xpert {
 
@@ -89,16 +88,15 @@ void CpuBackend::gather_rows(const float* x, std::span<const int64_t> rows, int6
 void CpuBackend::store_kv(const float* x, void* dst, int64_t n, DType type) { cpu::store_kv(x, dst, n, type); }
 void CpuBackend::attention(const AttentionArgs& a) { cpu::attention(a, *pool_); }
 
-void CpuBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
-  thread_local MoeScratch s;
-  if (lw.expert_exec) return moe_ffn_on(*lw.expert_exec, routing_tap().layer, c, lw, x, n, out, s, *pool_);
-  xpert::moe_ffn(c, lw, x, n, out, s, *pool_);
+void CpuBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) {
+  thread_local cpu::MoeScratch s;
+  cpu::moe_ffn(m, x, n, out, s, *pool_);
 }
 
 void CpuBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                  float* conv_state, float* ssm_state, float* out) {
-  thread_local GdnScratch scratch;
-  xpert::gated_delta_net(s, p, in, conv_state, ssm_state, out, scratch, *pool_);
+  thread_local cpu::GdnScratch scratch;
+  cpu::gated_delta_net(s, p, in, conv_state, ssm_state, out, scratch, *pool_);
 }
 
 }  // namespace xpert

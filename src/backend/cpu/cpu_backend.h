@@ -1,5 +1,5 @@
-// The CPU as a Backend: host memory, the SIMD kernels of matmul.h / ops.h, the MoE and Gated DeltaNet
-// implementations of model/, all parallel over a ThreadPool the caller owns.
+// The CPU as a Backend: host memory, the SIMD kernels of matmul.h / ops.h, moe.h and gated_delta_net.h, all
+// parallel over a ThreadPool the caller owns.
 #pragma once
 #include "backend/backend.h"
 #include "base/thread_pool.h"
@@ -39,7 +39,7 @@ class CpuBackend final : public Backend {
   void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override;
   void store_kv(const float* x, void* dst, int64_t n, DType type) override;
   void attention(const AttentionArgs& a) override;
-  void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override;
+  void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                        float* ssm_state, float* out) override;
 

@@ -31,10 +31,10 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 #include "model/model.h"
-#include "model/moe.h"
-#include "model/routing_stats.h"
+#include "backend/experts.h"
+#include "runtime/experts/routing_stats.h"
 #include "quant/dtype.h"
 
 namespace xpert {

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 
 namespace xpert::cuda {
 

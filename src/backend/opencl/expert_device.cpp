@@ -9,7 +9,6 @@
 #include "backend/opencl/program_cache.h"
 #include "base/error.h"
 #include "base/log.h"
-#include "model/moe.h"
 
 namespace xpert::opencl {
 

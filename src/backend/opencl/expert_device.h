@@ -17,7 +17,7 @@
 
 #include "backend/opencl/cl_api.h"
 #include "backend/opencl/discovery.h"
-#include "model/model.h"
+#include "backend/tensor.h"
 
 namespace xpert::opencl {
 
@@ -66,7 +66,7 @@ class ExpertDevice {
   KernelVariant variant() const;  // never automatic
 
   // Registers layer `layer`'s experts: 3-D tensors gate/up [n_embd, n_ff, n_expert], down [n_ff, n_embd,
-  // n_expert] (LayerWeights::ffn_*_exps; expert e is expert_matrix(w, e)). `experts` lists those this device
+  // n_expert] (MoeFfn::gate/up/down; expert e is expert_matrix(w, e)). `experts` lists those this device
   // runs (empty: all); only those are copied to a discrete device. Builds the kernels of the weight types on
   // first use (or loads them from the program cache). Throws Error on shapes or types it cannot run.
   void add_layer(int layer, const Weight& gate_exps, const Weight& up_exps, const Weight& down_exps,

@@ -6,7 +6,6 @@
 #include <set>
 
 #include "backend/opencl/expert_device.h"
-#include "model/model.h"
 
 namespace xpert::opencl {
 namespace {
@@ -16,10 +15,10 @@ class OpenClExperts final : public ExpertExecutor {
   explicit OpenClExperts(int index) : index_(index), dev_(index) {}
   std::string name() const override { return fmt::format("opencl:{} ({})", index_, dev_.info().name); }
 
-  void run(int64_t layer, const LayerWeights& lw, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
-           float* yg) override {
+  void run(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows, float* yg) override {
+    const int64_t layer = m.layer;
     if (!registered_.count(layer)) {
-      dev_.add_layer((int)layer, lw.ffn_gate_exps, lw.ffn_up_exps, lw.ffn_down_exps);
+      dev_.add_layer((int)layer, m.gate, m.up, m.down);
       registered_.insert(layer);
     }
     rows_.clear();

@@ -4,7 +4,7 @@
 #pragma once
 #include <memory>
 
-#include "model/moe.h"
+#include "backend/experts.h"
 
 namespace xpert::opencl {
 

@@ -18,10 +18,9 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
-#include "model/gated_delta_net.h"
-#include "model/model.h"
-#include "model/moe.h"
-#include "model/routing_stats.h"
+#include "backend/gated_delta_net.h"
+#include "backend/experts.h"
+#include "backend/cpu/moe.h"
 #include "quant/dtype.h"
 
 namespace xpert {
@@ -212,7 +211,7 @@ class OpenclBackend final : public Backend {
            (cl_int)a.sliding_window);
   }
 
-  void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override;
+  void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                        float* ssm_state, float* out) override;
 
@@ -344,20 +343,20 @@ class OpenclBackend final : public Backend {
 // with many rows (prefill) run the tiled kernel on their contiguous rows; the rest run in one batched gemv
 // per matrix, each row with its own expert. Split layers (some experts on the host) run the host's share
 // on the host's threads and add it.
-void OpenclBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
-  const int64_t X = c.n_expert, K = c.n_expert_used, E = c.n_embd, F = c.n_ff_exp, S = n * K;
+void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) {
+  const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* logits_d = ar.take<float>(n * X);
-  matmul(lw.ffn_gate_inp, x, n, logits_d, X);
+  matmul(m.router, x, n, logits_d, X);
   thread_local std::vector<float> logits;
   logits.resize(n * X);
   copy_to_host(logits.data(), logits_d, logits.size() * sizeof(float));
   Routing r;
-  route_top_k(logits.data(), n, moe_router_params(c), r);
-  if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, r.ids);
+  cpu::route_top_k(logits.data(), n, m.router_params(), r);
+  if (m.stats && m.layer >= 0) m.stats->add(m.layer, r.ids);
 
-  const ExpertSplit* split = lw.split;
+  const ExpertSplit* split = m.split;
   auto on_device = [&](int32_t e) { return !split || split->on_device[e]; };
   // Grouped rows: the device's slots, by expert, in slot order within an expert.
   std::vector<int32_t> offsets(X + 1, 0);
@@ -426,10 +425,10 @@ void OpenclBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const 
              (int64_t)tasks.size() / 2, stride);
       ar.release(mark_in);
     };
-    expert_matmul(lw.ffn_gate_exps, 0, xg, E, gate, F);
-    expert_matmul(lw.ffn_up_exps, 1, xg, E, up, F);
+    expert_matmul(m.gate, 0, xg, E, gate, F);
+    expert_matmul(m.up, 1, xg, E, up, F);
     swiglu(gate, up, gate, G * F);
-    expert_matmul(lw.ffn_down_exps, 2, gate, F, yg, E);
+    expert_matmul(m.down, 2, gate, F, yg, E);
   }
   elementwise("moe_combine", n * E, yg, slot_row_d, weights_d, (cl_int)K, (cl_int)E, out, (cl_long)(n * E));
 
@@ -441,8 +440,8 @@ void OpenclBackend::moe_ffn(const ModelConfig& c, const LayerWeights& lw, const 
     xh.resize(n * E);
     yh.resize(n * E);
     copy_to_host(xh.data(), x, xh.size() * sizeof(float));
-    thread_local MoeScratch ms;
-    moe_experts_partial(c, *split->host, xh.data(), n, r, on_host, yh.data(), false, ms, *host_pool_);
+    thread_local cpu::MoeScratch ms;
+    cpu::moe_experts_partial(m.host_view(), xh.data(), n, r, on_host, yh.data(), false, ms, *host_pool_);
     float* yd = ar.take<float>(n * E);
     copy_from_host(yd, yh.data(), yh.size() * sizeof(float));
     add(out, yd, out, n * E);

@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "model/gated_delta_net.h"
+#include "backend/gated_delta_net.h"
 
 namespace xpert {
 

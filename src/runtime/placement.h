@@ -6,7 +6,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 
 namespace xpert {
 

@@ -1,6 +1,6 @@
 // How often the router of each MoE layer picks each expert: the data that decides which experts live on
-// the GPU (model/expert_plan.h). Counted by the CPU MoE (moe_ffn) when a forward pass's ForwardArgs
-// carries a RoutingStats; written by `xpert profile` as JSON next to the model
+// the GPU (runtime/experts/plan.h). Counted by the backends' MoE ops (a RoutingSink) when a forward pass's
+// ForwardArgs carries a RoutingStats; written by `xpert profile` as JSON next to the model
 // (`<model>.xpert-profile.json`), together with the model's identity so a profile is never applied to a
 // different model.
 //
@@ -13,6 +13,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "backend/experts.h"
 
 namespace xpert {
 
@@ -27,7 +29,7 @@ struct ModelIdentity {
   static ModelIdentity of(const Model& m);
 };
 
-class RoutingStats {
+class RoutingStats final : public RoutingSink {
  public:
   RoutingStats(int64_t n_layer, int64_t n_expert, int64_t n_expert_used);
   explicit RoutingStats(const Model& m);
@@ -39,7 +41,7 @@ class RoutingStats {
   int64_t n_expert_used() const { return k_; }
 
   // One count per routed (token, slot) of layer il: ids as Routing::ids (n_tokens * k values).
-  void add(int64_t il, std::span<const int32_t> ids);
+  void add(int64_t il, std::span<const int32_t> ids) override;
   void set(int64_t il, int64_t e, uint64_t count);
   void reset();
 

@@ -1,6 +1,6 @@
 // Opening a device by name, whichever backends this build has, and planning where the layers and the
 // experts go.
-#include "backend/devices.h"
+#include "runtime/placement.h"
 
 #include <filesystem>
 #include <memory>
@@ -10,7 +10,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/model.h"
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 
 #ifdef XPERT_HAS_CUDA
 #include "backend/cuda/device.h"

@@ -1,4 +1,4 @@
-#include "runtime/expert_rebalancer.h"
+#include "runtime/experts/rebalancer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/model.h"
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 
 namespace xpert {
 

@@ -1,5 +1,6 @@
-// Gated DeltaNet, the linear-attention mixer of Qwen3-Next / Qwen3.5 hybrid layers, on the CPU, as
-// llama.cpp computes it (src/models/delta-net-base.cpp, ggml's ssm_conv and gated_delta_net ops):
+// Gated DeltaNet, the linear-attention mixer of Qwen3-Next / Qwen3.5 hybrid layers: the op's shapes and
+// arguments, shared by every backend (cpu/gated_delta_net.h is the reference and CPU kernels). As llama.cpp
+// computes it (src/models/delta-net-base.cpp, ggml's ssm_conv and gated_delta_net ops):
 //
 //   qkv = causal_conv1d(x W_qkv) over time (kernel d_conv, state = the last d_conv-1 inputs), then silu
 //   q, k = L2-normalized per head (x / sqrt(sum x^2 + eps));  v as is
@@ -13,9 +14,6 @@
 // prefill). Value head h reads key head h % n_k_heads (llama.cpp's GGUFs tile the key heads).
 #pragma once
 #include <cstdint>
-#include <vector>
-
-#include "base/thread_pool.h"
 
 namespace xpert {
 
@@ -44,18 +42,6 @@ struct DeltaRuleArgs {
   int64_t n_tokens;
   int64_t qk_stride = 0, v_stride = 0;  // floats from one token's row to the next; 0: packed
 };
-void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, ThreadPool& pool);
-void delta_rule_chunked(const GdnShape& s, const DeltaRuleArgs& a, ThreadPool& pool, int64_t chunk = 64);
-
-// out[t][c] = silu(sum_j window[t + j][c] * w[c][j]), window = conv_state rows then x rows; afterwards
-// conv_state holds the last d_conv-1 rows of the window. x, out: [T][C]; conv_state: [d_conv-1][C];
-// w: [C][d_conv]. out may not alias x.
-void causal_conv1d_silu(const float* x, int64_t n_tokens, int64_t channels, const float* w, int64_t d_conv,
-                        float* conv_state, float* out);
-
-// x / sqrt(sum(x^2) + eps) per row of n (llama.cpp's build_gdn_l2_norm), in place.
-void l2_norm_rows(float* x, int64_t rows, int64_t n, float eps);
-
 enum class DeltaRuleForm { automatic, recurrent, chunked };
 // automatic: chunked from this many tokens of one sequence, recurrent below.
 constexpr int64_t kChunkedMinTokens = 2;
@@ -74,14 +60,4 @@ struct GdnLayerParams {
   const float* a;        // [n_v_heads]  -exp(A_log)
   const float* norm;     // [head_v_dim]
 };
-struct GdnScratch {
-  std::vector<float> conv_out, g, beta;
-};
-
-// One sequence through the mixer up to (excluding) the output projection: out [T][value_dim].
-// conv_state / ssm_state are that sequence's state for this layer (see GdnShape for sizes).
-void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
-                     float* ssm_state, float* out, GdnScratch& scratch, ThreadPool& pool,
-                     DeltaRuleForm form = DeltaRuleForm::automatic);
-
 }  // namespace xpert

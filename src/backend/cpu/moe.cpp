@@ -1,4 +1,4 @@
-#include "model/moe.h"
+#include "backend/cpu/moe.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,9 +8,8 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
-#include "model/routing_stats.h"
 
-namespace xpert {
+namespace xpert::cpu {
 
 void route_top_k(const float* logits, int64_t n_tokens, const RouterParams& p, Routing& r) {
   const int64_t E = p.n_expert, k = p.k;
@@ -51,42 +50,20 @@ void route_top_k(const float* logits, int64_t n_tokens, const RouterParams& p, R
   }
 }
 
-Weight expert_matrix(const Weight& exps, int64_t e) {
-  XP_ASSERT(e >= 0 && e < exps.ne[2]);
-  const size_t bytes = row_bytes(exps.type, exps.ne[0]) * (size_t)exps.ne[1];
-  Weight w;
-  w.type = exps.type;
-  w.data = static_cast<const uint8_t*>(exps.data) + bytes * (size_t)e;
-  w.ne[0] = exps.ne[0];
-  w.ne[1] = exps.ne[1];
-  w.n_bytes = bytes;
-  return w;
-}
-
-RouterParams moe_router_params(const ModelConfig& c) {
-  return {.n_expert = c.n_expert, .k = c.n_expert_used, .norm_weights = c.expert_weights_norm,
-          .weights_scale = c.expert_weights_scale};
-}
-
-RoutingTap& routing_tap() {
-  thread_local RoutingTap tap;
-  return tap;
-}
-
 namespace {
 
 // The batched schedule when no expert of the batch has more rows than this; past it, splitting each
-// expert's X rows (by_rows) reuses the weights better, and cpu::matmul takes its panel kernels.
+// expert's X rows (by_rows) reuses the weights better, and matmul takes its panel kernels.
 constexpr int64_t kBatchedMaxRows = 7;
 
 void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
-  cpu::matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);
+  matmul(w.type, w.data, w.ne[1], w.ne[0], x, m, y, w.ne[1], pool);
 }
 
 // Expert e on its grouped rows [r0, r0 + m): gather x, gate and up, SwiGLU, down into s.yg.
-void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t r0, int64_t m, const float* x,
+void run_expert(const MoeFfn& m, int64_t e, int64_t r0, int64_t m, const float* x,
                 MoeScratch& s, ThreadPool& pool) {
-  const int64_t D = c.n_embd, F = c.n_ff_exp, k = c.n_expert_used;
+  const int64_t D = m.n_embd, F = m.n_ff, k = m.n_used;
   float* xg = s.xg.data() + r0 * D;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t t = s.row_slot[r0 + i] / k;
@@ -94,20 +71,20 @@ void run_expert(const ModelConfig& c, const LayerWeights& lw, int64_t e, int64_t
   }
   float* gate = s.gate.data() + r0 * F;
   float* up = s.up.data() + r0 * F;
-  mm(expert_matrix(lw.ffn_gate_exps, e), xg, m, gate, pool);
-  mm(expert_matrix(lw.ffn_up_exps, e), xg, m, up, pool);
-  cpu::swiglu(gate, up, gate, m * F);
-  mm(expert_matrix(lw.ffn_down_exps, e), gate, m, s.yg.data() + r0 * D, pool);
+  mm(expert_matrix(m.gate, e), xg, m, gate, pool);
+  mm(expert_matrix(m.up, e), xg, m, up, pool);
+  swiglu(gate, up, gate, m * F);
+  mm(expert_matrix(m.down, e), gate, m, s.yg.data() + r0 * D, pool);
 }
 
 // Every expert's rows in two parallel regions (MoeSchedule::batched). An expert with one row reads x in
 // place, so the experts of one decode token share one quantized copy of it.
-void run_experts_batched(const ModelConfig& c, const LayerWeights& lw, const std::vector<int32_t>& active,
+void run_experts_batched(const MoeFfn& m, const std::vector<int32_t>& active,
                          const float* x, MoeScratch& s, ThreadPool& pool) {
-  const int64_t D = c.n_embd, F = c.n_ff_exp, k = c.n_expert_used;
-  std::vector<cpu::MatmulJob> jobs;
+  const int64_t D = m.n_embd, F = m.n_ff, k = m.n_used;
+  std::vector<MatmulJob> jobs;
   auto job = [](const Weight& w, const float* xr, int64_t m, float* y) {
-    return cpu::MatmulJob{.w_type = w.type, .w = w.data, .n = w.ne[1], .k = w.ne[0], .x = xr, .m = m, .y = y,
+    return MatmulJob{.w_type = w.type, .w = w.data, .n = w.ne[1], .k = w.ne[0], .x = xr, .m = m, .y = y,
                           .ldy = w.ne[1]};
   };
   for (int32_t e : active) {
@@ -121,26 +98,26 @@ void run_experts_batched(const ModelConfig& c, const LayerWeights& lw, const std
       }
       xr = xg;
     }
-    jobs.push_back(job(expert_matrix(lw.ffn_gate_exps, e), xr, m, s.gate.data() + r0 * F));
-    jobs.push_back(job(expert_matrix(lw.ffn_up_exps, e), xr, m, s.up.data() + r0 * F));
+    jobs.push_back(job(expert_matrix(m.gate, e), xr, m, s.gate.data() + r0 * F));
+    jobs.push_back(job(expert_matrix(m.up, e), xr, m, s.up.data() + r0 * F));
   }
-  cpu::matmul_batch(jobs, pool);
+  matmul_batch(jobs, pool);
   const int64_t n_rows = s.offsets.back();
-  cpu::swiglu(s.gate.data(), s.up.data(), s.gate.data(), n_rows * F);
+  swiglu(s.gate.data(), s.up.data(), s.gate.data(), n_rows * F);
   jobs.clear();
   for (int32_t e : active) {
     const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
-    jobs.push_back(job(expert_matrix(lw.ffn_down_exps, e), s.gate.data() + r0 * F, m, s.yg.data() + r0 * D));
+    jobs.push_back(job(expert_matrix(m.down, e), s.gate.data() + r0 * F, m, s.yg.data() + r0 * D));
   }
-  cpu::matmul_batch(jobs, pool);
+  matmul_batch(jobs, pool);
 }
 
 // The experts of routing r (only those with (*include)[e] when include is given), grouped by expert, and
 // their weighted sum per token in slot order into out (see moe_experts_partial).
-void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
+void run_experts(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
                  const std::vector<bool>* include, float* out, bool accumulate, MoeScratch& s, ThreadPool& pool,
-                 MoeSchedule schedule, ExpertExecutor* exec = nullptr, int64_t layer = -1) {
-  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used, n_slots = n * k;
+                 MoeSchedule schedule, ExpertExecutor* exec = nullptr) {
+  const int64_t D = m.n_embd, F = m.n_ff, E = m.n_expert, k = m.n_used, n_slots = n * k;
   XP_ASSERT(r.n_tokens == n && r.k == k && (int64_t)r.ids.size() == n_slots);
   XP_ASSERT(!include || (int64_t)include->size() == E);
   auto included = [&](int32_t e) { return !include || (*include)[e]; };
@@ -190,7 +167,7 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
     std::vector<ExpertTask> tasks;
     for (int32_t e : active)
       tasks.push_back({.expert = e, .row0 = s.offsets[e], .n_rows = s.offsets[e + 1] - s.offsets[e]});
-    if (n_rows > 0) exec->run(layer, lw, tasks, s.xg.data(), n_rows, s.yg.data());
+    if (n_rows > 0) exec->run(m, tasks, s.xg.data(), n_rows, s.yg.data());
   } else {
     const int nth = pool.size();
     if (schedule == MoeSchedule::automatic) {
@@ -203,18 +180,18 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
                             : MoeSchedule::by_rows;
     }
     if (schedule == MoeSchedule::batched) {
-      run_experts_batched(c, lw, active, x, s, pool);
+      run_experts_batched(m, active, x, s, pool);
     } else if (schedule == MoeSchedule::by_expert) {
       static ThreadPool serial(1);  // no workers: safe to share between threads
       std::atomic<size_t> next{0};
       pool.run([&](int, int) {
         for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
           const int32_t e = active[i];
-          run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
+          run_expert(m, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
         }
       });
     } else {
-      for (int32_t e : active) run_expert(c, lw, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+      for (int32_t e : active) run_expert(m, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
     }
   }
 
@@ -244,56 +221,49 @@ void run_experts(const ModelConfig& c, const LayerWeights& lw, const float* x, i
 
 }  // namespace
 
-void moe_route(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, Routing& r, MoeScratch& s,
+void moe_route(const MoeFfn& m, const float* x, int64_t n, Routing& r, MoeScratch& s,
                ThreadPool& pool) {
-  s.logits.resize(n * c.n_expert);
-  mm(lw.ffn_gate_inp, x, n, s.logits.data(), pool);
-  route_top_k(s.logits.data(), n, moe_router_params(c), r);
+  s.logits.resize(n * m.n_expert);
+  mm(m.router, x, n, s.logits.data(), pool);
+  route_top_k(s.logits.data(), n, m.router_params(), r);
 }
 
-void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out, MoeScratch& s,
-             ThreadPool& pool, MoeSchedule schedule) {
-  moe_route(c, lw, x, n, s.routing, s, pool);
-  if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, s.routing.ids);
-  run_experts(c, lw, x, n, s.routing, nullptr, out, false, s, pool, schedule);
+void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out, MoeScratch& s, ThreadPool& pool,
+             MoeSchedule schedule) {
+  moe_route(m, x, n, s.routing, s, pool);
+  if (m.stats && m.layer >= 0) m.stats->add(m.layer, s.routing.ids);
+  run_experts(m, x, n, s.routing, nullptr, out, false, s, pool, schedule, m.exec);
 }
 
-void moe_ffn_on(ExpertExecutor& exec, int64_t layer, const ModelConfig& c, const LayerWeights& lw, const float* x,
-                int64_t n, float* out, MoeScratch& s, ThreadPool& pool) {
-  moe_route(c, lw, x, n, s.routing, s, pool);
-  if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, s.routing.ids);
-  run_experts(c, lw, x, n, s.routing, nullptr, out, false, s, pool, MoeSchedule::automatic, &exec, layer);
-}
-
-void moe_experts_partial(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const Routing& r,
+void moe_experts_partial(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
                          const std::vector<bool>& include, float* out, bool accumulate, MoeScratch& s,
                          ThreadPool& pool, MoeSchedule schedule) {
   if (n == 0) return;
   // r may be s.routing (what moe_route filled): run_experts only reads it.
-  run_experts(c, lw, x, n, r, &include, out, accumulate, s, pool, schedule);
+  run_experts(m, x, n, r, &include, out, accumulate, s, pool, schedule);
 }
 
-void moe_ffn_reference(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) {
-  const int64_t D = c.n_embd, F = c.n_ff_exp, E = c.n_expert, k = c.n_expert_used;
+void moe_ffn_reference(const MoeFfn& m, const float* x, int64_t n, float* out) {
+  const int64_t D = m.n_embd, F = m.n_ff, E = m.n_expert, k = m.n_used;
   std::vector<float> logits(n * E), gate(F), up(F), y(D);
   auto ref = [](const Weight& w, const float* xr, float* yr) {
-    cpu::matmul_reference(w.type, w.data, w.ne[1], w.ne[0], xr, 1, yr, w.ne[1]);
+    matmul_reference(w.type, w.data, w.ne[1], w.ne[0], xr, 1, yr, w.ne[1]);
   };
-  for (int64_t t = 0; t < n; ++t) ref(lw.ffn_gate_inp, x + t * D, logits.data() + t * E);
+  for (int64_t t = 0; t < n; ++t) ref(m.router, x + t * D, logits.data() + t * E);
   Routing r;
-  route_top_k(logits.data(), n, moe_router_params(c), r);
+  route_top_k(logits.data(), n, m.router_params(), r);
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * D;
     std::fill(o, o + D, 0.0f);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = r.ids[t * k + j];
-      ref(expert_matrix(lw.ffn_gate_exps, e), x + t * D, gate.data());
-      ref(expert_matrix(lw.ffn_up_exps, e), x + t * D, up.data());
+      ref(expert_matrix(m.gate, e), x + t * D, gate.data());
+      ref(expert_matrix(m.up, e), x + t * D, up.data());
       for (int64_t i = 0; i < F; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-      ref(expert_matrix(lw.ffn_down_exps, e), gate.data(), y.data());
+      ref(expert_matrix(m.down, e), gate.data(), y.data());
       for (int64_t i = 0; i < D; ++i) o[i] += r.weights[t * k + j] * y[i];
     }
   }
 }
 
-}  // namespace xpert
+}  // namespace xpert::cpu

@@ -1,4 +1,4 @@
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 
 #include <fmt/format.h>
 
@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include "base/error.h"
-#include "model/moe.h"
-#include "model/routing_stats.h"
+#include "backend/experts.h"
+#include "runtime/experts/routing_stats.h"
 
 namespace xpert {
 

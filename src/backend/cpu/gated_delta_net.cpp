@@ -1,4 +1,4 @@
-#include "model/gated_delta_net.h"
+#include "backend/cpu/gated_delta_net.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "backend/cpu/ops.h"
 
-namespace xpert {
+namespace xpert::cpu {
 namespace {
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -186,8 +186,8 @@ void causal_conv1d_silu(const float* x, int64_t n_tokens, int64_t channels, cons
 
 void l2_norm_rows(float* x, int64_t rows, int64_t n, float eps) {
   // llama.cpp: rms_norm(x, eps/n) / sqrt(n) = x / sqrt(sum x^2 + eps), the sum in double.
-  cpu::rmsnorm(x, nullptr, x, rows, n, eps / (float)n);
-  cpu::scale(x, 1.0f / std::sqrt((float)n), rows * n);
+  rmsnorm(x, nullptr, x, rows, n, eps / (float)n);
+  scale(x, 1.0f / std::sqrt((float)n), rows * n);
 }
 
 void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
@@ -222,8 +222,8 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
   else
     delta_rule_recurrent(s, a, pool);
   // Gated RMS norm per head: rmsnorm(o) * w * silu(z).
-  cpu::rmsnorm(out, p.norm, out, T * Hv, dv, s.eps);
+  rmsnorm(out, p.norm, out, T * Hv, dv, s.eps);
   for (int64_t i = 0; i < T * Hv * dv; ++i) out[i] *= silu(in.z[i]);
 }
 
-}  // namespace xpert
+}  // namespace xpert::cpu

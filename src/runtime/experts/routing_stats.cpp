@@ -1,4 +1,4 @@
-#include "model/routing_stats.h"
+#include "runtime/experts/routing_stats.h"
 
 #include <algorithm>
 #include <cstdio>

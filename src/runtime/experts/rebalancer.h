@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/expert_plan.h"
+#include "runtime/experts/plan.h"
 
 namespace xpert {
 

@@ -1,0 +1,100 @@
+// What a MoE op takes: one layer's routed-experts FFN as shapes and weights (MoeFfn), with the optional
+// pieces of heterogeneous experts — which experts a device holds (ExpertSplit), a device that computes
+// the host's experts (ExpertExecutor), and where the routing is counted (RoutingSink). The plan that fills
+// them, the executors' setup, rebalancing and the statistics live in runtime/experts/.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/tensor.h"
+
+namespace xpert {
+
+// Top-k choice of each token: slot j of token t is expert ids[t*k + j] with weight weights[t*k + j],
+// slots in descending probability (ties: the lower expert index first).
+struct Routing {
+  int64_t n_tokens = 0, k = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+struct RouterParams {
+  int64_t n_expert = 0, k = 0;
+  bool norm_weights = true;   // divide the k probabilities by their sum
+  float weights_scale = 1.0f; // then multiply by this
+};
+
+// The experts of a MoE layer split between a GPU and the host (heterogeneous experts): experts with
+// on_device[e] have their three matrices in the GPU's memory (gate/up/down[e]); the others are read in
+// place from the host's mmap through host_gate/up/down (the layer's 3-D tensors in host memory).
+struct ExpertSplit {
+  std::vector<bool> on_device;
+  std::vector<const void*> gate, up, down;  // per expert: device pointer, null when on the host
+  Weight host_gate, host_up, host_down;
+  int64_t n_on_device() const {
+    int64_t n = 0;
+    for (bool b : on_device) n += b;
+    return n;
+  }
+};
+
+// A device that computes the experts of host-resident MoE layers (an OpenCL device, --expert-device
+// opencl:N): the CPU routes and combines; run() computes every routed (expert, row) of a batch.
+struct ExpertTask {
+  int32_t expert = 0, row0 = 0, n_rows = 0;  // grouped rows [row0, row0 + n_rows) go through `expert`
+};
+struct MoeFfn;
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  virtual std::string name() const = 0;
+  // yg[i] = SwiGLU expert of row i (xg[i]), for the rows of every task; xg, yg: [n_rows][n_embd].
+  virtual void run(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
+                   float* yg) = 0;
+};
+
+// Where a MoE op reports each batch's routing (runtime/experts/routing_stats.h counts it).
+class RoutingSink {
+ public:
+  // ids: Routing::ids of layer `layer`'s batch (n_tokens * k values).
+  virtual void add(int64_t layer, std::span<const int32_t> ids) = 0;
+
+ protected:
+  ~RoutingSink() = default;
+};
+
+// One layer's routed-experts FFN (router, softmax top-k, SwiGLU experts, weighted sum), as the ops take
+// it: x [n][n_embd] -> [n][n_embd].
+struct MoeFfn {
+  int64_t n_embd = 0, n_ff = 0;       // n_ff: one expert's FFN length
+  int64_t n_expert = 0, n_used = 0;   // top n_used of n_expert
+  bool norm_weights = true;           // renormalize the chosen experts' weights to sum 1
+  float weights_scale = 1.0f;         // then multiply them by this
+  float rms_eps = 1e-6f;              // of the norms fused around it (add_rmsnorm_moe_ffn_add)
+  Weight router;                      // [n_embd, n_expert]
+  Weight gate, up, down;              // experts: gate/up [n_embd, n_ff, n_expert], down [n_ff, n_embd, n_expert]
+  // A sigmoid-gated shared expert (Qwen3.5), n_ff_shared 0: none. gate_inp [n_embd]; SwiGLU of n_ff_shared.
+  int64_t n_ff_shared = 0;
+  Weight shared_gate_inp, shared_gate, shared_up, shared_down;
+  const ExpertSplit* split = nullptr;  // some experts not on the executing device (its weights: split's)
+  ExpertExecutor* exec = nullptr;      // host layers: the device that computes the experts (null: the CPU)
+  int64_t layer = -1;                  // the model layer: executors' tables, routing statistics
+  RoutingSink* stats = nullptr;        // counts the routing when set
+
+  RouterParams router_params() const {
+    return {.n_expert = n_expert, .k = n_used, .norm_weights = norm_weights, .weights_scale = weights_scale};
+  }
+  // The same layer with the host's copies of its experts (a split layer's host share).
+  MoeFfn host_view() const {
+    MoeFfn h = *this;
+    h.gate = split->host_gate;
+    h.up = split->host_up;
+    h.down = split->host_down;
+    h.split = nullptr;
+    return h;
+  }
+};
+
+}  // namespace xpert
