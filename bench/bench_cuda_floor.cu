@@ -532,7 +532,6 @@ float attn_us(bool one_block, bool qwen35, int32_t pos, cudaStream_t s) {
                                      .gate = qwen35 ? q + D : nullptr,
                                      .gate_stride = qwen35 ? 2 * D : 0,
                                      .q_stride = qs,
-                                     .early_kv = true,
                                      .one_block = one_block};
   const size_t wsb = xpert::cuda::attention_decode_workspace_bytes(a);
   if (wsb) CHECK(cudaMalloc(&ws, wsb));

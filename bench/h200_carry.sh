@@ -8,9 +8,6 @@
 #                                       # (xpert's first run with its bandwidth roofline lines)
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
-#   bench/h200_carry.sh stack           # the decode stack (XPERT_DECODE_STACK=1) against the op path: its
-#                                       # tests, tg128 of qwen3-30b-a3b, and its per-phase profile
-#                                       # (XPERT_STACK_PROFILE=1)
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
 #                                       # -n 0 -r 1`: the warm-up pass and the measured one)
@@ -115,17 +112,6 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/depth.md"
     ;;
-  stack)
-    f=$(synth qwen3-30b-a3b | tail -1)
-    {
-      .devbin/xpert_cuda_tests --gtest_filter='*CudaDecodeStack*' 2>&1 | grep -E "FAILED|PASSED|Failure|decode stack"
-      echo "op path: $("$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 | grep -E '\| *tg' | awk -F'|' '{print $(NF-1)}')"
-      echo "stack: $(XPERT_DECODE_STACK=1 "$X" bench -m "$f" -p 0 -n 128 -r 2 2>&1 | grep -E '\| *tg' |
-        awk -F'|' '{print $(NF-1)}')"
-      XPERT_DECODE_STACK=1 XPERT_STACK_PROFILE=1 XPERT_GRAPHS=0 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 |
-        grep "decode stack" | tail -1
-    } 2>&1 | tee "$OUT/stack.md"
-    ;;
   floor) .devbin/bench_cuda_floor 2>&1 | tee "$OUT/floor.md" ;;
   kstat)
     N=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
@@ -216,7 +202,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|stack|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac

@@ -167,25 +167,6 @@ class Backend {
   virtual int decode_attention_form(int32_t max_pos) const { return 0; }
   virtual bool fuses_attention_gate() const { return false; }
 
-  // A whole decode step of one sequence through a stack of qwen3moe layers (rmsnorm, q/k/v, per-head q/k
-  // norms + RoPE, attention over the cache, o added into x; rmsnorm, softmax router top-k, SwiGLU experts
-  // added into x) as one call. x (this backend's memory) holds the token's embedding and comes back after
-  // the last layer; the token's k/v rows are stored at row *pos of slot *slot (both in this backend's
-  // memory, so a graph replays the call at any depth). False when the backend has no such kernel or does
-  // not take these weights; it has then done nothing, and the caller goes op by op.
-  struct MoeStack {
-    const ModelConfig* c = nullptr;
-    std::span<const LayerWeights* const> layers;
-    std::span<void* const> k_cache, v_cache;  // slot 0's rows of each layer
-    DType k_type = DType::F16, v_type = DType::F16;
-    int64_t slot_stride = 0;  // bytes
-    const int32_t *pos = nullptr, *slot = nullptr;
-    float* x = nullptr;
-    float freq_base = 10000.0f, freq_scale = 1.0f, kq_scale = 1.0f;
-    RopeMode mode = RopeMode::neox;
-  };
-  virtual bool decode_moe_stack(const MoeStack&) { return false; }
-
   // Graphs of whole passes (CUDA graphs): begin_graph(key) either starts recording the ops that follow
   // (false) or, when a pass with this key was recorded before, makes them no-ops (true); end_graph()
   // then runs the recording. The key must name everything the recorded ops bake in: shapes, slots,

@@ -11,8 +11,6 @@
 #include "model/blocks.h"
 #include "backend/gated_delta_net.h"
 #include "model/loader.h"
-#include "backend/experts.h"
-#include "model/route_guess.h"
 #include "runtime/kv_cache.h"
 #include "runtime/recurrent_state.h"
 
@@ -95,29 +93,22 @@ class Qwen35 : public Model {
       if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
-      RouteGuess* rg = moe_ && b.is_host() ? RouteGuess::get() : nullptr;
-      if (rg) rg->guess(c, l, l.attn_post_norm.f32(), a.x, n);
       if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       normed = false;
       if (c.layer_recurrent[il])
         delta_net_layer(l, il, ex);
       else
         gated_attention(l, il, ex);
-      if (moe_ && !rg) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert; then the
-                          // next layer's cur = norm(x)
+      if (moe_) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert; then the next
+                   // layer's cur = norm(x)
         const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
-        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.attn_post_norm.f32(), a.cur, n, next_w);
+        b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.attn_post_norm.f32(), a.cur, n, next_w);
         normed = next_w != nullptr;
         continue;
       }
       b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
-      if (rg) rg->check(c, l, il, a.cur, n);
-      if (moe_) {
-        b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += routed experts + gated shared expert
-      } else {
-        dense_ffn(l, ex);
-        b.add(a.out, a.x, a.x, n * E);
-      }
+      dense_ffn(l, ex);
+      b.add(a.out, a.x, a.x, n * E);
     }
     ex.output_logits(logits);
     for (const BatchSegment& g : ex.segments()) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);

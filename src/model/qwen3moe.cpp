@@ -7,9 +7,6 @@
 #include "base/thread_pool.h"
 #include "model/blocks.h"
 #include "model/loader.h"
-#include "backend/experts.h"
-#include "model/route_guess.h"
-#include "runtime/kv_cache.h"
 
 namespace xpert {
 namespace {
@@ -59,67 +56,22 @@ class Qwen3Moe : public Model {
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
     const AttentionLayerParams p = default_attention_params(c);
-    if (decode_stack(ex, p)) {
-      ex.output_logits(logits);
-      return;
-    }
     bool normed = false;  // the previous layer left this one's cur = norm(x)
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
-      RouteGuess* rg = b.is_host() ? RouteGuess::get() : nullptr;
-      if (rg) rg->guess(c, l, l.ffn_norm.f32(), a.x, n);
       if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       self_attention(c, l, p, il, ex);
-      if (rg) {
-        b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
-        rg->check(c, l, il, a.cur, n);
-        b.moe_ffn_add(c, l, a.cur, n, a.x);  // x += experts(cur)
-        normed = false;
-      } else {  // the same, maybe fused, then the next layer's cur = norm(x)
-        const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
-        b.add_rmsnorm_moe_ffn_add(c, l, a.out, a.x, l.ffn_norm.f32(), a.cur, n, next_w);
-        normed = next_w != nullptr;
-      }
+      // x += attention; cur = norm(x); x += experts(cur), maybe fused; then the next layer's cur = norm(x)
+      const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
+      b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.ffn_norm.f32(), a.cur, n, next_w);
+      normed = next_w != nullptr;
     }
     ex.output_logits(logits);
   }
 
- private:
-  // One token with every layer on one GPU: the backend may run the whole stack in one call.
-  bool decode_stack(Exec& ex, const AttentionLayerParams& p) const {
-    const ModelConfig& c = config_;
-    const ForwardArgs& args = ex.args();
-    if (ex.n() != 1 || !ex.decode_only() || n_offloaded() != c.n_layer || !args.cache || args.routing_stats)
-      return false;
-    Backend& b = ex.enter(0);
-    if (b.is_host()) return false;
-    KvCache& kv = *args.cache;
-    std::vector<const LayerWeights*> layers;
-    std::vector<void*> kc, vc;
-    for (int64_t il = 0; il < c.n_layer; ++il) {
-      layers.push_back(&layer(il));
-      kc.push_back(kv.k(il, 0));
-      vc.push_back(kv.v(il, 0));
-    }
-    Activations& a = ex.a();
-    return b.decode_moe_stack({.c = &c,
-                               .layers = layers,
-                               .k_cache = kc,
-                               .v_cache = vc,
-                               .k_type = kv.type(0),
-                               .v_type = kv.type(1),
-                               .slot_stride = kv.slot_stride(),
-                               .pos = a.pos,
-                               .slot = a.seq,
-                               .x = a.x,
-                               .freq_base = p.rope_base,
-                               .freq_scale = p.rope_scale,
-                               .kq_scale = p.kq_scale,
-                               .mode = p.rope_mode});
-  }
 };
 
 }  // namespace

@@ -233,11 +233,6 @@ void check_batched_decode(KvPair types, const Shape& s = {16, 2, 256}) {
       EXPECT_LT(e.rel_l2, quantized(types) ? kQuantRelL2 : kRelL2) << what << ": " << e;
       cuda::attention_decode(b1, ws.get(), nullptr);
       EXPECT_EQ(dout.download(), got) << "deterministic" << what;
-      cuda::DecodeAttentionArgs be = b1;  // the first key stages started before the wait: the same bits
-      be.early_kv = true;
-      dout.poison();
-      cuda::attention_decode(be, ws.get(), nullptr);
-      EXPECT_EQ(dout.download(), got) << "early_kv" << what;
       // The output's q8_1 activations (for the output projection): the bits quantize_activations gives.
       oq.poison();
       cuda::DecodeAttentionArgs bq = b1;

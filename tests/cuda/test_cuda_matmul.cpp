@@ -72,31 +72,31 @@ double norm2(const float* v, int64_t n) {
 }
 
 // The output head streamed through shared memory by bulk copies (matmul_stream.cu: the default on sm_90
-// for Q6_K heads of a multiple of 16 rows) against the decode form's lanes (XPERT_HEAD_STREAM=0): the same
-// bits. Qwen3's head, and a row count that leaves the CTAs' last groups uneven.
+// for one product of a Q6_K head of a multiple of 16 rows) against the decode form's lanes (which it takes
+// as one output of several in one launch): the same bits. Qwen3's head, and a row count that leaves the
+// CTAs' last groups uneven.
 TEST(CudaMatmulHead, StreamedIsTheDecodeFormBitForBit) {
   XPERT_REQUIRE_GPU();
   cuda::Stream stream;
-  const int64_t k = 2048;
+  const int64_t k = 2048, n_extra = 16;
   for (const int64_t n : {int64_t{151936}, int64_t{65536 + 16 * 1001}}) {
     SCOPED_TRACE(fmt::format("n={}", n));
     const std::vector<uint8_t> w = cudatest::random_weights(DType::Q6_K, n, k, 4321);
     cuda::DeviceBuffer w_dev = cudatest::weights_to_device(w, DType::Q6_K, k, n);
     cuda::DeviceBuffer x_dev = to_device(cudatest::random_values((size_t)k, 17));
-    cuda::DeviceBuffer ws(std::max<size_t>(cuda::matmul_workspace_bytes(DType::Q6_K, 1, k), 1));
-    std::vector<float> y[2];
-    for (int streamed = 0; streamed < 2; ++streamed) {
-      if (!streamed) setenv("XPERT_HEAD_STREAM", "0", 1);
-      cuda::DeviceBuffer y_dev((size_t)n * 4);
-      XPERT_CUDA_CHECK(cudaMemset(y_dev.data(), 0xFF, y_dev.bytes()));
-      cuda::matmul(DType::Q6_K, w_dev.data(), n, k, x_dev.as<float>(), 1, y_dev.as<float>(), n, ws.data(),
-                   ws.bytes(), stream);
-      stream.sync();
-      unsetenv("XPERT_HEAD_STREAM");
-      y[streamed] = from_device<float>(y_dev, (size_t)n);
-    }
+    const cuda::ActFormat f = cuda::activation_format(DType::Q6_K, 1);
+    cuda::DeviceBuffer act(std::max<size_t>(cuda::activation_bytes(f, 1, k), 1));
+    const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, 1, k, act.data(), stream);
+    cuda::DeviceBuffer y_streamed((size_t)n * 4), y_lanes((size_t)n * 4), y_extra((size_t)n_extra * 4);
+    for (cuda::DeviceBuffer* y : {&y_streamed, &y_lanes}) XPERT_CUDA_CHECK(cudaMemset(y->data(), 0xFF, y->bytes()));
+    cuda::matmul_prepared(DType::Q6_K, w_dev.data(), n, a, y_streamed.as<float>(), n, stream);
+    const cuda::MatmulOut outs[2] = {{.w = w_dev.data(), .n = n, .y = y_lanes.as<float>(), .ldy = n},
+                                     {.w = w_dev.data(), .n = n_extra, .y = y_extra.as<float>(), .ldy = n_extra}};
+    cuda::matmul_prepared_multi(DType::Q6_K, outs, 2, a, stream);
+    stream.sync();
+    const std::vector<float> ys = from_device<float>(y_streamed, (size_t)n), yl = from_device<float>(y_lanes, (size_t)n);
     for (int64_t j = 0; j < n; ++j)
-      ASSERT_EQ(std::bit_cast<uint32_t>(y[1][j]), std::bit_cast<uint32_t>(y[0][j])) << "row " << j;
+      ASSERT_EQ(std::bit_cast<uint32_t>(ys[j]), std::bit_cast<uint32_t>(yl[j])) << "row " << j;
   }
 }
 

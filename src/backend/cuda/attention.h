@@ -61,10 +61,6 @@ struct DecodeAttentionArgs {
   const float* gate = nullptr;
   int64_t gate_stride = 0;
   int64_t q_stride = 0;  // floats between q's (sequence, head) rows (0: head_dim)
-  // Each split starts loading its first key stages before the kernel's PDL wait when they all lie below
-  // the sequence's position: keys below it were stored by earlier steps, only the position's own key by
-  // the kernel right before. (On by default, XPERT_ATTN_EARLY=0 turns it off; the same bits either way.)
-  bool early_kv = false;
   // One block per (sequence, KV head): its warps split the keys among themselves (min_keys_per_split
   // aside) and combine them in shared memory, writing out (and out_q, the gate) with no combine launch and
   // no workspace. Right at any depth; fast where every sequence sees at most a few hundred keys (the

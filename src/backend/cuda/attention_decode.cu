@@ -59,12 +59,10 @@ struct DecodeParams {
   float2* out_ds;
   const float* gate;  // optional: out *= sigmoid(gate) (combine_kernel), rows gate_stride apart
   int64_t gate_stride, q_stride;
-  bool early_kv;       // a warp may start its first key stages before the wait (decode_kernel)
   bool one_block;      // a unit's splits are the warps of one block, combined there (combine_in_block)
   // Fused q/k prep (one_block, f16 cache; DecodeAttentionArgs::prep): this step's k / v rows, the norms'
   // weights (null: none), RoPE's constants; q is read as projected and normalized + rotated in the block.
   const float *prep_k, *prep_v, *prep_qw, *prep_kw;
-  bool prep_rows_own;  // the prep's K / V row at the position enters its stage from shared memory
   int n_rot;
   bool neox;
   float theta_scale, freq_scale, eps;
@@ -382,13 +380,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const char* kg = p.k + slot * p.slot_stride + hk * kv_bytes<KT>(D);
   const char* vg = p.v + slot * p.slot_stride + hk * kv_bytes<VT>(D);
 
-  // Fused prep (below) with prep_rows_own: the position's K and V rows are the block's own, so the warp whose
-  // keys end at the position reads the cache only below it (that row zero-filled, then written into its
-  // stage from shared memory): all its stages may start before the wait, and none waits on the stores.
+  // Fused prep (below): the position's K and V rows are the block's own, so the warp whose keys end at the
+  // position reads the cache only below it (that row zero-filled, then written into its stage from shared
+  // memory): all its stages may start before the wait, and none waits on the stores.
   constexpr bool kPrepForm = KT == kKvF16 && VT == kKvF16 && (D == 128 || D == 256);
   const bool prep = kPrepForm && p.prep_k != nullptr;
   const int pos = p.pos[seq];
-  const bool own_pos = prep && p.prep_rows_own && n_steps > 0 && ke - 1 == pos;
+  const bool own_pos = prep && n_steps > 0 && ke - 1 == pos;
   const int load_end = own_pos ? pos : ke;
   auto load_step = [&](int step) {
     const uint32_t ks = ring + (step % kStages) * kStageBytes;
@@ -404,9 +402,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
   };
   // Keys below the position were stored by earlier steps; the position's own key by the kernel right
-  // before (norm + RoPE + store), or by this one (fused prep). With early_kv, a warp whose first stages all
-  // lie below it (below load_end) starts them before the wait (their invalid rows read key kb, also below).
-  const bool early = p.early_kv && n_steps > 0 && min(load_end, kb + (kStages - 1) * kStepKeys) <= pos;
+  // before (norm + RoPE + store), or by this one (fused prep). A warp whose first stages all lie below it
+  // (below load_end) starts them before the wait (their invalid rows read key kb, also below): +1 % tg on
+  // qwen3 (XPERT_ATTN_EARLY, since removed; the same bits either way).
+  const bool early = n_steps > 0 && min(load_end, kb + (kStages - 1) * kStepKeys) <= pos;
   if (early) prologue();
   // Fused prep: warps 0..nh-1 normalize and rotate a q head each into shared memory (after the warps'
   // rings), the last warp k and the one before v, both stored at the position in the cache by every block
@@ -901,18 +900,12 @@ void attention_decode(const DecodeAttentionArgs& a, void* workspace, cudaStream_
   p.gate = a.gate;
   p.gate_stride = a.gate_stride ? a.gate_stride : a.head_dim;
   p.q_stride = a.q_stride ? a.q_stride : a.head_dim;
-  p.early_kv = a.early_kv;
   p.one_block = a.one_block;
   if (pl.fuse_prep) {
     const DecodeAttentionArgs::QkPrep& pr = *a.prep;
     if (pr.n_rot <= 0 || pr.n_rot > a.head_dim || pr.n_rot % 2 != 0)
       detail::fail_rt("cuda attention_decode: n_rot ", pr.n_rot, " must be even and at most head_dim");
     p.prep_k = pr.k, p.prep_v = pr.v, p.prep_qw = pr.q_norm, p.prep_kw = pr.k_norm;
-    static const bool own = [] {
-      const char* env = std::getenv("XPERT_ATTN_OWN_ROWS");
-      return !(env && std::atoi(env) == 0);
-    }();
-    p.prep_rows_own = own;
     p.n_rot = (int)pr.n_rot;
     p.neox = pr.mode == RopeMode::neox;
     // The same float expression as cpu::rope and norm_rope_params, so theta_scale is the same float.

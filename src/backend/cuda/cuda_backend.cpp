@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +15,6 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/check.h"
-#include "backend/cuda/decode_stack.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/gdn.h"
 #include "backend/cuda/host_transfer.h"
@@ -27,7 +25,6 @@
 #include "backend/cuda/trace.h"
 #include "backend/cuda/weight_layout.h"
 #include "backend/stream_share.h"
-#include "base/background_job.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -53,27 +50,7 @@ constexpr int32_t kOneBlockMaxKeys = 512;
 // Smaller batches copy part of the host experts they use and compute the rest on the host, at the same
 // time: by default as many as balance the measured copy and host rates (backend/stream_share.h).
 
-// XPERT_SHARED_SLOT=0 turns off Qwen3.5's shared expert as one more slot of the MoE kernels (read when a
-// backend is made, so that a test can compare both forms in one process). XPERT_GDN_FUSE: gdn.h.
-// XPERT_ATTN_GATE=0 (read likewise) turns off Qwen3.5's gated attention reading q and the gate where the
-// projection leaves them interleaved, with the combine applying the gate as it writes (fuses_attention_gate:
-// no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output projection; measured
-// +2 % tg on qwen3.5, docs/PERF.md). XPERT_ATTN_EARLY=0 (likewise) turns off the decode attention starting
-// its first key stages before its PDL wait (cuda::DecodeAttentionArgs::early_kv; +1 % tg on qwen3).
-// XPERT_ATTN_ONE_BLOCK=N (likewise; default kOneBlockMaxKeys, 0: never) is the most keys a sequence may see
-// for a decode step's attention to take one block per KV head, combined in the block (decode_attention_form).
-// XPERT_ATTN_PREP=0 (likewise): those blocks no longer normalize, rotate and store q / k / v themselves
-// (cuda::DecodeAttentionArgs::prep); a launch of its own does it first. XPERT_MATVEC_PAIR=0 (likewise):
-// a decode row's products of two weight types (Q4_K and Q6_K) take a launch each, not one together.
 using cuda::detail::env_on;
-int32_t env_int(const char* name, int32_t fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end || v < 0 || v > INT32_MAX) fail("{}={}: not a count of keys", name, e);
-  return (int32_t)v;
-}
 bool env_is_1(const char* name) {
   const char* e = std::getenv(name);
   return e && std::string(e) == "1";
@@ -82,18 +59,7 @@ bool env_is_1(const char* name) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device)
-      : device_(device),
-        shared_slot_(env_on("XPERT_SHARED_SLOT")),
-        stack_on_(env_is_1("XPERT_DECODE_STACK")),
-        attn_gate_(env_on("XPERT_ATTN_GATE")),
-        attn_early_(env_on("XPERT_ATTN_EARLY")),
-        one_block_keys_(env_int("XPERT_ATTN_ONE_BLOCK", kOneBlockMaxKeys)),
-        attn_prep_(env_on("XPERT_ATTN_PREP")),
-        attn_proj_(env_on("XPERT_ATTN_PROJ")),
-        pair_matvec_(env_on("XPERT_MATVEC_PAIR")),
-        norm_in_router_(env_on("XPERT_NORM_IN_ROUTER")),
-        pin_logits_(env_on("XPERT_PIN_LOGITS")),
-        norm_after_down_(env_on("XPERT_NORM_AFTER_DOWN")) {
+      : device_(device), pin_logits_(env_on("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -105,7 +71,6 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     if (capturing_) abort_graph();
-    if (host_job_) host_job_->wait();
     cudaStreamSynchronize(s());  // host nodes in flight use this object
     if (cuda::detail::trace_enabled()) cuda::detail::trace_dump();
     step_times_.report();
@@ -117,8 +82,6 @@ class CudaBackend final : public Backend {
     stream_buf_ = DeviceBuffer();  // frees through this object: before its members go
     prep_buf_ = DeviceBuffer();
     router_done_ = DeviceBuffer();
-    stacks_.clear();
-    stack_bar_ = DeviceBuffer();
   }
 
   void set_expert_streaming(int64_t min_tokens, double share) override {
@@ -135,7 +98,6 @@ class CudaBackend final : public Backend {
     stale_graphs_ = false;
     split_calls_.clear();
     expert_tables_.clear();
-    stacks_.clear();  // they point at the expert tables
   }
 
   // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
@@ -347,7 +309,7 @@ class CudaBackend final : public Backend {
     }
     // Two types of one decode row (a Q4_K_M layer's Q4_K q / k and Q6_K v) over the same activations: one
     // launch.
-    if (groups.size() == 2 && pair_matvec_ && groups[0].count <= 4 && groups[1].count <= 4) {
+    if (groups.size() == 2 && groups[0].count <= 4 && groups[1].count <= 4) {
       const Group &g0 = groups[0], &g1 = groups[1];
       const cuda::Activations a0 = activations(g0.t), a1 = activations(g1.t);
       if (a0.data == a1.data && cuda::matmul_pair_supported(g0.t, g1.t, a0)) {
@@ -462,11 +424,11 @@ class CudaBackend final : public Backend {
 
   // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
   // its combine step also writes the q8_1 activations the output projection takes (prepared()).
-  bool fuses_attention_gate() const override { return attn_gate_; }
-  // 1: every sequence sees at most one_block_keys_ keys: a block per KV head splits them among its warps
-  // and combines them itself, with no combine launch.
+  bool fuses_attention_gate() const override { return true; }
+  // 1: every sequence sees fewer than kOneBlockMaxKeys keys: a block per KV head splits them among its
+  // warps and combines them itself, with no combine launch.
   int decode_attention_form(int32_t max_pos) const override {
-    return max_pos >= 0 && max_pos < one_block_keys_ ? 1 : 0;
+    return max_pos >= 0 && max_pos < kOneBlockMaxKeys ? 1 : 0;
   }
   bool decode_attention(const DecodeAttention& d) override { return attend_decode(d, nullptr, nullptr); }
   // The attention and its output projection as one launch (cuda::DecodeAttentionArgs::Proj) where it fits:
@@ -475,7 +437,7 @@ class CudaBackend final : public Backend {
   bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override {
     if (skip_) return true;
     // The cheap checks, before the parts' buffer is made; cuda::attention_decode_proj_fits decides.
-    if (!attn_proj_ || !attn_prep_ || !d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
+    if (!d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
         wo.ne[0] != d.n_head * d.head_dim || decode_attention_form(d.max_pos) != 1)
       return false;
     const size_t need = (size_t)(cuda::attention_decode_proj_parts(d.n_head) * wo.ne[1]) * sizeof(float);
@@ -502,7 +464,7 @@ class CudaBackend final : public Backend {
     const bool f16 = d.k_type == DType::F16 && d.v_type == DType::F16;
     // The attention normalizes, rotates and stores q / k / v (DecodeAttentionArgs::prep): inside its blocks
     // where its form can, else by qk_norm_rope_store_f16 first.
-    const bool hand_prep = pr && f16 && attn_prep_;
+    const bool hand_prep = pr && f16;
     if (wo && !hand_prep) return false;
     cuda::DecodeAttentionArgs::QkPrep prep{};
     if (hand_prep) {
@@ -515,11 +477,6 @@ class CudaBackend final : public Backend {
               .freq_scale = pr->freq_scale,
               .eps = pr->eps,
               .mode = pr->mode};
-    } else if (pr && f16) {
-      cuda::qk_norm_rope_store_f16(
-          q, d.k, d.v, pr->q_norm, pr->k_norm, pr->pos, d.n_seq, d.n_head, d.n_head_kv, d.head_dim, pr->n_rot,
-          pr->freq_base, pr->freq_scale, pr->mode, pr->eps, static_cast<uint16_t*>(d.k_cache),
-          static_cast<uint16_t*>(d.v_cache), d.slot_stride / 2, d.slots, s(), d.q_stride);
     } else {
       if (pr)
         cuda::qk_norm_rope(q, k, pr->q_norm, pr->k_norm, pr->q_norm != nullptr, pr->k_norm != nullptr,
@@ -548,7 +505,6 @@ class CudaBackend final : public Backend {
                                 .gate = d.gate,
                                 .gate_stride = d.gate_stride,
                                 .q_stride = d.q_stride,
-                                .early_kv = attn_early_,
                                 .one_block = decode_attention_form(d.max_pos) == 1,
                                 .prep = hand_prep ? &prep : nullptr};
     cuda::DecodeAttentionArgs::Proj pj{};
@@ -578,25 +534,6 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  // The whole step in one persistent kernel (cuda/decode_stack.h) when every layer takes it: block-quantized
-  // matrices, all experts here (no split, no shared expert; the MoE kernels take their types), an f16 cache.
-  // Opt-in (XPERT_DECODE_STACK=1): on the H200 it is still slower than the op-by-op graph (docs/PERF.md).
-  bool decode_moe_stack(const MoeStack& m) override {
-    if (!stack_on_ || m.layers.empty()) return false;
-    if (skip_) return true;  // a replayed graph: whichever path it recorded
-    const Stack* st = stack(m);
-    if (!st) return false;
-    touch();
-    if (!stack_bar_.data()) stack_bar_ = DeviceBuffer(*this, sizeof(unsigned));
-    Arena& ar = scratch();
-    const size_t mark = ar.mark();
-    cuda::stack_decode(st->shape, static_cast<const cuda::StackLayer*>(st->layers.data()), m.x, m.pos, m.slot,
-                       ar.take_bytes(cuda::stack_workspace_bytes(st->shape)),
-                       static_cast<unsigned*>(stack_bar_.data()), s());
-    ar.release(mark);
-    return true;
-  }
-
   void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
     moe(c, lw, x, n, out, false, false);
   }
@@ -616,22 +553,23 @@ class CudaBackend final : public Backend {
   // One decode token whose whole MoE layer is here and whose router takes the fused form: the FFN norm
   // inside the router's launch (cuda::RouterNorm: every block normalizes x + d itself and writes its share
   // of cur and cur's q8_1), x + d added by the experts' down product (MoeRun::residual). The same bits as
-  // add_rmsnorm then moe_ffn_add; one launch fewer a layer. H200 tg128 against XPERT_NORM_IN_ROUTER=0
+  // add_rmsnorm then moe_ffn_add; one launch fewer a layer. H200 tg128 against the norm's own launch
   // (2026-12-01, five rounds in two calls): qwen3.5-35b-a3b 507.3 / 502.4, qwen3-30b-a3b even (549.3 /
   // 551.2).
   //
   // With next_w, the next layer's input norm of x is the down product's last block (MoeNormOut): it
   // writes cur and cur's q8_1 into the same slot, which the next layer's q/k/v products take (prepared()).
-  // XPERT_NORM_AFTER_DOWN=0: the norm's own launch after the experts. Leaving that launch out entirely (a
+  // Without it, the norm's own launch after the experts. Leaving that launch out entirely (a
   // probe with wrong output) measured qwen3-30b-a3b's tg128 7.5 % faster, qwen3.5-35b-a3b's 3.6 %; doing
   // it in every CTA of the q/k/v products (XPERT_NORM_IN_QKV, 2026-12-01, since removed) 11 % and 21 %
-  // slower: ~1,280 CTAs each normalizing x for 4 rows of work.
+  // slower: ~1,280 CTAs each normalizing x for 4 rows of work. XPERT_NORM_IN_ROUTER and
+  // XPERT_NORM_AFTER_DOWN, the switches that turned both off, are gone (docs/PERF.md, 2026-12-03).
   void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
                                const float* w, float* cur, int64_t n, const float* next_w) override {
     if (skip_) return;
     const int64_t E = c.n_embd;
     const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    const bool fits = norm_in_router_ && cuda::long_row_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
+    const bool fits = cuda::long_row_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
                       cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
     if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
     // d still owed as decode_attention_proj's parts: the router adds them (and writes d) itself.
@@ -655,7 +593,7 @@ class CudaBackend final : public Backend {
                               .parts = take ? static_cast<const float*>(parts_buf_.data()) : nullptr,
                               .n_parts = owed.n_parts};
     cuda::MoeNormOut no;
-    if (next_w && norm_after_down_) {  // fits: long_row_norm_fits, as for the router's norm
+    if (next_w) {  // fits: long_row_norm_fits, as for the router's norm
       if (!norm_done_.data()) {
         norm_done_ = DeviceBuffer(*this, sizeof(unsigned));
         XPERT_CUDA_CHECK(cudaMemset(norm_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
@@ -668,13 +606,12 @@ class CudaBackend final : public Backend {
             .done = static_cast<unsigned*>(norm_done_.data())};
     }
     moe(c, lw, cur, n, x, true, (bool)lw.ffn_up_shexp, &nm, d, no);
-    if (next_w && !no.w) rmsnorm(x, next_w, cur, n, E, c.rms_eps);
   }
   // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
   // length, an f32 gate, a fused router.
   bool shared_slot(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
     const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    return shared_slot_ && lw.ffn_up_shexp && experts(c, lw).shared && n <= cuda::kMoeDecodeMaxTokens &&
+    return lw.ffn_up_shexp && experts(c, lw).shared && n <= cuda::kMoeDecodeMaxTokens &&
            c.n_expert_used + 1 <= 32 && lw.ffn_gate_inp_shexp.type == DType::F32 &&
            lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
            cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
@@ -750,7 +687,7 @@ class CudaBackend final : public Backend {
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
     // At decode sizes the gated norm also writes out's q8_1 activations, for the output projection.
-    const cuda::Activations* act = cuda::gdn_fusions_enabled() && gs.head_v_dim % 32 == 0
+    const cuda::Activations* act = gs.head_v_dim % 32 == 0
                                        ? prepare_slot(out, in.n_tokens, gs.value_dim())
                                        : nullptr;
     int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
@@ -905,31 +842,17 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // The pool of host nodes and host jobs: one thread fewer than the host's (the caller of run() is one of
+  // The pool of host nodes: one thread fewer than the host's (the caller of run() is one of
   // them), since the thread that launched the step spins in its wait meanwhile (the lowest latency for the
   // step; one thread more measured 1.5x slower).
   ThreadPool& node_threads() {
     const int n = std::max(1, host_pool_->size() - 1);
     if (!node_pool_ || (node_pool_->size() != n && !capturing_)) {
-      if (node_pool_) synchronize();  // a host node or job may be running on it
+      if (node_pool_) synchronize();  // a host node may be running on it
       node_pool_ = std::make_unique<ThreadPool>(n);
     }
     return *node_pool_;
   }
-
-  // XPERT_ASYNC_HOST=1: the host's share on host_job_ (see moe_streamed). Off by default: on the H200 host it
-  // measured 3-6 % slower than computing on the launching thread (qwen3-30b-a3b, every expert on the host,
-  // tg64 62.4 vs 66.0 t/s with the auto share: docs/PERF.md), the hidden launches costing less than the
-  // thread the job pool gives up and the host function's wake-up.
-  static bool async_host() {
-    static const bool on = [] {
-      const char* env = std::getenv("XPERT_ASYNC_HOST");
-      return env && std::string(env) == "1";
-    }();
-    return on;
-  }
-  // A host function on the stream: returns once the host's share (moe_streamed) is done.
-  static void CUDART_CB wait_host_job(void* p) { static_cast<CudaBackend*>(p)->host_job_->wait(); }
 
   SplitCall& split_call(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
     auto& slot = split_calls_[{&lw, n}];
@@ -948,13 +871,6 @@ class CudaBackend final : public Backend {
 
   // A host node that failed: its error, raised on the caller's thread at the next wait.
   void check_host_error() {
-    if (std::exception_ptr e = host_job_ ? host_job_->take_error() : nullptr) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& x) {
-        fail("host experts: {}", x.what());
-      }
-    }
     std::lock_guard<std::mutex> lock(host_error_mutex_);
     if (host_error_.empty()) return;
     const std::string e = std::move(host_error_);
@@ -1010,11 +926,9 @@ class CudaBackend final : public Backend {
     std::vector<bool> copied(X, false), on_cpu(X, false);
     for (size_t i = 0; i < used.size(); ++i) (i < n_copy ? copied : on_cpu)[used[i]] = true;
     // The host's share, while the copies and the GPU run: computed on this thread after it has issued the
-    // copies, the next kernels launched after it. XPERT_ASYNC_HOST=1: on host_job_ (the caller of
-    // node_pool_), started before the copies are issued, while this thread queues the GPU's next kernels
-    // (the rest of this layer, the next layer's attention and router) behind a host function that holds
-    // the stream until the job is done.
-    const bool host_cpu = host_part && n_copy < used.size(), async = host_cpu && async_host();
+    // copies, the next kernels launched after it. On a background job instead, while this thread queued the
+    // GPU's next kernels, it measured 3-6 % slower (docs/PERF.md; XPERT_ASYNC_HOST, removed 2026-12-03).
+    const bool host_cpu = host_part && n_copy < used.size();
     float* yh = nullptr;
     std::function<void(ThreadPool&)> compute_host;
     if (host_cpu) {
@@ -1035,11 +949,6 @@ class CudaBackend final : public Backend {
         std::lock_guard<std::mutex> lock(share_mutex_);
         stream_share_.observe_host(host_bytes, us);
       };
-      if (async) {
-        ThreadPool& pool = node_threads();
-        if (!host_job_) host_job_ = std::make_unique<BackgroundJob>();
-        host_job_->submit([compute_host, &pool] { compute_host(pool); });
-      }
     }
     const bool timed = host_part && n_copy > 0;
     if (timed) XPERT_CUDA_CHECK(cudaEventRecord(copy_begin_.get(), s()));
@@ -1095,8 +1004,7 @@ class CudaBackend final : public Backend {
       copy_pending_ = n_copy * per_expert;
     }
     if (host_cpu) {
-      if (async) XPERT_CUDA_CHECK(cudaLaunchHostFunc(s(), &CudaBackend::wait_host_job, this));
-      else compute_host(*host_pool_);
+      compute_host(*host_pool_);
       float* yd = ar.take<float>(n * E);
       XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
       cuda::add(out, yd, out, n * E, s());
@@ -1213,93 +1121,6 @@ class CudaBackend final : public Backend {
     ar.release(mark);
   }
 
-  // A decode stack's layer table on the device, made on first use (null when the kernel does not take it).
-  struct Stack {
-    cuda::StackShape shape;
-    DeviceBuffer layers;
-  };
-  const Stack* stack(const MoeStack& m) {
-    const std::pair<const void*, const void*> key{m.layers[0], m.k_cache[0]};
-    auto it = stacks_.find(key);
-    if (it != stacks_.end()) return it->second.get();
-    std::unique_ptr<Stack> st = make_stack(m);
-    return stacks_.emplace(key, std::move(st)).first->second.get();
-  }
-  std::unique_ptr<Stack> make_stack(const MoeStack& m) {
-    const ModelConfig& c = *m.c;
-    if (m.k_type != DType::F16 || m.v_type != DType::F16) return nullptr;
-    std::vector<cuda::StackLayer> ls;
-    for (size_t il = 0; il < m.layers.size(); ++il) {
-      const LayerWeights& lw = *m.layers[il];
-      if (lw.split || lw.ffn_up_shexp || lw.bq || lw.bk || lw.bv || lw.ffn_gate_inp.type != DType::F32 ||
-          !lw.q_norm || !lw.k_norm)
-        return nullptr;
-      if (!experts(c, lw).fused) return nullptr;
-      const auto bytes = [](const Weight& w) {
-        return (uint64_t)(row_bytes(w.type, w.ne[0]) * (size_t)w.ne[1]);
-      };
-      ls.push_back({.attn_norm = lw.attn_norm.f32(),
-                    .q_norm = lw.q_norm.f32(),
-                    .k_norm = lw.k_norm.f32(),
-                    .ffn_norm = lw.ffn_norm.f32(),
-                    .router = lw.ffn_gate_inp.f32(),
-                    .wq = lw.wq.data,
-                    .wk = lw.wk.data,
-                    .wv = lw.wv.data,
-                    .wo = lw.wo.data,
-                    .gate = lw.ffn_gate_exps.data,
-                    .up = lw.ffn_up_exps.data,
-                    .down = lw.ffn_down_exps.data,
-                    .gate_bytes = bytes(lw.ffn_gate_exps),
-                    .up_bytes = bytes(lw.ffn_up_exps),
-                    .down_bytes = bytes(lw.ffn_down_exps),
-                    .k_cache = m.k_cache[il],
-                    .v_cache = m.v_cache[il],
-                    .tq = (int32_t)lw.wq.type,
-                    .tk = (int32_t)lw.wk.type,
-                    .tv = (int32_t)lw.wv.type,
-                    .to = (int32_t)lw.wo.type,
-                    .tg = (int32_t)lw.ffn_gate_exps.type,
-                    .tu = (int32_t)lw.ffn_up_exps.type,
-                    .td = (int32_t)lw.ffn_down_exps.type,
-                    .rq = (uint32_t)row_bytes(lw.wq.type, lw.wq.ne[0]),
-                    .rk = (uint32_t)row_bytes(lw.wk.type, lw.wk.ne[0]),
-                    .rv = (uint32_t)row_bytes(lw.wv.type, lw.wv.ne[0]),
-                    .ro = (uint32_t)row_bytes(lw.wo.type, lw.wo.ne[0]),
-                    .rg = (uint32_t)row_bytes(lw.ffn_gate_exps.type, lw.ffn_gate_exps.ne[0]),
-                    .ru = (uint32_t)row_bytes(lw.ffn_up_exps.type, lw.ffn_up_exps.ne[0]),
-                    .rd = (uint32_t)row_bytes(lw.ffn_down_exps.type, lw.ffn_down_exps.ne[0])});
-    }
-    auto st = std::make_unique<Stack>();
-    cuda::StackShape& sh = st->shape;
-    sh = {.n_layer = (int)ls.size(),
-          .n_embd = (int)c.n_embd,
-          .n_head = (int)c.n_head,
-          .n_head_kv = (int)c.n_head_kv,
-          .head_dim = (int)c.head_dim,
-          .n_rot = (int)c.n_rot,
-          .n_expert = (int)c.n_expert,
-          .k = (int)c.n_expert_used,
-          .n_ff = (int)c.n_ff_exp,
-          .eps = c.rms_eps,
-          .kq_scale = m.kq_scale,
-          .theta_scale = std::pow(m.freq_base, -2.0f / (float)c.n_rot),
-          .freq_scale = m.freq_scale,
-          .neox = m.mode == RopeMode::neox,
-          .norm_weights = c.expert_weights_norm,
-          .weights_scale = c.expert_weights_scale,
-          .slot_stride = m.slot_stride};
-    if (const std::string why = cuda::stack_unsupported(sh, ls.data()); !why.empty()) {
-      log::debug("CUDA decode stack not used: {}", why);
-      return nullptr;
-    }
-    st->layers = DeviceBuffer(*this, ls.size() * sizeof(cuda::StackLayer));
-    copy_from_host(st->layers.data(), ls.data(), ls.size() * sizeof(cuda::StackLayer));
-    return st;
-  }
-  std::map<std::pair<const void*, const void*>, std::unique_ptr<Stack>> stacks_;
-  DeviceBuffer stack_bar_;
-
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     size_t end_mark = 0;  // the scratch arena's mark at end_graph: a replay must end where the recording did
@@ -1374,27 +1195,16 @@ class CudaBackend final : public Backend {
   } step_times_;
 
   int device_;
-  const bool shared_slot_;  // XPERT_SHARED_SLOT
-  const bool stack_on_;     // XPERT_DECODE_STACK=1
-  const bool attn_gate_;    // XPERT_ATTN_GATE, on unless 0
-  const bool attn_early_;   // XPERT_ATTN_EARLY, on unless 0 (cuda::DecodeAttentionArgs::early_kv)
-  const int32_t one_block_keys_;  // XPERT_ATTN_ONE_BLOCK (decode_attention_form)
-  const bool attn_prep_;          // XPERT_ATTN_PREP, on unless 0 (cuda::DecodeAttentionArgs::prep)
-  const bool attn_proj_;          // XPERT_ATTN_PROJ, on unless 0 (decode_attention_proj)
-  const bool pair_matvec_;        // XPERT_MATVEC_PAIR, on unless 0 (matmuls: cuda::matmul_prepared_pair)
-  const bool
-      norm_in_router_;  // XPERT_NORM_IN_ROUTER, on unless 0 (add_rmsnorm_moe_ffn_add: cuda::RouterNorm)
   const bool pin_logits_;  // XPERT_PIN_LOGITS, on unless 0 (pin_host)
-  const bool norm_after_down_;  // XPERT_NORM_AFTER_DOWN, on unless 0 (add_rmsnorm_moe_ffn_add: MoeNormOut)
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Stream> stream_;
   std::map<const void*, ExpertTables> expert_tables_;
 
   // Split MoE layers (moe_split / moe_streamed).
   int64_t stream_min_tokens_ = kDefaultStreamMinTokens;
-  StreamShare stream_share_;  // under share_mutex_: host jobs report to it
+  StreamShare stream_share_;  // under share_mutex_: the host's shares report to it
   std::mutex share_mutex_;
-  struct HostShare {  // moe_streamed's host job: its routing, experts and scratch
+  struct HostShare {  // moe_streamed's host share: its routing, experts and scratch
     Routing r;
     std::vector<bool> on_cpu;
     MoeScratch ms;
@@ -1403,7 +1213,6 @@ class CudaBackend final : public Backend {
   cuda::Event copy_begin_{true}, copy_end_{true}, moe_end_{true};  // moe_streamed's copies and MoE, timed
   size_t copy_pending_ = 0;  // bytes whose copy times are not reported yet
   std::unique_ptr<ThreadPool> node_pool_;  // the host nodes' threads: one fewer than the host's (see host_pool)
-  std::unique_ptr<BackgroundJob> host_job_;  // XPERT_ASYNC_HOST=1, made on first use; after node_pool_: goes first
   cuda::PinnedBuffer split_in_, split_out_, stream_table_;
   cuda::PinnedRing up_ring_;  // copy_from_host's small copies
   cuda::Event fork_, join_;

@@ -1,7 +1,6 @@
 // Gated DeltaNet pieces (conv, norms, gates), the recurrent delta rule and the whole mixer. gdn.h.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -379,13 +378,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
-bool gdn_fusions_enabled() {
-  static const bool on = detail::env_on("XPERT_GDN_FUSE");
-  return on;
-}
-
 bool gdn_decode_prelude_fusable(const GdnShape& s) {
-  return gdn_fusions_enabled() && s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 &&
+  return s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 &&
          s.head_k_dim <= 32 * kPreludeMaxPer && s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 &&
          s.d_conv <= kPreludeMaxTaps;
 }
@@ -427,10 +421,8 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
 }
 
 bool gdn_recurrent_norm_fusable(const GdnShape& s) {
-  // Read at each call (a decode graph records it once), so that a test can compare both forms.
-  const bool on = detail::env_on("XPERT_GDN_NORM_FUSE");
   const int64_t R = (s.head_k_dim + 31) / 32, C = s.head_v_dim / 32;
-  return on && s.head_v_dim % 32 == 0 && C <= kMaxColGroups && R <= kMaxRowGroups &&
+  return s.head_v_dim % 32 == 0 && C <= kMaxColGroups && R <= kMaxRowGroups &&
          32 * R * C <= kMaxRecurrentThreads;
 }
 

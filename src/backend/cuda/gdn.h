@@ -41,11 +41,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 
 // One decode token: causal_conv1d_silu, l2_norm_heads of q and k and gdn_gates in one launch, the same bits
 // (conv_out [conv_dim], g and beta [n_v_heads]). For head dims that are multiples of 32 up to 256 and up to
-// 8 conv taps (gdn_decode_prelude_fusable; XPERT_GDN_FUSE=0 says no); gated_delta_net takes it for T = 1
-// when it can.
+// 8 conv taps (gdn_decode_prelude_fusable); gated_delta_net takes it for T = 1 when it can.
 bool gdn_decode_prelude_fusable(const GdnShape& s);
-// XPERT_GDN_FUSE is not 0: the prelude and the gated norm's q8_1 output (CudaBackend) are used.
-bool gdn_fusions_enabled();
 // Reads the conv state (and weights) before its PDL wait: the kernel right before must not write the conv
 // state (in gated_delta_net the last call's delta rule and gated norm ran since its last writer).
 void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,

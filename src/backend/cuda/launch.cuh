@@ -47,7 +47,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 namespace detail {
 bool pdl_enabled();  // the current device is sm_90+ and XPERT_PDL is not 0 (ops.cu)
 bool prefetch_enabled();  // XPERT_PREFETCH is not 0: kernels take a flag for their prefetch_l2 (ops.cu)
-bool preload_enabled();  // XPERT_PRELOAD is not 0: the MoE down kernel loads its first chunks before the wait
 }
 
 namespace detail {

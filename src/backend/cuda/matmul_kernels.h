@@ -53,7 +53,7 @@ void gemm_init();
 
 // One row of q8_1 activations times very many Q6_K rows (an output head) streamed through shared memory
 // (matmul_stream.cu: sm_90, n % 16 == 0, k % 256 == 0): the decode form's bits. False (nothing launched)
-// where the device, the shape or XPERT_HEAD_STREAM=0 does not take it.
+// where the device or the shape does not take it.
 bool launch_matvec_stream(DType w_type, const void* w, int64_t n, const Activations& a, float* y,
                           cudaStream_t stream);
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -52,9 +51,19 @@ ExpertsAt experts_at(const MoeExperts& e) {
 // 373 / 367 / 361. Before the batch (one chunk in flight) both were 407 and 360.
 constexpr int kGateUpBatch = 2;
 constexpr int kDownBatch = 2;
-// Chunks a lane of the down kernel loads before its wait (XPERT_PRELOAD=0: none): of a row of 768 (Qwen3's
-// experts) 2 of a lane's 3, of 512 (Qwen3.5's) both.
+// Chunks a lane of the down kernel loads before its wait: of a row of 768 (Qwen3's experts) 2 of a lane's
+// 3, of 512 (Qwen3.5's) both.
 constexpr int kDownPreload = 2;
+// Warps per output row of the down kernel: 2 (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365 t/s and
+// qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4; XPERT_MOE_DOWN_SPLIT, since removed). Past 8 slots a
+// slot gets 2 lanes of a warp instead of 4, and 4 warps a row had measured a little faster there
+// (qwen3.5-35b-a3b with its shared expert as slot 9: 351 / 347 t/s, 342-344 / 342). With the rows' first
+// chunks loaded before the wait 2 is faster (tg128 500.3 / 494.9 against 487.4 / 489.0, 2026-12-01): its
+// 1,024 blocks (Q6_K: 64 registers, 8 blocks an SM) are resident at once, 4's 2,048 took two waves.
+constexpr int kDownSplit = 2;
+// Lanes per row of the gate/up kernel: 8 (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s and
+// qwen3.5-35b-a3b 259 / 266 with 4 / 8 / 16; XPERT_MOE_LANES, since removed).
+constexpr int kLanes = 8;
 // CTA = (32 / kParts rows of n_ff, one (token, slot) pair): 64 / kParts row dots (gate and up of its
 // rows), kLanes lanes each, so 2 * kLanes / kParts warps. In a warp, lanes [0, 16) take gate rows and
 // [16, 32) the up rows of the same outputs. The 32 outputs of one span are then quantized into one q8_1
@@ -65,8 +74,8 @@ constexpr int kDownPreload = 2;
 // the H200's 132 SMs two spans' work and the others one, 384 of 256 at most three halves (H200 tg128 +1.5 %
 // on both presets, 2026-12-01). The register bounds keep what each form had: two 512-thread CTAs an SM
 // (64 registers), three 256-thread ones (80).
-template <DType T, int kLanes, int kParts>
-__global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLanes == 16 ? 1 : 2))
+template <DType T, int kParts>
+__global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : 2)
     gate_up_kernel(ExpertAt gate, ExpertAt up, const int32_t* __restrict__ ids, int kslots, int64_t D,
                    int64_t F, size_t row_bytes, ActView xa, int8_t* __restrict__ hq,
                    float2* __restrict__ hds) {
@@ -114,21 +123,13 @@ __global__ void __launch_bounds__(64 * kLanes / kParts, kParts == 2 ? 3 : (kLane
   }
 }
 
-// Lanes per row of the gate/up kernel: 8 by default (H200, decode tg64: qwen3-30b-a3b 309 / 311 / 306 t/s
-// and qwen3.5-35b-a3b 259 / 266 with 4 / 8 / 16); XPERT_MOE_LANES=4 or 16 to compare.
-int gate_up_lanes() {
-  static const int lanes = detail::env_variant("XPERT_MOE_LANES", 8, 4, 16);
-  return lanes;
-}
-
-// CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else XPERT_MOE_GU_PARTS
-// (2 by default, 1 to compare); 2 needs sm_90 (clusters), else 1. H200 tg128, 2 / 1, three calls:
+// CTAs a span of gate/up: `requested` (MoeRun::gate_up_parts) where it is 1 or 2, else 2; 2 needs sm_90
+// (clusters), else 1. H200 tg128, 2 / 1, three calls (XPERT_MOE_GU_PARTS, since removed):
 // qwen3-30b-a3b 552.6 / 544.3 (four rounds), qwen3.5-35b-a3b 505.6 / 497.8 (three). With gate/up at four
 // chunks' loads in flight a lane (its three CTAs an SM allow 80 registers) even: 552.3 / 552.9, 502.3 /
 // 506.3.
 int gate_up_parts(int requested) {
-  static const int from_env = detail::env_variant("XPERT_MOE_GU_PARTS", 2, 1, 2);
-  const int want = requested == 1 || requested == 2 ? requested : from_env;
+  const int want = requested == 1 || requested == 2 ? requested : 2;
   return want == 2 && detail::cc_major() >= 9 ? 2 : 1;
 }
 
@@ -142,13 +143,13 @@ int gate_up_parts(int requested) {
 // wait only the activations gate/up wrote are read before the rest of the row.
 // kNorm (one token, MoeNormOut): each row's writer fences it, and the last CTA to finish (a counter it
 // resets) normalizes the whole of out into no.y / q / ds (norm_row.cuh: the norm's own launch's bits).
-template <DType T, int kSplit, bool kNorm = false>
+template <DType T, bool kNorm = false>
 __global__ void __launch_bounds__(128)
     down_kernel(ExpertAt down, const int32_t* __restrict__ ids, const float* __restrict__ weights, int kslots,
                 int64_t D, int64_t F, size_t row_bytes, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, float* __restrict__ out, bool accumulate,
-                const float* __restrict__ residual, int lps_log2, bool prefetch, bool preload,
-                MoeNormOut no) {
+                const float* __restrict__ residual, int lps_log2, bool prefetch, MoeNormOut no) {
+  constexpr int kSplit = kDownSplit;
   constexpr int kRows = 4 / kSplit;  // rows per CTA
   const int64_t t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -172,17 +173,14 @@ __global__ void __launch_bounds__(128)
   const int nc = (int)(F / Dot<T>::kElems);
   const dev::row_t<T> wrow = mat ? dev::row_at<T>(mat, d, D, row_bytes) : dev::row_t<T>{};
   dev::RowHead<T, kDownPreload> head;
-  head.load(wrow, mat && preload ? sub + lps * wp : nc, lps * kSplit, nc);
+  head.load(wrow, mat ? sub + lps * wp : nc, lps * kSplit, nc);
   pdl_begin();
   __shared__ float part[4][32];
   float acc[1] = {0.0f};
   if (mat) {
     const int64_t p = t * kslots + j;
     const ActView a{hq + p * F, hds + p * (F / 32), F};
-    if (preload)
-      head.template dot<1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
-    else
-      dev::dot_row<T, 1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
+    head.template dot<1, kDownBatch>(wrow, sub + lps * wp, lps * kSplit, nc, a, 1, acc);
   }
   for (int off = lps >> 1; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(kFull, acc[0], off);
   const bool writer = kSplit == 1 || wp == 0;  // the row's first warp adds the others' sums
@@ -223,21 +221,6 @@ __global__ void __launch_bounds__(128)
     norm_row_128(out, no.w, (int)D, no.eps, no.y, no.q, no.ds, red);
     if (threadIdx.x == 0) *no.done = 0;
   }
-}
-
-// Warps per output row of the down kernel: 2 (H200, decode tg64: qwen3-30b-a3b 362 / 378 / 365 t/s and
-// qwen3.5-35b-a3b 284 / 285 / 288 with 1 / 2 / 4); XPERT_MOE_DOWN_SPLIT=1, 2 or 4 to compare. Past 8 slots a
-// slot gets 2 lanes of a warp instead of 4, and 4 warps a row had measured a little faster there
-// (qwen3.5-35b-a3b with its shared expert as slot 9: 351 / 347 t/s, 342-344 / 342). With the rows' first
-// chunks loaded before the wait 2 is faster (tg128 500.3 / 494.9 against 487.4 / 489.0, 2026-12-01): its
-// 1,024 blocks (Q6_K: 64 registers, 8 blocks an SM) are resident at once, 4's 2,048 took two waves.
-int down_split() {
-  static const int forced = [] {
-    const char* env = std::getenv("XPERT_MOE_DOWN_SPLIT");
-    const int v = env ? std::atoi(env) : 0;
-    return v == 1 || v == 2 || v == 4 ? v : 0;
-  }();
-  return forced ? forced : 2;
 }
 
 // --------------------------------------------------------------------------------------- grouped path
@@ -436,13 +419,9 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
                                : ActView{b.xq, b.xds, D};
     const auto [gate, up, down] = experts_at(e);
     dev::dispatch_quant_type(e.gate_type, [&]<DType T>() {
-      const int lanes = gate_up_lanes();
-      const unsigned parts = lanes == 8 && gate_up_parts(run.gate_up_parts) == 2 ? 2 : 1;
-      auto* kernel = parts == 2    ? gate_up_kernel<T, 8, 2>
-                     : lanes == 16 ? gate_up_kernel<T, 16, 1>
-                     : lanes == 8  ? gate_up_kernel<T, 8, 1>
-                                   : gate_up_kernel<T, 4, 1>;
-      launch_pdl_cluster(kernel, dim3((unsigned)(F / 32 * parts), (unsigned)(n * k)), 64 * lanes / parts, 0,
+      const unsigned parts = gate_up_parts(run.gate_up_parts) == 2 ? 2 : 1;
+      auto* kernel = parts == 2 ? gate_up_kernel<T, 2> : gate_up_kernel<T, 1>;
+      launch_pdl_cluster(kernel, dim3((unsigned)(F / 32 * parts), (unsigned)(n * k)), 64 * kLanes / parts, 0,
                          stream, parts == 2 ? 2 : 0, gate, up, run.ids, (int)k, D, F, gu_row_bytes, xa, b.hq,
                          b.hds);
       XPERT_CUDA_CHECK_LAUNCH();
@@ -450,18 +429,13 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     int lps_log2 = 5;
     while ((1 << (5 - lps_log2)) < k) --lps_log2;
     dev::dispatch_quant_type(e.down_type, [&]<DType T>() {
-      const int split = down_split();
-      const unsigned rows_per_cta = 4 / split;
+      constexpr unsigned rows_per_cta = 4 / kDownSplit;
       const dim3 grid((unsigned)((D + rows_per_cta - 1) / rows_per_cta), (unsigned)n);
-      auto* kernel = split == 4 ? down_kernel<T, 4> : split == 2 ? down_kernel<T, 2> : down_kernel<T, 1>;
-      if (no.w && split == 2) kernel = down_kernel<T, 2, true>;  // the default split only
+      auto* kernel = no.w ? down_kernel<T, true> : down_kernel<T>;
       launch_pdl(kernel, grid, 128, 0, stream, down, run.ids, run.weights, (int)k, D, F, down_row_bytes, b.hq,
-                 b.hds, run.out, run.accumulate, run.residual, lps_log2, detail::prefetch_enabled(),
-                 detail::preload_enabled(), no);
+                 b.hds, run.out, run.accumulate, run.residual, lps_log2, detail::prefetch_enabled(), no);
       XPERT_CUDA_CHECK_LAUNCH();
     });
-    if (no.w && down_split() != 2)
-      add_rmsnorm_q8(nullptr, run.out, D, no.w, no.y, D, 1, D, no.eps, no.q, no.ds, stream);
     return;
   }
 

@@ -42,8 +42,8 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
 // (where the expert tables put the shared expert) with weight sigmoid(x . shared_gate); ids and weights
 // are then [n_tokens][k + 1].
 // `form` picks how one token's top k is found (the same result every way): automatic is the block's
-// two-phase ranking wherever it fits (XPERT_BLOCK_ROUTE=0: one warp's serial top-k always; =1: the
-// one-phase block ranking up to 128 experts, the warp past it); tests name the others.
+// two-phase ranking wherever it fits; tests name the others (warp: one warp's serial top-k always; block:
+// the one-phase block ranking up to 128 experts, the warp past it).
 enum class RouteForm { automatic = -1, warp = 0, block = 1, two_phase = 2 };
 bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const MoeRouting& r);
 // The FFN norm before the router, inside its launch (one token, long_row_norm_fits): the router's input is
@@ -114,7 +114,7 @@ struct MoeRun {
   MoePath path = MoePath::automatic;
   const Activations* xq = nullptr;  // x already in q8_1 (matmul.h), taken by the decode path; may be null
   // The decode gate/up kernel's CTAs per 32 outputs: 1, or 2 as one thread block cluster (sm_90; else 1).
-  // The same bits either way; 0: XPERT_MOE_GU_PARTS (default 2).
+  // The same bits either way; 0: 2.
   int gate_up_parts = 0;
   // Decode, accumulate: out = (out + residual) + the experts' sum, per element (a residual add the router's
   // norm left to this launch, RouterNorm; null: none).

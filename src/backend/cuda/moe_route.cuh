@@ -1,5 +1,4 @@
-// Routing one token with a whole block (moe.h's semantics), shared by the fused decode router (moe.cu) and
-// the persistent decode kernel (decode_stack.cu).
+// Routing one token with a whole block (moe.h's semantics), for the fused decode router (moe_router.cu).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -47,7 +46,7 @@ __device__ inline void rank_top_k(int n, int k, Id id, Val v, int32_t* top_id, f
   }
 }
 
-// One token routed by the whole block (router_kernel's last block; every block of the decode stack):
+// One token routed by the whole block (router_kernel's last block):
 // route_token's result, without its serial top-k. Each expert's rank (the experts above it: a higher logit,
 // or an equal one at a lower index) is counted by 4 threads, so the k largest fall into place at once; the
 // softmax sum is a double block sum. smem: route_block_floats(E, kThreads) floats. Every thread of the block

@@ -2,7 +2,6 @@
 // (the router product and the routing in one launch).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -258,23 +257,15 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
-// One decode token's top-k by the router's whole last block in two phases (route_token_block<.., true>)
-// wherever it fits. XPERT_BLOCK_ROUTE=1: the one-phase block ranking where it counts at most 64 ranks a
-// thread (up to 128 experts), else one warp; =0: one warp (route_token) always, to compare. H200 tg128 in
-// one call: one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s,
+// RouteForm::automatic: one decode token's top-k by the router's whole last block in two phases
+// (route_token_block<.., true>) wherever it fits. The other forms, asked for by name (tests): block, the
+// one-phase block ranking where it counts at most 64 ranks a thread (up to 128 experts), else one warp;
+// warp, one warp (route_token) always. H200 tg128 in one call (XPERT_BLOCK_ROUTE, since removed): one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s,
 // qwen3.5-35b-a3b (256 ranks a thread) 340 / 349; two-phase / one-phase (2026-12-01), qwen3-30b-a3b
 // 458.0 / 457.3 and 461.5 / 457.2, qwen3.5-35b-a3b (two-phase / warp) 411.2 / 404.9 and 422.5 / 403.3.
 // XPERT_BLOCK_ROUTE=3 chose a form as one thread block cluster (blocks of 8 experts gathering their logits
 // in one block's distributed shared memory, one cluster barrier, no counter): +1.4 % on qwen3-30b-a3b with
 // gate/up at one CTA a span, 1.5-2.5 % slower with its clusters of two (2026-12-01), so removed.
-RouteForm route_form_from_env() {
-  static const int v = [] {
-    const char* env = std::getenv("XPERT_BLOCK_ROUTE");
-    const int e = env ? std::atoi(env) : 2;
-    return e >= 0 && e <= 2 ? e : 2;
-  }();
-  return static_cast<RouteForm>(v);
-}
 
 }  // namespace
 
@@ -299,7 +290,7 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate, RouteForm form, const RouterNorm* norm) {
-  if (form == RouteForm::automatic) form = route_form_from_env();
+  if (form == RouteForm::automatic) form = RouteForm::two_phase;
   if (norm) {
     if (!long_row_norm_fits(n_tokens, n_embd))
       fail_cat("CUDA moe_router: the norm inside the router takes one token of 1024 < n_embd <= 2048, got ",

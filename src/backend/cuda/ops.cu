@@ -85,11 +85,6 @@ bool prefetch_enabled() {
   return on;
 }
 
-bool preload_enabled() {
-  static const bool on = env_on("XPERT_PRELOAD");
-  return on;
-}
-
 unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return (unsigned)std::clamp<int64_t>(blocks, 1, (int64_t)sm_count() * 16);

@@ -39,12 +39,4 @@ inline bool env_on(const char* name) {
   return !(env && std::string(env) == "0");
 }
 
-// A kernel variant chosen by an environment variable (for A/B measurements): its value when it is one of
-// a or b, else the default.
-inline int env_variant(const char* name, int dflt, int a, int b) {
-  const char* env = std::getenv(name);
-  const int v = env ? std::atoi(env) : dflt;
-  return v == a || v == b ? v : dflt;
-}
-
 }  // namespace xpert::cuda::detail
