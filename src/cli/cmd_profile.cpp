@@ -14,8 +14,8 @@
 #include "cli/commands.h"
 #include "runtime/experts/plan.h"
 #include "runtime/experts/routing_stats.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "text/builtin_templates.h"
 #include "text/tokenizer.h"
 

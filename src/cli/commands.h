@@ -10,7 +10,7 @@
 #include "runtime/placement.h"
 #include "format/gguf.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "sample/sampler.h"
 
 namespace xpert::cli {

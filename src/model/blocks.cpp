@@ -8,8 +8,8 @@
 #include "backend/cpu/ops.h"
 #include "base/error.h"
 #include "quant/quant.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 
 namespace xpert {
 
@@ -127,7 +127,7 @@ Exec::OnDevice& Exec::on(Backend& b, const float* x_from_host) {
 }
 
 Exec::~Exec() {
-  if (graph_open_) b_->abort_graph();
+  if (graph_open_) b_->pass_graphs()->abort_graph();
 }
 
 namespace {
@@ -154,13 +154,14 @@ Backend& Exec::enter(int64_t il) {
     a_ = &d.a;
     // A decode step of a model wholly on one device is one graph from here to the logits, keyed by
     // everything the recorded ops bake in (batch layout, caches, scratch addresses).
-    if (il == 0 && decode_only_ && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
+    PassGraphs* graphs = want->pass_graphs();
+    if (graphs && il == 0 && decode_only_ && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
       std::string key = fmt::format("m{}|kv{}|st{}|ar{}|", fmt::ptr(&m_), args_.cache ? args_.cache->id() : 0,
                                     args_.state ? args_.state->id() : 0, want->scratch().generation());
-      key += fmt::format("af{}|", want->decode_attention_form(max_pos_));
+      if (const DecodeFusions* f = want->decode_fusions()) key += fmt::format("af{}|", f->decode_attention_form(max_pos_));
       for (const BatchSegment& g : segments_) key += fmt::format("{},", g.seq);
       for (int64_t r : out_rows_) key += fmt::format("{};", r);
-      replaying_ = want->begin_graph(key);
+      replaying_ = graphs->begin_graph(key);
       graph_open_ = true;
     }
   }
@@ -192,7 +193,7 @@ void Exec::output_logits(std::vector<float>& logits) {
     b.matmul(head, a_->cur, n_out, y);
     if (graph_open_) {
       graph_open_ = false;
-      b.end_graph();
+      b.pass_graphs()->end_graph();
     }
     b.copy_to_host(logits.data(), y, logits.size() * sizeof(float));
     arena().release(mark);
@@ -209,17 +210,18 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
 }
 
 bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep, const AttentionGate* gate, const Weight* wo) {
+                     const QkPrep* prep, const AttentionGate* gate, const Weight* wo) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim, D = c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
   KvCache& kv = *ex.args().cache;
-  const bool decode = ex.decode_only() && !b.is_host();
-  const bool fuse = gate && decode && b.fuses_attention_gate();
+  DecodeFusions* fusions = ex.decode_only() ? b.decode_fusions() : nullptr;
+  const bool decode = fusions != nullptr;
+  const bool fuse = gate && decode && fusions->fuses_attention_gate();
   auto split_gate = [&] { b.deinterleave(gate->qg, ex.n() * c.n_head, D, a.q, gate->gate); };
   if (gate && !fuse) split_gate();
   if (decode) {
-    const Backend::DecodeAttention d{.q = fuse ? gate->qg : a.q,
+    const DecodeAttention d{.q = fuse ? gate->qg : a.q,
                                      .k = a.k,
                                      .v = a.v,
                                      .k_cache = kv.k(il, 0),
@@ -242,8 +244,8 @@ bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .gate = fuse ? gate->qg + D : nullptr,
                                      .gate_stride = fuse ? 2 * D : 0,
                                      .q_stride = fuse ? 2 * D : 0};
-    if (wo && !gate && b.decode_attention_proj(d, *wo, a.out)) return true;
-    if (b.decode_attention(d)) {
+    if (wo && !gate && fusions->decode_attention_proj(d, *wo, a.out)) return true;
+    if (fusions->decode_attention(d)) {
       if (gate && !fuse) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
       return false;
     }
@@ -289,7 +291,7 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);
-  const Backend::QkPrep prep{.q_norm = lw.q_norm ? lw.q_norm.f32() : nullptr,
+  const QkPrep prep{.q_norm = lw.q_norm ? lw.q_norm.f32() : nullptr,
                              .k_norm = lw.k_norm ? lw.k_norm.f32() : nullptr,
                              .pos = a.pos,
                              .n_rot = c.n_rot,

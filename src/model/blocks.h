@@ -102,9 +102,9 @@ struct AttentionGate {
 // With gate, a.att is also multiplied by sigmoid(gate): a GPU that fuses it (fuses_attention_gate) reads
 // q and the gate from qg where they lie; otherwise they are deinterleaved first (q into a.q).
 // With wo (and no gate), a decode step's attention may also apply wo into a.out
-// (Backend::decode_attention_proj): true when it did, and the caller's matmul is then done.
+// (DecodeFusions::decode_attention_proj): true when it did, and the caller's matmul is then done.
 bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const Backend::QkPrep* prep = nullptr, const AttentionGate* gate = nullptr,
+                     const QkPrep* prep = nullptr, const AttentionGate* gate = nullptr,
                      const Weight* wo = nullptr);
 
 }  // namespace xpert

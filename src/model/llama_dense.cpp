@@ -8,7 +8,7 @@
 #include "base/thread_pool.h"
 #include "model/blocks.h"
 #include "model/loader.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace xpert {
 namespace {

@@ -154,7 +154,7 @@ size_t Model::move_experts(std::span<const ExpertMove> moves) {
         fill(m.evict);
       } catch (...) {
       }
-      dev_->on_experts_moved();
+      if (SplitExperts* se = dev_->split_experts()) se->on_experts_moved();
       throw;
     }
     for (int i = 0; i < 3; ++i) {
@@ -165,7 +165,7 @@ size_t Model::move_experts(std::span<const ExpertMove> moves) {
     sp.on_device[m.evict] = false;
     sp.on_device[m.admit] = true;
   }
-  dev_->on_experts_moved();
+  if (SplitExperts* se = dev_->split_experts()) se->on_experts_moved();
   return bytes;
 }
 

@@ -11,8 +11,8 @@
 #include "model/blocks.h"
 #include "backend/gated_delta_net.h"
 #include "model/loader.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 
 namespace xpert {
 namespace {
@@ -280,7 +280,7 @@ class Qwen35 : public Model {
     float* gate = ar.take<float>(n * q_dim);
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
     b.matmuls(a.cur, n, qkv);
-    const Backend::QkPrep prep{.q_norm = l.q_norm.f32(),
+    const QkPrep prep{.q_norm = l.q_norm.f32(),
                                .k_norm = l.k_norm.f32(),
                                .pos = a.pos,
                                .n_rot = c.n_rot,

@@ -30,9 +30,9 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "runtime/experts/routing_stats.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "runtime/pinned_floats.h"
-#include "runtime/recurrent_state.h"
+#include "model/recurrent_state.h"
 #include "runtime/state_cache.h"
 #include "sample/sampler.h"
 

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
-#include "runtime/recurrent_state.h"
+#include "model/recurrent_state.h"
 
 namespace xpert {
 

@@ -17,7 +17,7 @@
 
 #include "runtime/experts/plan.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace xpert {
 

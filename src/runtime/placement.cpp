@@ -163,7 +163,7 @@ ExpertPlan place_model(Model& m, const PlacementOptions& o) {
   if (o.stream_experts < -1) fail("--stream-experts {}: expected 0 or more tokens", o.stream_experts);
   if (o.stream_share != -1 && (o.stream_share < 0 || o.stream_share > 1))
     fail("--stream-share {}: expected a share from 0 to 1", o.stream_share);
-  p.gpu->set_expert_streaming(o.stream_experts, o.stream_share);
+  if (SplitExperts* se = p.gpu->split_experts()) se->set_expert_streaming(o.stream_experts, o.stream_share);
   if (p.plan.splits_experts()) m.offload(std::move(p.gpu), n, &p.plan.gpu_experts);
   else m.offload(std::move(p.gpu), n);
   return std::move(p.plan);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "runtime/experts/routing_stats.h"
 #include "runtime/state_cache.h"
 
 namespace xpert {

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "base/error.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 
 namespace xpert {
 

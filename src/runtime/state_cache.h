@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace xpert {
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace xpert {
 

@@ -28,7 +28,7 @@
 #include "cuda_ops_test_util.h"
 #include "cuda_test_util.h"
 #include "quant/quant.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 namespace xpert::cudaops_test {
 namespace {

@@ -14,10 +14,11 @@
 #include "backend/cuda/matmul.h"
 #include "base/thread_pool.h"
 #include "cuda_ops_test_util.h"
-#include "backend/gated_delta_net.h"
+#include "backend/cpu/gated_delta_net.h"
 
 namespace xpert::cudaops_test {
 namespace {
+using namespace xpert::cpu;  // the reference kernels
 
 ThreadPool& pool() {
   static ThreadPool p(ThreadPool::default_threads());

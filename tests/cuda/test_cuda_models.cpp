@@ -18,8 +18,8 @@
 #include "cuda_test_util.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "runtime/session.h"
 
 namespace xpert {
@@ -93,8 +93,8 @@ TEST(CudaModelFusions, PinnedLogitsAreTheSame) {
 // auto_share: as shared, with the share balanced from measured rates (the default, --stream-share auto).
 enum class SplitMode { host, shared, auto_share, streamed };
 void set_streaming(Backend& dev, SplitMode mode) {
-  dev.set_expert_streaming(mode == SplitMode::streamed ? 2 : 0,
-                           mode == SplitMode::shared ? 0.5 : mode == SplitMode::auto_share ? -1 : 0.0);
+  dev.split_experts()->set_expert_streaming(mode == SplitMode::streamed ? 2 : 0,
+                                            mode == SplitMode::shared ? 0.5 : mode == SplitMode::auto_share ? -1 : 0.0);
 }
 const char* mode_name(SplitMode mode) {
   return mode == SplitMode::streamed ? " streamed" : mode == SplitMode::shared ? " shared"

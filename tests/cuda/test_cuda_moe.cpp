@@ -14,7 +14,8 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "cuda_test_util.h"
-#include "backend/experts.h"
+#include "backend/cpu/moe.h"
+#include "model/model.h"
 
 namespace xpert {
 namespace {
@@ -38,7 +39,7 @@ TEST(CudaMoeRoute, MatchesRouteTopK) {
     logits[3] = logits[1] = logits[0] = 5.0f;
     logits[c.E - 1] = 5.0f;
     Routing want;
-    route_top_k(logits.data(), c.n,
+    cpu::route_top_k(logits.data(), c.n,
                 {.n_expert = c.E, .k = c.k, .norm_weights = c.norm, .weights_scale = c.scale}, want);
     cuda::DeviceBuffer l_dev = to_device(logits), ids((size_t)(c.n * c.k) * 4), w((size_t)(c.n * c.k) * 4);
     cuda::moe_route(l_dev.as<float>(), c.n,
@@ -84,7 +85,7 @@ TEST(CudaMoeRouter, ProductAndRouting) {
         EXPECT_NEAR(got[t * E + e], ref, 1e-4 * (1 + std::fabs(ref))) << t << " " << e;
       }
     Routing want;
-    route_top_k(got.data(), n, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+    cpu::route_top_k(got.data(), n, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
     EXPECT_EQ(from_device<int32_t>(ids, (size_t)(n * k)), want.ids) << n;
     const std::vector<float> got_w = from_device<float>(wt, (size_t)(n * k));
     for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
@@ -103,7 +104,7 @@ std::vector<float> expect_host_routing(const cuda::DeviceBuffer& logits, const c
                                        const cuda::DeviceBuffer& wt, int64_t E, int64_t k) {
   const std::vector<float> got = from_device<float>(logits, (size_t)E);
   Routing want;
-  route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
+  cpu::route_top_k(got.data(), 1, {.n_expert = E, .k = k, .norm_weights = true, .weights_scale = 1.0f}, want);
   EXPECT_EQ(from_device<int32_t>(ids, (size_t)k), want.ids);
   const std::vector<float> got_w = from_device<float>(wt, (size_t)k);
   for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
@@ -400,7 +401,7 @@ TEST_P(CudaMoe, EqualsReference) {
   const int64_t D = L.c.n_embd;
   std::vector<float> x = cudatest::random_values((size_t)(n * D), 40 + n);
   std::vector<float> want(x.size());
-  moe_ffn_reference(L.c, L.lw, x.data(), n, want.data());
+  cpu::moe_ffn_reference(moe_ffn_args(L.c, L.lw, 0, nullptr), x.data(), n, want.data());
 
   cuda::Stream stream;
   const auto tables = L.tables(std::vector<bool>(16, true));
@@ -513,7 +514,7 @@ TEST(CudaMoeResident, SkipsAbsentExpertsAndAccumulates) {
     SCOPED_TRACE(fmt::format("n={}", n));
     std::vector<float> x = cudatest::random_values((size_t)(n * D), 70 + n);
     std::vector<float> want(x.size());
-    moe_ffn_reference(L.c, L.lw, x.data(), n, want.data());
+    cpu::moe_ffn_reference(moe_ffn_args(L.c, L.lw, 0, nullptr), x.data(), n, want.data());
     cuda::DeviceBuffer x_dev = to_device(x), out((size_t)(n * D) * 4), ids, w;
     // Pass 1: which experts the GPU routes to, so the host can compute the absent ones.
     gpu_moe(L, ex, x_dev, n, out.as<float>(), false, cuda::MoePath::automatic, stream, &ids, &w);

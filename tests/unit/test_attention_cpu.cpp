@@ -17,7 +17,7 @@
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "quant/quant.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "test_data.h"
 
 namespace xpert {

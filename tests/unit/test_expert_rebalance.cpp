@@ -18,12 +18,12 @@
 #include "base/thread_pool.h"
 #include "runtime/experts/plan.h"
 #include "model/model.h"
-#include "backend/experts.h"
+#include "backend/cpu/moe.h"
 #include "runtime/experts/routing_stats.h"
 #include "runtime/engine.h"
 #include "runtime/experts/rebalancer.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "text/tokenizer.h"
 #include "cpu_forwarding_backend.h"
 
@@ -142,46 +142,49 @@ TEST(PlanRebalance, BoundedPerLayerAndNothingToEvictOrAdmit) {
 // A CPU backend that runs split MoE layers the way the GPU backend does: the resident experts from the
 // device copies (ExpertSplit's pointers, host memory here) on pool a, the host's experts from the mmap
 // view on pool b, accumulated. The device part reads only what move_experts copied: a wrong copy or a
-// stale pointer changes the logits. Counts routing through the pass's tap, as the GPU's host side does.
-class SplitDeviceBackend final : public CpuForwardingBackend {
+// stale pointer changes the logits. Counts routing in the op's statistics, as the GPU's host side does.
+class SplitDeviceBackend final : public CpuForwardingBackend, public SplitExperts {
  public:
   SplitDeviceBackend(ThreadPool& a, ThreadPool& b) : CpuForwardingBackend(a), a_(a), b_(b) {}
   int64_t split_calls = 0, moved_calls = 0;
 
   std::string name() const override { return "split-device"; }
+  SplitExperts* split_experts() override { return this; }
+  void set_expert_streaming(int64_t, double) override {}
   void on_experts_moved() override { ++moved_calls; }
 
-  void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
-    if (!lw.split) {
-      cpu_.moe_ffn(c, lw, x, n, out);
+  void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out) override {
+    if (!ffn.split) {
+      cpu_.moe_ffn(ffn, x, n, out);
       return;
     }
-    const ExpertSplit& sp = *lw.split;
-    moe_route(c, lw, x, n, routing_, sa_, a_);
-    if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0) tap.stats->add(tap.layer, routing_.ids);
+    const ExpertSplit& sp = *ffn.split;
+    const MoeFfn host = ffn.host_view();
+    cpu::moe_route(host, x, n, routing_, sa_, a_);
+    if (ffn.stats && ffn.layer >= 0) ffn.stats->add(ffn.layer, routing_.ids);
     // The resident experts' device copies, laid out as a 3-D tensor again so moe_experts_partial reads
     // them by slice; host experts' slices stay NaN (an include mask that reached them would show).
-    LayerWeights dev = *sp.host;
-    Weight* mats[3] = {&dev.ffn_gate_exps, &dev.ffn_up_exps, &dev.ffn_down_exps};
+    MoeFfn dev = host;
+    Weight* mats[3] = {&dev.gate, &dev.up, &dev.down};
     const std::vector<const void*>* ptrs[3] = {&sp.gate, &sp.up, &sp.down};
     for (int m = 0; m < 3; ++m) {
       const size_t bytes = expert_matrix(*mats[m], 0).n_bytes;
-      staged_[m].assign(bytes * c.n_expert, 0xff);
-      for (int64_t e = 0; e < c.n_expert; ++e)
+      staged_[m].assign(bytes * ffn.n_expert, 0xff);
+      for (int64_t e = 0; e < ffn.n_expert; ++e)
         if (sp.on_device[e]) std::memcpy(staged_[m].data() + e * bytes, (*ptrs[m])[e], bytes);
       mats[m]->data = staged_[m].data();
     }
-    std::vector<bool> on_host(c.n_expert);
-    for (int64_t e = 0; e < c.n_expert; ++e) on_host[e] = !sp.on_device[e];
-    moe_experts_partial(c, dev, x, n, routing_, sp.on_device, out, false, sa_, a_);
-    moe_experts_partial(c, *sp.host, x, n, routing_, on_host, out, true, sb_, b_);
+    std::vector<bool> on_host(ffn.n_expert);
+    for (int64_t e = 0; e < ffn.n_expert; ++e) on_host[e] = !sp.on_device[e];
+    cpu::moe_experts_partial(dev, x, n, routing_, sp.on_device, out, false, sa_, a_);
+    cpu::moe_experts_partial(host, x, n, routing_, on_host, out, true, sb_, b_);
     ++split_calls;
   }
 
  private:
   ThreadPool &a_, &b_;
   Routing routing_;
-  MoeScratch sa_, sb_;
+  cpu::MoeScratch sa_, sb_;
   std::vector<uint8_t> staged_[3];
 };
 
@@ -234,7 +237,7 @@ void expect_device_copies_match(const Model& m) {
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const ExpertSplit* sp = m.expert_split(il);
     if (!sp) continue;
-    const Weight* host[3] = {&sp->host->ffn_gate_exps, &sp->host->ffn_up_exps, &sp->host->ffn_down_exps};
+    const Weight* host[3] = {&sp->host_gate, &sp->host_up, &sp->host_down};
     const std::vector<const void*>* dev[3] = {&sp->gate, &sp->up, &sp->down};
     for (int64_t e = 0; e < c.n_expert; ++e)
       for (int i = 0; i < 3; ++i) {

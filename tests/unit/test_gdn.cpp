@@ -8,10 +8,11 @@
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "backend/gated_delta_net.h"
+#include "backend/cpu/gated_delta_net.h"
 
 namespace xpert {
 namespace {
+using namespace xpert::cpu;  // the reference kernels
 
 struct Inputs {
   std::vector<float> q, k, v, g, beta;

@@ -7,9 +7,9 @@
 #include "base/error.h"
 #include "runtime/experts/plan.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "runtime/memory_plan.h"
-#include "runtime/recurrent_state.h"
+#include "model/recurrent_state.h"
 
 namespace xpert {
 namespace {

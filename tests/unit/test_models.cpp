@@ -12,7 +12,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "runtime/session.h"
 #include "sample/sampler.h"
 #include "text/tokenizer.h"

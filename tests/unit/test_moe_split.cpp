@@ -21,11 +21,11 @@
 #include "base/thread_pool.h"
 #include "cpu_forwarding_backend.h"
 #include "model/model.h"
-#include "backend/experts.h"
+#include "backend/cpu/moe.h"
 #include "runtime/experts/routing_stats.h"
 #include "model/synth.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "test_data.h"
 
 namespace xpert {
@@ -87,23 +87,23 @@ TEST_P(MoeSplit, TwoPartsOnTwoPoolsEqualMoeFfn) {
   const ModelConfig& c = model->config();
   ASSERT_GT(c.n_expert, 0);
   ThreadPool pool_a(2), pool_b(1);
-  MoeScratch sa, sb, sf;
+  cpu::MoeScratch sa, sb, sf;
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& lw = model->host_weights().layers[il];
+    const MoeFfn ffn = moe_ffn_args(c, model->host_weights().layers[il], il, nullptr);
     for (int64_t n : {1, 5, 40}) {
       std::vector<float> x(n * c.n_embd);
       for (float& v : x) v = normal(rng);
       std::vector<float> want(x.size());
-      moe_ffn(c, lw, x.data(), n, want.data(), sf, pool_a);
+      cpu::moe_ffn(ffn, x.data(), n, want.data(), sf, pool_a);
       Routing r;
-      moe_route(c, lw, x.data(), n, r, sa, pool_a);
+      cpu::moe_route(ffn, x.data(), n, r, sa, pool_a);
       EXPECT_EQ(r.ids, sf.routing.ids);
       for (const std::vector<bool>& mask : split_masks(c.n_expert, (uint32_t)(il * 100 + n))) {
         std::vector<float> got(x.size(), std::nanf(""));
-        moe_experts_partial(c, lw, x.data(), n, r, mask, got.data(), false, sa, pool_a);
-        moe_experts_partial(c, lw, x.data(), n, r, complement(mask), got.data(), true, sb, pool_b);
+        cpu::moe_experts_partial(ffn, x.data(), n, r, mask, got.data(), false, sa, pool_a);
+        cpu::moe_experts_partial(ffn, x.data(), n, r, complement(mask), got.data(), true, sb, pool_b);
         if (c.n_expert_used <= 2 || one_part_has_all(mask)) {
           ASSERT_EQ(got, want) << GetParam() << " layer " << il << " n " << n;
         } else {
@@ -125,14 +125,14 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeSplit, ::testing::Values("tiny_qwen3moe", "tiny
 // (k > 2: the two parts add a token's slots in another order), and exactly when the first part holds
 // each token's leading slots.
 TEST(MoePartial, FullEmptyAndSplitOfAWiderRouting) {
-  ModelConfig c;
+  MoeFfn c;
   c.n_embd = 256;
-  c.n_ff_exp = 256;
+  c.n_ff = 256;
   c.n_expert = 16;
-  c.n_expert_used = 4;
+  c.n_used = 4;
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> router(c.n_embd * c.n_expert), gate(c.n_embd * c.n_ff_exp * c.n_expert), up(gate.size()),
+  std::vector<float> router(c.n_embd * c.n_expert), gate(c.n_embd * c.n_ff * c.n_expert), up(gate.size()),
       down(gate.size());
   for (float& v : router) v = normal(rng) * 0.1f;
   for (auto* w : {&gate, &up, &down})
@@ -140,35 +140,35 @@ TEST(MoePartial, FullEmptyAndSplitOfAWiderRouting) {
   auto weight = [](std::vector<float>& v, int64_t k, int64_t n, int64_t x) {
     return Weight{.type = DType::F32, .data = v.data(), .ne = {k, n, x}, .n_bytes = v.size() * 4};
   };
-  LayerWeights lw;
-  lw.ffn_gate_inp = weight(router, c.n_embd, c.n_expert, 1);
-  lw.ffn_gate_exps = weight(gate, c.n_embd, c.n_ff_exp, c.n_expert);
-  lw.ffn_up_exps = weight(up, c.n_embd, c.n_ff_exp, c.n_expert);
-  lw.ffn_down_exps = weight(down, c.n_ff_exp, c.n_embd, c.n_expert);
+  c.router = weight(router, c.n_embd, c.n_expert, 1);
+  c.gate = weight(gate, c.n_embd, c.n_ff, c.n_expert);
+  c.up = weight(up, c.n_embd, c.n_ff, c.n_expert);
+  c.down = weight(down, c.n_ff, c.n_embd, c.n_expert);
+  const MoeFfn& ffn = c;
 
-  const int64_t n = 9, D = c.n_embd, k = c.n_expert_used;
+  const int64_t n = 9, D = c.n_embd, k = c.n_used;
   std::vector<float> x(n * D);
   for (float& v : x) v = normal(rng);
   ThreadPool pool(2), one(1);
-  MoeScratch s, s2;
+  cpu::MoeScratch s, s2;
   std::vector<float> want(x.size());
-  moe_ffn(c, lw, x.data(), n, want.data(), s, pool);
+  cpu::moe_ffn(ffn, x.data(), n, want.data(), s, pool);
   Routing r;
-  moe_route(c, lw, x.data(), n, r, s, pool);
+  cpu::moe_route(ffn, x.data(), n, r, s, pool);
 
   std::vector<float> got(x.size(), 7.0f);
-  moe_experts_partial(c, lw, x.data(), n, r, std::vector<bool>(c.n_expert, true), got.data(), false, s, one);
+  cpu::moe_experts_partial(ffn, x.data(), n, r, std::vector<bool>(c.n_expert, true), got.data(), false, s, one);
   EXPECT_EQ(got, want);
-  moe_experts_partial(c, lw, x.data(), n, r, std::vector<bool>(c.n_expert, false), got.data(), true, s, one);
+  cpu::moe_experts_partial(ffn, x.data(), n, r, std::vector<bool>(c.n_expert, false), got.data(), true, s, one);
   EXPECT_EQ(got, want);
-  moe_experts_partial(c, lw, x.data(), n, r, std::vector<bool>(c.n_expert, false), got.data(), false, s, one);
+  cpu::moe_experts_partial(ffn, x.data(), n, r, std::vector<bool>(c.n_expert, false), got.data(), false, s, one);
   EXPECT_EQ(got, std::vector<float>(x.size(), 0.0f));
 
   double max_ref = 0;
   for (float v : want) max_ref = std::max(max_ref, (double)std::fabs(v));
   for (const std::vector<bool>& mask : split_masks(c.n_expert, 9)) {
-    moe_experts_partial(c, lw, x.data(), n, r, mask, got.data(), false, s, pool);
-    moe_experts_partial(c, lw, x.data(), n, r, complement(mask), got.data(), true, s2, one);
+    cpu::moe_experts_partial(ffn, x.data(), n, r, mask, got.data(), false, s, pool);
+    cpu::moe_experts_partial(ffn, x.data(), n, r, complement(mask), got.data(), true, s2, one);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6 * max_ref) << i;
   }
   // One token whose first part is its slots 0..1 and second part its slots 2..3: exact.
@@ -180,8 +180,8 @@ TEST(MoePartial, FullEmptyAndSplitOfAWiderRouting) {
   std::vector<bool> lead(c.n_expert, false);
   lead[r1.ids[0]] = lead[r1.ids[1]] = true;
   std::vector<float> got1(D);
-  moe_experts_partial(c, lw, x.data(), 1, r1, lead, got1.data(), false, s, pool);
-  moe_experts_partial(c, lw, x.data(), 1, r1, complement(lead), got1.data(), true, s2, one);
+  cpu::moe_experts_partial(ffn, x.data(), 1, r1, lead, got1.data(), false, s, pool);
+  cpu::moe_experts_partial(ffn, x.data(), 1, r1, complement(lead), got1.data(), true, s2, one);
   EXPECT_EQ(got1, std::vector<float>(want.begin(), want.begin() + D));
 }
 
@@ -196,18 +196,18 @@ class SplitCpuBackend final : public CpuForwardingBackend {
   int64_t calls = 0;
 
   std::string name() const override { return "split-cpu"; }
-  void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
-    const std::vector<bool>& first = first_part.at(lw.ffn_gate_exps.data);
-    moe_route(c, lw, x, n, routing_, sa_, a_);
-    moe_experts_partial(c, lw, x, n, routing_, first, out, false, sa_, a_);
-    moe_experts_partial(c, lw, x, n, routing_, complement(first), out, true, sb_, b_);
+  void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out) override {
+    const std::vector<bool>& first = first_part.at(ffn.gate.data);
+    cpu::moe_route(ffn, x, n, routing_, sa_, a_);
+    cpu::moe_experts_partial(ffn, x, n, routing_, first, out, false, sa_, a_);
+    cpu::moe_experts_partial(ffn, x, n, routing_, complement(first), out, true, sb_, b_);
     ++calls;
   }
 
  private:
   ThreadPool &a_, &b_;
   Routing routing_;
-  MoeScratch sa_, sb_;
+  cpu::MoeScratch sa_, sb_;
 };
 
 // Greedy tokens (and every step's logits) of a prompt plus n_gen generated tokens, fed in chunks.
@@ -297,11 +297,10 @@ TEST(RoutingStatsCounting, ForwardCountsEveryTokenOfEveryLayer) {
   const uint64_t tokens = 12 + n_gen;
   for (int64_t il = 0; il < c.n_layer; ++il) EXPECT_EQ(stats.layer_total(il), tokens * c.n_expert_used) << il;
   EXPECT_EQ(stats.max_tokens(), tokens);
-  // A pass without stats leaves them alone, and the tap is cleared after each pass.
+  // A pass without stats leaves them alone.
   const RoutingStats before = stats;
   greedy(*model, pool, 2);
   for (int64_t il = 0; il < c.n_layer; ++il) EXPECT_EQ(stats.layer_counts(il), before.layer_counts(il));
-  EXPECT_EQ(routing_tap().stats, nullptr);
 }
 
 }  // namespace

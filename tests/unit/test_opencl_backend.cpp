@@ -18,13 +18,14 @@
 #include "base/error.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
-#include "backend/gated_delta_net.h"
+#include "backend/cpu/gated_delta_net.h"
 #include "model/model.h"
-#include "backend/experts.h"
+#include "backend/cpu/moe.h"
 #include "quant/quant.h"
 
 namespace xpert {
 namespace {
+using namespace xpert::cpu;  // the reference kernels
 
 // One backend for the whole suite (its programs are built once); null when the machine has no device.
 Backend* device() {
@@ -360,11 +361,11 @@ TEST_P(OpenCLBackendMoe, MatchesCpu) {
   const int64_t E = L.c.n_embd;
   const std::vector<float> x = random_vec(n * E, rng);
   std::vector<float> ref(n * E);
-  moe_ffn_reference(L.c, L.host, x.data(), n, ref.data());
+  moe_ffn_reference(moe_ffn_args(L.c, L.host, 0, nullptr), x.data(), n, ref.data());
   std::vector<float> cpu(n * E);
-  th.cpu.moe_ffn(L.c, L.host, x.data(), n, cpu.data());
+  th.cpu.moe_ffn(moe_ffn_args(L.c, L.host, 0, nullptr), x.data(), n, cpu.data());
   DeviceBuffer dx = upload(dev, x), dout(dev, ref.size() * sizeof(float));
-  dev.moe_ffn(L.c, L.dev, ptr<float>(dx), n, ptr<float>(dout));
+  dev.moe_ffn(moe_ffn_args(L.c, L.dev, 0, nullptr), ptr<float>(dx), n, ptr<float>(dout));
   const std::vector<float> got = download<float>(dev, dout, ref.size());
   // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
   EXPECT_LT(rel_err(got, ref), 2e-3f) << "n=" << n;
@@ -384,7 +385,7 @@ TEST(OpenCLBackendOps, MoeSplitExperts) {
   const int64_t E = L.c.n_embd, X = L.c.n_expert, n = 24;
   ExpertSplit sp;
   sp.on_device.resize(X);
-  sp.host = &L.host;
+  sp.host_gate = L.host.ffn_gate_exps, sp.host_up = L.host.ffn_up_exps, sp.host_down = L.host.ffn_down_exps;
   sp.gate.assign(X, nullptr), sp.up.assign(X, nullptr), sp.down.assign(X, nullptr);
   for (int64_t e = 0; e < X; e += 2) {
     sp.on_device[e] = true;
@@ -396,10 +397,10 @@ TEST(OpenCLBackendOps, MoeSplitExperts) {
   lw.split = &sp;
   const std::vector<float> x = random_vec(n * E, rng);
   std::vector<float> ref(n * E);
-  th.cpu.moe_ffn(L.c, L.host, x.data(), n, ref.data());
+  th.cpu.moe_ffn(moe_ffn_args(L.c, L.host, 0, nullptr), x.data(), n, ref.data());
   DeviceBuffer dx = upload(dev, x), dout(dev, ref.size() * sizeof(float));
   dev.set_host_pool(&th.pool);
-  dev.moe_ffn(L.c, lw, ptr<float>(dx), n, ptr<float>(dout));
+  dev.moe_ffn(moe_ffn_args(L.c, lw, 0, nullptr), ptr<float>(dx), n, ptr<float>(dout));
   dev.set_host_pool(nullptr);
   const std::vector<float> got = download<float>(dev, dout, ref.size());
   EXPECT_LT(rel_err(got, ref), 2e-3f);

@@ -21,8 +21,8 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "model_outputs.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "test_data.h"
 
 namespace xpert {

@@ -15,7 +15,7 @@ class PinRecorder final : public CpuForwardingBackend {
  public:
   using CpuForwardingBackend::CpuForwardingBackend;
   std::string name() const override { return "pin-recorder"; }
-  void moe_ffn(const ModelConfig&, const LayerWeights&, const float*, int64_t, float*) override {}
+  void moe_ffn(const MoeFfn&, const float*, int64_t, float*) override {}
   bool pin_host(void* p, size_t bytes) override {
     ++offers;
     if (refuse) return false;

@@ -13,8 +13,8 @@
 #include "base/thread_pool.h"
 #include "format/gguf.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "runtime/session.h"
 #include "sample/sampler.h"
 

@@ -8,8 +8,8 @@
 
 #include <random>
 
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "runtime/state_cache.h"
 
 namespace xpert {

@@ -19,8 +19,8 @@
 #include "base/thread_pool.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "runtime/kv_cache.h"
-#include "runtime/recurrent_state.h"
+#include "model/kv_cache.h"
+#include "model/recurrent_state.h"
 #include "sample/sampler.h"
 
 namespace xpert {

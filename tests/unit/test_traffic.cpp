@@ -7,7 +7,7 @@
 
 #include "base/thread_pool.h"
 #include "model/model.h"
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 #include "runtime/memory_plan.h"
 #include "runtime/traffic.h"
 

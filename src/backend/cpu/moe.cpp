@@ -61,9 +61,9 @@ void mm(const Weight& w, const float* x, int64_t m, float* y, ThreadPool& pool) 
 }
 
 // Expert e on its grouped rows [r0, r0 + m): gather x, gate and up, SwiGLU, down into s.yg.
-void run_expert(const MoeFfn& m, int64_t e, int64_t r0, int64_t m, const float* x,
+void run_expert(const MoeFfn& ffn, int64_t e, int64_t r0, int64_t m, const float* x,
                 MoeScratch& s, ThreadPool& pool) {
-  const int64_t D = m.n_embd, F = m.n_ff, k = m.n_used;
+  const int64_t D = ffn.n_embd, F = ffn.n_ff, k = ffn.n_used;
   float* xg = s.xg.data() + r0 * D;
   for (int64_t i = 0; i < m; ++i) {
     const int64_t t = s.row_slot[r0 + i] / k;
@@ -71,17 +71,17 @@ void run_expert(const MoeFfn& m, int64_t e, int64_t r0, int64_t m, const float* 
   }
   float* gate = s.gate.data() + r0 * F;
   float* up = s.up.data() + r0 * F;
-  mm(expert_matrix(m.gate, e), xg, m, gate, pool);
-  mm(expert_matrix(m.up, e), xg, m, up, pool);
+  mm(expert_matrix(ffn.gate, e), xg, m, gate, pool);
+  mm(expert_matrix(ffn.up, e), xg, m, up, pool);
   swiglu(gate, up, gate, m * F);
-  mm(expert_matrix(m.down, e), gate, m, s.yg.data() + r0 * D, pool);
+  mm(expert_matrix(ffn.down, e), gate, m, s.yg.data() + r0 * D, pool);
 }
 
 // Every expert's rows in two parallel regions (MoeSchedule::batched). An expert with one row reads x in
 // place, so the experts of one decode token share one quantized copy of it.
-void run_experts_batched(const MoeFfn& m, const std::vector<int32_t>& active,
+void run_experts_batched(const MoeFfn& ffn, const std::vector<int32_t>& active,
                          const float* x, MoeScratch& s, ThreadPool& pool) {
-  const int64_t D = m.n_embd, F = m.n_ff, k = m.n_used;
+  const int64_t D = ffn.n_embd, F = ffn.n_ff, k = ffn.n_used;
   std::vector<MatmulJob> jobs;
   auto job = [](const Weight& w, const float* xr, int64_t m, float* y) {
     return MatmulJob{.w_type = w.type, .w = w.data, .n = w.ne[1], .k = w.ne[0], .x = xr, .m = m, .y = y,
@@ -98,8 +98,8 @@ void run_experts_batched(const MoeFfn& m, const std::vector<int32_t>& active,
       }
       xr = xg;
     }
-    jobs.push_back(job(expert_matrix(m.gate, e), xr, m, s.gate.data() + r0 * F));
-    jobs.push_back(job(expert_matrix(m.up, e), xr, m, s.up.data() + r0 * F));
+    jobs.push_back(job(expert_matrix(ffn.gate, e), xr, m, s.gate.data() + r0 * F));
+    jobs.push_back(job(expert_matrix(ffn.up, e), xr, m, s.up.data() + r0 * F));
   }
   matmul_batch(jobs, pool);
   const int64_t n_rows = s.offsets.back();
@@ -107,17 +107,17 @@ void run_experts_batched(const MoeFfn& m, const std::vector<int32_t>& active,
   jobs.clear();
   for (int32_t e : active) {
     const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
-    jobs.push_back(job(expert_matrix(m.down, e), s.gate.data() + r0 * F, m, s.yg.data() + r0 * D));
+    jobs.push_back(job(expert_matrix(ffn.down, e), s.gate.data() + r0 * F, m, s.yg.data() + r0 * D));
   }
   matmul_batch(jobs, pool);
 }
 
 // The experts of routing r (only those with (*include)[e] when include is given), grouped by expert, and
 // their weighted sum per token in slot order into out (see moe_experts_partial).
-void run_experts(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
+void run_experts(const MoeFfn& ffn, const float* x, int64_t n, const Routing& r,
                  const std::vector<bool>* include, float* out, bool accumulate, MoeScratch& s, ThreadPool& pool,
                  MoeSchedule schedule, ExpertExecutor* exec = nullptr) {
-  const int64_t D = m.n_embd, F = m.n_ff, E = m.n_expert, k = m.n_used, n_slots = n * k;
+  const int64_t D = ffn.n_embd, F = ffn.n_ff, E = ffn.n_expert, k = ffn.n_used, n_slots = n * k;
   XP_ASSERT(r.n_tokens == n && r.k == k && (int64_t)r.ids.size() == n_slots);
   XP_ASSERT(!include || (int64_t)include->size() == E);
   auto included = [&](int32_t e) { return !include || (*include)[e]; };
@@ -167,7 +167,7 @@ void run_experts(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
     std::vector<ExpertTask> tasks;
     for (int32_t e : active)
       tasks.push_back({.expert = e, .row0 = s.offsets[e], .n_rows = s.offsets[e + 1] - s.offsets[e]});
-    if (n_rows > 0) exec->run(m, tasks, s.xg.data(), n_rows, s.yg.data());
+    if (n_rows > 0) exec->run(ffn, tasks, s.xg.data(), n_rows, s.yg.data());
   } else {
     const int nth = pool.size();
     if (schedule == MoeSchedule::automatic) {
@@ -180,18 +180,18 @@ void run_experts(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
                             : MoeSchedule::by_rows;
     }
     if (schedule == MoeSchedule::batched) {
-      run_experts_batched(m, active, x, s, pool);
+      run_experts_batched(ffn, active, x, s, pool);
     } else if (schedule == MoeSchedule::by_expert) {
       static ThreadPool serial(1);  // no workers: safe to share between threads
       std::atomic<size_t> next{0};
       pool.run([&](int, int) {
         for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
           const int32_t e = active[i];
-          run_expert(m, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
+          run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
         }
       });
     } else {
-      for (int32_t e : active) run_expert(m, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+      for (int32_t e : active) run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
     }
   }
 
@@ -221,46 +221,46 @@ void run_experts(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
 
 }  // namespace
 
-void moe_route(const MoeFfn& m, const float* x, int64_t n, Routing& r, MoeScratch& s,
+void moe_route(const MoeFfn& ffn, const float* x, int64_t n, Routing& r, MoeScratch& s,
                ThreadPool& pool) {
-  s.logits.resize(n * m.n_expert);
-  mm(m.router, x, n, s.logits.data(), pool);
-  route_top_k(s.logits.data(), n, m.router_params(), r);
+  s.logits.resize(n * ffn.n_expert);
+  mm(ffn.router, x, n, s.logits.data(), pool);
+  route_top_k(s.logits.data(), n, ffn.router_params(), r);
 }
 
-void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out, MoeScratch& s, ThreadPool& pool,
+void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out, MoeScratch& s, ThreadPool& pool,
              MoeSchedule schedule) {
-  moe_route(m, x, n, s.routing, s, pool);
-  if (m.stats && m.layer >= 0) m.stats->add(m.layer, s.routing.ids);
-  run_experts(m, x, n, s.routing, nullptr, out, false, s, pool, schedule, m.exec);
+  moe_route(ffn, x, n, s.routing, s, pool);
+  if (ffn.stats && ffn.layer >= 0) ffn.stats->add(ffn.layer, s.routing.ids);
+  run_experts(ffn, x, n, s.routing, nullptr, out, false, s, pool, schedule, ffn.exec);
 }
 
-void moe_experts_partial(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
+void moe_experts_partial(const MoeFfn& ffn, const float* x, int64_t n, const Routing& r,
                          const std::vector<bool>& include, float* out, bool accumulate, MoeScratch& s,
                          ThreadPool& pool, MoeSchedule schedule) {
   if (n == 0) return;
   // r may be s.routing (what moe_route filled): run_experts only reads it.
-  run_experts(m, x, n, r, &include, out, accumulate, s, pool, schedule);
+  run_experts(ffn, x, n, r, &include, out, accumulate, s, pool, schedule);
 }
 
-void moe_ffn_reference(const MoeFfn& m, const float* x, int64_t n, float* out) {
-  const int64_t D = m.n_embd, F = m.n_ff, E = m.n_expert, k = m.n_used;
+void moe_ffn_reference(const MoeFfn& ffn, const float* x, int64_t n, float* out) {
+  const int64_t D = ffn.n_embd, F = ffn.n_ff, E = ffn.n_expert, k = ffn.n_used;
   std::vector<float> logits(n * E), gate(F), up(F), y(D);
   auto ref = [](const Weight& w, const float* xr, float* yr) {
     matmul_reference(w.type, w.data, w.ne[1], w.ne[0], xr, 1, yr, w.ne[1]);
   };
-  for (int64_t t = 0; t < n; ++t) ref(m.router, x + t * D, logits.data() + t * E);
+  for (int64_t t = 0; t < n; ++t) ref(ffn.router, x + t * D, logits.data() + t * E);
   Routing r;
-  route_top_k(logits.data(), n, m.router_params(), r);
+  route_top_k(logits.data(), n, ffn.router_params(), r);
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * D;
     std::fill(o, o + D, 0.0f);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = r.ids[t * k + j];
-      ref(expert_matrix(m.gate, e), x + t * D, gate.data());
-      ref(expert_matrix(m.up, e), x + t * D, up.data());
+      ref(expert_matrix(ffn.gate, e), x + t * D, gate.data());
+      ref(expert_matrix(ffn.up, e), x + t * D, up.data());
       for (int64_t i = 0; i < F; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-      ref(expert_matrix(m.down, e), gate.data(), y.data());
+      ref(expert_matrix(ffn.down, e), gate.data(), y.data());
       for (int64_t i = 0; i < D; ++i) o[i] += r.weights[t * k + j] * y[i];
     }
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/moe.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -28,10 +29,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
-#include "backend/gated_delta_net.h"
-#include "model/model.h"
-#include "backend/experts.h"
-#include "runtime/experts/routing_stats.h"
 #include "quant/dtype.h"
 
 namespace xpert {
@@ -56,8 +53,12 @@ bool env_is_1(const char* name) {
   return e && std::string(e) == "1";
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public DecodeFusions, public PassGraphs, public SplitExperts {
  public:
+  DecodeFusions* decode_fusions() override { return this; }
+  PassGraphs* pass_graphs() override { return this; }
+  SplitExperts* split_experts() override { return this; }
+
   explicit CudaBackend(int device)
       : device_(device), pin_logits_(env_on("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
@@ -534,21 +535,21 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  void moe_ffn(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out) override {
-    moe(c, lw, x, n, out, false, false);
+  void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out) override {
+    moe(ffn, x, n, out, false, false);
   }
   // The experts' down product adds into y itself (the same sum as an add after it) when every expert of
   // the layer is here, the shared expert (Qwen3.5) riding along as one more slot at decode sizes
   // (shared_slot); split layers and the rest take the default (the host part or the shared expert added
   // separately).
-  void moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* y) override {
+  void moe_ffn_add(const MoeFfn& ffn, const float* x, int64_t n, float* y) override {
     if (skip_) return;
-    if (!whole_moe_here(c, lw, n)) return Backend::moe_ffn_add(c, lw, x, n, y);
-    moe(c, lw, x, n, y, true, (bool)lw.ffn_up_shexp);
+    if (!whole_moe_here(ffn, n)) return Backend::moe_ffn_add(ffn, x, n, y);
+    moe(ffn, x, n, y, true, (bool)ffn.shared_up);
   }
   // The layer's experts, and its shared expert if it has one, all run in this backend's MoE kernels.
-  bool whole_moe_here(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
-    return !lw.split && experts(c, lw).fused && (!lw.ffn_up_shexp || shared_slot(c, lw, n));
+  bool whole_moe_here(const MoeFfn& ffn, int64_t n) {
+    return !ffn.split && experts(ffn).fused && (!ffn.shared_up || shared_slot(ffn, n));
   }
   // One decode token whose whole MoE layer is here and whose router takes the fused form: the FFN norm
   // inside the router's launch (cuda::RouterNorm: every block normalizes x + d itself and writes its share
@@ -564,14 +565,14 @@ class CudaBackend final : public Backend {
   // it in every CTA of the q/k/v products (XPERT_NORM_IN_QKV, 2026-12-01, since removed) 11 % and 21 %
   // slower: ~1,280 CTAs each normalizing x for 4 rows of work. XPERT_NORM_IN_ROUTER and
   // XPERT_NORM_AFTER_DOWN, the switches that turned both off, are gone (docs/PERF.md, 2026-12-03).
-  void add_rmsnorm_moe_ffn_add(const ModelConfig& c, const LayerWeights& lw, const float* d, float* x,
+  void add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x,
                                const float* w, float* cur, int64_t n, const float* next_w) override {
     if (skip_) return;
-    const int64_t E = c.n_embd;
-    const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    const bool fits = cuda::long_row_norm_fits(n, E) && whole_moe_here(c, lw, n) &&
-                      cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, E, routing);
-    if (!fits) return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+    const int64_t E = ffn.n_embd;
+    const cuda::MoeRouting routing{.n_expert = ffn.n_expert, .k = ffn.n_used};
+    const bool fits = cuda::long_row_norm_fits(n, E) && whole_moe_here(ffn, n) &&
+                      cuda::moe_router_fusable(ffn.router.type, n, E, routing);
+    if (!fits) return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w);
     // d still owed as decode_attention_proj's parts: the router adds them (and writes d) itself.
     const bool take = owed_.out == d && owed_.n == E && owed_.n_parts <= cuda::kMaxRouterParts;
     const OwedSum owed = take ? std::exchange(owed_, {}) : OwedSum{};
@@ -579,14 +580,14 @@ class CudaBackend final : public Backend {
     const cuda::Activations* act = prepare_slot(cur, n, E);  // where the router writes cur's q8_1
     if (!act) {
       if (take) owed_ = owed;  // settled by the path below
-      return Backend::add_rmsnorm_moe_ffn_add(c, lw, d, x, w, cur, n, next_w);
+      return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w);
     }
     auto* q = static_cast<int8_t*>(const_cast<void*>(act->data));
     auto* ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux));
     const cuda::RouterNorm nm{.res = x,
                               .d = d,
                               .w = w,
-                              .eps = c.rms_eps,
+                              .eps = ffn.rms_eps,
                               .y = cur,
                               .q = q,
                               .ds = ds,
@@ -599,69 +600,69 @@ class CudaBackend final : public Backend {
         XPERT_CUDA_CHECK(cudaMemset(norm_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
       }
       no = {.w = next_w,
-            .eps = c.rms_eps,
+            .eps = ffn.rms_eps,
             .y = cur,
             .q = q,
             .ds = ds,
             .done = static_cast<unsigned*>(norm_done_.data())};
     }
-    moe(c, lw, cur, n, x, true, (bool)lw.ffn_up_shexp, &nm, d, no);
+    moe(ffn, cur, n, x, true, (bool)ffn.shared_up, &nm, d, no);
   }
   // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
   // length, an f32 gate, a fused router.
-  bool shared_slot(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
-    const cuda::MoeRouting routing{.n_expert = c.n_expert, .k = c.n_expert_used};
-    return lw.ffn_up_shexp && experts(c, lw).shared && n <= cuda::kMoeDecodeMaxTokens &&
-           c.n_expert_used + 1 <= 32 && lw.ffn_gate_inp_shexp.type == DType::F32 &&
-           lw.ffn_gate_inp_shexp.ne[0] == c.n_embd &&
-           cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing);
+  bool shared_slot(const MoeFfn& ffn, int64_t n) {
+    const cuda::MoeRouting routing{.n_expert = ffn.n_expert, .k = ffn.n_used};
+    return ffn.shared_up && experts(ffn).shared && n <= cuda::kMoeDecodeMaxTokens &&
+           ffn.n_used + 1 <= 32 && ffn.shared_gate_inp.type == DType::F32 &&
+           ffn.shared_gate_inp.ne[0] == ffn.n_embd &&
+           cuda::moe_router_fusable(ffn.router.type, n, ffn.n_embd, routing);
   }
   // nm: the router normalizes x itself and residual is added by the down product (add_rmsnorm_moe_ffn_add,
   // which checks that the fused router and the decode experts take this layer).
-  void moe(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, float* out,
+  void moe(const MoeFfn& ffn, const float* x, int64_t n, float* out,
            bool accumulate, bool shared, const cuda::RouterNorm* nm = nullptr,
            const float* residual = nullptr, const cuda::MoeNormOut& norm_out = {}) {
     if (skip_) return;
     settle();  // it does not touch: x may be prepared activations
-    const int64_t X = c.n_expert, k = c.n_expert_used, slots = k + (shared ? 1 : 0);
+    const int64_t X = ffn.n_expert, k = ffn.n_used, slots = k + (shared ? 1 : 0);
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     float* logits = ar.take<float>(n * X);
     int32_t* ids = ar.take<int32_t>(n * slots);
     float* weights = ar.take<float>(n * slots);
-    const cuda::MoeRouting routing{.n_expert = X, .k = k, .norm_weights = c.expert_weights_norm,
-                                   .weights_scale = c.expert_weights_scale};
-    if (cuda::moe_router_fusable(lw.ffn_gate_inp.type, n, c.n_embd, routing)) {
+    const cuda::MoeRouting routing{.n_expert = X, .k = k, .norm_weights = ffn.norm_weights,
+                                   .weights_scale = ffn.weights_scale};
+    if (cuda::moe_router_fusable(ffn.router.type, n, ffn.n_embd, routing)) {
       if (!router_done_.data()) {
         router_done_ = DeviceBuffer(*this, sizeof(unsigned));
         XPERT_CUDA_CHECK(cudaMemset(router_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
       }
-      cuda::moe_router(static_cast<const float*>(lw.ffn_gate_inp.data), x, n, c.n_embd, routing, logits, ids,
+      cuda::moe_router(static_cast<const float*>(ffn.router.data), x, n, ffn.n_embd, routing, logits, ids,
                        weights, static_cast<unsigned*>(router_done_.data()), s(),
-                       shared ? static_cast<const float*>(lw.ffn_gate_inp_shexp.data) : nullptr,
+                       shared ? static_cast<const float*>(ffn.shared_gate_inp.data) : nullptr,
                        cuda::RouteForm::automatic, nm);
       if (nm) prepared_.x = nm->y;
     } else {
-      matmul(lw.ffn_gate_inp, x, n, logits, X);
+      matmul(ffn.router, x, n, logits, X);
       cuda::moe_route(logits, n, routing, ids, weights, s());
     }
-    const ExpertTables& t = experts(c, lw);
-    if (lw.split && t.fused) {
-      moe_split(c, lw, t.e, x, n, ids, weights, out);
+    const ExpertTables& t = experts(ffn);
+    if (ffn.split && t.fused) {
+      moe_split(ffn, t.e, x, n, ids, weights, out);
       ar.release(mark);
       return;
     }
     if (!t.fused) {
-      if (lw.split)
+      if (ffn.split)
         fail("this layer's experts cannot be split between the GPU and the host: {}", t.why_not);
       no_graphs_ = true;  // the unfused path reads the routing back to the host
-      moe_unfused(c, lw, x, n, ids, weights, out);
+      moe_unfused(ffn, x, n, ids, weights, out);
       ar.release(mark);
       return;
     }
     const cuda::MoeExperts& e = t.e;
     const size_t ws = cuda::moe_workspace_bytes(e, n, slots);
-    const cuda::Activations* xq = prepared(x, n, c.n_embd, e.gate_type);
+    const cuda::Activations* xq = prepared(x, n, ffn.n_embd, e.gate_type);
     cuda::moe_experts(e,
                       {.x = x,
                        .n_tokens = n,
@@ -676,7 +677,7 @@ class CudaBackend final : public Backend {
                        .norm_out = norm_out},
                       ws ? ar.take_bytes(ws) : nullptr, ws, s());
     ar.release(mark);
-    if (overlaps(out, (size_t)(n * c.n_embd), x)) prepared_ = {};
+    if (overlaps(out, (size_t)(n * ffn.n_embd), x)) prepared_ = {};
   }
 
   void gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
@@ -758,29 +759,26 @@ class CudaBackend final : public Backend {
   // PCIe instead of the CPU computing hundreds of rows of it.
   struct SplitCall {
     CudaBackend* self;
-    const ModelConfig* c;
-    const LayerWeights* lw;
+    MoeFfn host;  // the layer with its host experts (host_view); stats: the pass that recorded the graph
     int64_t n;
     std::vector<bool> on_host;
-    RoutingStats* stats = nullptr;  // the pass's routing counter (routing_tap) and this layer's index
-    int64_t layer = -1;
   };
-  void moe_split(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x, int64_t n,
+  void moe_split(const MoeFfn& ffn, const cuda::MoeExperts& e, const float* x, int64_t n,
                  const int32_t* ids_d, const float* weights_d, float* out) {
     if (!host_pool_) fail("{}: a split MoE layer needs the host's threads", name());
     // Streaming needs the routing on the host before it can copy: not in a graph.
     if (!graph_pass_ && stream_min_tokens_ > 0 && n >= stream_min_tokens_) {
-      moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, true);
+      moe_streamed(ffn, e, x, n, ids_d, weights_d, out, true);
       return;
     }
     if (stream_share_.is_auto() || stream_share_.fixed() > 0) {
       no_graphs_ = true;  // every step then waits for its routing
       if (!graph_pass_) {
-        moe_streamed(c, lw, e, x, n, ids_d, weights_d, out, false);
+        moe_streamed(ffn, e, x, n, ids_d, weights_d, out, false);
         return;
       }
     }
-    const int64_t k = c.n_expert_used, E = c.n_embd;
+    const int64_t k = ffn.n_used, E = ffn.n_embd;
     const size_t ids_b = n * k * sizeof(int32_t), w_b = n * k * sizeof(float), x_b = n * E * sizeof(float);
     // The copies bake these addresses into recorded graphs: when a buffer moves, drop the graphs.
     void* const in0 = split_in_.data();
@@ -788,9 +786,8 @@ class CudaBackend final : public Backend {
     auto* in = static_cast<uint8_t*>(split_in_.get(ids_b + w_b + x_b, s()));
     auto* yh = static_cast<float*>(split_out_.get(x_b, s()));
     if ((in0 && in != in0) || (out0 && yh != out0)) stale_graphs_ = true;
-    SplitCall& call = split_call(c, lw, n);
-    call.stats = routing_tap().stats;  // a replayed graph counts into the pass that recorded it
-    call.layer = routing_tap().layer;
+    SplitCall& call = split_call(ffn, n);
+    call.host.stats = ffn.stats;  // a replayed graph counts into the pass that recorded it
     // The thread that launched the step spins in its wait for the step's end meanwhile (the lowest
     // latency for the step): the host node gets the other cores. One thread more measured 1.5x slower.
     node_threads();
@@ -821,8 +818,8 @@ class CudaBackend final : public Backend {
     auto* call = static_cast<SplitCall*>(p);
     CudaBackend& b = *call->self;
     try {
-      const ModelConfig& c = *call->c;
-      const int64_t n = call->n, k = c.n_expert_used;
+      const MoeFfn& host = call->host;
+      const int64_t n = call->n, k = host.n_used;
       const auto* in = static_cast<const uint8_t*>(b.split_in_.data());
       thread_local Routing r;
       r.n_tokens = n;
@@ -832,10 +829,10 @@ class CudaBackend final : public Backend {
       r.ids.assign(ids, ids + n * k);
       r.weights.assign(w, w + n * k);
       const auto* x = reinterpret_cast<const float*>(in + 2 * n * k * sizeof(int32_t));
-      if (call->stats && call->layer >= 0) call->stats->add(call->layer, r.ids);
-      thread_local MoeScratch ms;
-      moe_experts_partial(c, *call->lw->split->host, x, n, r, call->on_host,
-                          static_cast<float*>(b.split_out_.data()), false, ms, *b.node_pool_);
+      if (host.stats && host.layer >= 0) host.stats->add(host.layer, r.ids);
+      thread_local cpu::MoeScratch ms;
+      cpu::moe_experts_partial(host, x, n, r, call->on_host, static_cast<float*>(b.split_out_.data()), false, ms,
+                               *b.node_pool_);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(b.host_error_mutex_);
       if (b.host_error_.empty()) b.host_error_ = e.what();
@@ -854,12 +851,12 @@ class CudaBackend final : public Backend {
     return *node_pool_;
   }
 
-  SplitCall& split_call(const ModelConfig& c, const LayerWeights& lw, int64_t n) {
-    auto& slot = split_calls_[{&lw, n}];
+  SplitCall& split_call(const MoeFfn& ffn, int64_t n) {
+    auto& slot = split_calls_[{ffn.split, n}];
     if (!slot) {
-      slot = std::make_unique<SplitCall>(SplitCall{.self = this, .c = &c, .lw = &lw, .n = n, .on_host = {}, .stats = nullptr, .layer = -1});
-      slot->on_host.resize(c.n_expert);
-      for (int64_t i = 0; i < c.n_expert; ++i) slot->on_host[i] = !lw.split->on_device[i];
+      slot = std::make_unique<SplitCall>(SplitCall{.self = this, .host = ffn.host_view(), .n = n, .on_host = {}});
+      slot->on_host.resize(ffn.n_expert);
+      for (int64_t i = 0; i < ffn.n_expert; ++i) slot->on_host[i] = !ffn.split->on_device[i];
     }
     return *slot;
   }
@@ -883,9 +880,9 @@ class CudaBackend final : public Backend {
   // fused MoE over a table of resident and copied experts; the others null: absent), while the host's
   // threads compute the rest from the mmap at the same time. copy_all: every used host expert is copied
   // (prefill).
-  void moe_streamed(const ModelConfig& c, const LayerWeights& lw, const cuda::MoeExperts& e, const float* x,
+  void moe_streamed(const MoeFfn& ffn, const cuda::MoeExperts& e, const float* x,
                     int64_t n, const int32_t* ids_d, const float* weights_d, float* out, bool copy_all) {
-    const int64_t k = c.n_expert_used, X = c.n_expert, E = c.n_embd;
+    const int64_t k = ffn.n_used, X = ffn.n_expert, E = ffn.n_embd;
     const bool host_part = !copy_all;
     const size_t ids_b = n * k * sizeof(int32_t), w_b = n * k * sizeof(float), x_b = n * E * sizeof(float);
     auto* in = static_cast<uint8_t*>(split_in_.get(ids_b + w_b + x_b, s()));
@@ -899,18 +896,17 @@ class CudaBackend final : public Backend {
     check_host_error();
     report_copy_times();  // the previous call's copies and MoE are done
     const auto* ids = reinterpret_cast<const int32_t*>(in);
-    if (const RoutingTap& tap = routing_tap(); tap.stats && tap.layer >= 0)
-      tap.stats->add(tap.layer, std::span<const int32_t>(ids, n * k));
+    if (ffn.stats && ffn.layer >= 0) ffn.stats->add(ffn.layer, std::span<const int32_t>(ids, n * k));
 
     // The used host experts, most rows first; the first `share` of them are copied.
     std::vector<int64_t> rows(X, 0);
     for (int64_t i = 0; i < n * k; ++i) ++rows[ids[i]];
     std::vector<int32_t> used;
     for (int64_t i = 0; i < X; ++i)
-      if (rows[i] > 0 && !lw.split->on_device[i]) used.push_back((int32_t)i);
+      if (rows[i] > 0 && !ffn.split->on_device[i]) used.push_back((int32_t)i);
     std::stable_sort(used.begin(), used.end(), [&](int32_t a, int32_t b) { return rows[a] > rows[b]; });
-    const LayerWeights& hw = *lw.split->host;
-    const Weight* mats[3] = {&hw.ffn_gate_exps, &hw.ffn_up_exps, &hw.ffn_down_exps};
+    const MoeFfn hw = ffn.host_view();
+    const Weight* mats[3] = {&hw.gate, &hw.up, &hw.down};
     size_t per_expert = 0, staged = 0;  // staged: the largest matrix converted on the device
     for (const Weight* w : mats) {
       const size_t matrix = row_bytes(w->type, w->ne[0]) * (size_t)w->ne[1];
@@ -942,9 +938,9 @@ class CudaBackend final : public Backend {
       yh = static_cast<float*>(split_out_.get(x_b, s()));
       const auto* xh = reinterpret_cast<const float*>(in + ids_b + w_b);
       const size_t host_bytes = (used.size() - n_copy) * per_expert;
-      compute_host = [this, &c, &hw, xh, n, yh, host_bytes](ThreadPool& pool) {
+      compute_host = [this, &hw, xh, n, yh, host_bytes](ThreadPool& pool) {
         const auto t0 = std::chrono::steady_clock::now();
-        moe_experts_partial(c, hw, xh, n, host_share_.r, host_share_.on_cpu, yh, false, host_share_.ms, pool);
+        cpu::moe_experts_partial(hw, xh, n, host_share_.r, host_share_.on_cpu, yh, false, host_share_.ms, pool);
         const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(share_mutex_);
         stream_share_.observe_host(host_bytes, us);
@@ -962,11 +958,11 @@ class CudaBackend final : public Backend {
     }
     auto* table = static_cast<const void**>(stream_table_.get(3 * X * sizeof(void*), s()));
     auto* dst = static_cast<uint8_t*>(stream_buf_.data());
-    const std::vector<const void*>* resident[3] = {&lw.split->gate, &lw.split->up, &lw.split->down};
+    const std::vector<const void*>* resident[3] = {&ffn.split->gate, &ffn.split->up, &ffn.split->down};
     for (int64_t i = 0; i < X; ++i) {
       for (int m = 0; m < 3; ++m) {
         const void* p = nullptr;
-        if (lw.split->on_device[i]) {
+        if (ffn.split->on_device[i]) {
           p = (*resident[m])[i];
         } else if (copied[i]) {
           const Weight ex = expert_matrix(*mats[m], i);
@@ -1034,11 +1030,11 @@ class CudaBackend final : public Backend {
     bool shared = false;  // entry n_expert of each table is the layer's shared expert
     std::string why_not;  // when not fused: what the kernels refused
   };
-  const ExpertTables& experts(const ModelConfig& c, const LayerWeights& lw) {
-    const void* key = lw.split ? (const void*)lw.split : lw.ffn_gate_exps.data;
+  const ExpertTables& experts(const MoeFfn& ffn) {
+    const void* key = ffn.split ? (const void*)ffn.split : ffn.gate.data;
     auto it = expert_tables_.find(key);
     if (it != expert_tables_.end()) return it->second;
-    const int64_t X = c.n_expert;
+    const int64_t X = ffn.n_expert;
     const std::vector<bool> all(X, true);
     auto table = [&](const Weight& w) {
       const size_t bytes = row_bytes(w.type, w.ne[0]) * (size_t)w.ne[1];
@@ -1046,17 +1042,17 @@ class CudaBackend final : public Backend {
     };
     ExpertTables t;
     std::vector<const void*> host, up, down;
-    if (lw.split) {
-      host = lw.split->gate, up = lw.split->up, down = lw.split->down;
+    if (ffn.split) {
+      host = ffn.split->gate, up = ffn.split->up, down = ffn.split->down;
     } else {
-      host = table(lw.ffn_gate_exps), up = table(lw.ffn_up_exps), down = table(lw.ffn_down_exps);
+      host = table(ffn.gate), up = table(ffn.up), down = table(ffn.down);
       t.shared =
-          lw.ffn_up_shexp && c.n_ff_shexp == c.n_ff_exp && lw.ffn_gate_shexp.type == lw.ffn_gate_exps.type &&
-          lw.ffn_up_shexp.type == lw.ffn_up_exps.type && lw.ffn_down_shexp.type == lw.ffn_down_exps.type;
+          ffn.shared_up && ffn.n_ff_shared == ffn.n_ff && ffn.shared_gate.type == ffn.gate.type &&
+          ffn.shared_up.type == ffn.up.type && ffn.shared_down.type == ffn.down.type;
       if (t.shared) {
-        host.push_back(lw.ffn_gate_shexp.data);
-        up.push_back(lw.ffn_up_shexp.data);
-        down.push_back(lw.ffn_down_shexp.data);
+        host.push_back(ffn.shared_gate.data);
+        up.push_back(ffn.shared_up.data);
+        down.push_back(ffn.shared_down.data);
       }
     }
     const int64_t len = (int64_t)host.size();  // X, or X + 1 with the shared expert
@@ -1065,23 +1061,23 @@ class CudaBackend final : public Backend {
     t.tables = DeviceBuffer(*this, host.size() * sizeof(void*));
     copy_from_host(t.tables.data(), host.data(), host.size() * sizeof(void*));  // pageable: staged at once
     const void* const* base = static_cast<const void* const*>(t.tables.data());
-    t.e = {.gate_type = lw.ffn_gate_exps.type,
-           .up_type = lw.ffn_up_exps.type,
-           .down_type = lw.ffn_down_exps.type,
-           .n_embd = c.n_embd,
-           .n_ff = c.n_ff_exp,
+    t.e = {.gate_type = ffn.gate.type,
+           .up_type = ffn.up.type,
+           .down_type = ffn.down.type,
+           .n_embd = ffn.n_embd,
+           .n_ff = ffn.n_ff,
            .n_expert = X,
            .gate = base,
            .up = base + len,
            .down = base + 2 * len};
-    if (!lw.split) {  // the 3-D tensors, every expert here: the kernels compute the addresses
-      t.e.gate_base = lw.ffn_gate_exps.data;
-      t.e.up_base = lw.ffn_up_exps.data;
-      t.e.down_base = lw.ffn_down_exps.data;
+    if (!ffn.split) {  // the 3-D tensors, every expert here: the kernels compute the addresses
+      t.e.gate_base = ffn.gate.data;
+      t.e.up_base = ffn.up.data;
+      t.e.down_base = ffn.down.data;
       t.e.gate_up_bytes =
-          row_bytes(lw.ffn_gate_exps.type, lw.ffn_gate_exps.ne[0]) * (size_t)lw.ffn_gate_exps.ne[1];
+          row_bytes(ffn.gate.type, ffn.gate.ne[0]) * (size_t)ffn.gate.ne[1];
       t.e.down_bytes =
-          row_bytes(lw.ffn_down_exps.type, lw.ffn_down_exps.ne[0]) * (size_t)lw.ffn_down_exps.ne[1];
+          row_bytes(ffn.down.type, ffn.down.ne[0]) * (size_t)ffn.down.ne[1];
     }
     try {
       cuda::check_moe_experts(t.e);
@@ -1094,9 +1090,9 @@ class CudaBackend final : public Backend {
 
   // Experts the fused kernels do not take: token by token, slot by slot, with the plain matmul (the
   // routing is read back to the host). Slow, but any weight type works; real checkpoints use the fused path.
-  void moe_unfused(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n, const int32_t* ids_d,
+  void moe_unfused(const MoeFfn& ffn, const float* x, int64_t n, const int32_t* ids_d,
                    const float* weights_d, float* out) {
-    const int64_t k = c.n_expert_used, E = c.n_embd, F = c.n_ff_exp;
+    const int64_t k = ffn.n_used, E = ffn.n_embd, F = ffn.n_ff;
     std::vector<int32_t> ids(n * k);
     std::vector<float> w(n * k);
     copy_to_host(ids.data(), ids_d, ids.size() * sizeof(int32_t));
@@ -1109,10 +1105,10 @@ class CudaBackend final : public Backend {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j < k; ++j) {
         const int32_t e = ids[t * k + j];
-        matmul(expert_matrix(lw.ffn_gate_exps, e), x + t * E, 1, gate, 0);
-        matmul(expert_matrix(lw.ffn_up_exps, e), x + t * E, 1, up, 0);
+        matmul(expert_matrix(ffn.gate, e), x + t * E, 1, gate, 0);
+        matmul(expert_matrix(ffn.up, e), x + t * E, 1, up, 0);
         cuda::swiglu(gate, up, gate, F, s());
-        matmul(expert_matrix(lw.ffn_down_exps, e), gate, 1, y, 0);
+        matmul(expert_matrix(ffn.down, e), gate, 1, y, 0);
         cuda::scale(y, w[t * k + j], E, s());
         if (j == 0) copy(out + t * E, y, E * sizeof(float));
         else cuda::add(out + t * E, y, out + t * E, E, s());
@@ -1207,7 +1203,7 @@ class CudaBackend final : public Backend {
   struct HostShare {  // moe_streamed's host share: its routing, experts and scratch
     Routing r;
     std::vector<bool> on_cpu;
-    MoeScratch ms;
+    cpu::MoeScratch ms;
   };
   HostShare host_share_;
   cuda::Event copy_begin_{true}, copy_end_{true}, moe_end_{true};  // moe_streamed's copies and MoE, timed
@@ -1217,7 +1213,7 @@ class CudaBackend final : public Backend {
   cuda::PinnedRing up_ring_;  // copy_from_host's small copies
   cuda::Event fork_, join_;
   std::unique_ptr<cuda::Stream> aux_;
-  std::map<std::pair<const LayerWeights*, int64_t>, std::unique_ptr<SplitCall>> split_calls_;
+  std::map<std::pair<const ExpertSplit*, int64_t>, std::unique_ptr<SplitCall>> split_calls_;
   bool stale_graphs_ = false;  // a pinned buffer that recorded graphs copy from has moved
   std::mutex host_error_mutex_;
   std::string host_error_;

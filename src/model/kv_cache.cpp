@@ -1,4 +1,4 @@
-#include "runtime/kv_cache.h"
+#include "model/kv_cache.h"
 
 #include <algorithm>
 #include <atomic>

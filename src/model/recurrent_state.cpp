@@ -1,4 +1,4 @@
-#include "runtime/recurrent_state.h"
+#include "model/recurrent_state.h"
 
 #include <algorithm>
 #include <atomic>
