@@ -72,7 +72,6 @@ class Qwen3Moe : public Model {
     }
     ex.output_logits(logits);
   }
-
 };
 
 }  // namespace
