@@ -423,6 +423,9 @@ class CudaBackend final : public Backend {
 
   // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
   // its combine step also writes the q8_1 activations the output projection takes (prepared()).
+  // Qwen3.5's q and output gate read where the projection leaves them interleaved, the combine applying the
+  // gate as it writes: no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output
+  // projection (+2 % tg on qwen3.5, docs/PERF.md).
   bool fuses_attention_gate() const override { return true; }
   // 1: every sequence sees fewer than kOneBlockMaxKeys keys: a block per KV head splits them among its
   // warps and combines them itself, with no combine launch.
