@@ -71,7 +71,6 @@ class Qwen3Moe : public Model {
     }
     ex.output_logits(logits);
   }
-
 };
 
 }  // namespace

@@ -88,13 +88,16 @@ TEST(CudaMatmulHead, StreamedIsTheDecodeFormBitForBit) {
     cuda::DeviceBuffer act(std::max<size_t>(cuda::activation_bytes(f, 1, k), 1));
     const cuda::Activations a = cuda::quantize_activations(f, x_dev.as<float>(), k, 1, k, act.data(), stream);
     cuda::DeviceBuffer y_streamed((size_t)n * 4), y_lanes((size_t)n * 4), y_extra((size_t)n_extra * 4);
-    for (cuda::DeviceBuffer* y : {&y_streamed, &y_lanes}) XPERT_CUDA_CHECK(cudaMemset(y->data(), 0xFF, y->bytes()));
+    for (cuda::DeviceBuffer* y : {&y_streamed, &y_lanes})
+      XPERT_CUDA_CHECK(cudaMemset(y->data(), 0xFF, y->bytes()));
     cuda::matmul_prepared(DType::Q6_K, w_dev.data(), n, a, y_streamed.as<float>(), n, stream);
-    const cuda::MatmulOut outs[2] = {{.w = w_dev.data(), .n = n, .y = y_lanes.as<float>(), .ldy = n},
-                                     {.w = w_dev.data(), .n = n_extra, .y = y_extra.as<float>(), .ldy = n_extra}};
+    const cuda::MatmulOut outs[2] = {
+        {.w = w_dev.data(), .n = n, .y = y_lanes.as<float>(), .ldy = n},
+        {.w = w_dev.data(), .n = n_extra, .y = y_extra.as<float>(), .ldy = n_extra}};
     cuda::matmul_prepared_multi(DType::Q6_K, outs, 2, a, stream);
     stream.sync();
-    const std::vector<float> ys = from_device<float>(y_streamed, (size_t)n), yl = from_device<float>(y_lanes, (size_t)n);
+    const std::vector<float> ys = from_device<float>(y_streamed, (size_t)n),
+                             yl = from_device<float>(y_lanes, (size_t)n);
     for (int64_t j = 0; j < n; ++j)
       ASSERT_EQ(std::bit_cast<uint32_t>(ys[j]), std::bit_cast<uint32_t>(yl[j])) << "row " << j;
   }

@@ -59,8 +59,7 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   PassGraphs* pass_graphs() override { return this; }
   SplitExperts* split_experts() override { return this; }
 
-  explicit CudaBackend(int device)
-      : device_(device), pin_logits_(env_on("XPERT_PIN_LOGITS")) {
+  explicit CudaBackend(int device) : device_(device), pin_logits_(env_on("XPERT_PIN_LOGITS")) {
     const std::vector<cuda::DeviceInfo> devs = cuda::list_devices();
     if (devs.empty()) fail("no CUDA device: {}", cuda::no_device_reason());
     if (device < 0 || device >= (int)devs.size())
@@ -425,6 +424,9 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
 
   // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
   // its combine step also writes the q8_1 activations the output projection takes (prepared()).
+  // Qwen3.5's q and output gate read where the projection leaves them interleaved, the combine applying the
+  // gate as it writes: no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output
+  // projection (+2 % tg on qwen3.5, docs/PERF.md).
   bool fuses_attention_gate() const override { return true; }
   // 1: every sequence sees fewer than kOneBlockMaxKeys keys: a block per KV head splits them among its
   // warps and combines them itself, with no combine launch.
@@ -438,8 +440,8 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override {
     if (skip_) return true;
     // The cheap checks, before the parts' buffer is made; cuda::attention_decode_proj_fits decides.
-    if (!d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K ||
-        wo.ne[0] != d.n_head * d.head_dim || decode_attention_form(d.max_pos) != 1)
+    if (!d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K || wo.ne[0] != d.n_head * d.head_dim ||
+        decode_attention_form(d.max_pos) != 1)
       return false;
     const size_t need = (size_t)(cuda::attention_decode_proj_parts(d.n_head) * wo.ne[1]) * sizeof(float);
     if (parts_buf_.size() < need) {
@@ -688,9 +690,8 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
     const size_t mark = ar.mark();
     const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
     // At decode sizes the gated norm also writes out's q8_1 activations, for the output projection.
-    const cuda::Activations* act = gs.head_v_dim % 32 == 0
-                                       ? prepare_slot(out, in.n_tokens, gs.value_dim())
-                                       : nullptr;
+    const cuda::Activations* act =
+        gs.head_v_dim % 32 == 0 ? prepare_slot(out, in.n_tokens, gs.value_dim()) : nullptr;
     int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
     auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
     cuda::gated_delta_net(gs, p, in, conv_state, ssm_state, out, ws ? ar.take_bytes(ws) : nullptr, s(),

@@ -379,9 +379,8 @@ void gated_rmsnorm_silu(float* x, const float* z, const float* w, int64_t rows, 
 }
 
 bool gdn_decode_prelude_fusable(const GdnShape& s) {
-  return s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 &&
-         s.head_k_dim <= 32 * kPreludeMaxPer && s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 &&
-         s.d_conv <= kPreludeMaxTaps;
+  return s.head_k_dim % 32 == 0 && s.head_v_dim % 32 == 0 && s.head_k_dim <= 32 * kPreludeMaxPer &&
+         s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 && s.d_conv <= kPreludeMaxTaps;
 }
 
 void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,

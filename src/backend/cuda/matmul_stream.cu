@@ -113,9 +113,8 @@ __global__ void __launch_bounds__(kThreads)
 bool launch_matvec_stream(DType w_type, const void* w, int64_t n, const Activations& a, float* y,
                           cudaStream_t stream) {
   const int64_t nb = a.k / quant::kQKK;
-  if (w_type != DType::Q6_K || a.m != 1 || a.format != ActFormat::q8_1 ||
-      a.k % quant::kQKK != 0 || n % kRows != 0 || n / kRows > INT32_MAX || ((uintptr_t)w & 15) != 0 ||
-      cc_major() < 9)
+  if (w_type != DType::Q6_K || a.m != 1 || a.format != ActFormat::q8_1 || a.k % quant::kQKK != 0 ||
+      n % kRows != 0 || n / kRows > INT32_MAX || ((uintptr_t)w & 15) != 0 || cc_major() < 9)
     return false;
   const size_t stage_bytes = kRows * (size_t)nb * sizeof(quant::BlockQ6_K);
   const int stages = (int)std::min<size_t>(kMaxStages, ((size_t)max_smem_optin() - 64) / (stage_bytes + 8));

@@ -257,16 +257,6 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
 }
 
-// RouteForm::automatic: one decode token's top-k by the router's whole last block in two phases
-// (route_token_block<.., true>) wherever it fits. The other forms, asked for by name (tests): block, the
-// one-phase block ranking where it counts at most 64 ranks a thread (up to 128 experts), else one warp;
-// warp, one warp (route_token) always. H200 tg128 in one call (XPERT_BLOCK_ROUTE, since removed): one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s,
-// qwen3.5-35b-a3b (256 ranks a thread) 340 / 349; two-phase / one-phase (2026-12-01), qwen3-30b-a3b
-// 458.0 / 457.3 and 461.5 / 457.2, qwen3.5-35b-a3b (two-phase / warp) 411.2 / 404.9 and 422.5 / 403.3.
-// XPERT_BLOCK_ROUTE=3 chose a form as one thread block cluster (blocks of 8 experts gathering their logits
-// in one block's distributed shared memory, one cluster barrier, no counter): +1.4 % on qwen3-30b-a3b with
-// gate/up at one CTA a span, 1.5-2.5 % slower with its clusters of two (2026-12-01), so removed.
-
 }  // namespace
 
 void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32_t* ids, float* weights,
@@ -287,6 +277,16 @@ bool moe_router_fusable(DType w_type, int64_t n_tokens, int64_t n_embd, const Mo
          r.n_expert >= 1 && r.n_expert <= 1024 && r.k >= 1 && r.k <= 32 && r.k <= r.n_expert;
 }
 
+// RouteForm::automatic: one decode token's top-k by the router's whole last block in two phases
+// (route_token_block<.., true>) wherever it fits. The other forms, asked for by name (tests): block, the
+// one-phase block ranking where it counts at most 64 ranks a thread (up to 128 experts), else one warp;
+// warp, one warp (route_token) always. H200 tg128 in one call (XPERT_BLOCK_ROUTE, since removed):
+// one-phase block / warp, qwen3-30b-a3b (128 experts) 391 / 377 and 397 / 384 t/s, qwen3.5-35b-a3b (256
+// ranks a thread) 340 / 349; two-phase / one-phase (2026-12-01), qwen3-30b-a3b 458.0 / 457.3 and 461.5 /
+// 457.2, qwen3.5-35b-a3b (two-phase / warp) 411.2 / 404.9 and 422.5 / 403.3. A form as one thread block
+// cluster (blocks of 8 experts gathering their logits in one block's distributed shared memory, one
+// cluster barrier, no counter): +1.4 % on qwen3-30b-a3b with gate/up at one CTA a span, 1.5-2.5 % slower
+// with its clusters of two (2026-12-01), so removed.
 void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd, const MoeRouting& r,
                 float* logits, int32_t* ids, float* weights, unsigned* done, cudaStream_t stream,
                 const float* shared_gate, RouteForm form, const RouterNorm* norm) {
