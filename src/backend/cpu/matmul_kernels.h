@@ -94,9 +94,9 @@ const PanelKernels& matmul_panel_kernels_amx_emulated();
 //   amx_emulated : the AMX kernels through set_amx_emulator's functions at every panel size
 enum class PanelChoice { automatic, vnni, amx, amx_emulated };
 void set_panel_choice(PanelChoice choice);
-// Measured on the H200 host's Xeon (16 cores, docs/PERF.md "AMX tiles"): the tiles beat the VNNI panels by
-// 1.03-1.23x at 512 rows, but not reliably below ~48 rows (0.66-1.21x at 8..128, noisy), and Q6_K's tiles
-// are slower at every size (0.85-0.89x: its 16-element scale groups halve the tile depth).
+// Measured on the H200 host's Xeon (16 cores, docs/perf-history/h200.md "AMX tiles"): the tiles beat the
+// VNNI panels by 1.03-1.23x at 512 rows, but not reliably below ~48 rows (0.66-1.21x at 8..128, noisy), and
+// Q6_K's tiles are slower at every size (0.85-0.89x: its 16-element scale groups halve the tile depth).
 constexpr int64_t kAmxMinRows = 256;
 
 // One X row quantized straight into its packed planes (aux included when l.aux_offset != 0), bit for bit
