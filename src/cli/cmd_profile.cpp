@@ -1,5 +1,5 @@
 // `xpert profile`: runs prompts through a MoE model on the CPU with greedy generation, counts how often
-// each layer's router picks each expert (model/routing_stats.h), and writes the profile that places the
+// each layer's router picks each expert (runtime/experts/routing_stats.h), and writes the profile that places the
 // most routed experts on the GPU (--num-gpu-experts / --gpu-expert-budget).
 #include <fmt/format.h>
 

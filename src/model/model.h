@@ -47,7 +47,7 @@ struct ModelConfig {
   float expert_weights_scale = 1.0f;  // then multiply them by this
   int64_t n_ff_shexp = 0;             // shared expert (qwen35moe), sigmoid-gated; 0: none
   // Hybrid recurrent models (qwen35, qwen35moe): layers marked in `layer_recurrent` are Gated DeltaNet
-  // layers with a per-sequence state instead of a KV cache (see model/gated_delta_net.h).
+  // layers with a per-sequence state instead of a KV cache (see backend/gated_delta_net.h).
   std::vector<bool> layer_recurrent;
   int64_t ssm_d_conv = 0, ssm_d_inner = 0, ssm_d_state = 0, ssm_n_group = 0, ssm_dt_rank = 0;
   bool recurrent(int64_t il) const { return il < (int64_t)layer_recurrent.size() && layer_recurrent[il]; }

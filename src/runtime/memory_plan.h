@@ -1,6 +1,6 @@
 // The memory plan: what a run will hold on each device (weights, KV cache, recurrent states, the state
 // cache's budget, scratch), computed before any weight is read or uploaded from the model's config, its
-// tensor sizes (GGUF header) and the placement (model/expert_plan.h). Printed at start; check() refuses a
+// tensor sizes (GGUF header) and the placement (runtime/experts/plan.h). Printed at start; check() refuses a
 // configuration that cannot fit, naming the flags that would make it fit.
 //
 // Host RAM: weights are mapped from the file and read in place. Their pages are page cache, which the

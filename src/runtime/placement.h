@@ -1,6 +1,6 @@
 // Where a model runs: device selection for the CLI and the server (--device, -ngl), and the placement of
 // MoE experts between the GPU and the expert device (--num-gpu-experts, --gpu-expert-budget,
-// --expert-device, --expert-profile; see model/expert_plan.h).
+// --expert-device, --expert-profile; see runtime/experts/plan.h).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // The bandwidth roofline `xpert bench` reports (issue #7's measure): the bytes a step moves through memory,
-// from the model's tensor sizes (model/expert_plan.h's ModelBytes), and a copy's measured bandwidth on the
+// from the model's tensor sizes (runtime/experts/plan.h's ModelBytes), and a copy's measured bandwidth on the
 // device that holds the layers. A step cannot finish faster than its bytes at that bandwidth; the fraction
 // of it a test reaches says how far a kernel is from the memory system's limit.
 //   decoded token: every layer's weights but its routed experts, n_expert_used of those (shared experts

@@ -1,4 +1,4 @@
-// CUDA Gated DeltaNet against the CPU (model/gated_delta_net.h) on Qwen3.5-35B-A3B's shapes (16 key heads,
+// CUDA Gated DeltaNet against the CPU (backend/gated_delta_net.h) on Qwen3.5-35B-A3B's shapes (16 key heads,
 // 32 value heads, head dims 128, d_conv 4): the causal conv with its carried state, the L2 norms, the
 // recurrent and chunked delta rule (each against the CPU's same form and against each other, states
 // carried across calls) and the whole mixer. All f32: differences are float rounding in another summation

@@ -1,4 +1,4 @@
-// Gated DeltaNet on a CUDA device, with the meaning of model/gated_delta_net.h (same shapes, layouts and
+// Gated DeltaNet on a CUDA device, with the meaning of backend/gated_delta_net.h (same shapes, layouts and
 // argument structs; every pointer in them device memory). Asynchronous on `stream`.
 //
 // The delta rule has the CPU's two forms:

@@ -1,5 +1,5 @@
 // The chunked (WY / UT) delta rule for prefill; gdn.h says how the work is split, and
-// model/gated_delta_net.cpp's delta_rule_chunked is the same algorithm on the CPU (same order of
+// backend/cpu/gated_delta_net.cpp's delta_rule_chunked is the same algorithm on the CPU (same order of
 // operations where it matters). Chunks of 64 tokens; a short last chunk is padded with k = q = v = 0,
 // g = 0, beta = 0, which leaves every real row and the state unchanged.
 #include <algorithm>

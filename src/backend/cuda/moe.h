@@ -1,4 +1,4 @@
-// The routed experts of a MoE layer on the GPU, with model/moe.h's semantics:
+// The routed experts of a MoE layer on the GPU, with backend/cpu/moe.h's semantics:
 //   route:   softmax over the experts -> top k (ties: the lower expert first) -> renormalize -> scale
 //   experts: for every (token, slot) whose expert is resident here, silu(x Wg^T) * (x Wu^T) -> Wd, and
 //            out[t] = sum over its resident slots, in slot order, of weight * expert output.

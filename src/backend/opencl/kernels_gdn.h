@@ -1,4 +1,4 @@
-// OpenCL C of the whole-model backend's Gated DeltaNet mixer (model/gated_delta_net.h has the math and
+// OpenCL C of the whole-model backend's Gated DeltaNet mixer (backend/gated_delta_net.h has the math and
 // the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k, the decay and beta gates, the
 // delta rule in its recurrent form, and the gated RMS norm. Core OpenCL C 1.2.
 //

@@ -4,7 +4,7 @@
 //
 // How many experts: `--num-gpu-experts N` per offloaded MoE layer (KTransformers' --kt-num-gpu-experts),
 // or `--gpu-expert-budget SIZE` bytes over all offloaded layers, or (neither) all of them.
-// Which experts: by routing frequency when a profile (model/routing_stats.h) is there, else by index.
+// Which experts: by routing frequency when a profile (runtime/experts/routing_stats.h) is there, else by index.
 // A budget is filled globally: decode is bandwidth-bound and layers run one after another, so the time
 // the host spends per token is the bytes of host experts it reads, Σ over layers and host experts of
 // P(expert routed) × its bytes; taking (layer, expert) pairs by P / bytes until the budget is spent
@@ -96,7 +96,7 @@ struct ExpertPlan {
 // gpu_free_bytes (saying what would fit).
 ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const ExpertPlanOptions& o);
 
-// Rebalancing while serving (runtime/expert_rebalancer.h): swaps between the GPU and the host inside
+// Rebalancing while serving (runtime/experts/rebalancer.h): swaps between the GPU and the host inside
 // split layers, one admitted expert for one evicted, so each layer keeps its resident count (GPU memory
 // unchanged, the evicted expert's buffers reused).
 struct RebalanceOptions {

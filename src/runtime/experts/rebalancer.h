@@ -1,7 +1,7 @@
 // Rebalancing experts while serving (`xpert serve --rebalance-experts N`, issue #8): every N tokens the
 // engine forwards, the experts of split GPU layers (some experts on the GPU, the rest on the host) are
 // re-chosen from the routing counted since the start: host experts that are now routed clearly more than
-// resident ones are copied over them (model/expert_plan.h `plan_rebalance`, Model::move_experts).
+// resident ones are copied over them (runtime/experts/plan.h `plan_rebalance`, Model::move_experts).
 //
 // The counts a round plans on are a decayed window of the engine's live RoutingStats: each round adds
 // what was counted since the last one to the previous window times `decay`, so a change of traffic is
