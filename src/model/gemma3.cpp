@@ -12,7 +12,7 @@
 
 namespace xpert {
 
-// The converter takes no Gemma checkpoints: no HF names.
+// (The converter takes no Gemma checkpoints: no HF names beyond the shared attention's.)
 TensorList gemma3_tensors(const ModelConfig& c, int64_t il) {
   if (il == kIoTensors) return io_tensors(c);
   using LW = LayerWeights;
@@ -20,14 +20,16 @@ TensorList gemma3_tensors(const ModelConfig& c, int64_t il) {
   const int64_t E = c.n_embd, F = c.n_ff;
   TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones}};
   append(t, attention_tensors(c, {.qk_norm = true}));
+  // clang-format off
   append(t, {
-      {"post_attention_norm.weight", {E}, &LW::attn_post_norm, ones},
-      {"ffn_norm.weight", {E}, &LW::ffn_norm, ones},
-      {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix},
-      {"ffn_up.weight", {E, F}, &LW::ffn_up, matrix},
-      {"ffn_down.weight", {F, E}, &LW::ffn_down, more_bits},
-      {"post_ffw_norm.weight", {E}, &LW::ffn_post_norm, ones},
+      {"post_attention_norm.weight", {E},    &LW::attn_post_norm, ones},
+      {"ffn_norm.weight",            {E},    &LW::ffn_norm,       ones},
+      {"ffn_gate.weight",            {E, F}, &LW::ffn_gate,       matrix},
+      {"ffn_up.weight",              {E, F}, &LW::ffn_up,         matrix},
+      {"ffn_down.weight",            {F, E}, &LW::ffn_down,       more_bits},
+      {"post_ffw_norm.weight",       {E},    &LW::ffn_post_norm,  ones},
   });
+  // clang-format on
   return t;
 }
 

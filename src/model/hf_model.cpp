@@ -385,10 +385,17 @@ class Converter {
           else
             add_matrix(name, linear(hf, d.shape[1], d.shape[0]), head_map(d.hf.heads));
           break;
-        case HfForm::vector: add_vector(name, hf, d.shape[0], element_fn(d.hf.fn), head_map(d.hf.heads)); break;
-        case HfForm::conv1d: add_conv1d(name, hf, d.shape[1], d.shape[0], head_map(d.hf.heads)); break;
-        case HfForm::experts: add_experts(name, experts(hf_name(il, "mlp.experts."), d.hf.name, d.shape)); break;
-        case HfForm::none: fail("{}: xpert cannot convert tensor '{}' of {} from a checkpoint", dir_, name, arch_);
+        case HfForm::vector:
+          add_vector(name, hf, d.shape[0], element_fn(d.hf.fn), head_map(d.hf.heads));
+          break;
+        case HfForm::conv1d:
+          add_conv1d(name, hf, d.shape[1], d.shape[0], head_map(d.hf.heads));
+          break;
+        case HfForm::experts:
+          add_experts(name, experts(hf_name(il, "mlp.experts."), d.hf.name, d.shape));
+          break;
+        case HfForm::none:
+          fail("{}: xpert cannot convert tensor '{}' of {} from a checkpoint", dir_, name, arch_);
       }
     }
   }
@@ -402,25 +409,33 @@ class Converter {
   const IndexMap& head_map(HfHeads h) const {
     static const IndexMap identity;
     switch (h) {
-      case HfHeads::rows: return heads_;
-      case HfHeads::v_rows: return v_rows_;
-      case HfHeads::qkv_rows: return qkv_rows_;
-      default: return identity;
+      case HfHeads::rows:
+        return heads_;
+      case HfHeads::v_rows:
+        return v_rows_;
+      case HfHeads::qkv_rows:
+        return qkv_rows_;
+      default:
+        return identity;
     }
   }
 
   static float (*element_fn(HfFn fn))(float) {
     switch (fn) {
-      case HfFn::plus_one: return plus_one;
-      case HfFn::minus_exp: return minus_exp;
-      default: return nullptr;
+      case HfFn::plus_one:
+        return plus_one;
+      case HfFn::minus_exp:
+        return minus_exp;
+      default:
+        return nullptr;
     }
   }
 
   // Routed experts, per expert (pe<e>.<proj>, as checkpoints and transformers' save_pretrained store
   // them) or fused (pe gate_up_proj [X, 2F, E] gate first, down_proj [X, E, F], transformers' in-memory
   // layout). shape: the GGUF tensor's {cols, rows, X}.
-  std::vector<Matrix> experts(const std::string& pe, const std::string& proj, const std::vector<int64_t>& shape) {
+  std::vector<Matrix> experts(const std::string& pe, const std::string& proj,
+                              const std::vector<int64_t>& shape) {
     const int64_t cols = shape[0], rows = shape[1], X = shape[2];
     std::vector<Matrix> ms;
     if (const st::Tensor* fused_gu = use_any({pe + "gate_up_proj", pe + "gate_up_proj.weight"})) {
@@ -431,7 +446,8 @@ class Converter {
       check_shape(*fused_gu, {X, 2 * F, E_});
       check_shape(*fused_d, {X, E_, F});
       for (int64_t e = 0; e < X; ++e)
-        ms.push_back(down ? slice(*fused_d, e, 0, E_, F) : slice(*fused_gu, e, proj == "up_proj" ? F : 0, F, E_));
+        ms.push_back(down ? slice(*fused_d, e, 0, E_, F)
+                          : slice(*fused_gu, e, proj == "up_proj" ? F : 0, F, E_));
     } else {
       for (int64_t e = 0; e < X; ++e) ms.push_back(linear(fmt::format("{}{}.{}", pe, e, proj), rows, cols));
     }

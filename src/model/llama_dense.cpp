@@ -19,12 +19,14 @@ TensorList llama_dense_tensors(const ModelConfig& c, int64_t il) {
   const int64_t E = c.n_embd, F = c.n_ff;
   TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight")}};
   append(t, attention_tensors(c, {.bias = c.arch == "qwen2", .qk_norm = c.arch == "qwen3"}));
+  // clang-format off
   append(t, {
-      {"ffn_norm.weight", {E}, &LW::ffn_norm, ones, hf_vector("post_attention_layernorm.weight")},
-      {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix, hf_linear("mlp.gate_proj")},
-      {"ffn_up.weight", {E, F}, &LW::ffn_up, matrix, hf_linear("mlp.up_proj")},
+      {"ffn_norm.weight", {E},    &LW::ffn_norm, ones,      hf_vector("post_attention_layernorm.weight")},
+      {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix,    hf_linear("mlp.gate_proj")},
+      {"ffn_up.weight",   {E, F}, &LW::ffn_up,   matrix,    hf_linear("mlp.up_proj")},
       {"ffn_down.weight", {F, E}, &LW::ffn_down, more_bits, hf_linear("mlp.down_proj")},
   });
+  // clang-format on
   return t;
 }
 

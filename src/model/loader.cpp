@@ -14,7 +14,7 @@ namespace xpert {
 
 namespace {
 
-// The tensor's Weight, if its shape (trailing 1s aside) and type are what `d` declares.
+// The tensor's Weight, if its shape (trailing 1s aside) is `shape` and xpert can compute its type.
 Weight checked(const gguf::GGUFFile& f, const gguf::TensorInfo& t, const std::vector<int64_t>& shape) {
   std::vector<int64_t> want = shape;
   std::vector<int64_t> have = t.shape;
@@ -41,7 +41,7 @@ Weight load(const gguf::GGUFFile& f, const TensorDecl& d, int64_t il) {
   const std::string name = layer_tensor_name(il, d.name);
   const gguf::TensorInfo* t = f.tensor(name);
   if (!t) {
-    if (d.optional) return Weight{};
+    if (d.need == Need::optional) return Weight{};
     fail("{}: tensor '{}' is missing", f.path(), name);
   }
   return checked(f, *t, d.shape);
@@ -58,33 +58,47 @@ void load_tensors(const gguf::GGUFFile& f, const ModelConfig& c, TensorTableFn t
 
 TensorList io_tensors(const ModelConfig& c, HfFn norm_fn) {
   const int64_t E = c.n_embd, V = c.n_vocab;
-  return {{.name = "token_embd.weight", .shape = {E, V}, .hf = hf_linear("model.embed_tokens"),
+  return {{.name = "token_embd.weight",
+           .shape = {E, V},
+           .hf = hf_linear("model.embed_tokens"),
            .io_field = &ModelWeights::tok_embd},
-          {.name = "output_norm.weight", .shape = {E}, .synth = SynthFill::ones, .hf = hf_vector("model.norm.weight", norm_fn),
+          {.name = "output_norm.weight",
+           .shape = {E},
+           .synth = SynthFill::ones,
+           .hf = hf_vector("model.norm.weight", norm_fn),
            .io_field = &ModelWeights::output_norm},
-          {.name = "output.weight", .shape = {E, V}, .synth = SynthFill::output, .hf = hf_linear("lm_head"),
-           .optional = true, .io_field = &ModelWeights::output}};
+          {.name = "output.weight",
+           .shape = {E, V},
+           .synth = SynthFill::output,
+           .hf = hf_linear("lm_head"),
+           .need = Need::optional,
+           .io_field = &ModelWeights::output}};
 }
 
 TensorList attention_tensors(const ModelConfig& c, AttentionTensors what) {
   using LW = LayerWeights;
   using enum SynthFill;
   const int64_t E = c.n_embd, D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
+  const int64_t q_rows = (what.gated ? 2 : 1) * q_dim;
+  // clang-format off
   TensorList t = {
-      {"attn_q.weight", {E, (what.gated ? 2 : 1) * q_dim}, &LW::wq, matrix, hf_linear("self_attn.q_proj")},
-      {"attn_k.weight", {E, kv_dim}, &LW::wk, matrix, hf_linear("self_attn.k_proj")},
-      {"attn_v.weight", {E, kv_dim}, &LW::wv, more_bits, hf_linear("self_attn.v_proj")},
-      {"attn_output.weight", {q_dim, E}, &LW::wo, matrix, hf_linear("self_attn.o_proj")},
+      {"attn_q.weight",      {E, q_rows}, &LW::wq, matrix,    hf_linear("self_attn.q_proj")},
+      {"attn_k.weight",      {E, kv_dim}, &LW::wk, matrix,    hf_linear("self_attn.k_proj")},
+      {"attn_v.weight",      {E, kv_dim}, &LW::wv, more_bits, hf_linear("self_attn.v_proj")},
+      {"attn_output.weight", {q_dim, E},  &LW::wo, matrix,    hf_linear("self_attn.o_proj")},
   };
-  if (what.bias) {  // qwen2; the converter takes no qwen2 checkpoints
-    t.push_back({"attn_q.bias", {q_dim}, &LW::bq, normal});
-    t.push_back({"attn_k.bias", {kv_dim}, &LW::bk, normal});
-    t.push_back({"attn_v.bias", {kv_dim}, &LW::bv, normal});
-  }
-  if (what.qk_norm) {
-    t.push_back({"attn_q_norm.weight", {D}, &LW::q_norm, ones, hf_vector("self_attn.q_norm.weight", what.norm_fn)});
-    t.push_back({"attn_k_norm.weight", {D}, &LW::k_norm, ones, hf_vector("self_attn.k_norm.weight", what.norm_fn)});
-  }
+  if (what.bias)  // qwen2; the converter takes no qwen2 checkpoints
+    append(t, {
+        {"attn_q.bias", {q_dim},  &LW::bq, normal},
+        {"attn_k.bias", {kv_dim}, &LW::bk, normal},
+        {"attn_v.bias", {kv_dim}, &LW::bv, normal},
+    });
+  if (what.qk_norm)
+    append(t, {
+        {"attn_q_norm.weight", {D}, &LW::q_norm, ones, hf_vector("self_attn.q_norm.weight", what.norm_fn)},
+        {"attn_k_norm.weight", {D}, &LW::k_norm, ones, hf_vector("self_attn.k_norm.weight", what.norm_fn)},
+    });
+  // clang-format on
   return t;
 }
 
@@ -93,7 +107,8 @@ TensorTableFn tensor_table(const std::string& arch) {
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return llama_dense_tensors;
   if (arch == "qwen3moe") return qwen3moe_tensors;
   if (arch == "qwen35" || arch == "qwen35moe") return qwen35_tensors;
-  fail("architecture '{}' is not supported (supported: {})", arch, fmt::join(supported_architectures(), ", "));
+  fail("architecture '{}' is not supported (supported: {})", arch,
+       fmt::join(supported_architectures(), ", "));
 }
 
 void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff) {

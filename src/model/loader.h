@@ -74,8 +74,12 @@ inline HfSource hf_linear(const char* name, HfHeads heads = HfHeads::none) {
 inline HfSource hf_vector(const char* name, HfFn fn = HfFn::none, HfHeads heads = HfHeads::none) {
   return {HfForm::vector, name, fn, heads};
 }
-inline HfSource hf_conv1d(const char* name, HfHeads heads) { return {HfForm::conv1d, name, HfFn::none, heads}; }
+inline HfSource hf_conv1d(const char* name, HfHeads heads) {
+  return {HfForm::conv1d, name, HfFn::none, heads};
+}
 inline HfSource hf_experts(const char* proj) { return {HfForm::experts, proj}; }
+
+enum class Need : uint8_t { required, optional };
 
 // One tensor: GGUF name (a layer's without the "blk.<il>." prefix), shape (ggml order), the field it
 // loads into, how synth fills it, where the converter finds it; an optional tensor may be absent.
@@ -85,7 +89,7 @@ struct TensorDecl {
   Weight LayerWeights::*field = nullptr;
   SynthFill synth = SynthFill::matrix;
   HfSource hf = {};
-  bool optional = false;
+  Need need = Need::required;
   Weight ModelWeights::*io_field = nullptr;  // the io tensors' field instead of `field`
 };
 using TensorList = std::vector<TensorDecl>;

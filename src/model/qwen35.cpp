@@ -18,57 +18,68 @@
 
 namespace xpert {
 
-// Norm weights are stored zero-centered in HF (w -> 1 + w), except the gated norm of the recurrent layers.
+// HF stores the norm weights zero-centered (w -> 1 + w: HfFn::plus_one), all but the recurrent layers'
+// gated norm.
 TensorList qwen35_tensors(const ModelConfig& c, int64_t il) {
   using enum HfFn;
   if (il == kIoTensors) return io_tensors(c, plus_one);
   using LW = LayerWeights;
   using enum SynthFill;
+  using H = HfHeads;
+  using enum Need;
   const int64_t E = c.n_embd;
-  TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight", plus_one)}};
+  TensorList t = {
+      {"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight", plus_one)}};
   if (c.recurrent(il)) {
     // Gated DeltaNet: q|k|v projection, z gate, conv kernel (F32: llama.cpp keeps it so and xpert requires
     // it), per-value-head step and decay, beta and alpha projections, gated norm, output.
     const GdnShape s = gdn_shape(c);
     const int64_t Hv = s.n_v_heads, CD = s.conv_dim(), VD = s.value_dim();
+    // clang-format off
     append(t, {
-        {"attn_qkv.weight", {E, CD}, &LW::ssm_qkv, more_bits, hf_linear("linear_attn.in_proj_qkv", HfHeads::qkv_rows)},
-        {"attn_gate.weight", {E, VD}, &LW::ssm_gate, matrix, hf_linear("linear_attn.in_proj_z", HfHeads::v_rows)},
-        {"ssm_conv1d.weight", {s.d_conv, CD}, &LW::ssm_conv1d, normal, hf_conv1d("linear_attn.conv1d.weight", HfHeads::qkv_rows)},
-        {"ssm_dt.bias", {Hv}, &LW::ssm_dt, normal, hf_vector("linear_attn.dt_bias", none, HfHeads::rows)},
-        {"ssm_a", {Hv}, &LW::ssm_a, decay, hf_vector("linear_attn.A_log", minus_exp, HfHeads::rows)},
-        {"ssm_beta.weight", {E, Hv}, &LW::ssm_beta, matrix, hf_linear("linear_attn.in_proj_b", HfHeads::rows)},
-        {"ssm_alpha.weight", {E, Hv}, &LW::ssm_alpha, matrix, hf_linear("linear_attn.in_proj_a", HfHeads::rows)},
-        {"ssm_norm.weight", {s.head_v_dim}, &LW::ssm_norm, ones, hf_vector("linear_attn.norm.weight")},
-        {"ssm_out.weight", {VD, E}, &LW::ssm_out, matrix, hf_linear("linear_attn.out_proj", HfHeads::v_cols)},
+        {"attn_qkv.weight",   {E, CD},         &LW::ssm_qkv,    more_bits, hf_linear("linear_attn.in_proj_qkv", H::qkv_rows)},
+        {"attn_gate.weight",  {E, VD},         &LW::ssm_gate,   matrix,    hf_linear("linear_attn.in_proj_z", H::v_rows)},
+        {"ssm_conv1d.weight", {s.d_conv, CD},  &LW::ssm_conv1d, normal,    hf_conv1d("linear_attn.conv1d.weight", H::qkv_rows)},
+        {"ssm_dt.bias",       {Hv},            &LW::ssm_dt,     normal,    hf_vector("linear_attn.dt_bias", none, H::rows)},
+        {"ssm_a",             {Hv},            &LW::ssm_a,      decay,     hf_vector("linear_attn.A_log", minus_exp, H::rows)},
+        {"ssm_beta.weight",   {E, Hv},         &LW::ssm_beta,   matrix,    hf_linear("linear_attn.in_proj_b", H::rows)},
+        {"ssm_alpha.weight",  {E, Hv},         &LW::ssm_alpha,  matrix,    hf_linear("linear_attn.in_proj_a", H::rows)},
+        {"ssm_norm.weight",   {s.head_v_dim},  &LW::ssm_norm,   ones,      hf_vector("linear_attn.norm.weight")},
+        {"ssm_out.weight",    {VD, E},         &LW::ssm_out,    matrix,    hf_linear("linear_attn.out_proj", H::v_cols)},
     });
+    // clang-format on
   } else {
     append(t, attention_tensors(c, {.qk_norm = true, .gated = true, .norm_fn = plus_one}));
   }
-  append(t, {{"post_attention_norm.weight", {E}, &LW::attn_post_norm, ones,
+  append(t, {{"post_attention_norm.weight",
+              {E},
+              &LW::attn_post_norm,
+              ones,
               hf_vector("post_attention_layernorm.weight", plus_one)}});
-  if (c.n_expert > 0) {
-    const int64_t F = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
+  const int64_t F = c.n_ff, Fx = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
+  // clang-format off
+  if (X > 0) {
     append(t, {
-        {"ffn_gate_inp.weight", {E, X}, &LW::ffn_gate_inp, normal, hf_linear("mlp.gate")},  // the router stays F32
-        {"ffn_gate_exps.weight", {E, F, X}, &LW::ffn_gate_exps, matrix, hf_experts("gate_proj")},
-        {"ffn_up_exps.weight", {E, F, X}, &LW::ffn_up_exps, matrix, hf_experts("up_proj")},
-        {"ffn_down_exps.weight", {F, E, X}, &LW::ffn_down_exps, more_bits, hf_experts("down_proj")},
+        {"ffn_gate_inp.weight",  {E, X},     &LW::ffn_gate_inp,  normal,    hf_linear("mlp.gate")},  // router: F32
+        {"ffn_gate_exps.weight", {E, Fx, X}, &LW::ffn_gate_exps, matrix,    hf_experts("gate_proj")},
+        {"ffn_up_exps.weight",   {E, Fx, X}, &LW::ffn_up_exps,   matrix,    hf_experts("up_proj")},
+        {"ffn_down_exps.weight", {Fx, E, X}, &LW::ffn_down_exps, more_bits, hf_experts("down_proj")},
     });
-    if (Fs > 0)  // a shared expert with its sigmoid gate; a file may leave it out (all four tensors)
+    if (Fs > 0)  // the shared expert and its sigmoid gate, optional (a file has all four or none)
       append(t, {
-          {"ffn_gate_inp_shexp.weight", {E}, &LW::ffn_gate_inp_shexp, normal, hf_vector("mlp.shared_expert_gate.weight"), true},
-          {"ffn_gate_shexp.weight", {E, Fs}, &LW::ffn_gate_shexp, matrix, hf_linear("mlp.shared_expert.gate_proj"), true},
-          {"ffn_up_shexp.weight", {E, Fs}, &LW::ffn_up_shexp, matrix, hf_linear("mlp.shared_expert.up_proj"), true},
-          {"ffn_down_shexp.weight", {Fs, E}, &LW::ffn_down_shexp, more_bits, hf_linear("mlp.shared_expert.down_proj"), true},
+          {"ffn_gate_inp_shexp.weight", {E},     &LW::ffn_gate_inp_shexp, normal,    hf_vector("mlp.shared_expert_gate.weight"),  Need::optional},
+          {"ffn_gate_shexp.weight",     {E, Fs}, &LW::ffn_gate_shexp,     matrix,    hf_linear("mlp.shared_expert.gate_proj"), optional},
+          {"ffn_up_shexp.weight",       {E, Fs}, &LW::ffn_up_shexp,       matrix,    hf_linear("mlp.shared_expert.up_proj"),   Need::optional},
+          {"ffn_down_shexp.weight",     {Fs, E}, &LW::ffn_down_shexp,     more_bits, hf_linear("mlp.shared_expert.down_proj"), optional},
       });
   } else {
     append(t, {
-        {"ffn_gate.weight", {E, c.n_ff}, &LW::ffn_gate, matrix, hf_linear("mlp.gate_proj")},
-        {"ffn_up.weight", {E, c.n_ff}, &LW::ffn_up, matrix, hf_linear("mlp.up_proj")},
-        {"ffn_down.weight", {c.n_ff, E}, &LW::ffn_down, more_bits, hf_linear("mlp.down_proj")},
+        {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix,    hf_linear("mlp.gate_proj")},
+        {"ffn_up.weight",   {E, F}, &LW::ffn_up,   matrix,    hf_linear("mlp.up_proj")},
+        {"ffn_down.weight", {F, E}, &LW::ffn_down, more_bits, hf_linear("mlp.down_proj")},
     });
   }
+  // clang-format on
   return t;
 }
 

@@ -20,13 +20,15 @@ TensorList qwen3moe_tensors(const ModelConfig& c, int64_t il) {
   const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
   TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight")}};
   append(t, attention_tensors(c, {.qk_norm = true}));
+  // clang-format off
   append(t, {
-      {"ffn_norm.weight", {E}, &LW::ffn_norm, ones, hf_vector("post_attention_layernorm.weight")},
-      {"ffn_gate_inp.weight", {E, X}, &LW::ffn_gate_inp, normal, hf_linear("mlp.gate")},  // the router stays F32
-      {"ffn_gate_exps.weight", {E, F, X}, &LW::ffn_gate_exps, matrix, hf_experts("gate_proj")},
-      {"ffn_up_exps.weight", {E, F, X}, &LW::ffn_up_exps, matrix, hf_experts("up_proj")},
+      {"ffn_norm.weight",      {E},       &LW::ffn_norm,      ones,      hf_vector("post_attention_layernorm.weight")},
+      {"ffn_gate_inp.weight",  {E, X},    &LW::ffn_gate_inp,  normal,    hf_linear("mlp.gate")},  // router: F32
+      {"ffn_gate_exps.weight", {E, F, X}, &LW::ffn_gate_exps, matrix,    hf_experts("gate_proj")},
+      {"ffn_up_exps.weight",   {E, F, X}, &LW::ffn_up_exps,   matrix,    hf_experts("up_proj")},
       {"ffn_down_exps.weight", {F, E, X}, &LW::ffn_down_exps, more_bits, hf_experts("down_proj")},
   });
+  // clang-format on
   return t;
 }
 

@@ -184,7 +184,8 @@ ModelConfig model_config(const SynthPreset& p) {
     c.ssm_n_group = p.ssm_n_k_heads;
     c.ssm_dt_rank = p.ssm_n_v_heads;
     c.ssm_d_inner = p.ssm_n_v_heads * p.ssm_head_dim;
-    for (int64_t il = 0; il < p.n_layer; ++il) c.layer_recurrent.push_back((il + 1) % p.full_attention_interval != 0);
+    for (int64_t il = 0; il < p.n_layer; ++il)
+      c.layer_recurrent.push_back((il + 1) % p.full_attention_interval != 0);
   }
   return c;
 }
@@ -202,7 +203,10 @@ std::vector<TensorSpec> tensor_specs(const SynthPreset& p, const TypeMix& mix) {
     TensorSpec s{layer_tensor_name(il, d.name), DType::F32, d.shape, d.synth};
     if (s.pooled()) {
       const bool more = llama_rules && d.synth == SynthFill::more_bits && use_more_bits(il, p.n_layer);
-      s.type = fit_type(d.synth == SynthFill::output ? mix.output : more ? mix.more_bits : mix.linear, d.shape[0]);
+      s.type = fit_type(d.synth == SynthFill::output ? mix.output
+                        : more                       ? mix.more_bits
+                                                     : mix.linear,
+                        d.shape[0]);
     }
     t.push_back(std::move(s));
   };
