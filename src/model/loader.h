@@ -102,7 +102,8 @@ using TensorTableFn = TensorList (*)(const ModelConfig& c, int64_t il);
 // The io tensors every architecture shares; norm_fn: what the converter does to the final norm.
 TensorList io_tensors(const ModelConfig& c, HfFn norm_fn = HfFn::none);
 // A layer's attention projections q/k/v/o, optionally q/k/v biases and per-head q/k norms. gated: q
-// holds q and its output gate per head (Qwen3.5). norm_fn: what the converter does to the q/k norms.
+// holds q and its output gate per head ([q_h, gate_h] for each head h: Qwen3.5, as HF's q_proj has
+// them). norm_fn: what the converter does to the q/k norms.
 struct AttentionTensors {
   bool bias = false, qk_norm = false, gated = false;
   HfFn norm_fn = HfFn::none;
@@ -113,7 +114,7 @@ TensorList gemma3_tensors(const ModelConfig& c, int64_t il);
 TensorList llama_dense_tensors(const ModelConfig& c, int64_t il);  // llama, qwen2, qwen3
 TensorList qwen3moe_tensors(const ModelConfig& c, int64_t il);
 TensorList qwen35_tensors(const ModelConfig& c, int64_t il);  // qwen35, qwen35moe
-// The table of c.arch; throws Error for an architecture without one.
+// The table of an architecture; throws Error for one without.
 TensorTableFn tensor_table(const std::string& arch);
 inline std::string layer_tensor_name(int64_t il, const std::string& suffix) {
   return il == kIoTensors ? suffix : "blk." + std::to_string(il) + "." + suffix;

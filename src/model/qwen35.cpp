@@ -146,7 +146,8 @@ class Qwen35 : public Model {
       c.expert_weights_scale = (float)k.get_float("expert_weights_scale", 1.0);
       if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 means unscaled
     }
-    load_tensors();
+    load_tensors(g, c, qwen35_tensors, w_);
+    check_tensors();
   }
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
@@ -217,10 +218,10 @@ class Qwen35 : public Model {
     }
   }
 
-  void load_tensors() {
+  // What the table's shapes do not say: the conv kernel is F32, a shared expert is whole or absent.
+  void check_tensors() const {
     const ModelConfig& c = config_;
     const gguf::GGUFFile& g = *file_;
-    xpert::load_tensors(g, c, qwen35_tensors, w_);
     for (int64_t i = 0; i < c.n_layer; ++i) {
       const LayerWeights& l = w_.layers[i];
       if (l.ssm_conv1d && l.ssm_conv1d.type != DType::F32)
