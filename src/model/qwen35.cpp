@@ -51,13 +51,9 @@ TensorList qwen35_tensors(const ModelConfig& c, int64_t il) {
   } else {
     append(t, attention_tensors(c, {.qk_norm = true, .gated = true, .norm_fn = plus_one}));
   }
-  append(t, {{"post_attention_norm.weight",
-              {E},
-              &LW::attn_post_norm,
-              ones,
-              hf_vector("post_attention_layernorm.weight", plus_one)}});
   const int64_t F = c.n_ff, Fx = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
   // clang-format off
+  append(t, {{"post_attention_norm.weight", {E}, &LW::attn_post_norm, ones, hf_vector("post_attention_layernorm.weight", plus_one)}});
   if (X > 0) {
     append(t, {
         {"ffn_gate_inp.weight",  {E, X},     &LW::ffn_gate_inp,  normal,    hf_linear("mlp.gate")},  // router: F32
@@ -67,9 +63,9 @@ TensorList qwen35_tensors(const ModelConfig& c, int64_t il) {
     });
     if (Fs > 0)  // the shared expert and its sigmoid gate, optional (a file has all four or none)
       append(t, {
-          {"ffn_gate_inp_shexp.weight", {E},     &LW::ffn_gate_inp_shexp, normal,    hf_vector("mlp.shared_expert_gate.weight"),  Need::optional},
+          {"ffn_gate_inp_shexp.weight", {E},     &LW::ffn_gate_inp_shexp, normal,    hf_vector("mlp.shared_expert_gate.weight"),  optional},
           {"ffn_gate_shexp.weight",     {E, Fs}, &LW::ffn_gate_shexp,     matrix,    hf_linear("mlp.shared_expert.gate_proj"), optional},
-          {"ffn_up_shexp.weight",       {E, Fs}, &LW::ffn_up_shexp,       matrix,    hf_linear("mlp.shared_expert.up_proj"),   Need::optional},
+          {"ffn_up_shexp.weight",       {E, Fs}, &LW::ffn_up_shexp,       matrix,    hf_linear("mlp.shared_expert.up_proj"),   optional},
           {"ffn_down_shexp.weight",     {Fs, E}, &LW::ffn_down_shexp,     more_bits, hf_linear("mlp.shared_expert.down_proj"), optional},
       });
   } else {
