@@ -11,6 +11,28 @@
 #include "model/kv_cache.h"
 
 namespace xpert {
+
+// (The converter takes no Gemma checkpoints: no HF names beyond the shared attention's.)
+TensorList gemma3_tensors(const ModelConfig& c, int64_t il) {
+  if (il == kIoTensors) return io_tensors(c);
+  using LW = LayerWeights;
+  using enum SynthFill;
+  const int64_t E = c.n_embd, F = c.n_ff;
+  TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones}};
+  append(t, attention_tensors(c, {.qk_norm = true}));
+  // clang-format off
+  append(t, {
+      {"post_attention_norm.weight", {E},    &LW::attn_post_norm, ones},
+      {"ffn_norm.weight",            {E},    &LW::ffn_norm,       ones},
+      {"ffn_gate.weight",            {E, F}, &LW::ffn_gate,       matrix},
+      {"ffn_up.weight",              {E, F}, &LW::ffn_up,         matrix},
+      {"ffn_down.weight",            {F, E}, &LW::ffn_down,       more_bits},
+      {"post_ffw_norm.weight",       {E},    &LW::ffn_post_norm,  ones},
+  });
+  // clang-format on
+  return t;
+}
+
 namespace {
 
 class Gemma3 : public Model {
@@ -39,21 +61,7 @@ class Gemma3 : public Model {
       }
     }
 
-    TensorTable t(g);
-    const int64_t E = c.n_embd, F = c.n_ff;
-    require_io_weights(t, c, w_);
-    w_.layers.resize(c.n_layer);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-      LayerWeights& l = w_.layers[i];
-      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      require_attention(t, c, i, {.qk_norm = true}, l);
-      l.attn_post_norm = t.require(L("post_attention_norm.weight"), {E});
-      l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
-      l.ffn_gate = t.require(L("ffn_gate.weight"), {E, F});
-      l.ffn_up = t.require(L("ffn_up.weight"), {E, F});
-      l.ffn_down = t.require(L("ffn_down.weight"), {F, E});
-      l.ffn_post_norm = t.require(L("post_ffw_norm.weight"), {E});
-    }
+    load_tensors(g, c, gemma3_tensors, w_);
   }
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {

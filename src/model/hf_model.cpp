@@ -19,6 +19,7 @@
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "model/hf_vocab.h"
+#include "model/loader.h"
 #include "quant/gptq.h"
 
 namespace xpert::hf {
@@ -214,7 +215,6 @@ class Converter {
 
   // The keys every supported architecture shares; tensors common to all (embedding, final norm, output).
   void common() {
-    const bool zero_centered_norms = arch_ == "qwen35" || arch_ == "qwen35moe";
     const std::string& p = prefix_;
     const st::Tensor* emb = use(p + "embed_tokens.weight");
     if (!emb) fail("{}: tensor '{}embed_tokens.weight' is missing", dir_, p);
@@ -255,18 +255,14 @@ class Converter {
       set_f32("rope.scaling.factor", rope_.factor);
     }
 
-    add_matrix("token_embd.weight", float_matrix(*emb, n_vocab_, E_));
-    add_vector("output_norm.weight", p + "norm.weight", E_, zero_centered_norms ? plus_one : nullptr);
-    const bool tied = cfg_.get_bool("tie_word_embeddings", false);
-    const st::Tensor* head = use("lm_head.weight");
-    if (!tied) {
-      if (head)
-        add_matrix("output.weight", linear("lm_head", n_vocab_, E_));
-      else if (use("lm_head.qweight"))
-        add_matrix("output.weight", linear("lm_head", n_vocab_, E_));
-      else
-        fail("{}: tensor 'lm_head.weight' is missing and tie_word_embeddings is false", dir_);
-    }
+    c_.arch = arch_;
+    c_.n_layer = n_layer_;
+    c_.n_embd = E_;
+    c_.n_vocab = n_vocab_;
+    c_.n_head = H_;
+    c_.n_head_kv = KV_;
+    c_.head_dim = D_;
+    convert(kIoTensors);
   }
 
   void qwen3() {
@@ -286,24 +282,12 @@ class Converter {
       set_u32("expert_count", X);
       set_u32("expert_used_count", K);
       set_u32("expert_feed_forward_length", F);
+      c_.n_expert = X;
+      c_.n_ff_exp = F;
     } else {
-      positive("intermediate_size", 1 << 22);
+      c_.n_ff = positive("intermediate_size", 1 << 22);
     }
-    for (int64_t i = 0; i < n_layer_; ++i) {
-      const std::string hf = fmt::format("{}layers.{}.", prefix_, i), g = fmt::format("blk.{}.", i);
-      add_vector(g + "attn_norm.weight", hf + "input_layernorm.weight", E_);
-      add_vector(g + "ffn_norm.weight", hf + "post_attention_layernorm.weight", E_);
-      attention(hf, g, /*gated=*/false, nullptr);
-      if (moe) {
-        add_matrix(g + "ffn_gate_inp.weight", linear(hf + "mlp.gate", X, E_));
-        experts(hf, g, X, F);
-      } else {
-        const int64_t FF = cfg_.require_int("intermediate_size");
-        add_matrix(g + "ffn_gate.weight", linear(hf + "mlp.gate_proj", FF, E_));
-        add_matrix(g + "ffn_up.weight", linear(hf + "mlp.up_proj", FF, E_));
-        add_matrix(g + "ffn_down.weight", linear(hf + "mlp.down_proj", E_, FF));
-      }
-    }
+    for (int64_t i = 0; i < n_layer_; ++i) convert(i);
   }
 
   void qwen35() {
@@ -330,6 +314,12 @@ class Converter {
     set_u32("ssm.group_count", Hk);
     set_u32("ssm.time_step_rank", Hv);
     set_u32("ssm.inner_size", dv * Hv);
+
+    c_.ssm_d_conv = d_conv;
+    c_.ssm_d_state = dk;
+    c_.ssm_n_group = Hk;
+    c_.ssm_dt_rank = Hv;
+    c_.ssm_d_inner = dv * Hv;
 
     std::vector<uint8_t> recurrent(n_layer_);
     const json* types = cfg_.find("layer_types");
@@ -363,90 +353,105 @@ class Converter {
       set_u32("expert_used_count", positive("num_experts_per_tok", X));
       set_u32("expert_feed_forward_length", F);
       set_u32("expert_shared_feed_forward_length", Fs);
+      c_.n_expert = X;
+      c_.n_ff_exp = F;
+      c_.n_ff_shexp = Fs;
     } else {
-      positive("intermediate_size", 1 << 22);
+      c_.n_ff = positive("intermediate_size", 1 << 22);
     }
 
-    const int64_t key_dim = Hk * dk, value_dim = Hv * dv, conv_dim = 2 * key_dim + value_dim;
-    const IndexMap heads = Hk == Hv ? IndexMap{} : tiled_heads(Hk, Hv / Hk);
-    const IndexMap v_rows = expand(heads, dv);                 // value_dim rows (z), columns (out)
-    const IndexMap qkv_rows = expand(heads, dv, 2 * key_dim);  // conv_dim rows: q | k | v
-    for (int64_t i = 0; i < n_layer_; ++i) {
-      const std::string hf = fmt::format("{}layers.{}.", prefix_, i), g = fmt::format("blk.{}.", i);
-      add_vector(g + "attn_norm.weight", hf + "input_layernorm.weight", E_, plus_one);
-      add_vector(g + "post_attention_norm.weight", hf + "post_attention_layernorm.weight", E_, plus_one);
-      if (recurrent[i]) {
-        const std::string la = hf + "linear_attn.";
-        add_matrix(g + "attn_qkv.weight", linear(la + "in_proj_qkv", conv_dim, E_), qkv_rows);
-        add_matrix(g + "attn_gate.weight", linear(la + "in_proj_z", value_dim, E_), v_rows);
-        add_matrix(g + "ssm_beta.weight", linear(la + "in_proj_b", Hv, E_), heads);
-        add_matrix(g + "ssm_alpha.weight", linear(la + "in_proj_a", Hv, E_), heads);
-        add_matrix(g + "ssm_out.weight", linear(la + "out_proj", E_, value_dim), {}, heads, dv);
-        add_conv1d(g + "ssm_conv1d.weight", la + "conv1d.weight", conv_dim, d_conv, qkv_rows);
-        add_vector(g + "ssm_dt.bias", la + "dt_bias", Hv, nullptr, heads);
-        add_vector(g + "ssm_a", la + "A_log", Hv, minus_exp, heads);
-        add_vector(g + "ssm_norm.weight", la + "norm.weight", dv);
-      } else {
-        attention(hf, g, /*gated=*/true, plus_one);
+    c_.layer_recurrent.assign(recurrent.begin(), recurrent.end());
+    const int64_t key_dim = Hk * dk;
+    dv_ = dv;
+    heads_ = Hk == Hv ? IndexMap{} : tiled_heads(Hk, Hv / Hk);
+    v_rows_ = expand(heads_, dv);                 // value_dim rows (z), columns (out)
+    qkv_rows_ = expand(heads_, dv, 2 * key_dim);  // conv_dim rows: q | k | v
+    for (int64_t i = 0; i < n_layer_; ++i) convert(i);
+  }
+
+  // Plans layer il's tensors (or the io tensors) as the architecture's table describes them.
+  void convert(int64_t il) {
+    for (const TensorDecl& d : tensor_table(arch_)(c_, il)) {
+      const std::string name = layer_tensor_name(il, d.name), hf = hf_name(il, d.hf.name);
+      if (d.io_field == &ModelWeights::output) {  // absent when tied to the embedding
+        const bool there = use(hf + ".weight") || ck_->find(hf + ".qweight");
+        if (cfg_.get_bool("tie_word_embeddings", false)) continue;
+        if (!there) fail("{}: tensor '{}.weight' is missing and tie_word_embeddings is false", dir_, hf);
       }
-      if (moe) {
-        add_matrix(g + "ffn_gate_inp.weight", linear(hf + "mlp.gate", X, E_));
-        experts(hf, g, X, F);
-        if (Fs > 0) {
-          add_vector(g + "ffn_gate_inp_shexp.weight", hf + "mlp.shared_expert_gate.weight", E_);
-          add_matrix(g + "ffn_gate_shexp.weight", linear(hf + "mlp.shared_expert.gate_proj", Fs, E_));
-          add_matrix(g + "ffn_up_shexp.weight", linear(hf + "mlp.shared_expert.up_proj", Fs, E_));
-          add_matrix(g + "ffn_down_shexp.weight", linear(hf + "mlp.shared_expert.down_proj", E_, Fs));
-        }
-      } else {
-        const int64_t FF = cfg_.require_int("intermediate_size");
-        add_matrix(g + "ffn_gate.weight", linear(hf + "mlp.gate_proj", FF, E_));
-        add_matrix(g + "ffn_up.weight", linear(hf + "mlp.up_proj", FF, E_));
-        add_matrix(g + "ffn_down.weight", linear(hf + "mlp.down_proj", E_, FF));
+      switch (d.hf.form) {
+        case HfForm::linear:
+          if (d.hf.heads == HfHeads::v_cols)
+            add_matrix(name, linear(hf, d.shape[1], d.shape[0]), {}, heads_, dv_);
+          else
+            add_matrix(name, linear(hf, d.shape[1], d.shape[0]), head_map(d.hf.heads));
+          break;
+        case HfForm::vector:
+          add_vector(name, hf, d.shape[0], element_fn(d.hf.fn), head_map(d.hf.heads));
+          break;
+        case HfForm::conv1d:
+          add_conv1d(name, hf, d.shape[1], d.shape[0], head_map(d.hf.heads));
+          break;
+        case HfForm::experts:
+          add_experts(name, experts(hf_name(il, "mlp.experts."), d.hf.name, d.shape));
+          break;
+        case HfForm::none:
+          fail("{}: xpert cannot convert tensor '{}' of {} from a checkpoint", dir_, name, arch_);
       }
     }
   }
 
-  // q/k/v/o and the per-head q/k norms. Qwen3.5's q_proj holds q and its output gate per head
-  // ([q_h, gate_h] for each head h), which is llama.cpp's attn_q layout as it is.
-  void attention(const std::string& hf, const std::string& g, bool gated, float (*norm_fn)(float)) {
-    const std::string a = hf + "self_attn.";
-    add_matrix(g + "attn_q.weight", linear(a + "q_proj", (gated ? 2 : 1) * H_ * D_, E_));
-    add_matrix(g + "attn_k.weight", linear(a + "k_proj", KV_ * D_, E_));
-    add_matrix(g + "attn_v.weight", linear(a + "v_proj", KV_ * D_, E_));
-    add_matrix(g + "attn_output.weight", linear(a + "o_proj", E_, H_ * D_));
-    add_vector(g + "attn_q_norm.weight", a + "q_norm.weight", D_, norm_fn);
-    add_vector(g + "attn_k_norm.weight", a + "k_norm.weight", D_, norm_fn);
+  // A table's HF name: layer tensors are relative to the layer, "model." is the text model's prefix.
+  std::string hf_name(int64_t il, std::string_view name) const {
+    if (il != kIoTensors) return fmt::format("{}layers.{}.{}", prefix_, il, name);
+    return name.starts_with("model.") ? prefix_ + std::string(name.substr(6)) : std::string(name);
   }
 
-  // Routed experts, per expert (mlp.experts.<e>.{gate,up,down}_proj, as checkpoints and transformers'
-  // save_pretrained store them) or fused (mlp.experts.gate_up_proj [X, 2F, E] gate first, down_proj
-  // [X, E, F], transformers' in-memory layout).
-  void experts(const std::string& hf, const std::string& g, int64_t X, int64_t F) {
-    const std::string pe = hf + "mlp.experts.";
-    std::vector<Matrix> gate, up, down;
-    const st::Tensor* fused_gu = use_any({pe + "gate_up_proj", pe + "gate_up_proj.weight"});
-    if (fused_gu) {
+  const IndexMap& head_map(HfHeads h) const {
+    static const IndexMap identity;
+    switch (h) {
+      case HfHeads::rows:
+        return heads_;
+      case HfHeads::v_rows:
+        return v_rows_;
+      case HfHeads::qkv_rows:
+        return qkv_rows_;
+      default:
+        return identity;
+    }
+  }
+
+  static float (*element_fn(HfFn fn))(float) {
+    switch (fn) {
+      case HfFn::plus_one:
+        return plus_one;
+      case HfFn::minus_exp:
+        return minus_exp;
+      default:
+        return nullptr;
+    }
+  }
+
+  // Routed experts, per expert (pe<e>.<proj>, as checkpoints and transformers' save_pretrained store
+  // them) or fused (pe gate_up_proj [X, 2F, E] gate first, down_proj [X, E, F], transformers' in-memory
+  // layout). shape: the GGUF tensor's {cols, rows, X}.
+  std::vector<Matrix> experts(const std::string& pe, const std::string& proj,
+                              const std::vector<int64_t>& shape) {
+    const int64_t cols = shape[0], rows = shape[1], X = shape[2];
+    std::vector<Matrix> ms;
+    if (const st::Tensor* fused_gu = use_any({pe + "gate_up_proj", pe + "gate_up_proj.weight"})) {
       const st::Tensor* fused_d = use_any({pe + "down_proj", pe + "down_proj.weight"});
       if (!fused_d) fail("{}: tensor '{}gate_up_proj' is there but '{}down_proj' is missing", dir_, pe, pe);
+      const bool down = proj == "down_proj";
+      const int64_t F = down ? cols : rows;
       check_shape(*fused_gu, {X, 2 * F, E_});
       check_shape(*fused_d, {X, E_, F});
-      for (int64_t e = 0; e < X; ++e) {
-        gate.push_back(slice(*fused_gu, e, 0, F, E_));
-        up.push_back(slice(*fused_gu, e, F, F, E_));
-        down.push_back(slice(*fused_d, e, 0, E_, F));
-      }
+      for (int64_t e = 0; e < X; ++e)
+        ms.push_back(down ? slice(*fused_d, e, 0, E_, F)
+                          : slice(*fused_gu, e, proj == "up_proj" ? F : 0, F, E_));
     } else {
-      for (int64_t e = 0; e < X; ++e) {
-        const std::string p = fmt::format("{}{}.", pe, e);
-        gate.push_back(linear(p + "gate_proj", F, E_));
-        up.push_back(linear(p + "up_proj", F, E_));
-        down.push_back(linear(p + "down_proj", E_, F));
-      }
+      for (int64_t e = 0; e < X; ++e) ms.push_back(linear(fmt::format("{}{}.{}", pe, e, proj), rows, cols));
     }
-    add_experts(g + "ffn_gate_exps.weight", gate);
-    add_experts(g + "ffn_up_exps.weight", up);
-    add_experts(g + "ffn_down_exps.weight", down);
+    return ms;
   }
 
   // ---- tensors ----
@@ -747,6 +752,10 @@ class Converter {
   std::vector<Planned> plan_;
   Rope rope_;
   int64_t n_vocab_ = 0, n_layer_ = 0, E_ = 0, H_ = 0, KV_ = 0, D_ = 0;
+  ModelConfig c_;  // what the tensor table needs
+  // Qwen3.5's value-head order (HfHeads), empty when there are as many key heads as value heads.
+  IndexMap heads_, v_rows_, qkv_rows_;
+  int64_t dv_ = 0;
 };
 
 }  // namespace

@@ -11,6 +11,25 @@
 #include "model/kv_cache.h"
 
 namespace xpert {
+
+TensorList llama_dense_tensors(const ModelConfig& c, int64_t il) {
+  if (il == kIoTensors) return io_tensors(c);
+  using LW = LayerWeights;
+  using enum SynthFill;
+  const int64_t E = c.n_embd, F = c.n_ff;
+  TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight")}};
+  append(t, attention_tensors(c, {.bias = c.arch == "qwen2", .qk_norm = c.arch == "qwen3"}));
+  // clang-format off
+  append(t, {
+      {"ffn_norm.weight", {E},    &LW::ffn_norm, ones,      hf_vector("post_attention_layernorm.weight")},
+      {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix,    hf_linear("mlp.gate_proj")},
+      {"ffn_up.weight",   {E, F}, &LW::ffn_up,   matrix,    hf_linear("mlp.up_proj")},
+      {"ffn_down.weight", {F, E}, &LW::ffn_down, more_bits, hf_linear("mlp.down_proj")},
+  });
+  // clang-format on
+  return t;
+}
+
 namespace {
 
 class LlamaDense : public Model {
@@ -22,22 +41,7 @@ class LlamaDense : public Model {
     read_common_config(g, c);
     c.rope_neox = c.arch != "llama";
     c.kq_scale = 1.0f / std::sqrt((float)c.head_dim);
-    const bool qk_norm = c.arch == "qwen3";
-    const bool bias = c.arch == "qwen2";
-
-    TensorTable t(g);
-    const int64_t E = c.n_embd, F = c.n_ff;
-    require_io_weights(t, c, w_);
-    w_.layers.resize(c.n_layer);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-      LayerWeights& l = w_.layers[i];
-      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      require_attention(t, c, i, {.bias = bias, .qk_norm = qk_norm}, l);
-      l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
-      l.ffn_gate = t.require(L("ffn_gate.weight"), {E, F});
-      l.ffn_up = t.require(L("ffn_up.weight"), {E, F});
-      l.ffn_down = t.require(L("ffn_down.weight"), {F, E});
-    }
+    load_tensors(g, c, llama_dense_tensors, w_);
   }
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {

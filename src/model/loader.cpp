@@ -12,65 +12,103 @@
 
 namespace xpert {
 
-std::string TensorTable::layer(int64_t il, const char* suffix) { return fmt::format("blk.{}.{}", il, suffix); }
+namespace {
 
-Weight TensorTable::check(const gguf::TensorInfo& t, std::initializer_list<int64_t> shape) const {
-  std::vector<int64_t> want(shape);
+// The tensor's Weight, if its shape (trailing 1s aside) is `shape` and xpert can compute its type.
+Weight checked(const gguf::GGUFFile& f, const gguf::TensorInfo& t, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> want = shape;
   std::vector<int64_t> have = t.shape;
   while (have.size() > want.size() && have.back() == 1) have.pop_back();
   while (want.size() > have.size() && want.back() == 1) want.pop_back();
   if (have != want)
-    fail("{}: tensor '{}' has shape [{}], expected [{}]", f_.path(), t.name, fmt::join(t.shape, ", "),
+    fail("{}: tensor '{}' has shape [{}], expected [{}]", f.path(), t.name, fmt::join(t.shape, ", "),
          fmt::join(shape, ", "));
   const DTypeInfo& info = dtype_info(t.type);
   if (!info.computable)
-    fail("{}: tensor '{}' is of type {}, which xpert cannot compute yet", f_.path(), t.name, info.name);
+    fail("{}: tensor '{}' is of type {}, which xpert cannot compute yet", f.path(), t.name, info.name);
   if (want.size() <= 1 && t.type != DType::F32)
-    fail("{}: tensor '{}' is a vector of type {}, expected F32", f_.path(), t.name, info.name);
+    fail("{}: tensor '{}' is a vector of type {}, expected F32", f.path(), t.name, info.name);
   Weight w;
   w.type = t.type;
   w.data = t.data;
-  w.ne[0] = want.empty() ? 1 : want[0];
-  w.ne[1] = want.size() > 1 ? want[1] : 1;
-  w.ne[2] = want.size() > 2 ? want[2] : 1;
+  // The declared extents: a 1-expert file's [E, F] experts are still [E, F, 1], sliced per expert.
+  for (size_t d = 0; d < 3; ++d) w.ne[d] = d < shape.size() ? shape[d] : 1;
   w.n_bytes = t.n_bytes;
   return w;
 }
 
-Weight TensorTable::require(const std::string& name, std::initializer_list<int64_t> shape) const {
-  const gguf::TensorInfo* t = f_.tensor(name);
-  if (!t) fail("{}: tensor '{}' is missing", f_.path(), name);
-  return check(*t, shape);
+Weight load(const gguf::GGUFFile& f, const TensorDecl& d, int64_t il) {
+  const std::string name = layer_tensor_name(il, d.name);
+  const gguf::TensorInfo* t = f.tensor(name);
+  if (!t) {
+    if (d.need == Need::optional) return Weight{};
+    fail("{}: tensor '{}' is missing", f.path(), name);
+  }
+  return checked(f, *t, d.shape);
 }
 
-Weight TensorTable::optional(const std::string& name, std::initializer_list<int64_t> shape) const {
-  const gguf::TensorInfo* t = f_.tensor(name);
-  return t ? check(*t, shape) : Weight{};
+}  // namespace
+
+void load_tensors(const gguf::GGUFFile& f, const ModelConfig& c, TensorTableFn table, ModelWeights& w) {
+  for (const TensorDecl& d : table(c, kIoTensors)) w.*d.io_field = load(f, d, kIoTensors);
+  w.layers.resize(c.n_layer);
+  for (int64_t il = 0; il < c.n_layer; ++il)
+    for (const TensorDecl& d : table(c, il)) w.layers[il].*d.field = load(f, d, il);
 }
 
-void require_io_weights(const TensorTable& t, const ModelConfig& c, ModelWeights& w) {
-  w.tok_embd = t.require("token_embd.weight", {c.n_embd, c.n_vocab});
-  w.output_norm = t.require("output_norm.weight", {c.n_embd});
-  w.output = t.optional("output.weight", {c.n_embd, c.n_vocab});
+TensorList io_tensors(const ModelConfig& c, HfFn norm_fn) {
+  const int64_t E = c.n_embd, V = c.n_vocab;
+  return {{.name = "token_embd.weight",
+           .shape = {E, V},
+           .hf = hf_linear("model.embed_tokens"),
+           .io_field = &ModelWeights::tok_embd},
+          {.name = "output_norm.weight",
+           .shape = {E},
+           .synth = SynthFill::ones,
+           .hf = hf_vector("model.norm.weight", norm_fn),
+           .io_field = &ModelWeights::output_norm},
+          {.name = "output.weight",
+           .shape = {E, V},
+           .synth = SynthFill::output,
+           .hf = hf_linear("lm_head"),
+           .need = Need::optional,
+           .io_field = &ModelWeights::output}};
 }
 
-void require_attention(const TensorTable& t, const ModelConfig& c, int64_t il, AttentionTensors what, LayerWeights& l) {
+TensorList attention_tensors(const ModelConfig& c, AttentionTensors what) {
+  using LW = LayerWeights;
+  using enum SynthFill;
   const int64_t E = c.n_embd, D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
-  auto L = [&](const char* s) { return TensorTable::layer(il, s); };
-  l.attn_norm = t.require(L("attn_norm.weight"), {E});
-  l.wq = t.require(L("attn_q.weight"), {E, q_dim});
-  l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
-  l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
-  l.wo = t.require(L("attn_output.weight"), {q_dim, E});
-  if (what.bias) {
-    l.bq = t.require(L("attn_q.bias"), {q_dim});
-    l.bk = t.require(L("attn_k.bias"), {kv_dim});
-    l.bv = t.require(L("attn_v.bias"), {kv_dim});
-  }
-  if (what.qk_norm) {
-    l.q_norm = t.require(L("attn_q_norm.weight"), {D});
-    l.k_norm = t.require(L("attn_k_norm.weight"), {D});
-  }
+  const int64_t q_rows = (what.gated ? 2 : 1) * q_dim;
+  // clang-format off
+  TensorList t = {
+      {"attn_q.weight",      {E, q_rows}, &LW::wq, matrix,    hf_linear("self_attn.q_proj")},
+      {"attn_k.weight",      {E, kv_dim}, &LW::wk, matrix,    hf_linear("self_attn.k_proj")},
+      {"attn_v.weight",      {E, kv_dim}, &LW::wv, more_bits, hf_linear("self_attn.v_proj")},
+      {"attn_output.weight", {q_dim, E},  &LW::wo, matrix,    hf_linear("self_attn.o_proj")},
+  };
+  if (what.bias)  // qwen2; the converter takes no qwen2 checkpoints
+    append(t, {
+        {"attn_q.bias", {q_dim},  &LW::bq, normal},
+        {"attn_k.bias", {kv_dim}, &LW::bk, normal},
+        {"attn_v.bias", {kv_dim}, &LW::bv, normal},
+    });
+  if (what.qk_norm)
+    append(t, {
+        {"attn_q_norm.weight", {D}, &LW::q_norm, ones, hf_vector("self_attn.q_norm.weight", what.norm_fn)},
+        {"attn_k_norm.weight", {D}, &LW::k_norm, ones, hf_vector("self_attn.k_norm.weight", what.norm_fn)},
+    });
+  // clang-format on
+  return t;
+}
+
+TensorTableFn tensor_table(const std::string& arch) {
+  if (arch == "gemma3") return gemma3_tensors;
+  if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return llama_dense_tensors;
+  if (arch == "qwen3moe") return qwen3moe_tensors;
+  if (arch == "qwen35" || arch == "qwen35moe") return qwen35_tensors;
+  fail("architecture '{}' is not supported (supported: {})", arch,
+       fmt::join(supported_architectures(), ", "));
 }
 
 void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff) {

@@ -15,6 +15,68 @@
 #include "model/recurrent_state.h"
 
 namespace xpert {
+
+// HF stores the norm weights zero-centered (w -> 1 + w: HfFn::plus_one), all but the recurrent layers'
+// gated norm.
+TensorList qwen35_tensors(const ModelConfig& c, int64_t il) {
+  using enum HfFn;
+  if (il == kIoTensors) return io_tensors(c, plus_one);
+  using LW = LayerWeights;
+  using enum SynthFill;
+  using H = HfHeads;
+  using enum Need;
+  const int64_t E = c.n_embd;
+  TensorList t = {
+      {"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight", plus_one)}};
+  if (c.recurrent(il)) {
+    // Gated DeltaNet: q|k|v projection, z gate, conv kernel (F32: llama.cpp keeps it so and xpert requires
+    // it), per-value-head step and decay, beta and alpha projections, gated norm, output.
+    const GdnShape s = gdn_shape(c);
+    const int64_t Hv = s.n_v_heads, CD = s.conv_dim(), VD = s.value_dim();
+    // clang-format off
+    append(t, {
+        {"attn_qkv.weight",   {E, CD},         &LW::ssm_qkv,    more_bits, hf_linear("linear_attn.in_proj_qkv", H::qkv_rows)},
+        {"attn_gate.weight",  {E, VD},         &LW::ssm_gate,   matrix,    hf_linear("linear_attn.in_proj_z", H::v_rows)},
+        {"ssm_conv1d.weight", {s.d_conv, CD},  &LW::ssm_conv1d, normal,    hf_conv1d("linear_attn.conv1d.weight", H::qkv_rows)},
+        {"ssm_dt.bias",       {Hv},            &LW::ssm_dt,     normal,    hf_vector("linear_attn.dt_bias", none, H::rows)},
+        {"ssm_a",             {Hv},            &LW::ssm_a,      decay,     hf_vector("linear_attn.A_log", minus_exp, H::rows)},
+        {"ssm_beta.weight",   {E, Hv},         &LW::ssm_beta,   matrix,    hf_linear("linear_attn.in_proj_b", H::rows)},
+        {"ssm_alpha.weight",  {E, Hv},         &LW::ssm_alpha,  matrix,    hf_linear("linear_attn.in_proj_a", H::rows)},
+        {"ssm_norm.weight",   {s.head_v_dim},  &LW::ssm_norm,   ones,      hf_vector("linear_attn.norm.weight")},
+        {"ssm_out.weight",    {VD, E},         &LW::ssm_out,    matrix,    hf_linear("linear_attn.out_proj", H::v_cols)},
+    });
+    // clang-format on
+  } else {
+    append(t, attention_tensors(c, {.qk_norm = true, .gated = true, .norm_fn = plus_one}));
+  }
+  const int64_t F = c.n_ff, Fx = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
+  // clang-format off
+  append(t, {{"post_attention_norm.weight", {E}, &LW::attn_post_norm, ones, hf_vector("post_attention_layernorm.weight", plus_one)}});
+  if (X > 0) {
+    append(t, {
+        {"ffn_gate_inp.weight",  {E, X},     &LW::ffn_gate_inp,  normal,    hf_linear("mlp.gate")},  // router: F32
+        {"ffn_gate_exps.weight", {E, Fx, X}, &LW::ffn_gate_exps, matrix,    hf_experts("gate_proj")},
+        {"ffn_up_exps.weight",   {E, Fx, X}, &LW::ffn_up_exps,   matrix,    hf_experts("up_proj")},
+        {"ffn_down_exps.weight", {Fx, E, X}, &LW::ffn_down_exps, more_bits, hf_experts("down_proj")},
+    });
+    if (Fs > 0)  // the shared expert and its sigmoid gate, optional (a file has all four or none)
+      append(t, {
+          {"ffn_gate_inp_shexp.weight", {E},     &LW::ffn_gate_inp_shexp, normal,    hf_vector("mlp.shared_expert_gate.weight"),  optional},
+          {"ffn_gate_shexp.weight",     {E, Fs}, &LW::ffn_gate_shexp,     matrix,    hf_linear("mlp.shared_expert.gate_proj"), optional},
+          {"ffn_up_shexp.weight",       {E, Fs}, &LW::ffn_up_shexp,       matrix,    hf_linear("mlp.shared_expert.up_proj"),   optional},
+          {"ffn_down_shexp.weight",     {Fs, E}, &LW::ffn_down_shexp,     more_bits, hf_linear("mlp.shared_expert.down_proj"), optional},
+      });
+  } else {
+    append(t, {
+        {"ffn_gate.weight", {E, F}, &LW::ffn_gate, matrix,    hf_linear("mlp.gate_proj")},
+        {"ffn_up.weight",   {E, F}, &LW::ffn_up,   matrix,    hf_linear("mlp.up_proj")},
+        {"ffn_down.weight", {F, E}, &LW::ffn_down, more_bits, hf_linear("mlp.down_proj")},
+    });
+  }
+  // clang-format on
+  return t;
+}
+
 namespace {
 
 class Qwen35 : public Model {
@@ -78,7 +140,8 @@ class Qwen35 : public Model {
       c.expert_weights_scale = (float)k.get_float("expert_weights_scale", 1.0);
       if (c.expert_weights_scale == 0.0f) c.expert_weights_scale = 1.0f;  // llama.cpp: 0 means unscaled
     }
-    load_tensors();
+    load_tensors(g, c, qwen35_tensors, w_);
+    check_tensors();
   }
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {
@@ -142,69 +205,22 @@ class Qwen35 : public Model {
     }
   }
 
-  void load_tensors() {
+  // What the table's shapes do not say: the conv kernel is F32, a shared expert is whole or absent.
+  void check_tensors() const {
     const ModelConfig& c = config_;
     const gguf::GGUFFile& g = *file_;
-    TensorTable t(g);
-    const GdnShape gs = gdn_shape(c);
-    const int64_t E = c.n_embd, D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
-    w_.tok_embd = t.require("token_embd.weight", {E, c.n_vocab});
-    w_.output_norm = t.require("output_norm.weight", {E});
-    w_.output = t.optional("output.weight", {E, c.n_vocab});
-    w_.layers.resize(c.n_layer);
     for (int64_t i = 0; i < c.n_layer; ++i) {
-      LayerWeights& l = w_.layers[i];
-      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      l.attn_norm = t.require(L("attn_norm.weight"), {E});
-      l.attn_post_norm = t.require(L("post_attention_norm.weight"), {E});
-      if (c.layer_recurrent[i]) {
-        const int64_t Hv = gs.n_v_heads;
-        l.ssm_qkv = t.require(L("attn_qkv.weight"), {E, gs.conv_dim()});
-        l.ssm_gate = t.require(L("attn_gate.weight"), {E, gs.value_dim()});
-        l.ssm_conv1d = t.require(L("ssm_conv1d.weight"), {gs.d_conv, gs.conv_dim()});
-        if (l.ssm_conv1d.type != DType::F32)
-          fail("{}: tensor '{}' must be F32 (it is {})", g.path(), L("ssm_conv1d.weight"),
-               dtype_info(l.ssm_conv1d.type).name);
-        l.ssm_dt = t.require(L("ssm_dt.bias"), {Hv});
-        l.ssm_a = t.require(L("ssm_a"), {Hv});
-        l.ssm_beta = t.require(L("ssm_beta.weight"), {E, Hv});
-        l.ssm_alpha = t.require(L("ssm_alpha.weight"), {E, Hv});
-        l.ssm_norm = t.require(L("ssm_norm.weight"), {gs.head_v_dim});
-        l.ssm_out = t.require(L("ssm_out.weight"), {gs.value_dim(), E});
-      } else {
-        l.wq = t.require(L("attn_q.weight"), {E, 2 * q_dim});  // q and its output gate, per head
-        l.wk = t.require(L("attn_k.weight"), {E, kv_dim});
-        l.wv = t.require(L("attn_v.weight"), {E, kv_dim});
-        l.wo = t.require(L("attn_output.weight"), {q_dim, E});
-        l.q_norm = t.require(L("attn_q_norm.weight"), {D});
-        l.k_norm = t.require(L("attn_k_norm.weight"), {D});
-      }
-      if (moe_) {
-        const int64_t F = c.n_ff_exp, X = c.n_expert, Fs = c.n_ff_shexp;
-        l.ffn_gate_inp = t.require(L("ffn_gate_inp.weight"), {E, X});
-        l.ffn_gate_exps = t.require(L("ffn_gate_exps.weight"), {E, F, X});
-        l.ffn_up_exps = t.require(L("ffn_up_exps.weight"), {E, F, X});
-        l.ffn_down_exps = t.require(L("ffn_down_exps.weight"), {F, E, X});
-        l.ffn_gate_exps.ne[2] = l.ffn_up_exps.ne[2] = l.ffn_down_exps.ne[2] = X;
-        if (Fs > 0) {
-          l.ffn_gate_inp_shexp = t.optional(L("ffn_gate_inp_shexp.weight"), {E});
-          l.ffn_gate_shexp = t.optional(L("ffn_gate_shexp.weight"), {E, Fs});
-          l.ffn_up_shexp = t.optional(L("ffn_up_shexp.weight"), {E, Fs});
-          l.ffn_down_shexp = t.optional(L("ffn_down_shexp.weight"), {Fs, E});
-          const int n_sh =
-              !!l.ffn_gate_inp_shexp + !!l.ffn_gate_shexp + !!l.ffn_up_shexp + !!l.ffn_down_shexp;
-          if (n_sh != 0 && n_sh != 4)
-            fail(
-                "{}: layer {} has only some of the shared expert's tensors (ffn_gate_inp_shexp, "
-                "ffn_gate_shexp, "
-                "ffn_up_shexp, ffn_down_shexp)",
-                g.path(), i);
-        }
-      } else {
-        l.ffn_gate = t.require(L("ffn_gate.weight"), {E, c.n_ff});
-        l.ffn_up = t.require(L("ffn_up.weight"), {E, c.n_ff});
-        l.ffn_down = t.require(L("ffn_down.weight"), {c.n_ff, E});
-      }
+      const LayerWeights& l = w_.layers[i];
+      if (l.ssm_conv1d && l.ssm_conv1d.type != DType::F32)
+        fail("{}: tensor '{}' must be F32 (it is {})", g.path(), layer_tensor_name(i, "ssm_conv1d.weight"),
+             dtype_info(l.ssm_conv1d.type).name);
+      const int n_sh = !!l.ffn_gate_inp_shexp + !!l.ffn_gate_shexp + !!l.ffn_up_shexp + !!l.ffn_down_shexp;
+      if (n_sh != 0 && n_sh != 4)
+        fail(
+            "{}: layer {} has only some of the shared expert's tensors (ffn_gate_inp_shexp, "
+            "ffn_gate_shexp, "
+            "ffn_up_shexp, ffn_down_shexp)",
+            g.path(), i);
     }
   }
 

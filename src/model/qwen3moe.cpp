@@ -9,6 +9,26 @@
 #include "model/loader.h"
 
 namespace xpert {
+
+TensorList qwen3moe_tensors(const ModelConfig& c, int64_t il) {
+  if (il == kIoTensors) return io_tensors(c);
+  using LW = LayerWeights;
+  using enum SynthFill;
+  const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
+  TensorList t = {{"attn_norm.weight", {E}, &LW::attn_norm, ones, hf_vector("input_layernorm.weight")}};
+  append(t, attention_tensors(c, {.qk_norm = true}));
+  // clang-format off
+  append(t, {
+      {"ffn_norm.weight",      {E},       &LW::ffn_norm,      ones,      hf_vector("post_attention_layernorm.weight")},
+      {"ffn_gate_inp.weight",  {E, X},    &LW::ffn_gate_inp,  normal,    hf_linear("mlp.gate")},  // router: F32
+      {"ffn_gate_exps.weight", {E, F, X}, &LW::ffn_gate_exps, matrix,    hf_experts("gate_proj")},
+      {"ffn_up_exps.weight",   {E, F, X}, &LW::ffn_up_exps,   matrix,    hf_experts("up_proj")},
+      {"ffn_down_exps.weight", {F, E, X}, &LW::ffn_down_exps, more_bits, hf_experts("down_proj")},
+  });
+  // clang-format on
+  return t;
+}
+
 namespace {
 
 class Qwen3Moe : public Model {
@@ -33,22 +53,7 @@ class Qwen3Moe : public Model {
     if (c.n_ff_exp <= 0 || c.n_ff_exp > (1 << 20))
       fail("{}: expert_feed_forward_length = {} is not valid", g.path(), c.n_ff_exp);
 
-    TensorTable t(g);
-    const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
-    require_io_weights(t, c, w_);
-    w_.layers.resize(c.n_layer);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-      LayerWeights& l = w_.layers[i];
-      auto L = [&](const char* s) { return TensorTable::layer(i, s); };
-      require_attention(t, c, i, {.qk_norm = true}, l);
-      l.ffn_norm = t.require(L("ffn_norm.weight"), {E});
-      l.ffn_gate_inp = t.require(L("ffn_gate_inp.weight"), {E, X});
-      l.ffn_gate_exps = t.require(L("ffn_gate_exps.weight"), {E, F, X});
-      l.ffn_up_exps = t.require(L("ffn_up_exps.weight"), {E, F, X});
-      l.ffn_down_exps = t.require(L("ffn_down_exps.weight"), {F, E, X});
-      // 1-expert files pass the shape check with the trailing 1 dropped; the slices still need it.
-      l.ffn_gate_exps.ne[2] = l.ffn_up_exps.ne[2] = l.ffn_down_exps.ne[2] = X;
-    }
+    load_tensors(g, c, qwen3moe_tensors, w_);
   }
 
   void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const override {

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "format/gguf.h"
+#include "model/loader.h"
 #include "quant/quant.h"
 
 namespace xpert {
@@ -126,11 +127,10 @@ TypeMix type_mix(const std::string& type) {
 
 // llama.cpp's quantizer (llama-quant.cpp) gives Q4_K_M's "attn_v-like" tensors (attn_v, and attn_qkv,
 // which for Qwen3.5 is the Gated DeltaNet input projection) and every ffn_down (routed and shared) Q6_K
-// in the first and last eighth of the layers and in every third layer between; the rest is Q4_K. Both
-// count layers in order here, since each layer has exactly one attn_v-like tensor. (Its extra rules for
-// 8-expert models are not mirrored: no preset that uses these rules has 8 experts.)
-enum class Role { plain, attn_v, ffn_down };
-
+// in the first and last eighth of the layers and in every third layer between (SynthFill::more_bits);
+// the rest is Q4_K. Both count layers in order here, since each layer has exactly one attn_v-like
+// tensor. (Its extra rules for 8-expert models are not mirrored: no preset that uses these rules has 8
+// experts.)
 bool use_more_bits(int64_t il, int64_t n_layer) {
   return il < n_layer / 8 || il >= 7 * n_layer / 8 || (il - n_layer / 8) % 3 == 2;
 }
@@ -143,15 +143,11 @@ DType fit_type(DType want, int64_t row_len) {
   return DType::F16;
 }
 
-// ones: norm weights; normal: small f32 tensors (router, conv kernel, biases); decay: ssm_a = -exp(A_log),
-// negative so the recurrent state decays; pooled: quantized matrices, rows from a RowPool.
-enum class Fill { ones, normal, decay, pooled };
-
 struct TensorSpec {
   std::string name;
   DType type;
   std::vector<int64_t> shape;  // ggml order
-  Fill fill;
+  SynthFill fill;              // matrices: rows from a RowPool; the others F32
   uint64_t offset = 0;
   int64_t rows() const {
     int64_t r = 1;
@@ -160,75 +156,65 @@ struct TensorSpec {
   }
   size_t row_size() const { return row_bytes(type, shape[0]); }
   size_t bytes() const { return row_size() * (size_t)rows(); }
+  bool pooled() const {
+    return fill == SynthFill::matrix || fill == SynthFill::more_bits || fill == SynthFill::output;
+  }
 };
 
 bool is_hybrid(const SynthPreset& p) { return p.arch == "qwen35" || p.arch == "qwen35moe"; }
 
+// The config the loader reads from the file metadata() writes.
+ModelConfig model_config(const SynthPreset& p) {
+  ModelConfig c;
+  c.arch = p.arch;
+  c.n_layer = p.n_layer;
+  c.n_embd = p.n_embd;
+  c.n_ff = p.n_ff;
+  c.n_vocab = p.n_vocab;
+  c.n_head = p.n_head;
+  c.n_head_kv = p.n_head_kv;
+  c.head_dim = p.head_dim;
+  c.n_expert = p.n_expert;
+  c.n_expert_used = p.n_expert_used;
+  c.n_ff_exp = p.n_ff_exp;
+  c.n_ff_shexp = p.n_ff_shexp;
+  if (is_hybrid(p)) {
+    c.ssm_d_conv = p.ssm_d_conv;
+    c.ssm_d_state = p.ssm_head_dim;
+    c.ssm_n_group = p.ssm_n_k_heads;
+    c.ssm_dt_rank = p.ssm_n_v_heads;
+    c.ssm_d_inner = p.ssm_n_v_heads * p.ssm_head_dim;
+    for (int64_t il = 0; il < p.n_layer; ++il)
+      c.layer_recurrent.push_back((il + 1) % p.full_attention_interval != 0);
+  }
+  return c;
+}
+
+// The architecture's tensor table in llama.cpp's file order: the embedding, the layers, the final norm
+// and the head.
 std::vector<TensorSpec> tensor_specs(const SynthPreset& p, const TypeMix& mix) {
-  const int64_t E = p.n_embd, F = p.n_ff_exp, X = p.n_expert, D = p.head_dim, q_dim = p.n_head * D,
-                kv_dim = p.n_head_kv * D;
   // The qwen3moe presets keep the plain mix (Q4_K everywhere but the output) that docs/PERF.md's
   // figures were measured on; the hybrid ones follow llama.cpp's per-layer choice.
   const bool llama_rules = is_hybrid(p);
+  const ModelConfig c = model_config(p);
+  const TensorTableFn table = tensor_table(p.arch);
   std::vector<TensorSpec> t;
-  auto mat = [&](std::string name, std::vector<int64_t> shape, DType type) {
-    t.push_back({std::move(name), fit_type(type, shape[0]), std::move(shape), Fill::pooled});
-  };
-  auto layer_mat = [&](int64_t il, const std::string& name, std::vector<int64_t> shape, Role role) {
-    const bool more = llama_rules && role != Role::plain && use_more_bits(il, p.n_layer);
-    mat(fmt::format("blk.{}.{}", il, name), std::move(shape), more ? mix.more_bits : mix.linear);
-  };
-  auto f32 = [&](std::string name, std::vector<int64_t> shape, Fill fill) {
-    t.push_back({std::move(name), DType::F32, std::move(shape), fill});
-  };
-  mat("token_embd.weight", {E, p.n_vocab}, mix.linear);
-  for (int64_t il = 0; il < p.n_layer; ++il) {
-    const std::string b = fmt::format("blk.{}.", il);
-    f32(b + "attn_norm.weight", {E}, Fill::ones);
-    const bool recurrent = is_hybrid(p) && (il + 1) % p.full_attention_interval != 0;
-    if (recurrent) {
-      // Gated DeltaNet: q|k|v projection, z gate, conv kernel (F32: llama.cpp keeps it so and xpert
-      // requires it), per-value-head decay and step, beta and alpha projections, gated norm, output.
-      const int64_t Hv = p.ssm_n_v_heads, key_dim = p.ssm_n_k_heads * p.ssm_head_dim,
-                    value_dim = Hv * p.ssm_head_dim, conv_dim = 2 * key_dim + value_dim;
-      layer_mat(il, "attn_qkv.weight", {E, conv_dim}, Role::attn_v);
-      layer_mat(il, "attn_gate.weight", {E, value_dim}, Role::plain);
-      f32(b + "ssm_conv1d.weight", {p.ssm_d_conv, conv_dim}, Fill::normal);
-      f32(b + "ssm_dt.bias", {Hv}, Fill::normal);
-      f32(b + "ssm_a", {Hv}, Fill::decay);
-      layer_mat(il, "ssm_beta.weight", {E, Hv}, Role::plain);
-      layer_mat(il, "ssm_alpha.weight", {E, Hv}, Role::plain);
-      f32(b + "ssm_norm.weight", {p.ssm_head_dim}, Fill::ones);
-      layer_mat(il, "ssm_out.weight", {value_dim, E}, Role::plain);
-    } else {
-      // Qwen3.5's attn_q holds q and its output gate, per head.
-      layer_mat(il, "attn_q.weight", {E, (is_hybrid(p) ? 2 : 1) * q_dim}, Role::plain);
-      layer_mat(il, "attn_k.weight", {E, kv_dim}, Role::plain);
-      layer_mat(il, "attn_v.weight", {E, kv_dim}, Role::attn_v);
-      layer_mat(il, "attn_output.weight", {q_dim, E}, Role::plain);
-      f32(b + "attn_q_norm.weight", {D}, Fill::ones);
-      f32(b + "attn_k_norm.weight", {D}, Fill::ones);
+  auto add = [&](const TensorDecl& d, int64_t il) {
+    TensorSpec s{layer_tensor_name(il, d.name), DType::F32, d.shape, d.synth};
+    if (s.pooled()) {
+      const bool more = llama_rules && d.synth == SynthFill::more_bits && use_more_bits(il, p.n_layer);
+      s.type = fit_type(d.synth == SynthFill::output ? mix.output
+                        : more                       ? mix.more_bits
+                                                     : mix.linear,
+                        d.shape[0]);
     }
-    f32(b + (is_hybrid(p) ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, Fill::ones);
-    if (X > 0) {
-      f32(b + "ffn_gate_inp.weight", {E, X}, Fill::normal);  // the router stays f32
-      layer_mat(il, "ffn_gate_exps.weight", {E, F, X}, Role::plain);
-      layer_mat(il, "ffn_up_exps.weight", {E, F, X}, Role::plain);
-      layer_mat(il, "ffn_down_exps.weight", {F, E, X}, Role::ffn_down);
-      if (p.n_ff_shexp > 0) {
-        f32(b + "ffn_gate_inp_shexp.weight", {E}, Fill::normal);  // the shared expert's sigmoid gate
-        layer_mat(il, "ffn_gate_shexp.weight", {E, p.n_ff_shexp}, Role::plain);
-        layer_mat(il, "ffn_up_shexp.weight", {E, p.n_ff_shexp}, Role::plain);
-        layer_mat(il, "ffn_down_shexp.weight", {p.n_ff_shexp, E}, Role::ffn_down);
-      }
-    } else {
-      layer_mat(il, "ffn_gate.weight", {E, p.n_ff}, Role::plain);
-      layer_mat(il, "ffn_up.weight", {E, p.n_ff}, Role::plain);
-      layer_mat(il, "ffn_down.weight", {p.n_ff, E}, Role::ffn_down);
-    }
-  }
-  f32("output_norm.weight", {E}, Fill::ones);
-  mat("output.weight", {E, p.n_vocab}, mix.output);
+    t.push_back(std::move(s));
+  };
+  const TensorList io = table(c, kIoTensors);
+  add(io[0], kIoTensors);
+  for (int64_t il = 0; il < p.n_layer; ++il)
+    for (const TensorDecl& d : table(c, il)) add(d, il);
+  for (size_t i = 1; i < io.size(); ++i) add(io[i], kIoTensors);
   uint64_t offset = 0;
   for (TensorSpec& s : t) {
     s.offset = offset;
@@ -445,7 +431,7 @@ SynthResult synth_write(const SynthOptions& o) {
     XP_ASSERT(out.pos() - data_start == s.offset);
     const int64_t k = s.shape[0], rows = s.rows();
     const size_t rb = s.row_size();
-    if (s.fill == Fill::pooled) {
+    if (s.pooled()) {
       auto it = pools.find({s.type, k});
       if (it == pools.end()) it = pools.try_emplace({s.type, k}, s.type, k, rng).first;
       const RowPool& pool = it->second;
@@ -459,10 +445,10 @@ SynthResult synth_write(const SynthOptions& o) {
       }
     } else {
       std::vector<float> v(rows * k, 1.0f);
-      if (s.fill == Fill::normal) {
+      if (s.fill == SynthFill::normal) {
         std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt((float)k));
         for (float& x : v) x = normal(rng);
-      } else if (s.fill == Fill::decay) {
+      } else if (s.fill == SynthFill::decay) {
         std::uniform_real_distribution<float> rate(0.1f, 2.0f);
         for (float& x : v) x = -rate(rng);
       }
