@@ -70,9 +70,9 @@ class DecodeFusions {
 };
 
 // Graphs of whole passes (CUDA graphs): begin_graph(key) either starts recording the ops that follow
-// (false) or, when a pass with this key was recorded before, makes them no-ops (true); end_graph() then
-// runs the recording. The key must name everything the recorded ops bake in: shapes, slots, caches,
-// scratch addresses.
+// (false) or, when a pass with this key was recorded before, returns true: the caller then issues no op
+// until end_graph(), which runs the recording. The key must name everything the recorded ops bake in:
+// shapes, slots, caches, scratch addresses.
 class PassGraphs {
  public:
   virtual bool begin_graph(const std::string& key) = 0;

@@ -177,6 +177,16 @@ void Exec::output_logits(std::vector<float>& logits) {
   const ModelWeights& w = b_->is_host() ? m_.host_weights() : m_.io_weights();
   const int64_t n_out = (int64_t)out_rows_.size(), E = c.n_embd;
   Backend& b = *b_;
+  logits.resize(n_out * c.n_vocab);
+  if (replaying_) {  // the recorded graph computes the head too, into the scratch address it recorded
+    const size_t mark = arena().mark();
+    float* y = arena().take<float>(n_out * c.n_vocab);
+    graph_open_ = false;
+    b.pass_graphs()->end_graph();
+    b.copy_to_host(logits.data(), y, logits.size() * sizeof(float));
+    arena().release(mark);
+    return;
+  }
   if (n_out == n_) {  // every row (decode): no gather
     b.rmsnorm(a_->x, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
   } else {
@@ -184,7 +194,6 @@ void Exec::output_logits(std::vector<float>& logits) {
     b.rmsnorm(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
   }
   const Weight& head = w.output ? w.output : w.tok_embd;
-  logits.resize(n_out * c.n_vocab);
   if (b.is_host()) {
     b.matmul(head, a_->cur, n_out, logits.data());
   } else {

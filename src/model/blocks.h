@@ -47,8 +47,8 @@ class Exec {
   Arena& arena() const { return b_->scratch(); }  // per-layer temporaries: mark() / release()
   int64_t n() const { return n_; }
   bool decode_only() const { return decode_only_; }  // every segment is one token
-  // enter(0) found this pass's graph recorded: the backend skips the ops until output_logits replays it,
-  // so the forward may go straight there (the layers' ops would only be called and skipped).
+  // enter(0) found this pass's graph recorded: the forward goes straight to output_logits, which replays
+  // it (the recording holds every layer and the head); the backend takes no op in between.
   bool replaying() const { return replaying_; }
   const ForwardArgs& args() const { return args_; }
   // Layer il's MoE FFN for the backend's ops, counting its routing in the pass's statistics.

@@ -136,7 +136,6 @@ size_t CudaBackend::free_memory() const {
 }
 
 void CudaBackend::matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) {
-  if (skip_) return;
   settle();
   const int64_t k = w.ne[0], n = w.ne[1];
   if (const cuda::Activations* a = prepared(x, m, k, w.type)) {
@@ -155,7 +154,6 @@ void CudaBackend::matmul(const Weight& w, const float* x, int64_t m, float* y, i
 // The jobs share one conversion of x per activation form (prefill: q, k and v convert x to f16 once);
 // at decode sizes the jobs of one weight type also share one launch.
 void CudaBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
-  if (skip_) return;
   settle();
   const int64_t k = jobs.empty() ? 0 : jobs[0].w->ne[0];
   bool batched = true;  // an output over x would change what a later conversion reads
@@ -221,7 +219,6 @@ void CudaBackend::rmsnorm(const float* x, const float* w, float* y, int64_t rows
 // take instead of converting again (see prepared()).
 void CudaBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                               float eps) {
-  if (skip_) return;
   touch();
   const cuda::Activations* act = prepare_slot(y, rows, n);
   int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
@@ -234,7 +231,6 @@ void CudaBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const fl
                                const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
                                int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale,
                                RopeMode mode, float eps) {
-  if (skip_) return;
   touch();
   cuda::qk_norm_rope(q, k, q_norm, k_norm, q_norm != nullptr, k_norm != nullptr, pos, n_tokens, n_head,
                      n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode, eps, s());
@@ -242,61 +238,51 @@ void CudaBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const fl
 
 void CudaBackend::rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, float freq_base, float freq_scale, RopeMode mode) {
-  if (skip_) return;
   touch();
   cuda::rope(x, pos, n_tokens, n_heads, head_dim, n_rot, freq_base, freq_scale, mode, s());
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, float* y, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::swiglu(gate, up, y, n, s());
 }
 
 void CudaBackend::geglu(const float* gate, const float* up, float* y, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::geglu(gate, up, y, n, s());
 }
 
 void CudaBackend::add(const float* a, const float* b, float* y, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::add(a, b, y, n, s());
 }
 
 void CudaBackend::scale(float* x, float v, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::scale(x, v, n, s());
 }
 
 void CudaBackend::add_bias(float* x, const float* bias, int64_t rows, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::add_bias(x, bias, rows, n, s());
 }
 
 void CudaBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::mul_sigmoid(x, gate, n, s());
 }
 
 void CudaBackend::add_sigmoid_scaled(float* y, const float* v, const float* g, int64_t rows, int64_t n) {
-  if (skip_) return;
   touch();
   cuda::add_sigmoid_scaled(y, v, g, rows, n, s());
 }
 
 void CudaBackend::deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) {
-  if (skip_) return;
   touch();
   cuda::deinterleave(src, rows, width, a, b, s());
 }
 
 void CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) {
-  if (skip_) return;
   touch();
   Arena& ar = scratch();
   const size_t mark = ar.mark();
@@ -313,14 +299,12 @@ void CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int
 }
 
 void CudaBackend::store_kv(const float* x, void* dst, int64_t n, DType type) {
-  if (skip_) return;
   touch();
   if (type == DType::F16) return cuda::store_f16(x, static_cast<uint16_t*>(dst), n, s());
   cuda::store_kv(x, n / 32, 32, type, dst, 0, nullptr, nullptr, s());  // n / 32 contiguous blocks
 }
 
 void CudaBackend::attention(const AttentionArgs& a) {
-  if (skip_) return;
   touch();
   Arena& ar = scratch();
   const size_t mark = ar.mark();
@@ -331,7 +315,6 @@ void CudaBackend::attention(const AttentionArgs& a) {
 
 void CudaBackend::gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
                                   float* conv_state, float* ssm_state, float* out) {
-  if (skip_) return;
   touch();
   Arena& ar = scratch();
   const size_t mark = ar.mark();

@@ -82,7 +82,12 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
 
   std::string name() const override { return fmt::format("cuda:{} ({})", device_, info_.name); }
   DeviceKind kind() const override { return DeviceKind::cuda; }
-  cudaStream_t s() const { return stream_->get(); }
+  // The stream every op issues on. Between a begin_graph that found its recording and the end_graph that
+  // replays it, the forward issues no ops (Exec::replaying): one that did would run outside the replay.
+  cudaStream_t s() const {
+    XP_ASSERT(!replay_pending_);
+    return stream_->get();
+  }
 
   void* alloc(size_t bytes) override;
   void dealloc(void* p) override;
@@ -218,7 +223,7 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   std::map<std::string, Graph> graphs_;
   std::string capture_key_;
   const Graph* pending_ = nullptr;  // the graph end_graph replays
-  bool capturing_ = false, skip_ = false, no_graphs_ = false;
+  bool capturing_ = false, replay_pending_ = false, no_graphs_ = false;
   bool graph_pass_ = false;  // between begin_graph and end_graph: ops must be capturable
 
   // XPERT_STEP_TIMES=1: each replayed graph's time on the GPU (events around its launch, read when its

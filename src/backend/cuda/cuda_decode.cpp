@@ -31,7 +31,6 @@ bool CudaBackend::decode_attention(const DecodeAttention& d) { return attend_dec
 // proj then owes the sum of its head groups' parts (owed_), which the router adds itself when the layer's
 // FFN is add_rmsnorm_moe_ffn_add's fused form, and settle() otherwise.
 bool CudaBackend::decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) {
-  if (skip_) return true;
   // The cheap checks, before the parts' buffer is made; cuda::attention_decode_proj_fits decides.
   if (!d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K || wo.ne[0] != d.n_head * d.head_dim ||
       decode_attention_form(d.max_pos) != 1)
@@ -48,7 +47,6 @@ bool CudaBackend::decode_attention_proj(const DecodeAttention& d, const Weight& 
 
 // decode_attention; with wo, the fused projection into proj, or false (nothing done) where it does not fit.
 bool CudaBackend::attend_decode(const DecodeAttention& d, const Weight* wo, float* proj) {
-  if (skip_) return true;
   touch();
   if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
     no_graphs_ = true;  // the per-sequence kernels bake positions in: no graphs for this model

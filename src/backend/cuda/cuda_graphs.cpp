@@ -13,9 +13,9 @@
 namespace xpert::cuda_impl {
 
 // A key seen once runs eagerly (it sizes the scratch); the second time it is recorded and run from the
-// graph; after that its ops are skipped and the graph replays.
+// graph; after that the forward issues no ops (Exec::replaying) and end_graph replays it.
 bool CudaBackend::begin_graph(const std::string& key) {
-  if (no_graphs_ || capturing_ || skip_) return false;
+  if (no_graphs_ || capturing_ || replay_pending_) return false;
   graph_pass_ = true;
   if (stale_graphs_) {
     clear_graphs();
@@ -24,7 +24,7 @@ bool CudaBackend::begin_graph(const std::string& key) {
   auto it = graphs_.find(key);
   if (it != graphs_.end() && it->second.exec) {
     step_times_.walk();
-    skip_ = true;
+    replay_pending_ = true;
     pending_ = &it->second;
     return true;
   }
@@ -42,8 +42,8 @@ bool CudaBackend::begin_graph(const std::string& key) {
 void CudaBackend::end_graph() {
   settle();
   graph_pass_ = false;
-  if (skip_) {
-    skip_ = false;
+  if (replay_pending_) {
+    replay_pending_ = false;
     // The caller takes the outputs where the recording put them (the scratch arena's addresses): a
     // replay whose pass ended elsewhere would read the wrong memory.
     if (scratch().mark() != pending_->end_mark)
@@ -74,7 +74,7 @@ void CudaBackend::end_graph() {
 
 void CudaBackend::abort_graph() {
   graph_pass_ = false;
-  skip_ = false;
+  replay_pending_ = false;
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;
@@ -131,7 +131,7 @@ void CudaBackend::StepTimes::report() {
   log::info(
       "decode graphs: {} replays, {:.1f} us each on the GPU, {:.1f} us from one launch to the next; the "
       "output's copy call {:.1f} us (waiting included), from its return to the next launch {:.1f} us, of "
-      "which {:.1f} us between the graph's begin and end (the model's ops called and skipped)",
+      "which {:.1f} us between the graph's begin and end (the forward's walk to the head)",
       n, gpu_ms * 1e3 / n, gap_ms * 1e3 / (n - 1), copy_ms * 1e3 / n, prep_ms * 1e3 / (n - 1),
       walk_ms * 1e3 / (n - 1));
 }

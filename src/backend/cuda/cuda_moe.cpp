@@ -26,7 +26,6 @@ void CudaBackend::moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* o
 // (shared_slot); split layers and the rest take the default (the host part or the shared expert added
 // separately).
 void CudaBackend::moe_ffn_add(const MoeFfn& ffn, const float* x, int64_t n, float* y) {
-  if (skip_) return;
   if (!whole_moe_here(ffn, n)) return Backend::moe_ffn_add(ffn, x, n, y);
   moe(ffn, x, n, y, true, (bool)ffn.shared_up);
 }
@@ -52,7 +51,6 @@ bool CudaBackend::whole_moe_here(const MoeFfn& ffn, int64_t n) {
 // XPERT_NORM_AFTER_DOWN, the switches that turned both off, are gone (docs/PERF.md, 2026-12-03).
 void CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x, const float* w,
                                           float* cur, int64_t n, const float* next_w) {
-  if (skip_) return;
   const int64_t E = ffn.n_embd;
   const cuda::MoeRouting routing{.n_expert = ffn.n_expert, .k = ffn.n_used};
   const bool fits = cuda::long_row_norm_fits(n, E) && whole_moe_here(ffn, n) &&
@@ -107,7 +105,6 @@ bool CudaBackend::shared_slot(const MoeFfn& ffn, int64_t n) {
 // which checks that the fused router and the decode experts take this layer).
 void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, bool accumulate, bool shared,
                       const cuda::RouterNorm* nm, const float* residual, const cuda::MoeNormOut& norm_out) {
-  if (skip_) return;
   settle();  // it does not touch: x may be prepared activations
   const int64_t X = ffn.n_expert, k = ffn.n_used, slots = k + (shared ? 1 : 0);
   Arena& ar = scratch();
