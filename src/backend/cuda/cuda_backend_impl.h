@@ -188,6 +188,8 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
     int64_t n;
     std::vector<bool> on_host;
   };
+  void split_experts_out(const cuda::MoeExperts& e, const float* x, int64_t n, int64_t k, const int32_t* ids_d,
+                         const float* weights_d, float* out);
   void moe_split(const MoeFfn& ffn, const cuda::MoeExperts& e, const float* x, int64_t n,
                  const int32_t* ids_d, const float* weights_d, float* out);
   static void CUDART_CB host_experts(void* p);

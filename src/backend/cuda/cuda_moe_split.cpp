@@ -42,6 +42,23 @@ void CudaBackend::on_experts_moved() {
   expert_tables_.clear();
 }
 
+// out = the weighted sum of the routed experts of e (those e's table holds) for n tokens of k slots, its
+// workspace taken from the scratch arena and left there (the caller's mark releases it).
+void CudaBackend::split_experts_out(const cuda::MoeExperts& e, const float* x, int64_t n, int64_t k,
+                                    const int32_t* ids_d, const float* weights_d, float* out) {
+  const size_t ws = cuda::moe_workspace_bytes(e, n, k);
+  cuda::moe_experts(e,
+                    {.x = x,
+                     .n_tokens = n,
+                     .k = k,
+                     .ids = ids_d,
+                     .weights = weights_d,
+                     .out = out,
+                     .accumulate = false,
+                     .path = cuda::MoePath::automatic},
+                    ws ? scratch().take_bytes(ws) : nullptr, ws, s());
+}
+
 // Experts split between this GPU and the host. Small batches (decode) are driven by the stream, so a
 // decode step stays one CUDA graph: a second stream waits for the routing, copies ids, weights and x
 // to pinned host memory and calls the host's threads from a host node (moe_experts_partial over the
@@ -87,17 +104,7 @@ void CudaBackend::moe_split(const MoeFfn& ffn, const cuda::MoeExperts& e, const 
   XPERT_CUDA_CHECK(cudaEventRecord(join_.get(), aux));
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  const size_t ws = cuda::moe_workspace_bytes(e, n, k);
-  cuda::moe_experts(e,
-                    {.x = x,
-                     .n_tokens = n,
-                     .k = k,
-                     .ids = ids_d,
-                     .weights = weights_d,
-                     .out = out,
-                     .accumulate = false,
-                     .path = cuda::MoePath::automatic},
-                    ws ? ar.take_bytes(ws) : nullptr, ws, s());
+  split_experts_out(e, x, n, k, ids_d, weights_d, out);
   XPERT_CUDA_CHECK(cudaStreamWaitEvent(s(), join_.get(), 0));
   float* yd = ar.take<float>(n * E);
   XPERT_CUDA_CHECK(cudaMemcpyAsync(yd, yh, x_b, cudaMemcpyHostToDevice, s()));
@@ -286,17 +293,7 @@ void CudaBackend::moe_streamed(const MoeFfn& ffn, const cuda::MoeExperts& e, con
   all.up = table_d + X;
   all.down = table_d + 2 * X;
   all.gate_base = all.up_base = all.down_base = nullptr;  // this call's table only
-  const size_t ws = cuda::moe_workspace_bytes(all, n, k);
-  cuda::moe_experts(all,
-                    {.x = x,
-                     .n_tokens = n,
-                     .k = k,
-                     .ids = ids_d,
-                     .weights = weights_d,
-                     .out = out,
-                     .accumulate = false,
-                     .path = cuda::MoePath::automatic},
-                    ws ? ar.take_bytes(ws) : nullptr, ws, s());
+  split_experts_out(all, x, n, k, ids_d, weights_d, out);
   if (timed) {
     XPERT_CUDA_CHECK(cudaEventRecord(moe_end_.get(), s()));
     copy_pending_ = n_copy * per_expert;
