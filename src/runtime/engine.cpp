@@ -77,6 +77,7 @@ struct Engine::Slot {
   std::vector<int32_t> tokens;  // the tokens in this slot's KV rows [0, tokens.size()), kept when idle
   int64_t ckpt_branch = 0;      // hybrid: a checkpoint where the prompt leaves the cached paths (0: none)
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<GrammarSampler> grammar;  // GenerateParams::grammar's state
   std::unique_ptr<Utf8Stream> utf8;
   std::unique_ptr<StopMatcher> stops;
 };
@@ -210,6 +211,7 @@ void Engine::release(Slot& s, Finish f, std::string error) {
   if (s.state == Slot::State::idle) return;
   std::shared_ptr<Job> job = std::move(s.job);
   s.sampler.reset();
+  s.grammar.reset();
   s.utf8.reset();
   s.stops.reset();
   s.state = Slot::State::idle;
@@ -280,6 +282,14 @@ void Engine::admit(std::shared_ptr<Job> job) {
   if (state_) (resume > 0 ? checkpoint_hits_ : checkpoint_misses_).fetch_add(1);
   s.sampler = std::make_unique<Sampler>(p.sampling);
   for (int32_t t : p.prompt) s.sampler->accept(t);
+  if (p.grammar) {
+    if (!trie_) {
+      std::vector<std::string> pieces((size_t)tok_.n_vocab());
+      for (int32_t id = 0; id < tok_.n_vocab(); ++id) pieces[id] = tok_.token_to_piece(id, false);
+      trie_ = std::make_unique<TokenTrie>(pieces);
+    }
+    s.grammar = std::make_unique<GrammarSampler>(p.grammar, *trie_, tok_.eog_ids());
+  }
   s.utf8 = std::make_unique<Utf8Stream>(tok_);
   s.stops = std::make_unique<StopMatcher>(p.stop);
   maybe_store(s);  // e.g. a prompt that continues a slot's live state up to its last token
@@ -451,7 +461,18 @@ int64_t Engine::step(std::vector<Slot*>& active) {
 void Engine::sample_and_emit(Slot& s, std::span<const float> logits) {
   Job& job = *s.job;
   const GenerateParams& p = job.params_;
-  const int32_t id = s.sampler->sample(logits);
+  int32_t id = 0;
+  try {
+    id = s.grammar ? s.grammar->sample(*s.sampler, logits) : s.sampler->sample(logits);
+  } catch (const GrammarError& e) {
+    release(s, Finish::error, e.what());
+    return;
+  }
+  if (id < 0) {
+    release(s, Finish::error, "grammar: no token can continue the output (the vocabulary cannot spell what the "
+                              "grammar needs next, or logit_bias bans it)");
+    return;
+  }
   if (tok_.is_eog(id)) {
     std::string rest = s.stops->push(s.utf8->flush()).text;
     if (!s.stops->stopped()) rest += s.stops->flush();
@@ -484,11 +505,12 @@ void Engine::sample_and_emit(Slot& s, std::span<const float> logits) {
   }
   const bool at_max = p.max_tokens > 0 && job.n_generated() >= p.max_tokens;
   const bool ctx_full = s.n_past >= cache_.n_ctx();  // no room to feed this token back
-  if (at_max || ctx_full) {
+  const bool grammar_done = s.grammar && s.grammar->finished();
+  if (at_max || ctx_full || grammar_done) {
     st.text += s.stops->push(s.utf8->flush()).text;
     if (!s.stops->stopped()) st.text += s.stops->flush();
     job.push(std::move(st.text), p.top_logprobs >= 0 ? &lp : nullptr);
-    release(s, s.stops->stopped() ? Finish::stop : Finish::length);
+    release(s, s.stops->stopped() || grammar_done ? Finish::stop : Finish::length);
     return;
   }
   job.push(std::move(st.text), p.top_logprobs >= 0 ? &lp : nullptr);

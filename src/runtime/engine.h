@@ -34,6 +34,7 @@
 #include "runtime/pinned_floats.h"
 #include "model/recurrent_state.h"
 #include "runtime/state_cache.h"
+#include "sample/constrained.h"
 #include "sample/sampler.h"
 
 namespace xpert {
@@ -63,6 +64,10 @@ struct GenerateParams {
   int64_t max_tokens = 0;         // 0: until end of generation or the slot's context is full
   std::vector<std::string> stop;  // stop strings (not part of the output)
   int top_logprobs = -1;          // < 0: no logprobs; else report this many alternatives per token
+  // Constrained decoding (sample/grammar.h): every token keeps the output a prefix of a sentence of the
+  // grammar; end of generation only once it is complete, and generation stops when nothing may follow.
+  // Null: free text. Build one with Grammar::parse(gbnf) or json_schema_to_grammar (sample/json_schema.h).
+  std::shared_ptr<const Grammar> grammar;
 };
 
 struct TokenLogprob {
@@ -192,6 +197,7 @@ class Engine {
   StateCacheStats cache_stats_;  // under mu_: a copy for stats()
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
+  std::unique_ptr<TokenTrie> trie_;  // the vocabulary's pieces, built for the first grammar request
   PinnedFloats logits_;  // registered with the model's offload device, where it does that
   std::thread thread_;
 };

@@ -18,12 +18,16 @@ struct Utf8Step {
   bool done;  // a code point completed
 };
 
-// One byte into a UTF-8 decoder state (cp, left).
+// One byte into a UTF-8 decoder state (cp, left, len). Overlong forms, surrogates and code points past
+// U+10FFFF are invalid (else "\xE0\x80\xB7" would pass for "7").
+constexpr uint32_t kMinOfLength[5] = {0, 0, 0x80, 0x800, 0x10000};
+
 template <class U>
 Utf8Step utf8_step(U& u, uint8_t b) {
   if (u.left == 0) {
     if (b < 0x80) {
       u.cp = b;
+      u.len = 1;
       return {true, true};
     }
     if (b >= 0xC2 && b <= 0xDF) {
@@ -38,11 +42,17 @@ Utf8Step utf8_step(U& u, uint8_t b) {
     } else {
       return {false, false};
     }
+    u.len = (uint8_t)(u.left + 1);
     return {true, false};
   }
   if ((b & 0xC0) != 0x80) return {false, false};
   u.cp = u.cp << 6 | (b & 0x3F);
   --u.left;
+  // The smallest and largest code points this prefix may still become must leave a valid one.
+  const uint32_t shift = 6 * u.left;
+  const uint32_t lo = u.cp << shift, hi = lo | ((1u << shift) - 1);
+  if (hi < kMinOfLength[u.len] || lo > 0x10FFFF) return {false, false};
+  if (lo >= 0xD800 && hi <= 0xDFFF) return {false, false};  // surrogates only
   return {true, u.left == 0};
 }
 
@@ -51,7 +61,7 @@ template <class U>
 std::pair<uint32_t, uint32_t> utf8_range(const U& u) {
   const uint32_t shift = 6 * u.left;
   const uint32_t lo = u.cp << shift;
-  return {lo, std::min<uint32_t>(lo | ((1u << shift) - 1), 0x10FFFF)};
+  return {std::max(lo, kMinOfLength[u.len]), std::min<uint32_t>(lo | ((1u << shift) - 1), 0x10FFFF)};
 }
 
 }  // namespace
@@ -234,7 +244,7 @@ std::string GrammarMatcher::state_key() const {
   std::string key;
   key.resize(8 + 4 * (stacks_.offsets.size() + stacks_.data.size()));
   char* p = key.data();
-  const uint32_t head[2] = {utf8_.cp, utf8_.left};
+  const uint32_t head[2] = {utf8_.cp, (uint32_t)utf8_.left << 8 | utf8_.len};
   std::memcpy(p, head, 8);
   std::memcpy(p + 8, stacks_.offsets.data(), 4 * stacks_.offsets.size());
   std::memcpy(p + 8 + 4 * stacks_.offsets.size(), stacks_.data.data(), 4 * stacks_.data.size());
@@ -256,7 +266,7 @@ const std::vector<uint32_t>& GrammarMatcher::allowed_tokens(const TokenTrie& tri
   const auto& ids = trie.ids();
   if (levels_.size() < 2) levels_.resize(2);
   levels_[0].stacks = stacks_;
-  levels_[0].utf8 = {utf8_.cp, utf8_.left};
+  levels_[0].utf8 = utf8_;
   levels_[0].src = 0;
   for (uint32_t i = 1; i < nodes.size();) {
     const TokenTrie::Node& nd = nodes[i];

@@ -139,6 +139,7 @@ class GrammarMatcher {
   struct Utf8 {
     uint32_t cp = 0;
     uint8_t left = 0;  // continuation bytes still expected
+    uint8_t len = 0;   // bytes of the character
   };
   std::string state_key() const;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 namespace xpert {
@@ -40,6 +41,13 @@ std::vector<TokenProb> Sampler::top_n(std::span<const float> logits, int n) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  if (!p_.logit_bias.empty()) {
+    biased_.assign(logits.begin(), logits.end());
+    for (auto [id, bias] : p_.logit_bias)
+      if (id >= 0 && (size_t)id < biased_.size())
+        biased_[id] = bias <= -100.0f ? -std::numeric_limits<float>::infinity() : biased_[id] + bias;
+    logits = biased_;
+  }
   const bool penalize = p_.presence_penalty != 0 || p_.frequency_penalty != 0 || p_.repeat_penalty != 1.0f;
   if (p_.temperature <= 0 && !penalize) return argmax(logits);
 

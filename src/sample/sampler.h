@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace xpert {
@@ -18,6 +19,9 @@ struct SamplingParams {
   float repeat_penalty = 1.0f;
   int32_t penalty_last_n = 64;
   uint64_t seed = 0xFFFFFFFF;  // default: random
+  // OpenAI's logit_bias: added to the token's logit before anything else; -100 or below bans the token.
+  // Ids outside the vocabulary are ignored (the server refuses them).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct TokenProb {
@@ -40,6 +44,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<int32_t> history_;
   std::vector<TokenProb> cand_;
+  std::vector<float> biased_;
 };
 
 int32_t argmax(std::span<const float> logits);

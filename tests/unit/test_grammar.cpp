@@ -128,6 +128,14 @@ TEST(GrammarMatcher, CompleteButNotFinished) {
   // A prefix of a multi-byte character that no class allows is refused at once.
   GrammarMatcher a(Grammar::parse("root ::= [a-z]+"));
   EXPECT_FALSE(a.accept("\xce"));
+  // Overlong forms and surrogates are not characters (else E0 80 B7 would pass for "7").
+  EXPECT_FALSE(full_match("root ::= [0-9]", "\xe0\x80\xb7"));
+  EXPECT_FALSE(full_match("root ::= [0-9]", "\xc0\xb7"));
+  EXPECT_FALSE(full_match("root ::= .", "\xed\xa0\x80"));
+  EXPECT_FALSE(full_match("root ::= .", "\xf4\x90\x80\x80"));
+  EXPECT_TRUE(full_match("root ::= .", "\xf4\x8f\xbf\xbf"));
+  GrammarMatcher b(Grammar::parse("root ::= [0-9]"));
+  EXPECT_FALSE(b.accept("\xe0"));  // nothing this may become is a digit
 }
 
 const char* kJsonish = R"G(
@@ -161,6 +169,7 @@ TEST(GrammarMatcher, TokenMasksEqualBruteForce) {
   int steps = 0, checked_masks = 0;
   for (int walk = 0; walk < 30; ++walk) {
     GrammarMatcher m(grammar);
+    std::vector<std::string> taken;
     for (int step = 0; step < 40 && !m.finished(); ++step) {
       const std::vector<uint32_t> mask = m.allowed_tokens(trie);
       std::vector<int32_t> allowed;
@@ -171,9 +180,12 @@ TEST(GrammarMatcher, TokenMasksEqualBruteForce) {
         if (ok) allowed.push_back(id);
       }
       ++checked_masks;
-      ASSERT_FALSE(allowed.empty());
+      std::string trail;
+      for (const std::string& t : taken) trail += "[" + t + "]";
+      ASSERT_FALSE(allowed.empty()) << trail << " walk " << walk << " step " << step;
       EXPECT_EQ(&m.allowed_tokens(trie), &m.allowed_tokens(trie));  // cached
-      ASSERT_TRUE(m.accept(vocab[allowed[rng() % allowed.size()]]));
+      taken.push_back(vocab[allowed[rng() % allowed.size()]]);
+      ASSERT_TRUE(m.accept(taken.back()));
       ++steps;
     }
   }

@@ -1,0 +1,48 @@
+#include "sample/constrained.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace xpert {
+
+GrammarSampler::GrammarSampler(std::shared_ptr<const Grammar> grammar, const TokenTrie& trie,
+                               std::vector<int32_t> eog_ids)
+    : matcher_(std::move(grammar)), trie_(trie), eog_ids_(std::move(eog_ids)) {}
+
+bool GrammarSampler::is_eog(int32_t id) const {
+  return std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+}
+
+bool GrammarSampler::try_accept(int32_t id) {
+  if (id < 0 || id >= trie_.n_vocab()) return false;
+  if (is_eog(id)) return matcher_.complete();
+  const std::string& piece = trie_.piece(id);
+  return !piece.empty() && matcher_.accept(piece);
+}
+
+int32_t GrammarSampler::sample(Sampler& sampler, std::span<const float> logits) {
+  ++n_draws_;
+  const int32_t first = sampler.sample(logits);
+  if (try_accept(first)) return first;
+  ++n_masked_;
+  const std::vector<uint32_t>& allowed = matcher_.allowed_tokens(trie_);
+  const size_t n = std::min(logits.size(), (size_t)trie_.n_vocab());
+  masked_.assign(logits.size(), -std::numeric_limits<float>::infinity());
+  for (size_t w = 0; w * 32 < n; ++w) {
+    uint32_t bits = allowed[w];
+    while (bits) {
+      const size_t i = w * 32 + (size_t)__builtin_ctz(bits);
+      bits &= bits - 1;
+      if (i < n) masked_[i] = logits[i];
+    }
+  }
+  if (matcher_.complete())
+    for (int32_t e : eog_ids_)
+      if (e >= 0 && (size_t)e < logits.size()) masked_[e] = logits[e];
+  const int32_t id = sampler.sample(masked_);
+  if (std::isinf(masked_[(size_t)id])) return -1;  // everything allowed was banned
+  return try_accept(id) ? id : -1;
+}
+
+}  // namespace xpert
