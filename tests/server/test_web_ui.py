@@ -126,11 +126,11 @@ def chat(browser, server):
     ctx.close()
 
 
-def api_answer(server, messages, max_tokens):
+def api_call(server, messages, max_tokens):  # non-streamed, greedy
     r = requests.post(server.url + CHAT, json={"messages": messages, "temperature": 0, "max_tokens": max_tokens},
                       timeout=60)
     r.raise_for_status()
-    return r.json()["choices"][0]["message"]["content"]
+    return r.json()
 
 
 def test_page_loads(chat, server):
@@ -151,7 +151,7 @@ def test_two_turns_stream(chat, server):
     # below both resume from them and evaluate the last prompt token alone: the same sums, the same greedy
     # tokens. (A cold prompt is evaluated in a chunk; the panel prefill kernels (8+ rows) sum in another
     # order, so a near-tie may go the other way, as in llama.cpp.)
-    api_answer(server, [u1], 1)
+    api_call(server, [u1], 1)
     chat.settings(0, 16)
     chat.say("Name three colors.", enter=True)
     expect(chat.page.locator(".msg.user")).to_have_text(["Name three colors."])
@@ -159,7 +159,6 @@ def test_two_turns_stream(chat, server):
     expect(chat.answers.first).not_to_have_text("", timeout=TIMEOUT_MS)  # text appears...
     chat.expect_idle()  # ...and the page is ready again when the answer is done
     expect(chat.page.locator(".msg.assistant .stats")).to_have_text(STATS)
-    assert chat.page.locator(".msg.assistant .stats").text_content().startswith("16 tokens")  # usage, not chunks
     shown = chat.texts("assistant")[0]
     grew, last = chat.growth(1)
     # It grew while streaming. Not necessarily monotonically: rendered Markdown may shrink (a closing `**`).
@@ -167,7 +166,10 @@ def test_two_turns_stream(chat, server):
     assert chat.bodies == [{"messages": [u1], "stream": True, "stream_options": {"include_usage": True},
                             "temperature": 0, "max_tokens": 16}]
     first = chat.stored()[1]["content"]
-    assert first == api_answer(server, [u1], 16)  # the page put the stream together exactly
+    api = api_call(server, [u1], 16)
+    assert first == api["choices"][0]["message"]["content"]  # the page put the stream together exactly
+    n = api["usage"]["completion_tokens"]
+    assert chat.page.locator(".msg.assistant .stats").text_content().startswith(f"{n} tokens ·")  # from usage
 
     chat.say("And three animals?")
     expect(chat.answers).to_have_count(2)
