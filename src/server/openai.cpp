@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/structured.h"
+
 namespace xpert::server {
 
 namespace {
@@ -294,6 +296,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = boolean(*so, "include_usage", false);
   }
+  parse_constraints(body, r);  // response_format, grammar, json_schema, logit_bias (server/structured.cpp)
   return r;
 }
 

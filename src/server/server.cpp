@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "server/openai.h"
+#include "server/structured.h"
 #include "server/web_ui.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -133,6 +134,7 @@ void Server::Impl::chat_or_completion(const httplib::Request& req, httplib::Resp
     prompt = tokenize(r.prompt_text);
   }
   if (prompt.empty()) throw ApiError(400, "the prompt is empty", chat ? "messages" : "prompt");
+  check_logit_bias(r.gen, m.tokenizer->n_vocab());
   const int64_t n_ctx = m.engine->n_ctx();
   if ((int64_t)prompt.size() >= n_ctx)
     throw ApiError(
