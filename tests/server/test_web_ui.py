@@ -40,8 +40,9 @@ window.__answers = [];
 addEventListener('DOMContentLoaded', () => {
   const log = document.getElementById('log'), stop = document.getElementById('stop');
   new MutationObserver(() => {
-    const a = log.querySelectorAll('.msg.assistant .content');
-    if (a.length) window.__answers.push({n: a.length, len: a[a.length - 1].textContent.length, busy: !stop.disabled});
+    const a = log.querySelectorAll('.msg.assistant'), last = a[a.length - 1];
+    if (a.length) window.__answers.push({n: a.length, len: last.querySelector('.content').textContent.length,
+                                         stats: last.querySelector('.stats').textContent, busy: !stop.disabled});
   }).observe(log, {childList: true, subtree: true, characterData: true});
 });
 """
@@ -101,6 +102,10 @@ class ChatPage:
         """Lengths the n-th answer had while it streamed (Stop enabled), in order, and the last one it had."""
         recs = [r for r in self.page.evaluate("window.__answers") if r["n"] == n]
         return [r["len"] for r in recs if r["busy"]], recs[-1]["len"]
+
+    def live_stats(self, n):
+        """The n-th answer's stats line as it changed while the answer streamed."""
+        return [r["stats"] for r in self.page.evaluate("window.__answers") if r["n"] == n and r["busy"]]
 
     def texts(self, cls):
         sel = ".msg.assistant .content" if cls == "assistant" else ".msg." + cls
@@ -163,6 +168,8 @@ def test_two_turns_stream(chat, server):
     grew, last = chat.growth(1)
     # It grew while streaming. Not necessarily monotonically: rendered Markdown may shrink (a closing `**`).
     assert len(set(grew)) >= 3 and last == len(shown), grew
+    live = chat.live_stats(1)  # the speed is shown while the answer streams
+    assert any(re.match(r"^\d+ tokens · \d+\.\d t/s · ", x) for x in live), live
     assert chat.bodies == [{"messages": [u1], "stream": True, "stream_options": {"include_usage": True},
                             "temperature": 0, "max_tokens": 16}]
     first = chat.stored()[1]["content"]
