@@ -79,11 +79,9 @@ bool Grammar::CharSet::intersects(uint32_t lo, uint32_t hi) const {
       if (a <= hi && b >= lo) return true;
     return false;
   }
-  // Some point of [lo, hi] outside every range: walk the covered prefix.
-  std::vector<std::pair<uint32_t, uint32_t>> r(ranges);
-  std::sort(r.begin(), r.end());
+  // Some point of [lo, hi] outside every range (sorted at parse time): walk the covered prefix.
   uint32_t next = lo;  // the smallest candidate not yet known covered
-  for (auto [a, b] : r) {
+  for (auto [a, b] : ranges) {
     if (a > next) break;
     if (b >= next) {
       if (b >= hi) return false;
@@ -125,15 +123,16 @@ void Grammar::expand(std::vector<uint32_t>& buf, size_t n, Stacks& out) const {
 
 void Grammar::canonicalize(Stacks& s) const {
   if (s.size() <= 1) return;
-  std::vector<uint32_t> order(s.size());
+  thread_local std::vector<uint32_t> order;
+  thread_local Stacks out;
+  order.resize(s.size());
   std::iota(order.begin(), order.end(), 0);
   auto less = [&](uint32_t a, uint32_t b) {
     auto x = s.at(a), y = s.at(b);
     return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end());
   };
   std::sort(order.begin(), order.end(), less);
-  Stacks out;
-  out.data.reserve(s.data.size());
+  out.clear();
   for (size_t i = 0; i < order.size(); ++i) {
     if (i > 0) {
       auto x = s.at(order[i - 1]), y = s.at(order[i]);
@@ -142,7 +141,7 @@ void Grammar::canonicalize(Stacks& s) const {
     auto x = s.at(order[i]);
     out.add(x.data(), x.size());
   }
-  s = std::move(out);
+  std::swap(s, out);
 }
 
 void Grammar::advance(const Stacks& in, uint32_t cp, Stacks& out) const {
@@ -240,51 +239,85 @@ bool GrammarMatcher::complete() const { return utf8_.left == 0 && stacks_.size()
 
 bool GrammarMatcher::finished() const { return complete() && stacks_.size() == 1; }
 
-std::string GrammarMatcher::state_key() const {
-  std::string key;
-  key.resize(8 + 4 * (stacks_.offsets.size() + stacks_.data.size()));
-  char* p = key.data();
-  const uint32_t head[2] = {utf8_.cp, (uint32_t)utf8_.left << 8 | utf8_.len};
-  std::memcpy(p, head, 8);
-  std::memcpy(p + 8, stacks_.offsets.data(), 4 * stacks_.offsets.size());
-  std::memcpy(p + 8 + 4 * stacks_.offsets.size(), stacks_.data.data(), 4 * stacks_.data.size());
+namespace {
+
+std::string stacks_key(const Grammar::Stacks& s) {
+  std::string key(4 * (s.offsets.size() + s.data.size()), '\0');
+  std::memcpy(key.data(), s.offsets.data(), 4 * s.offsets.size());
+  std::memcpy(key.data() + 4 * s.offsets.size(), s.data.data(), 4 * s.data.size());
   return key;
 }
 
+constexpr uint32_t kUnknown = UINT32_MAX, kDead = UINT32_MAX - 1;
+constexpr size_t kMaxStates = 200000;  // past it the tables start over (at a mask's start)
+
+}  // namespace
+
+uint32_t GrammarMatcher::intern(const Grammar::Stacks& s) {
+  auto [it, fresh] = state_ids_.emplace(stacks_key(s), (uint32_t)states_.size());
+  if (fresh) {
+    states_.push_back(s);
+    ascii_next_.emplace_back();
+    ascii_next_.back().fill(kUnknown);
+  }
+  return it->second;
+}
+
+uint32_t GrammarMatcher::next_state(uint32_t id, uint32_t cp) {
+  uint32_t* slot = nullptr;
+  if (cp < 128) {
+    slot = &ascii_next_[id][cp];
+    if (*slot != kUnknown) return *slot;
+  } else if (auto it = other_next_.find((uint64_t)id << 21 | cp); it != other_next_.end()) {
+    return it->second;
+  }
+  grammar_->advance(states_[id], cp, tmp_);
+  const uint32_t next = tmp_.size() == 0 ? kDead : intern(tmp_);
+  if (cp < 128)
+    ascii_next_[id][cp] = next;  // (not `slot`: intern may have grown ascii_next_)
+  else
+    other_next_[(uint64_t)id << 21 | cp] = next;
+  return next;
+}
+
 const std::vector<uint32_t>& GrammarMatcher::allowed_tokens(const TokenTrie& trie) {
-  if (cached_for_ != &trie) {
+  if (cached_for_ != &trie || states_.size() > kMaxStates) {
     masks_.clear();
+    states_.clear();
+    state_ids_.clear();
+    ascii_next_.clear();
+    other_next_.clear();
     cached_for_ = &trie;
   }
-  std::string key = state_key();
+  const uint32_t root = intern(stacks_);
+  const uint64_t key = (uint64_t)root << 32 | utf8_.cp << 8 | (uint32_t)utf8_.left << 4 | utf8_.len;
   if (auto it = masks_.find(key); it != masks_.end()) return it->second;
   if (masks_.size() >= kMaxCachedMasks) masks_.clear();
-  std::vector<uint32_t>& mask = masks_[std::move(key)];
+  std::vector<uint32_t>& mask = masks_[key];
   mask.assign(((size_t)trie.n_vocab() + 31) / 32, 0);
 
+  // Preorder over the trie; levels_[d]: the state after the first d bytes of the current path (the
+  // stack set of the last whole character, and the UTF-8 bytes of one not yet whole).
   const auto& nodes = trie.nodes();
   const auto& ids = trie.ids();
   if (levels_.size() < 2) levels_.resize(2);
-  levels_[0].stacks = stacks_;
-  levels_[0].utf8 = utf8_;
-  levels_[0].src = 0;
+  levels_[0] = {root, utf8_};
   for (uint32_t i = 1; i < nodes.size();) {
     const TokenTrie::Node& nd = nodes[i];
     const size_t d = nd.depth;
     if (levels_.size() <= d) levels_.resize(d + 1);
-    const Level& parent = levels_[d - 1];
+    const Level parent = levels_[d - 1];
     Level& L = levels_[d];
     L.utf8 = parent.utf8;
     const Utf8Step st = utf8_step(L.utf8, nd.byte);
     bool alive = st.ok;
     if (alive && st.done) {
-      grammar_->advance(levels_[parent.src].stacks, L.utf8.cp, L.stacks);
-      L.src = (uint32_t)d;
-      alive = L.stacks.size() > 0;
+      L.state = next_state(parent.state, L.utf8.cp);
+      alive = L.state != kDead;
     } else if (alive) {
-      L.src = parent.src;
+      L.state = parent.state;
       auto [lo, hi] = utf8_range(L.utf8);
-      alive = grammar_->may_match(levels_[L.src].stacks, lo, hi);
+      alive = grammar_->may_match(states_[L.state], lo, hi);
     }
     if (!alive) {
       i = nd.end;

@@ -19,6 +19,7 @@
 // next character set to match); a rule reference in tail position is not kept (a repetition does not
 // grow the stack). Left recursion is refused at parse time, so expanding a stack always ends.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -141,19 +142,24 @@ class GrammarMatcher {
     uint8_t left = 0;  // continuation bytes still expected
     uint8_t len = 0;   // bytes of the character
   };
-  std::string state_key() const;
+  uint32_t intern(const Grammar::Stacks& s);
+  uint32_t next_state(uint32_t id, uint32_t cp);  // (interned) stacks after cp, or a dead mark
 
   std::shared_ptr<const Grammar> grammar_;
   Grammar::Stacks stacks_;
   Utf8 utf8_;
   Grammar::Stacks tmp_;
+  // For the mask walks: stack sets interned, and the transitions between them filled as walks need them
+  // (a token inside a JSON string mostly loops on one state: one table lookup per byte).
   const TokenTrie* cached_for_ = nullptr;
-  std::unordered_map<std::string, std::vector<uint32_t>> masks_;
-  // The trie walk's per-depth states, kept between calls.
+  std::vector<Grammar::Stacks> states_;
+  std::unordered_map<std::string, uint32_t> state_ids_;
+  std::vector<std::array<uint32_t, 128>> ascii_next_;
+  std::unordered_map<uint64_t, uint32_t> other_next_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> masks_;  // by (state, UTF-8 tail)
   struct Level {
-    Grammar::Stacks stacks;
+    uint32_t state = 0;
     Utf8 utf8;
-    uint32_t src = 0;  // the level whose stacks apply (a byte inside a character does not advance them)
   };
   std::vector<Level> levels_;
 };

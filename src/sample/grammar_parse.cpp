@@ -129,6 +129,7 @@ class GrammarParser {
       set.ascii[0] = ~set.ascii[0];
       set.ascii[1] = ~set.ascii[1];
     }
+    std::sort(set.ranges.begin(), set.ranges.end());  // CharSet::intersects walks them in order
     g_->sets_.push_back(std::move(set));
     return {Grammar::Kind::chars, (uint32_t)g_->sets_.size() - 1};
   }
