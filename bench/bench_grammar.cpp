@@ -110,15 +110,25 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> prompt = tok->encode(
       "Here is a JSON object that describes a user of our site, with name, age, email and tags:\n", tok->add_bos(),
       false);
-  fmt::print("decode {} tokens after a {}-token prompt, {} threads, temperature {}\n", n_tokens, prompt.size(),
-             threads, temp);
-  const Result free = run(*model, *tok, trie, prompt, n_tokens, threads, temp, nullptr);
-  fmt::print("  free:        {:7.2f} tokens/s   sampling {:.3f} ms/token\n", free.tokens_per_s, free.sample_ms);
-  for (auto [label, g] : {std::pair{"json_object", json_object}, std::pair{"json schema", schema}}) {
-    const Result r = run(*model, *tok, trie, prompt, n_tokens, threads, temp, g);
-    fmt::print("  {:12} {:7.2f} tokens/s   sampling {:.3f} ms/token   {:+.1f} %   ({} of {} draws masked, {} objects)\n",
-               std::string(label) + ":", r.tokens_per_s, r.sample_ms,
-               100.0 * (r.tokens_per_s / free.tokens_per_s - 1), r.masked, r.draws, r.objects);
+  fmt::print("decode {} tokens after a {}-token prompt, {} threads, temperature {}; best of 3 interleaved rounds\n",
+             n_tokens, prompt.size(), threads, temp);
+  const std::vector<std::pair<std::string, std::shared_ptr<const Grammar>>> modes = {
+      {"free", nullptr}, {"json_object", json_object}, {"json schema", schema}};
+  std::vector<Result> best(modes.size());
+  for (int round = 0; round < 3; ++round)
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const Result r = run(*model, *tok, trie, prompt, n_tokens, threads, temp, modes[k].second);
+      if (r.tokens_per_s > best[k].tokens_per_s) best[k] = r;
+    }
+  for (size_t k = 0; k < modes.size(); ++k) {
+    const Result& r = best[k];
+    // The grammar's own cost: the extra sampling time against a whole step of the free run.
+    const double step_ms = 1e3 / best[0].tokens_per_s;
+    fmt::print("  {:12} {:7.2f} tokens/s  {:+6.1f} %   sampling {:.3f} ms/token ({:+.2f} % of a free step)", modes[k].first + ":",
+               r.tokens_per_s, 100.0 * (r.tokens_per_s / best[0].tokens_per_s - 1), r.sample_ms,
+               100.0 * (r.sample_ms - best[0].sample_ms) / step_ms);
+    if (modes[k].second) fmt::print("   {} of {} draws masked, {} objects done", r.masked, r.draws, r.objects);
+    fmt::print("\n");
   }
   return 0;
 }
