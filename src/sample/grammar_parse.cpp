@@ -253,6 +253,10 @@ class GrammarParser {
   // Appends `item` repeated [min, max] times (max < 0: unbounded) to `seq`.
   void repeat(const std::string& rule, Seq& seq, Seq item, int min, int max) {
     if (item.size() != 1) item = {ref(new_rule(rule, {item}))};
+    // Copies and chain rules count against one budget for the whole grammar (a request's grammar must
+    // not take the server's memory).
+    total_ += (size_t)min + 3 * (size_t)std::max(max - min, 1);
+    if (total_ > kMaxSymbols) error("the grammar is too large once its repetitions are expanded");
     for (int i = 0; i < min; ++i) seq.insert(seq.end(), item.begin(), item.end());
     if (max < 0) {
       const uint32_t star = new_rule(rule, {});
@@ -268,7 +272,6 @@ class GrammarParser {
       tail = new_rule(rule, {first, Seq{}});
     }
     if (tail >= 0) seq.push_back(ref((uint32_t)tail));
-    if (seq.size() > kMaxSymbols) error("the grammar is too large once its repetitions are expanded");
   }
 
   Seq parse_sequence(const std::string& rule, bool nested) {
@@ -425,6 +428,7 @@ class GrammarParser {
   std::vector<std::string> names_;
   std::vector<size_t> first_use_;
   int generated_ = 0;
+  size_t total_ = 0;  // symbols added by repetitions
 };
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) { return GrammarParser(gbnf).run(); }

@@ -96,6 +96,9 @@ TEST(Grammar, Errors) {
   EXPECT_NE(parse_error("root ::= \"a\"{3,1}").find("max below min"), std::string::npos);
   EXPECT_NE(parse_error("root ::= \"a\"{99999}").find("repetition count"), std::string::npos);
   EXPECT_NE(parse_error("root ::= * \"a\"").find("must follow something"), std::string::npos);
+  std::string huge = "root ::= \"\"";
+  for (int i = 0; i < 300; ++i) huge += " [a-z]{10000}";
+  EXPECT_NE(parse_error(huge).find("too large"), std::string::npos);
   EXPECT_NE(parse_error("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
   EXPECT_NE(parse_error("root = \"a\"").find("expected '::='"), std::string::npos);
   EXPECT_NE(parse_error("").find("empty"), std::string::npos);
