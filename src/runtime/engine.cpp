@@ -288,7 +288,11 @@ void Engine::admit(std::shared_ptr<Job> job) {
       for (int32_t id = 0; id < tok_.n_vocab(); ++id) pieces[id] = tok_.token_to_piece(id, false);
       trie_ = std::make_unique<TokenTrie>(pieces);
     }
-    s.grammar = std::make_unique<GrammarSampler>(p.grammar, *trie_, tok_.eog_ids());
+    if (grammar_tables_.size() >= 32 && !grammar_tables_.count(p.grammar->source()))
+      grammar_tables_.clear();  // requests in flight keep theirs
+    auto& tables = grammar_tables_[p.grammar->source()];
+    if (!tables) tables = std::make_shared<GrammarTables>();
+    s.grammar = std::make_unique<GrammarSampler>(p.grammar, *trie_, tok_.eog_ids(), tables);
   }
   s.utf8 = std::make_unique<Utf8Stream>(tok_);
   s.stops = std::make_unique<StopMatcher>(p.stop);

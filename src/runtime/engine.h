@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "base/error.h"
@@ -198,6 +199,8 @@ class Engine {
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
   std::unique_ptr<TokenTrie> trie_;  // the vocabulary's pieces, built for the first grammar request
+  // Mask tables by grammar text, shared by requests with the same grammar (engine thread only).
+  std::unordered_map<std::string, std::shared_ptr<GrammarTables>> grammar_tables_;
   PinnedFloats logits_;  // registered with the model's offload device, where it does that
   std::thread thread_;
 };

@@ -7,8 +7,8 @@
 namespace xpert {
 
 GrammarSampler::GrammarSampler(std::shared_ptr<const Grammar> grammar, const TokenTrie& trie,
-                               std::vector<int32_t> eog_ids)
-    : matcher_(std::move(grammar)), trie_(trie), eog_ids_(std::move(eog_ids)) {}
+                               std::vector<int32_t> eog_ids, std::shared_ptr<GrammarTables> tables)
+    : matcher_(std::move(grammar), std::move(tables)), trie_(trie), eog_ids_(std::move(eog_ids)) {}
 
 bool GrammarSampler::is_eog(int32_t id) const {
   return std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();

@@ -17,7 +17,9 @@ namespace xpert {
 class GrammarSampler {
  public:
   // `trie` (the vocabulary's pieces) must outlive this object; `eog_ids`: the end-of-generation tokens.
-  GrammarSampler(std::shared_ptr<const Grammar> grammar, const TokenTrie& trie, std::vector<int32_t> eog_ids);
+  // `tables`: what earlier requests with this grammar learned (see GrammarTables); null: start afresh.
+  GrammarSampler(std::shared_ptr<const Grammar> grammar, const TokenTrie& trie, std::vector<int32_t> eog_ids,
+                 std::shared_ptr<GrammarTables> tables = nullptr);
 
   // The next token, already accepted by the grammar; -1 when no token may come (the vocabulary cannot
   // spell what the grammar needs, or logit_bias banned all of it). Throws GrammarError when the grammar

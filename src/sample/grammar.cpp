@@ -212,8 +212,18 @@ TokenTrie::TokenTrie(const std::vector<std::string>& pieces) : n_vocab_((int32_t
 
 // --- GrammarMatcher --------------------------------------------------------------------------------
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar)
-    : grammar_(std::move(grammar)), stacks_(grammar_->initial()) {}
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<GrammarTables> tables)
+    : grammar_(std::move(grammar)),
+      stacks_(grammar_->initial()),
+      tables_(tables ? std::move(tables) : std::make_shared<GrammarTables>()) {}
+
+void GrammarTables::clear() {
+  masks.clear();
+  states.clear();
+  state_ids.clear();
+  ascii_next.clear();
+  other_next.clear();
+}
 
 bool GrammarMatcher::accept(std::string_view bytes) {
   Grammar::Stacks cur = stacks_;
@@ -254,46 +264,43 @@ constexpr size_t kMaxStates = 200000;  // past it the tables start over (at a ma
 }  // namespace
 
 uint32_t GrammarMatcher::intern(const Grammar::Stacks& s) {
-  auto [it, fresh] = state_ids_.emplace(stacks_key(s), (uint32_t)states_.size());
+  GrammarTables& t = *tables_;
+  auto [it, fresh] = t.state_ids.emplace(stacks_key(s), (uint32_t)t.states.size());
   if (fresh) {
-    states_.push_back(s);
-    ascii_next_.emplace_back();
-    ascii_next_.back().fill(kUnknown);
+    t.states.push_back(s);
+    t.ascii_next.emplace_back();
+    t.ascii_next.back().fill(kUnknown);
   }
   return it->second;
 }
 
 uint32_t GrammarMatcher::next_state(uint32_t id, uint32_t cp) {
-  uint32_t* slot = nullptr;
+  GrammarTables& t = *tables_;
   if (cp < 128) {
-    slot = &ascii_next_[id][cp];
-    if (*slot != kUnknown) return *slot;
-  } else if (auto it = other_next_.find((uint64_t)id << 21 | cp); it != other_next_.end()) {
+    if (const uint32_t known = t.ascii_next[id][cp]; known != kUnknown) return known;
+  } else if (auto it = t.other_next.find((uint64_t)id << 21 | cp); it != t.other_next.end()) {
     return it->second;
   }
-  grammar_->advance(states_[id], cp, tmp_);
+  grammar_->advance(t.states[id], cp, tmp_);
   const uint32_t next = tmp_.size() == 0 ? kDead : intern(tmp_);
   if (cp < 128)
-    ascii_next_[id][cp] = next;  // (not `slot`: intern may have grown ascii_next_)
+    t.ascii_next[id][cp] = next;
   else
-    other_next_[(uint64_t)id << 21 | cp] = next;
+    t.other_next[(uint64_t)id << 21 | cp] = next;
   return next;
 }
 
 const std::vector<uint32_t>& GrammarMatcher::allowed_tokens(const TokenTrie& trie) {
-  if (cached_for_ != &trie || states_.size() > kMaxStates) {
-    masks_.clear();
-    states_.clear();
-    state_ids_.clear();
-    ascii_next_.clear();
-    other_next_.clear();
-    cached_for_ = &trie;
+  GrammarTables& t = *tables_;
+  if (t.trie != &trie || t.states.size() > kMaxStates) {
+    t.clear();
+    t.trie = &trie;
   }
   const uint32_t root = intern(stacks_);
   const uint64_t key = (uint64_t)root << 32 | utf8_.cp << 8 | (uint32_t)utf8_.left << 4 | utf8_.len;
-  if (auto it = masks_.find(key); it != masks_.end()) return it->second;
-  if (masks_.size() >= kMaxCachedMasks) masks_.clear();
-  std::vector<uint32_t>& mask = masks_[key];
+  if (auto it = t.masks.find(key); it != t.masks.end()) return it->second;
+  if (t.masks.size() >= kMaxCachedMasks) t.masks.clear();
+  std::vector<uint32_t>& mask = t.masks[key];
   mask.assign(((size_t)trie.n_vocab() + 31) / 32, 0);
 
   // Preorder over the trie; levels_[d]: the state after the first d bytes of the current path (the
@@ -317,7 +324,7 @@ const std::vector<uint32_t>& GrammarMatcher::allowed_tokens(const TokenTrie& tri
     } else if (alive) {
       L.state = parent.state;
       auto [lo, hi] = utf8_range(L.utf8);
-      alive = grammar_->may_match(states_[L.state], lo, hi);
+      alive = grammar_->may_match(t.states[L.state], lo, hi);
     }
     if (!alive) {
       i = nd.end;

@@ -82,6 +82,7 @@ class Grammar {
   // Whether some stack's next character set meets [lo, hi] (a UTF-8 character still incomplete).
   bool may_match(const Stacks& in, uint32_t lo, uint32_t hi) const;
   size_t n_rules() const { return rule_alts_.size(); }
+  const std::string& source() const { return source_; }  // the GBNF text it was parsed from
 
  private:
   friend class GrammarParser;
@@ -93,6 +94,7 @@ class Grammar {
   std::vector<CharSet> sets_;
   std::vector<std::string> rule_names_;
   Stacks initial_;
+  std::string source_;
 };
 
 // The vocabulary as a byte trie in preorder, for walking all tokens' pieces at once. Tokens with an empty
@@ -120,10 +122,25 @@ class TokenTrie {
   std::vector<int32_t> ids_;
 };
 
+// What the mask walks learn about one grammar over one vocabulary: stack sets interned, the transitions
+// between them (a token inside a JSON string mostly loops on one state: one table lookup per byte) and
+// the masks per state. Matchers of requests with the same grammar may share one (one thread at a time),
+// so an agent that sends the same schema every time pays each walk once.
+struct GrammarTables {
+  const TokenTrie* trie = nullptr;  // what the masks are over
+  std::vector<Grammar::Stacks> states;
+  std::unordered_map<std::string, uint32_t> state_ids;
+  std::vector<std::array<uint32_t, 128>> ascii_next;
+  std::unordered_map<uint64_t, uint32_t> other_next;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> masks;  // by (state, UTF-8 tail)
+  void clear();
+};
+
 // One generation's walk through a grammar. Not thread-safe; one per request.
 class GrammarMatcher {
  public:
-  explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
+  // `tables`: shared with other matchers of the same grammar (null: its own).
+  explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar, std::shared_ptr<GrammarTables> tables = nullptr);
 
   // Advances over the bytes if the grammar allows them (true), else leaves the state as it was (false).
   bool accept(std::string_view bytes);
@@ -149,14 +166,7 @@ class GrammarMatcher {
   Grammar::Stacks stacks_;
   Utf8 utf8_;
   Grammar::Stacks tmp_;
-  // For the mask walks: stack sets interned, and the transitions between them filled as walks need them
-  // (a token inside a JSON string mostly loops on one state: one table lookup per byte).
-  const TokenTrie* cached_for_ = nullptr;
-  std::vector<Grammar::Stacks> states_;
-  std::unordered_map<std::string, uint32_t> state_ids_;
-  std::vector<std::array<uint32_t, 128>> ascii_next_;
-  std::unordered_map<uint64_t, uint32_t> other_next_;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> masks_;  // by (state, UTF-8 tail)
+  std::shared_ptr<GrammarTables> tables_;
   struct Level {
     uint32_t state = 0;
     Utf8 utf8;

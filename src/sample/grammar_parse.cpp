@@ -431,6 +431,10 @@ class GrammarParser {
   size_t total_ = 0;  // symbols added by repetitions
 };
 
-std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) { return GrammarParser(gbnf).run(); }
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf) {
+  auto g = GrammarParser(gbnf).run();
+  const_cast<Grammar&>(*g).source_ = std::string(gbnf);
+  return g;
+}
 
 }  // namespace xpert
