@@ -30,6 +30,7 @@ Command add_serve(CLI::App& app) {
     std::string profile_out;
     int64_t rebalance_every = 0;  // --rebalance-experts; 0: off
     int64_t rebalance_moves = 4;
+    std::string alias, pooling, chat_template, chat_template_file;
   };
   auto o = std::make_shared<Opts>();
   o->m.batch = 128;  // prefill chunk per step: small, so a long prompt does not stall the running streams
@@ -43,6 +44,17 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
       ->check(CLI::Range((size_t)1024, (size_t)1 << 30));
+  app.add_option("--alias", o->alias, "the model id /v1/models lists and responses report (default: the file stem)");
+  app.add_flag("--strict-model", o->http.strict_model,
+               "a request naming another model than the served one (or its aliases) is a 404 (default: served "
+               "by the one model)");
+  app.add_option("--pooling", o->pooling,
+                 "/v1/embeddings: how hidden states become one vector (default: the model's metadata, else mean)")
+      ->check(CLI::IsMember({"mean", "last", "cls"}));
+  app.add_option("--chat-template", o->chat_template,
+                 "use a built-in chat template instead of the model's (chatml, gemma3)");
+  app.add_option("--chat-template-file", o->chat_template_file,
+                 "use this Jinja chat template file instead of the model's");
   app.add_option("--cache-ram", o->cache_ram_mib,
                  "MiB of RAM for the state cache that keeps conversations' KV rows and recurrent checkpoints "
                  "across requests (0: off; default: 8192, or a quarter of RAM when less)")
@@ -74,6 +86,10 @@ Command add_serve(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that closes mid-write is an error return, not a signal
 
+    if (!o->chat_template.empty() && !o->chat_template_file.empty())
+      fail("--chat-template and --chat-template-file both given; pass one");
+    if (!o->chat_template_file.empty() && !std::filesystem::is_regular_file(o->chat_template_file))
+      fail("--chat-template-file {}: no such file", o->chat_template_file);
     if (!o->profile_out.empty()) {
       const std::filesystem::path dir = std::filesystem::absolute(o->profile_out).parent_path();
       if (!std::filesystem::is_directory(dir))
@@ -110,7 +126,16 @@ Command add_serve(CLI::App& app) {
     }
     prefetch_weights(model->file());
     auto tok = Tokenizer::from_gguf(model->file());
-    const ChatTemplate tmpl = chat_template_for(model->file());
+    const ChatTemplate tmpl = chat_template_override(model->file(), o->chat_template, o->chat_template_file);
+    // Pooling for /v1/embeddings: the flag, else llama.cpp's {arch}.pooling_type (1 mean, 2 cls, 3 last).
+    Pooling pooling = Pooling::mean;
+    if (o->pooling == "last") pooling = Pooling::last;
+    if (o->pooling == "cls") pooling = Pooling::cls;
+    if (o->pooling.empty()) {
+      const auto t = model->file().get_int(model->config().arch + ".pooling_type");
+      if (t == 2) pooling = Pooling::cls;
+      if (t == 3) pooling = Pooling::last;
+    }
     Engine engine(*model, *tok,
                   {.n_parallel = o->parallel,
                    .n_ctx = o->m.ctx,
@@ -126,8 +151,11 @@ Command add_serve(CLI::App& app) {
                                .tokenizer = tok.get(),
                                .chat_template = &tmpl,
                                .engine = &engine,
-                               .id = path.stem().string(),
-                               .aliases = {path.filename().string(), o->m.model}};
+                               .id = o->alias.empty() ? path.stem().string() : o->alias,
+                               .aliases = {path.filename().string(), o->m.model},
+                               .path = o->m.model,
+                               .pooling = pooling};
+    if (!o->alias.empty()) served.aliases.push_back(path.stem().string());
     if (!model->config().name.empty()) served.aliases.push_back(model->config().name);
     srv.set_ready(served);
     log::info("ready: model '{}' on http://{}:{} ({} slots of {} tokens)", served.id, o->http.host,

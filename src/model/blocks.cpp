@@ -155,7 +155,7 @@ Backend& Exec::enter(int64_t il) {
     // A decode step of a model wholly on one device is one graph from here to the logits, keyed by
     // everything the recorded ops bake in (batch layout, caches, scratch addresses).
     PassGraphs* graphs = want->pass_graphs();
-    if (graphs && il == 0 && decode_only_ && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
+    if (graphs && il == 0 && decode_only_ && !args_.hidden && m_.n_offloaded() == m_.config().n_layer && graphs_enabled()) {
       std::string key = fmt::format("m{}|kv{}|st{}|ar{}|", fmt::ptr(&m_), args_.cache ? args_.cache->id() : 0,
                                     args_.state ? args_.state->id() : 0, want->scratch().generation());
       if (const DecodeFusions* f = want->decode_fusions()) key += fmt::format("af{}|", f->decode_attention_form(max_pos_));
@@ -177,7 +177,7 @@ void Exec::output_logits(std::vector<float>& logits) {
   const ModelWeights& w = b_->is_host() ? m_.host_weights() : m_.io_weights();
   const int64_t n_out = (int64_t)out_rows_.size(), E = c.n_embd;
   Backend& b = *b_;
-  logits.resize(n_out * c.n_vocab);
+  if (!args_.hidden) logits.resize(n_out * c.n_vocab);
   if (replaying_) {  // the recorded graph computes the head too, into the scratch address it recorded
     const size_t mark = arena().mark();
     float* y = arena().take<float>(n_out * c.n_vocab);
@@ -192,6 +192,12 @@ void Exec::output_logits(std::vector<float>& logits) {
   } else {
     b.gather_rows(a_->x, out_rows_, E, a_->cur);
     b.rmsnorm(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+  }
+  if (args_.hidden) {  // embeddings: the normed rows themselves, no head
+    logits.clear();
+    args_.hidden->resize(n_out * E);
+    b.copy_to_host(args_.hidden->data(), a_->cur, args_.hidden->size() * sizeof(float));
+    return;
   }
   const Weight& head = w.output ? w.output : w.tok_embd;
   if (b.is_host()) {

@@ -110,6 +110,9 @@ struct ForwardArgs {
   std::span<const BatchSegment> segments = {};
   RecurrentState* state = nullptr;  // per-slot recurrent state; required by models with recurrent layers
   RoutingSink* routing_stats = nullptr;  // MoE models: count each layer's expert choices here
+  // Embeddings: when set, the output rows' hidden states after the final norm ([n_out][n_embd]) go here
+  // instead of logits (the output head is skipped; `logits` comes back empty).
+  std::vector<float>* hidden = nullptr;
 };
 
 // Layer il's routed-experts FFN as the backend's MoE ops take it (lw: the layer's weights on its device).

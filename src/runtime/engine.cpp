@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 
 #include "base/log.h"
 #include "runtime/experts/rebalancer.h"
@@ -24,6 +25,18 @@ const char* finish_name(Finish f) {
       break;
   }
   return "none";
+}
+
+const char* pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::mean:
+      return "mean";
+    case Pooling::last:
+      return "last";
+    case Pooling::cls:
+      return "cls";
+  }
+  return "mean";
 }
 
 // --- Job -------------------------------------------------------------------------------------------
@@ -55,16 +68,23 @@ void Job::push(std::string text, TokenLogprob* lp) {
   cv_.notify_all();
 }
 
-void Job::finish(Finish f, std::string error) {
+void Job::finish(Finish f, std::string error, int stop_index) {
   std::lock_guard lk(mu_);
   if (done_) return;
   pending_.finish = f;
   pending_.error = std::move(error);
+  pending_.stop_index = stop_index;
   done_ = has_news_ = true;
   cv_.notify_all();
 }
 
 // --- Engine ----------------------------------------------------------------------------------------
+
+struct Engine::EmbedTask {
+  std::vector<int32_t> tokens;
+  Pooling pooling = Pooling::mean;
+  std::promise<std::vector<float>> result;
+};
 
 struct Engine::Slot {
   enum class State { idle, prefill, generate };
@@ -207,7 +227,7 @@ Engine::Stats Engine::stats() const {
   return s;
 }
 
-void Engine::release(Slot& s, Finish f, std::string error) {
+void Engine::release(Slot& s, Finish f, std::string error, int stop_index) {
   if (s.state == Slot::State::idle) return;
   std::shared_ptr<Job> job = std::move(s.job);
   s.sampler.reset();
@@ -218,7 +238,7 @@ void Engine::release(Slot& s, Finish f, std::string error) {
   s.n_past = 0;
   if (f == Finish::error) s.tokens.clear();  // a failed forward may have left the rows half-written
   busy_.fetch_sub(1);  // before finish(): whoever sees the end sees the slot free
-  if (job) job->finish(f, std::move(error));
+  if (job) job->finish(f, std::move(error), stop_index);
 }
 
 // The free slot that can resume `job`'s prompt furthest: from its own rows (for a hybrid model only when
@@ -348,11 +368,13 @@ void Engine::publish_cache_stats() {
 void Engine::loop() {
   std::vector<Slot*> active;
   std::vector<std::shared_ptr<Job>> admitted;
+  std::deque<std::unique_ptr<EmbedTask>> tasks;
   while (true) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || busy_.load() > 0; });
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !tasks_.empty() || busy_.load() > 0; });
       if (stop_) break;
+      tasks.swap(tasks_);
       // Take queued requests for the free slots, dropping the ones whose client already left; admitting
       // them (cache copies) happens outside the lock.
       int free_slots = 0;
@@ -369,6 +391,14 @@ void Engine::loop() {
         --free_slots;
       }
     }
+    for (auto& t : tasks) {  // embeddings: between steps, with the model to themselves
+      try {
+        t->result.set_value(embed_now(t->tokens, t->pooling));
+      } catch (...) {
+        t->result.set_exception(std::current_exception());
+      }
+    }
+    tasks.clear();
     for (auto& job : admitted) admit(std::move(job));
     admitted.clear();
     for (auto& slot : slots_)
@@ -394,6 +424,67 @@ void Engine::loop() {
   }
   for (auto& slot : slots_)
     if (slot->state != Slot::State::idle) release(*slot, Finish::error, "the server is shutting down");
+  std::lock_guard lk(mu_);
+  for (auto& t : tasks_) t->result.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
+  tasks_.clear();
+}
+
+std::vector<float> Engine::embed(std::vector<int32_t> tokens, Pooling pooling) {
+  if (tokens.empty()) fail("the input is empty");
+  if ((int64_t)tokens.size() > cache_.n_ctx())
+    fail("the input has {} tokens; the context of a slot holds {}", tokens.size(), cache_.n_ctx());
+  for (int32_t t : tokens)
+    if (t < 0 || t >= model_.config().n_vocab)
+      fail("token id {} is out of range [0, {})", t, model_.config().n_vocab);
+  auto task = std::make_unique<EmbedTask>();
+  task->tokens = std::move(tokens);
+  task->pooling = pooling;
+  std::future<std::vector<float>> done = task->result.get_future();
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) fail("the server is shutting down");
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+  return done.get();
+}
+
+std::vector<float> Engine::embed_now(const std::vector<int32_t>& tokens, Pooling pooling) {
+  const ModelConfig& c = model_.config();
+  if (!embed_cache_)
+    embed_cache_ = std::make_unique<KvCache>(c, cache_.n_ctx(), 1, model_.layer_devices(), opts_.cache_types);
+  if (state_ && !embed_state_) embed_state_ = std::make_unique<RecurrentState>(c, 1, model_.layer_devices());
+  if (embed_state_) embed_state_->reset(0);
+  const int64_t n = (int64_t)tokens.size(), E = c.n_embd;
+  std::vector<double> sum(E, 0.0);
+  std::vector<float> hidden, logits;
+  for (int64_t pos = 0; pos < n; pos += opts_.prefill_chunk) {
+    const int64_t len = std::min(opts_.prefill_chunk, n - pos);
+    const bool first = pos == 0, last = pos + len == n;
+    // Only the rows pooling needs: every row (mean), the first chunk's (cls), the last token's (last).
+    const bool rows = pooling == Pooling::mean || (pooling == Pooling::cls && first);
+    model_.forward({.tokens = std::span<const int32_t>(tokens).subspan(pos, len),
+                    .pos0 = (int32_t)pos,
+                    .cache = embed_cache_.get(),
+                    .seq = 0,
+                    .all_logits = rows,
+                    .state = embed_state_.get(),
+                    .hidden = &hidden},
+                   logits, pool_);
+    if (pooling == Pooling::mean) {
+      for (int64_t r = 0; r < len; ++r)
+        for (int64_t i = 0; i < E; ++i) sum[i] += hidden[r * E + i];
+    } else if ((pooling == Pooling::cls && first) || (pooling == Pooling::last && last)) {
+      const float* row = pooling == Pooling::cls ? hidden.data() : hidden.data() + hidden.size() - E;
+      for (int64_t i = 0; i < E; ++i) sum[i] = row[i];
+    }
+  }
+  double norm = 0;
+  for (double v : sum) norm += v * v;
+  norm = std::sqrt(norm);
+  std::vector<float> out(E);
+  for (int64_t i = 0; i < E; ++i) out[i] = norm > 0 ? (float)(sum[i] / norm) : 0.0f;
+  return out;
 }
 
 int64_t Engine::step(std::vector<Slot*>& active) {
@@ -504,7 +595,7 @@ void Engine::sample_and_emit(Slot& s, std::span<const float> logits) {
   StopMatcher::Step st = s.stops->push(s.utf8->push(id));
   if (st.stopped) {
     job.push(std::move(st.text), p.top_logprobs >= 0 ? &lp : nullptr);
-    release(s, Finish::stop);
+    release(s, Finish::stop, {}, (int)st.stop_index);
     return;
   }
   const bool at_max = p.max_tokens > 0 && job.n_generated() >= p.max_tokens;

@@ -79,6 +79,11 @@ struct TokenLogprob {
 };
 
 enum class Finish { none, stop, length, cancelled, error };
+
+// How an embedding is made of a prompt's hidden states (after the final norm): their mean, the last
+// token's, or the first token's (BERT's CLS position).
+enum class Pooling { mean, last, cls };
+const char* pooling_name(Pooling p);
 const char* finish_name(Finish f);  // "stop", "length", ...
 
 // The channel of one request. The engine appends; the consumer takes what has arrived.
@@ -89,6 +94,7 @@ class Job {
     std::vector<TokenLogprob> logprobs;
     Finish finish = Finish::none;  // set in the last update
     std::string error;
+    int stop_index = -1;  // finish == stop on a stop string: its index in GenerateParams::stop
   };
   // Waits up to `timeout` for output; moves everything new into `out` (replacing it). False when nothing
   // new arrived in time.
@@ -106,7 +112,7 @@ class Job {
  private:
   friend class Engine;
   void push(std::string text, TokenLogprob* lp);
-  void finish(Finish f, std::string error = {});
+  void finish(Finish f, std::string error = {}, int stop_index = -1);
 
   GenerateParams params_;
   int64_t n_prompt_ = 0;
@@ -134,6 +140,12 @@ class Engine {
 
   // Throws Error for an empty prompt or one that does not fit a slot's context, QueueFull past capacity.
   std::shared_ptr<Job> submit(GenerateParams params);
+
+  // The embedding of `tokens`: their final-normed hidden states pooled and L2-normalised. Runs on the
+  // engine thread between batching steps, prefilled in chunks on a cache slot of its own (made at the
+  // first call, so serving chat costs no memory for it). Blocks until done; throws Error for an empty
+  // prompt, one longer than a slot's context, or out-of-range ids.
+  std::vector<float> embed(std::vector<int32_t> tokens, Pooling pooling);
 
   int64_t n_ctx() const { return cache_.n_ctx(); }
   int n_parallel() const { return opts_.n_parallel; }
@@ -168,11 +180,12 @@ class Engine {
   void admit(std::shared_ptr<Job> job);
   int64_t step(std::vector<Slot*>& active);  // returns the tokens forwarded
   void sample_and_emit(Slot& s, std::span<const float> logits);
-  void release(Slot& s, Finish f, std::string error = {});
+  void release(Slot& s, Finish f, std::string error = {}, int stop_index = -1);
   void save_slot(Slot& s);
   int64_t next_checkpoint(const Slot& s) const;
   void maybe_store(Slot& s);
   void publish_cache_stats();
+  std::vector<float> embed_now(const std::vector<int32_t>& tokens, Pooling pooling);
 
   const Model& model_;
   const Tokenizer& tok_;
@@ -188,6 +201,10 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  struct EmbedTask;
+  std::deque<std::unique_ptr<EmbedTask>> tasks_;  // embed(): run on the engine thread between steps
+  std::unique_ptr<KvCache> embed_cache_;      // embed()'s own slot (engine thread)
+  std::unique_ptr<RecurrentState> embed_state_;
   bool stop_ = false;
   uint64_t admitted_ = 0;
 

@@ -9,10 +9,13 @@
 
 namespace xpert::server {
 
+using namespace fields;
+
 namespace {
 
 constexpr int kMaxJsonDepth = 64;
 constexpr size_t kMaxStops = 4;  // OpenAI's limit
+constexpr int kMaxChoices = 128;  // n times prompts
 
 const char* default_type(int status) {
   switch (status) {
@@ -50,61 +53,6 @@ bool too_deep(const std::string& s) {
     }
   }
   return false;
-}
-
-const char* type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
-[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
-
-// Optional fields: absent or null means "use the default".
-const ojson* field(const ojson& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-double number(const ojson& body, const char* name, double lo, double hi, double def) {
-  const ojson* v = field(body, name);
-  if (!v) return def;
-  if (!v->is_number()) bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
-  const double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi)
-    bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
-  return d;
-}
-
-int64_t integer(const ojson& body, const char* name, int64_t lo, int64_t hi, int64_t def) {
-  const ojson* v = field(body, name);
-  if (!v) return def;
-  if (v->is_number_float()) {
-    const double d = v->get<double>();
-    if (d != std::floor(d)) bad(name, fmt::format("'{}' must be an integer, got {}", name, d));
-    if (d < (double)lo || d > (double)hi)
-      bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
-    return (int64_t)d;
-  }
-  if (!v->is_number_integer() && !v->is_number_unsigned())
-    bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
-  if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t)std::numeric_limits<int64_t>::max())
-    bad(name, fmt::format("'{}' must be between {} and {}", name, lo, hi));
-  const int64_t i = v->get<int64_t>();
-  if (i < lo || i > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, i));
-  return i;
-}
-
-bool boolean(const ojson& body, const char* name, bool def) {
-  const ojson* v = field(body, name);
-  if (!v) return def;
-  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
-  return v->get<bool>();
 }
 
 void check_messages(const ojson& body) {
@@ -152,55 +100,151 @@ void check_messages(const ojson& body) {
   }
 }
 
-std::vector<std::string> parse_stop(const ojson& body) {
-  const ojson* v = field(body, "stop");
+Prompt token_prompt(const ojson& p, const std::string& param) {
+  Prompt out;
+  out.is_tokens = true;
+  if (p.empty()) bad(param, fmt::format("'{}' must not be empty", param));
+  for (const ojson& t : p) {
+    if (!t.is_number_integer() && !t.is_number_unsigned())
+      bad(param, fmt::format("'{}' token ids must be integers, got {}", param, type_name(t)));
+    const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX ? -1 : t.get<int64_t>();
+    if (id < 0 || id > INT32_MAX) bad(param, fmt::format("'{}' token id {} is out of range", param, t.dump()));
+    out.tokens.push_back((int32_t)id);
+  }
+  return out;
+}
+
+}  // namespace
+
+// A string, an array of token ids, or an array of either (several prompts).
+std::vector<Prompt> parse_prompts(const ojson& p, const std::string& param, size_t max) {
+  if (p.is_string()) return {Prompt{.text = p.get<std::string>(), .tokens = {}, .is_tokens = false}};
+  if (!p.is_array())
+    bad(param, fmt::format("'{}' must be a string, an array of token ids or an array of those, got {}", param,
+                           type_name(p)));
+  if (p.empty()) bad(param, fmt::format("'{}' must not be empty", param));
+  if (!p[0].is_string() && !p[0].is_array()) return {token_prompt(p, param)};
+  if (p.size() > max) bad(param, fmt::format("'{}' has {} prompts; at most {} are allowed", param, p.size(), max));
+  std::vector<Prompt> out;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", param, i);
+    if (p[i].is_string())
+      out.push_back(Prompt{.text = p[i].get<std::string>(), .tokens = {}, .is_tokens = false});
+    else if (p[i].is_array())
+      out.push_back(token_prompt(p[i], param));
+    else
+      bad(param, fmt::format("'{}' must be a string or an array of token ids, got {}", at, type_name(p[i])));
+  }
+  return out;
+}
+
+namespace fields {
+
+const char* type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+void bad(const std::string& param, const std::string& msg) { throw ApiError(400, msg, param); }
+
+// Optional fields: absent or null means "use the default".
+const ojson* field(const ojson& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number(const ojson& body, const char* name, double lo, double hi, double def) {
+  const ojson* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number()) bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
+  return d;
+}
+
+int64_t integer(const ojson& body, const char* name, int64_t lo, int64_t hi, int64_t def) {
+  const ojson* v = field(body, name);
+  if (!v) return def;
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (d != std::floor(d)) bad(name, fmt::format("'{}' must be an integer, got {}", name, d));
+    if (d < (double)lo || d > (double)hi)
+      bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, d));
+    return (int64_t)d;
+  }
+  if (!v->is_number_integer() && !v->is_number_unsigned())
+    bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
+  if (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t)std::numeric_limits<int64_t>::max())
+    bad(name, fmt::format("'{}' must be between {} and {}", name, lo, hi));
+  const int64_t i = v->get<int64_t>();
+  if (i < lo || i > hi) bad(name, fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, i));
+  return i;
+}
+
+bool boolean(const ojson& body, const char* name, bool def) {
+  const ojson* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
+  return v->get<bool>();
+}
+
+std::string string(const ojson& body, const char* name, const std::string& def) {
+  const ojson* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_string()) bad(name, fmt::format("'{}' must be a string, got {}", name, type_name(*v)));
+  return v->get<std::string>();
+}
+
+ojson parse_body(const std::string& text) {
+  if (too_deep(text)) bad("", fmt::format("the JSON body is nested deeper than {} levels", kMaxJsonDepth));
+  ojson body = ojson::parse(text, nullptr, false);
+  if (body.is_discarded())
+    bad("", "could not parse the JSON body of the request: it is not valid JSON (or not valid UTF-8)");
+  if (!body.is_object())
+    bad("", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
+  return body;
+}
+
+void sampling(const ojson& body, SamplingParams& sp) {
+  sp.temperature = (float)number(body, "temperature", 0, 2, sp.temperature);
+  sp.top_p = (float)number(body, "top_p", 0, 1, sp.top_p);
+  sp.top_k = (int32_t)integer(body, "top_k", 0, 1 << 20, sp.top_k);
+  sp.min_p = (float)number(body, "min_p", 0, 1, sp.min_p);
+  sp.presence_penalty = (float)number(body, "presence_penalty", -2, 2, sp.presence_penalty);
+  sp.frequency_penalty = (float)number(body, "frequency_penalty", -2, 2, sp.frequency_penalty);
+  sp.repeat_penalty = (float)number(body, "repeat_penalty", 0, 10, sp.repeat_penalty);
+  if (field(body, "seed")) {
+    const int64_t seed =
+        integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 0);
+    sp.seed = (uint64_t)seed;
+    if (sp.seed == 0xFFFFFFFF) sp.seed = 0xFFFFFFFE;  // 0xFFFFFFFF means "random" to the sampler
+  }
+}
+
+std::vector<std::string> stops(const ojson& body, const char* name, size_t max) {
+  const ojson* v = field(body, name);
   if (!v) return {};
   if (v->is_string()) return {v->get<std::string>()};
   if (!v->is_array())
-    bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*v)));
-  if (v->size() > kMaxStops)
-    bad("stop", fmt::format("'stop' has {} entries; at most {} are allowed", v->size(), kMaxStops));
+    bad(name, fmt::format("'{}' must be a string or an array of strings, got {}", name, type_name(*v)));
+  if (v->size() > max)
+    bad(name, fmt::format("'{}' has {} entries; at most {} are allowed", name, v->size(), max));
   std::vector<std::string> out;
   for (const ojson& s : *v) {
-    if (!s.is_string()) bad("stop", fmt::format("'stop' entries must be strings, got {}", type_name(s)));
+    if (!s.is_string()) bad(name, fmt::format("'{}' entries must be strings, got {}", name, type_name(s)));
     out.push_back(s.get<std::string>());
   }
   return out;
 }
 
-void parse_prompt(const ojson& body, CompletionRequest& r) {
-  auto it = body.find("prompt");
-  if (it == body.end() || it->is_null())
-    bad("prompt", "'prompt' is required: a string or an array of token ids");
-  const ojson& p = *it;
-  if (p.is_string()) {
-    r.prompt_text = p.get<std::string>();
-    return;
-  }
-  if (!p.is_array())
-    bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}", type_name(p)));
-  if (p.empty()) bad("prompt", "'prompt' must not be empty");
-  if (p[0].is_string() || p[0].is_array()) {
-    if (p.size() > 1)
-      bad("prompt", "several prompts in one request are not supported; send one request per prompt");
-    if (p[0].is_string()) {
-      r.prompt_text = p[0].get<std::string>();
-      return;
-    }
-    return parse_prompt(ojson{{"prompt", p[0]}}, r);
-  }
-  for (const ojson& t : p) {
-    if (!t.is_number_integer() && !t.is_number_unsigned())
-      bad("prompt", fmt::format("'prompt' token ids must be integers, got {}", type_name(t)));
-    const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX ? -1 : t.get<int64_t>();
-    if (id < 0 || id > INT32_MAX)
-      bad("prompt", fmt::format("'prompt' token id {} is out of range", t.dump()));
-    r.prompt_tokens.push_back((int32_t)id);
-  }
-  r.prompt_is_tokens = true;
-}
-
-}  // namespace
+}  // namespace fields
 
 ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string code_,
                    std::string type_)
@@ -223,13 +267,7 @@ std::string error_body(int status, const std::string& message, const std::string
 }
 
 CompletionRequest parse_completion_request(const std::string& text, bool chat) {
-  if (too_deep(text)) bad("", fmt::format("the JSON body is nested deeper than {} levels", kMaxJsonDepth));
-  ojson body = ojson::parse(text, nullptr, false);
-  if (body.is_discarded())
-    bad("", "could not parse the JSON body of the request: it is not valid JSON (or not valid UTF-8)");
-  if (!body.is_object())
-    bad("", fmt::format("the request body must be a JSON object, got {}", type_name(body)));
-
+  const ojson body = parse_body(text);
   CompletionRequest r;
   r.chat = chat;
   if (const ojson* m = field(body, "model")) {
@@ -244,36 +282,30 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       if (!t->empty()) r.tools = *t;
     }
   } else {
-    parse_prompt(body, r);
-    if (boolean(body, "echo", false)) bad("echo", "'echo' is not supported");
-    if (const ojson* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
-      bad("suffix", "'suffix' is not supported");
+    auto p = body.find("prompt");
+    if (p == body.end() || p->is_null())
+      bad("prompt", "'prompt' is required: a string, an array of token ids, or an array of those");
+    r.prompts = parse_prompts(*p, "prompt", kMaxChoices);
+    r.echo = boolean(body, "echo", false);
+    if (const ojson* s = field(body, "suffix")) {
+      if (!s->is_string()) bad("suffix", fmt::format("'suffix' must be a string, got {}", type_name(*s)));
+      r.suffix = s->get<std::string>();
+    }
     if (const ojson* b = field(body, "best_of"); b && !(b->is_number_integer() && b->get<int64_t>() == 1))
       bad("best_of", "'best_of' other than 1 is not supported");
   }
 
-  if (integer(body, "n", 1, 128, 1) != 1)
-    bad("n", "'n' greater than 1 is not supported; send one request per choice");
+  r.n = (int)integer(body, "n", 1, kMaxChoices, 1);
+  if (r.n * std::max<size_t>(1, r.prompts.size()) > kMaxChoices)
+    bad("n", fmt::format("{} prompts times n = {} is more than {} choices in one request", r.prompts.size(), r.n,
+                         kMaxChoices));
 
-  SamplingParams& sp = r.gen.sampling;
-  sp.temperature = (float)number(body, "temperature", 0, 2, sp.temperature);
-  sp.top_p = (float)number(body, "top_p", 0, 1, sp.top_p);
-  sp.top_k = (int32_t)integer(body, "top_k", 0, 1 << 20, sp.top_k);
-  sp.min_p = (float)number(body, "min_p", 0, 1, sp.min_p);
-  sp.presence_penalty = (float)number(body, "presence_penalty", -2, 2, sp.presence_penalty);
-  sp.frequency_penalty = (float)number(body, "frequency_penalty", -2, 2, sp.frequency_penalty);
-  sp.repeat_penalty = (float)number(body, "repeat_penalty", 0, 10, sp.repeat_penalty);
-  if (field(body, "seed")) {
-    const int64_t seed =
-        integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), 0);
-    sp.seed = (uint64_t)seed;
-    if (sp.seed == 0xFFFFFFFF) sp.seed = 0xFFFFFFFE;  // 0xFFFFFFFF means "random" to the sampler
-  }
+  sampling(body, r.gen.sampling);
 
   int64_t max_tokens = integer(body, "max_tokens", 1, 1 << 24, 0);
   if (chat) max_tokens = integer(body, "max_completion_tokens", 1, 1 << 24, max_tokens);
   r.gen.max_tokens = max_tokens;
-  r.gen.stop = parse_stop(body);
+  r.gen.stop = stops(body, "stop", kMaxStops);
 
   if (chat) {
     r.logprobs = boolean(body, "logprobs", false);
@@ -287,6 +319,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       bad("logprobs", "'logprobs' of /v1/completions is an integer (0 to 5), got a boolean");
     r.gen.top_logprobs = lp ? (int)integer(body, "logprobs", 0, 5, 0) : -1;
     r.logprobs = lp != nullptr;
+    if (r.echo && r.logprobs)
+      bad("logprobs", "'logprobs' together with 'echo' (the prompt's own logprobs) is not supported");
   }
 
   r.stream = boolean(body, "stream", false);

@@ -3,6 +3,7 @@
 // names the parameter (OpenAI's `param`) and says what was expected.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -23,23 +24,51 @@ struct ApiError : std::runtime_error {
 std::string error_body(int status, const std::string& message, const std::string& param = {},
                        const std::string& code = {}, const std::string& type = {});
 
+// A prompt of /v1/completions: text, or token ids.
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
 struct CompletionRequest {
   bool chat = false;
-  std::string model;                   // empty when the client sent none
-  ojson messages;                      // chat: checked array of {role, content, ...}
-  ojson tools = nullptr;               // chat: passed to the template
-  std::string prompt_text;             // completions: text prompt ...
-  std::vector<int32_t> prompt_tokens;  // ... or token ids
-  bool prompt_is_tokens = false;
+  std::string model;           // empty when the client sent none
+  ojson messages;              // chat: checked array of {role, content, ...}
+  ojson tools = nullptr;       // chat: passed to the template
+  std::vector<Prompt> prompts; // completions: one or more (OpenAI's "array of strings" / "of arrays")
+  int n = 1;                   // choices per prompt
+  bool echo = false;           // completions: the prompt comes back before each choice's text
+  std::optional<std::string> suffix;  // completions: the text after the gap (fill-in-the-middle)
   GenerateParams gen;  // everything but the prompt
   bool stream = false, include_usage = false;
   bool logprobs = false;  // chat: logprobs; completions: logprobs is an int (gen.top_logprobs)
 };
+
+// A prompt field: a string, an array of token ids, or an array of up to `max` of those.
+std::vector<Prompt> parse_prompts(const ojson& p, const std::string& param, size_t max);
 
 // Throws ApiError (400) for malformed JSON and for every field of the wrong type or out of range.
 CompletionRequest parse_completion_request(const std::string& body, bool chat);
 
 // JSON dump that never throws on invalid UTF-8 (replaced by U+FFFD).
 std::string dump(const ojson& j);
+
+// The checks every API's parser shares. Each throws ApiError(400) naming the field; absent or null
+// optional fields give the default.
+namespace fields {
+ojson parse_body(const std::string& text);  // a JSON object, not nested too deep
+const char* type_name(const ojson& v);
+[[noreturn]] void bad(const std::string& param, const std::string& msg);
+const ojson* field(const ojson& body, const char* name);
+double number(const ojson& body, const char* name, double lo, double hi, double def);
+int64_t integer(const ojson& body, const char* name, int64_t lo, int64_t hi, int64_t def);
+bool boolean(const ojson& body, const char* name, bool def);
+std::string string(const ojson& body, const char* name, const std::string& def = {});
+// temperature, top_p, top_k, min_p, penalties, seed: the sampling fields the APIs share.
+void sampling(const ojson& body, SamplingParams& sp);
+// 'stop' (OpenAI) or 'stop_sequences' (Anthropic): a string or up to `max` strings.
+std::vector<std::string> stops(const ojson& body, const char* name, size_t max);
+}  // namespace fields
 
 }  // namespace xpert::server

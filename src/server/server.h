@@ -7,11 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine.h"
+
 namespace xpert {
 class Model;
 class Tokenizer;
 class ChatTemplate;
-class Engine;
 }  // namespace xpert
 
 namespace xpert::server {
@@ -22,6 +23,7 @@ struct ServeOptions {
   std::string api_key;  // empty: no authentication
   size_t max_body_bytes = 1 << 20;
   int n_http_threads = 80;  // must cover the slots plus the queue plus a few for /health
+  bool strict_model = false;  // a request naming another model is a 404 (default: the one model serves it)
 };
 
 struct ServedModel {
@@ -31,6 +33,8 @@ struct ServedModel {
   Engine* engine = nullptr;
   std::string id;                    // the name /v1/models lists (the file stem)
   std::vector<std::string> aliases;  // other names a request may use (file name, general.name)
+  std::string path;                  // the model file (llama.cpp's /props model_path)
+  Pooling pooling = Pooling::mean;   // /v1/embeddings
 };
 
 class Server {

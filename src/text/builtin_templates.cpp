@@ -1,5 +1,9 @@
 #include "text/builtin_templates.h"
 
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
 #include "base/log.h"
 #include "format/gguf.h"
 
@@ -89,6 +93,43 @@ ChatTemplate chat_template_for(const gguf::GGUFFile& file) {
   }
   log::warn("chat template: the file has none and there is no built-in one for '{}'; using ChatML", arch);
   return ChatTemplate::chatml(token_text(file, "tokenizer.ggml.bos_token_id"), token_text(file, "tokenizer.ggml.eos_token_id"));
+}
+
+std::vector<std::string> builtin_chat_template_names() {
+  std::vector<std::string> names = {"chatml"};
+  for (const Builtin& b : kBuiltins) names.emplace_back(b.arch);
+  return names;
+}
+
+ChatTemplate chat_template_override(const gguf::GGUFFile& file, const std::string& name, const std::string& path) {
+  const std::string bos = token_text(file, "tokenizer.ggml.bos_token_id"),
+                    eos = token_text(file, "tokenizer.ggml.eos_token_id");
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("--chat-template-file {}: cannot read the file", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().empty()) fail("--chat-template-file {}: the file is empty", path);
+    log::info("chat template: from {}", path);
+    try {
+      return ChatTemplate(ss.str(), bos, eos);
+    } catch (const Error& e) {
+      fail("--chat-template-file {}: {}", path, e.what());
+    }
+  }
+  if (!name.empty()) {
+    if (name == "chatml") return ChatTemplate::chatml(bos, eos);
+    if (auto src = builtin_chat_template(name)) {
+      log::info("chat template: the built-in {} template (--chat-template)", name);
+      return ChatTemplate(std::string(*src), bos, eos);
+    }
+    std::string known;
+    for (const std::string& n : builtin_chat_template_names()) known += (known.empty() ? "" : ", ") + n;
+    fail("--chat-template {}: no built-in template of that name (built-in: {}); use --chat-template-file for "
+         "a Jinja file",
+         name, known);
+  }
+  return chat_template_for(file);
 }
 
 }  // namespace xpert

@@ -87,3 +87,11 @@ def server():
 def client(server):
     import openai
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def strict_server():
+    """--strict-model with --alias and a built-in template other than the model's."""
+    s = start_server("--strict-model", "--alias", "my-model", "--chat-template", "chatml")
+    yield s
+    stop_server(s)

@@ -68,7 +68,7 @@ CASES = [
     ("stop number", CHAT, {"messages": OK_MSGS, "stop": 5}, 400, "stop"),
     ("stop list of numbers", CHAT, {"messages": OK_MSGS, "stop": [1, 2]}, 400, "stop"),
     ("too many stops", CHAT, {"messages": OK_MSGS, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("n > 1", CHAT, {"messages": OK_MSGS, "n": 2}, 400, "n"),
+    ("n too large", CHAT, {"messages": OK_MSGS, "n": 200}, 400, "n"),
     ("stream not bool", CHAT, {"messages": OK_MSGS, "stream": "yes"}, 400, "stream"),
     ("stream_options without stream", CHAT, {"messages": OK_MSGS, "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
@@ -79,13 +79,24 @@ CASES = [
     ("completions missing prompt", COMPL, {"max_tokens": 2}, 400, "prompt"),
     ("completions prompt number", COMPL, {"prompt": 5}, 400, "prompt"),
     ("completions empty prompt list", COMPL, {"prompt": []}, 400, "prompt"),
-    ("completions several prompts", COMPL, {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions mixed prompt list", COMPL, {"prompt": [1, "b"]}, 400, "prompt"),
+    ("completions prompt list of numbers", COMPL, {"prompt": ["a", 5]}, 400, "prompt"),
     ("completions token out of range", COMPL, {"prompt": [1, 99999999]}, 400, "prompt"),
     ("completions negative token", COMPL, {"prompt": [1, -5]}, 400, "prompt"),
     ("completions logprobs bool", COMPL, {"prompt": "a", "logprobs": True}, 400, "logprobs"),
     ("completions logprobs too many", COMPL, {"prompt": "a", "logprobs": 9}, 400, "logprobs"),
-    ("completions echo", COMPL, {"prompt": "a", "echo": True}, 400, "echo"),
-    ("completions n", COMPL, {"prompt": "a", "n": 3}, 400, "n"),
+    ("completions echo with logprobs", COMPL, {"prompt": "a", "echo": True, "logprobs": 1}, 400, "logprobs"),
+    ("completions n zero", COMPL, {"prompt": "a", "n": 0}, 400, "n"),
+    ("completions too many choices", COMPL, {"prompt": ["a", "b", "c"], "n": 50}, 400, "n"),
+    ("completions suffix number", COMPL, {"prompt": "a", "suffix": 3}, 400, "suffix"),
+    ("completions suffix without FIM tokens", COMPL, {"prompt": "a", "suffix": "b"}, 400, "suffix"),
+    ("embeddings missing input", "/v1/embeddings", {"model": "x"}, 400, "input"),
+    ("embeddings bad format", "/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 400, "encoding_format"),
+    ("embeddings token out of range", "/v1/embeddings", {"input": [[1, 99999999]]}, 400, "input"),
+    ("embeddings dimensions", "/v1/embeddings", {"input": "a", "dimensions": 3}, 400, "dimensions"),
+    ("tokenize without content", "/tokenize", {"text": "a"}, 400, "content"),
+    ("detokenize strings", "/detokenize", {"tokens": ["a"]}, 400, "tokens"),
+    ("infill input_extra", "/infill", {"input_prefix": "a", "input_extra": [{"text": "x"}]}, 400, "input_extra"),
 ]
 
 
@@ -98,13 +109,22 @@ def test_bad_request(server, name, path, body, status, param):
     check_error(r, status, param)
 
 
-def test_unknown_model(server):
-    r = requests.post(server.url + CHAT, json={"model": "gpt-17", "messages": OK_MSGS}, timeout=30)
+def test_other_model_name_served(server):
+    """One model serves every name (clients hard-code theirs); the response reports the name asked for."""
+    r = requests.post(server.url + CHAT, json={"model": "gpt-17", "messages": OK_MSGS, "max_tokens": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "gpt-17"
+
+
+def test_unknown_model_strict(strict_server):
+    r = requests.post(strict_server.url + CHAT, json={"model": "gpt-17", "messages": OK_MSGS}, timeout=30)
     check_error(r, 404, "model", "model_not_found")
+    check_error(requests.get(strict_server.url + "/v1/models/gpt-17", timeout=30), 404, "model", "model_not_found")
 
 
-def test_unknown_model_openai_client(client):
+def test_unknown_model_openai_client(strict_server):
     import openai
+    client = openai.OpenAI(base_url=strict_server.url + "/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=OK_MSGS, max_tokens=1)
     assert e.value.body["code"] == "model_not_found"
@@ -209,3 +229,13 @@ def test_queue_full_503(keyed_server):
     for r in codes:
         if r.status_code == 503:
             check_error(r, 503, code="server_overloaded")
+
+
+def test_messages_x_api_key(keyed_server):
+    anthropic = pytest.importorskip("anthropic")
+    ok = anthropic.Anthropic(base_url=keyed_server.url, api_key="sekrit", max_retries=0)
+    assert ok.messages.create(model="x", max_tokens=1, messages=[{"role": "user", "content": "hi"}]).usage.output_tokens == 1
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        anthropic.Anthropic(base_url=keyed_server.url, api_key="bad", max_retries=0).messages.create(
+            model="x", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["error"]["type"] == "authentication_error"
