@@ -171,6 +171,7 @@ void Server::Impl::routes() {
   add_completion_routes(router);
   add_embedding_routes(router);
   add_anthropic_routes(router);
+  add_responses_routes(router);
   router.finish();
   paths = router.paths();
   for (const char* p : {"/health", "/metrics"}) {

@@ -1,0 +1,391 @@
+// OpenAI's Responses API: POST /v1/responses (input as a string or items: messages, function_call,
+// function_call_output; instructions; function tools; text.format json_schema; streaming events with
+// OpenAI's names) and GET /v1/responses/{id}. A response is kept in memory (bounded, oldest dropped) so a
+// later request can continue it with previous_response_id: its conversation is rendered again and the
+// engine's state cache resumes the shared prefix, so only the new turn is evaluated.
+#include <fmt/format.h>
+
+#include <deque>
+#include <map>
+
+#include "server/context.h"
+#include "server/structured.h"
+
+namespace xpert::server {
+
+namespace {
+
+using namespace fields;
+
+constexpr size_t kMaxStored = 256;             // responses kept for previous_response_id ...
+constexpr size_t kMaxStoredBytes = 64u << 20;  // ... within this much JSON text
+
+struct Stored {
+  ojson messages;  // the conversation (without instructions) up to and including this response's output
+  ojson response;  // what GET /v1/responses/{id} returns
+  size_t bytes = 0;
+};
+
+class ResponseStore {
+ public:
+  void put(const std::string& id, Stored s) {
+    s.bytes = dump(s.messages).size() + dump(s.response).size();
+    std::lock_guard lk(mu_);
+    const size_t b = s.bytes;
+    if (!map_.emplace(id, std::move(s)).second) return;
+    order_.push_back(id);
+    bytes_ += b;
+    while (order_.size() > kMaxStored || (bytes_ > kMaxStoredBytes && order_.size() > 1)) {
+      bytes_ -= map_[order_.front()].bytes;
+      map_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  std::optional<Stored> get(const std::string& id) const {
+    std::lock_guard lk(mu_);
+    auto it = map_.find(id);
+    if (it == map_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Stored> map_;
+  std::deque<std::string> order_;
+  size_t bytes_ = 0;
+};
+
+ResponseStore& store() {
+  static ResponseStore s;
+  return s;
+}
+
+// Content given as a string or a list of text parts.
+std::string content_text(const ojson& c, const std::string& at) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad(at, fmt::format("'{}' must be a string or an array of content parts", at));
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const ojson& p = c[i];
+    const std::string pat = fmt::format("{}[{}]", at, i);
+    const std::string type = p.is_object() ? p.value("type", "") : "";
+    if (type != "input_text" && type != "output_text" && type != "text")
+      bad(pat + ".type", fmt::format("'{}' must be a text part (input_text or output_text); got '{}'", pat, type));
+    if (!p.contains("text") || !p["text"].is_string()) bad(pat + ".text", fmt::format("'{}.text' must be a string", pat));
+    out += p["text"].get<std::string>();
+  }
+  return out;
+}
+
+struct ResponsesRequest {
+  std::string model;
+  ojson messages = ojson::array();  // previous conversation + this input (no instructions)
+  std::string instructions;
+  ojson tools_in = ojson::array();  // as the client sent them (echoed in the response)
+  ojson tools = nullptr;            // for the template
+  std::string previous_id;
+  bool store = true, stream = false;
+  ojson metadata = ojson::object();
+  ojson text_format = {{"type", "text"}};
+  CompletionRequest gen;  // sampling, max tokens, grammar from text.format
+};
+
+// Appends input items (OpenAI's shapes) to `messages` as chat messages.
+void append_items(const ojson& input, ojson& messages) {
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input.get<std::string>()}});
+    return;
+  }
+  if (!input.is_array()) bad("input", fmt::format("'input' must be a string or an array of items, got {}", type_name(input)));
+  for (size_t i = 0; i < input.size(); ++i) {
+    const ojson& it = input[i];
+    const std::string at = fmt::format("input[{}]", i);
+    if (!it.is_object()) bad(at, fmt::format("'{}' must be an object", at));
+    const std::string type = it.value("type", it.contains("role") ? "message" : "");
+    if (type == "message") {
+      const std::string role = it.value("role", "");
+      if (role != "user" && role != "system" && role != "developer" && role != "assistant")
+        bad(at + ".role", fmt::format("'{}.role' must be user, system, developer or assistant", at));
+      if (!it.contains("content")) bad(at + ".content", fmt::format("'{}.content' is required", at));
+      messages.push_back({{"role", role == "developer" ? "system" : role},
+                          {"content", content_text(it["content"], at + ".content")}});
+    } else if (type == "function_call") {
+      for (const char* k : {"call_id", "name", "arguments"})
+        if (!it.contains(k) || !it[k].is_string())
+          bad(fmt::format("{}.{}", at, k), fmt::format("'{}.{}' must be a string", at, k));
+      ojson call = {{"id", it["call_id"]},
+                    {"type", "function"},
+                    {"function", {{"name", it["name"]}, {"arguments", it["arguments"]}}}};
+      // Calls after an assistant message (or each other) belong to that assistant turn.
+      if (!messages.empty() && messages.back()["role"] == "assistant") {
+        ojson& last = messages.back();
+        if (!last.contains("tool_calls")) last["tool_calls"] = ojson::array();
+        last["tool_calls"].push_back(call);
+      } else {
+        messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
+      }
+    } else if (type == "function_call_output") {
+      if (!it.contains("call_id") || !it["call_id"].is_string())
+        bad(at + ".call_id", fmt::format("'{}.call_id' must be a string", at));
+      if (!it.contains("output")) bad(at + ".output", fmt::format("'{}.output' is required", at));
+      messages.push_back({{"role", "tool"},
+                          {"tool_call_id", it["call_id"]},
+                          {"content", content_text(it["output"], at + ".output")}});
+    } else if (type == "reasoning") {
+      continue;  // a reasoning item handed back: its text is not part of the next prompt
+    } else {
+      bad(at + ".type", fmt::format("'{}.type' '{}' is not supported (message, function_call, "
+                                    "function_call_output)", at, type));
+    }
+  }
+}
+
+ResponsesRequest parse_request(const std::string& text) {
+  const ojson body = parse_body(text);
+  ResponsesRequest r;
+  r.model = string(body, "model");
+  r.instructions = string(body, "instructions");
+  r.previous_id = string(body, "previous_response_id");
+  if (!r.previous_id.empty()) {
+    std::optional<Stored> prev = store().get(r.previous_id);
+    if (!prev)
+      throw ApiError(404, fmt::format("No response with id '{}' (it was not stored, or is too old)", r.previous_id),
+                     "previous_response_id", "not_found");
+    r.messages = prev->messages;
+  }
+  const ojson* input = field(body, "input");
+  if (!input) bad("input", "'input' is required: a string or an array of items");
+  append_items(*input, r.messages);
+
+  if (const ojson* t = field(body, "tools")) {
+    if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
+    r.tools_in = *t;
+    ojson tools = ojson::array();
+    for (size_t i = 0; i < t->size(); ++i) {
+      const ojson& d = (*t)[i];
+      const std::string at = fmt::format("tools[{}]", i);
+      if (!d.is_object() || d.value("type", "") != "function")
+        bad(at + ".type", fmt::format("'{}' must be a function tool; built-in tools (web search, files, ...) are "
+                                      "not available here", at));
+      if (!d.contains("name") || !d["name"].is_string()) bad(at + ".name", fmt::format("'{}.name' must be a string", at));
+      ojson fn = {{"name", d["name"]}};
+      if (d.contains("description")) fn["description"] = d["description"];
+      fn["parameters"] = d.contains("parameters") && !d["parameters"].is_null() ? d["parameters"] : ojson{{"type", "object"}};
+      tools.push_back({{"type", "function"}, {"function", fn}});
+    }
+    if (!tools.empty()) r.tools = tools;
+  }
+  if (const ojson* tc = field(body, "tool_choice")) {
+    if (*tc == "none")
+      r.tools = nullptr;
+    else if (*tc != "auto")
+      bad("tool_choice", "'tool_choice' other than \"auto\" or \"none\" is not supported");
+  }
+  if (const ojson* rs = field(body, "reasoning"); rs && !(rs->is_object() && rs->empty()))
+    bad("reasoning", "'reasoning' options are not supported by this server");
+  if (const ojson* inc = field(body, "include"); inc && !(inc->is_array() && inc->empty()))
+    bad("include", "'include' (extra output data) is not supported by this server");
+  if (const ojson* m = field(body, "metadata")) {
+    if (!m->is_object()) bad("metadata", "'metadata' must be an object");
+    r.metadata = *m;
+  }
+  r.store = boolean(body, "store", true);
+  r.stream = boolean(body, "stream", false);
+  boolean(body, "parallel_tool_calls", true);
+  string(body, "user");
+  if (const ojson* tr = field(body, "truncation"); tr && *tr != "disabled" && *tr != "auto")
+    bad("truncation", "'truncation' must be \"disabled\" or \"auto\"");
+
+  sampling(body, r.gen.gen.sampling);
+  r.gen.gen.max_tokens = integer(body, "max_output_tokens", 1, 1 << 24, 0);
+  // text.format: text, json_object or json_schema ({name, schema, strict}), as response_format is.
+  if (const ojson* tx = field(body, "text")) {
+    if (!tx->is_object()) bad("text", "'text' must be an object {format: {...}}");
+    if (tx->contains("format") && !(*tx)["format"].is_null()) {
+      const ojson& f = (*tx)["format"];
+      if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+        bad("text.format", "'text.format' must be an object with a 'type'");
+      r.text_format = f;
+      ojson rf = {{"type", f["type"]}};
+      if (f["type"] == "json_schema") {
+        ojson js = {{"name", f.value("name", "response")}};
+        if (f.contains("schema")) js["schema"] = f["schema"];
+        if (f.contains("strict")) js["strict"] = f["strict"];
+        rf["json_schema"] = js;
+      }
+      try {
+        parse_constraints(ojson{{"response_format", rf}}, r.gen);
+      } catch (ApiError& e) {
+        throw ApiError(e.status, e.what(), "text.format", e.code, e.type);
+      }
+    }
+  }
+  return r;
+}
+
+ojson usage_json(int64_t n_prompt, int64_t n_gen, int64_t n_cached) {
+  return {{"input_tokens", n_prompt},
+          {"input_tokens_details", {{"cached_tokens", n_cached}}},
+          {"output_tokens", n_gen},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", n_prompt + n_gen}};
+}
+
+struct Shell {  // the fields every response object carries
+  std::string id, model, previous_id, instructions;
+  int64_t created = 0;
+  ojson tools, metadata, text_format;
+  int64_t max_output_tokens = 0;
+  float temperature = 1, top_p = 1;
+  bool store = true;
+};
+
+ojson response_object(const Shell& s, const std::string& status, const ojson& output, const ojson& usage,
+                      Finish finish) {
+  ojson r = {{"id", s.id},
+             {"object", "response"},
+             {"created_at", s.created},
+             {"status", status},
+             {"error", nullptr},
+             {"incomplete_details", finish == Finish::length ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr)},
+             {"instructions", s.instructions.empty() ? ojson(nullptr) : ojson(s.instructions)},
+             {"max_output_tokens", s.max_output_tokens > 0 ? ojson(s.max_output_tokens) : ojson(nullptr)},
+             {"model", s.model},
+             {"output", output},
+             {"parallel_tool_calls", true},
+             {"previous_response_id", s.previous_id.empty() ? ojson(nullptr) : ojson(s.previous_id)},
+             {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+             {"store", s.store},
+             {"temperature", s.temperature},
+             {"text", {{"format", s.text_format}}},
+             {"tool_choice", "auto"},
+             {"tools", s.tools},
+             {"top_p", s.top_p},
+             {"truncation", "disabled"},
+             {"usage", usage},
+             {"user", nullptr},
+             {"metadata", s.metadata}};
+  return r;
+}
+
+ojson message_item(const std::string& id, const std::string& text, const std::string& status) {
+  ojson content = ojson::array();
+  if (status == "completed" || !text.empty())
+    content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}});
+  return {{"id", id}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+void responses(Context& ctx, const httplib::Request& req, httplib::Response& res) {
+  ResponsesRequest r = parse_request(req.body);
+  Shell sh;
+  sh.model = ctx.model_name(r.model);
+  sh.id = random_id("resp_");
+  sh.created = unix_now();
+  sh.previous_id = r.previous_id;
+  sh.instructions = r.instructions;
+  sh.tools = r.tools_in;
+  sh.metadata = r.metadata;
+  sh.text_format = r.text_format;
+  sh.max_output_tokens = r.gen.gen.max_tokens;
+  sh.temperature = r.gen.gen.sampling.temperature;
+  sh.top_p = r.gen.gen.sampling.top_p;
+  sh.store = r.store;
+
+  ojson prompt_messages = ojson::array();
+  if (!r.instructions.empty()) prompt_messages.push_back({{"role", "system"}, {"content", r.instructions}});
+  for (const ojson& m : r.messages) prompt_messages.push_back(m);
+  GenerateParams g = std::move(r.gen.gen);
+  g.prompt = ctx.tokenize(ctx.render_chat(prompt_messages, r.tools, "input"));
+  ctx.check_prompt_fits(g.prompt, "input");
+  const int64_t n_prompt = (int64_t)g.prompt.size();
+  std::vector<std::shared_ptr<Job>> jobs = {ctx.submit(std::move(g), res)};
+  const std::string msg_id = random_id("msg_");
+
+  // The finished response: kept for previous_response_id (the conversation grows by this answer).
+  auto finish = [jobs, n_prompt, sh, msg_id, messages = r.messages](const std::string& text, Finish f) {
+    const ojson output = ojson::array({message_item(msg_id, text, "completed")});
+    const ojson resp = response_object(sh, f == Finish::length ? "incomplete" : "completed", output,
+                                       usage_json(n_prompt, jobs[0]->n_generated(), jobs[0]->n_cached()), f);
+    if (sh.store) {
+      ojson convo = messages;
+      convo.push_back({{"role", "assistant"}, {"content", text}});
+      store().put(sh.id, {std::move(convo), resp});
+    }
+    return resp;
+  };
+
+  if (!r.stream) {
+    const Collected c = collect(ctx, jobs)[0];
+    res.set_content(dump(finish(c.text, c.finish)), "application/json");
+    return;
+  }
+
+  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, finish](const std::function<bool(const std::string&)>& send) {
+    int64_t seq = 0;
+    auto event = [&](const char* type, ojson data) {
+      ojson e = {{"type", type}, {"sequence_number", seq++}};
+      for (auto& [k, v] : data.items()) e[k] = v;
+      return send(fmt::format("event: {}\ndata: {}\n\n", type, dump(e)));
+    };
+    const ojson empty = response_object(sh, "in_progress", ojson::array(), nullptr, Finish::none);
+    if (!event("response.created", {{"response", empty}}) || !event("response.in_progress", {{"response", empty}}))
+      return;
+    if (!event("response.output_item.added", {{"output_index", 0}, {"item", message_item(msg_id, "", "in_progress")}}))
+      return;
+    const ojson empty_part = {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}};
+    if (!event("response.content_part.added",
+               {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"part", empty_part}}))
+      return;
+    std::string text;
+    Finish end = Finish::none;
+    bool failed = false;
+    const bool ok = pump(
+        ctx, jobs,
+        [&](JobOutput& o) {
+          const Job::Update& u = o.update;
+          if (u.finish == Finish::error) {
+            ojson err = response_object(sh, "failed", ojson::array(), nullptr, Finish::none);
+            err["error"] = {{"code", "server_error"}, {"message", "generation failed: " + u.error}};
+            event("response.failed", {{"response", err}});
+            failed = true;
+            return false;
+          }
+          if (!u.text.empty()) {
+            text += u.text;
+            if (!event("response.output_text.delta", {{"item_id", msg_id},
+                                                      {"output_index", 0},
+                                                      {"content_index", 0},
+                                                      {"delta", u.text},
+                                                      {"logprobs", ojson::array()}}))
+              return false;
+          }
+          end = u.finish;
+          return true;
+        },
+        [&] { return send(": keep-alive\n\n"); });
+    if (!ok || failed) return;
+    const ojson part = {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}};
+    if (!event("response.output_text.done",
+               {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"text", text}, {"logprobs", ojson::array()}}) ||
+        !event("response.content_part.done", {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}}) ||
+        !event("response.output_item.done", {{"output_index", 0}, {"item", message_item(msg_id, text, "completed")}}))
+      return;
+    const ojson done = finish(text, end);
+    event(end == Finish::length ? "response.incomplete" : "response.completed", {{"response", done}});
+  });
+}
+
+}  // namespace
+
+void add_responses_routes(Router& r) {
+  Context& ctx = r.ctx();
+  r.post("/v1/responses", [&ctx](const httplib::Request& q, httplib::Response& s) { responses(ctx, q, s); });
+  r.get(R"(/v1/responses/([^/]+))", [](const httplib::Request& q, httplib::Response& s) {
+    const std::string id = q.matches[1].str();
+    std::optional<Stored> st = store().get(id);
+    if (!st) throw ApiError(404, fmt::format("No response with id '{}'", id), "response_id", "not_found");
+    s.set_content(dump(st->response), "application/json");
+  });
+}
+
+}  // namespace xpert::server
