@@ -140,3 +140,36 @@ def test_infill_needs_fim_tokens(server):
     """The small test model has no FIM tokens: a clear 400, not a prompt the model was not trained on."""
     r = requests.post(server.url + "/infill", json={"input_prefix": "def f(", "input_suffix": "):"}, timeout=10)
     assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def fim_server():
+    """A code model with fill-in-the-middle tokens (Qwen2.5-Coder): the default model once it is that one."""
+    from conftest import ROOT, start_server, stop_server
+    import conftest
+    for path in (ROOT / "models" / "default.gguf", ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"):
+        if not path.exists():
+            continue
+        saved, conftest.MODEL = conftest.MODEL, path
+        try:
+            s = start_server()
+        finally:
+            conftest.MODEL = saved
+        ids = requests.post(s.url + "/tokenize", json={"content": "<|fim_prefix|>"}, timeout=10).json()["tokens"]
+        if len(ids) == 1:
+            yield s
+            stop_server(s)
+            return
+        stop_server(s)
+    pytest.skip("no model with fill-in-the-middle tokens in models/")
+
+
+def test_infill_and_suffix(fim_server):
+    prefix, suffix = "def add(a, b):\n    return ", "\n\n\nprint(add(2, 3))\n"
+    r = requests.post(fim_server.url + "/infill", timeout=120, json={
+        "input_prefix": prefix, "input_suffix": suffix, "n_predict": 6, "temperature": 0}).json()
+    assert "a + b" in r["content"], r
+    assert r["tokens_predicted"] <= 6 and r["stop"] is True
+    c = requests.post(fim_server.url + "/v1/completions", timeout=120, json={
+        "prompt": prefix, "suffix": suffix, "max_tokens": 6, "temperature": 0}).json()
+    assert c["choices"][0]["text"] == r["content"]

@@ -2,11 +2,13 @@
 // tokens as one at a time and as a plain Session; cancel frees the slot; the queue is bounded.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "model/kv_cache.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "text/builtin_templates.h"
@@ -534,6 +536,41 @@ TEST_F(StateCacheTest, DenseSessionTruncateKeepsExactly) {
   s.eval(prompt(3));
   EXPECT_EQ(s.truncate(11), 11);
   EXPECT_EQ(s.n_past(), 11);
+}
+
+// Embeddings: the engine's chunked pass on its own slot, pooled and normalised, equals a plain reference
+// (one forward over the whole prompt with every row's final hidden state, pooled here), for each pooling;
+// and generating around it is undisturbed.
+TEST_F(EngineTest, EmbedEqualsPlainPooling) {
+  Engine engine(*model, *tok, {.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8});
+  const std::vector<int32_t> p = prompt(3);  // 25 tokens: four chunks of 8
+  const int64_t E = model->config().n_embd, n = (int64_t)p.size();
+  KvCache cache(model->config(), 128, 1);
+  ThreadPool pool(2);
+  std::vector<float> hidden, logits;
+  model->forward({.tokens = p, .cache = &cache, .all_logits = true, .hidden = &hidden}, logits, pool);
+  ASSERT_EQ((int64_t)hidden.size(), n * E);
+  EXPECT_TRUE(logits.empty());
+  auto normalized = [](std::vector<double> v) {
+    double s = 0;
+    for (double x : v) s += x * x;
+    for (double& x : v) x /= std::sqrt(s);
+    return v;
+  };
+  std::vector<double> mean(E, 0.0), first(E), last(E);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < E; ++i) mean[i] += hidden[r * E + i] / (double)n;
+  for (int64_t i = 0; i < E; ++i) first[i] = hidden[i], last[i] = hidden[(n - 1) * E + i];
+  const Job::Update before = engine.submit(greedy(1))->wait_all();
+  for (auto [pooling, want] : {std::pair{Pooling::mean, normalized(mean)}, std::pair{Pooling::cls, normalized(first)},
+                               std::pair{Pooling::last, normalized(last)}}) {
+    const std::vector<float> got = engine.embed(p, pooling);
+    ASSERT_EQ((int64_t)got.size(), E);
+    for (int64_t i = 0; i < E; ++i) EXPECT_NEAR(got[i], want[i], 2e-4) << pooling_name(pooling) << " " << i;
+  }
+  EXPECT_EQ(ids(engine.submit(greedy(1))->wait_all()), ids(before));
+  EXPECT_THROW(engine.embed({}, Pooling::mean), Error);
+  EXPECT_THROW(engine.embed({1, 1 << 30}, Pooling::mean), Error);
 }
 
 }  // namespace
