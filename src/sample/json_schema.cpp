@@ -506,7 +506,7 @@ class Converter {
       alts.push_back(gbnf_int_range(a, std::nullopt) + frac);
     } else if (*hi >= a) {
       if (*hi - 1 >= a) alts.push_back(gbnf_int_range(a, *hi - 1) + frac);
-      alts.push_back(fmt::format("\"{}\"", *hi));
+      alts.push_back(fmt::format("\"{}\" ( \".\" \"0\"{{1,16}} )?", *hi));  // hi itself, also as hi.0
     }
     if (!lo || *lo < 0) {
       const int64_t mlo = hi && *hi < 0 ? -*hi : 0;
@@ -515,7 +515,7 @@ class Converter {
       } else {
         const int64_t m = -*lo;
         if (m - 1 >= mlo) alts.push_back("\"-\" " + gbnf_int_range(mlo, m - 1) + frac);
-        if (m >= mlo) alts.push_back(fmt::format("\"-{}\"", m));
+        if (m >= mlo) alts.push_back(fmt::format("\"-{}\" ( \".\" \"0\"{{1,16}} )?", m));
       }
     }
     std::string out;
