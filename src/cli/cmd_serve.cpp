@@ -1,6 +1,7 @@
 // `xpert serve`: the OpenAI-compatible server (src/server) over the batching engine (src/runtime/engine).
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "runtime/engine.h"
 #include "runtime/experts/rebalancer.h"
 #include "runtime/state_cache.h"
+#include "server/access.h"
 #include "server/server.h"
 #include "text/builtin_templates.h"
 #include "text/tokenizer.h"
@@ -39,7 +41,28 @@ Command add_serve(CLI::App& app) {
   app.add_option("--port", o->http.port, "TCP port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--parallel", o->parallel, "sequences generated at once (slots); -c is per slot")
       ->check(CLI::Range(1, 256));
-  app.add_option("--api-key", o->http.api_key, "require 'Authorization: Bearer KEY' on /v1 requests");
+  app.add_option("--api-key", o->http.api_key,
+                 "require 'Authorization: Bearer KEY' on every route but the chat page and /health");
+  app.add_option_function<std::string>(
+      "--cors-origins", [o](const std::string& v) { o->http.cors_origins = server::split_list(v); },
+      "comma-separated origins (e.g. http://localhost:3000) whose pages may call the API besides the "
+      "served chat page; '*': any (default: none)");
+  app.add_option_function<std::string>(
+      "--allowed-hosts", [o](const std::string& v) { o->http.allowed_hosts = server::split_list(v); },
+      "comma-separated Host names to answer besides IP addresses, localhost and this machine's name (e.g. "
+      "the name of a reverse proxy); '*': any. Other names get 403, against DNS rebinding");
+  app.add_option("--max-connections", o->http.max_connections,
+                 "open HTTP connections at most; at the cap the oldest idle or still-sending one is closed "
+                 "(default 256)")
+      ->check(CLI::Range(8, 65536));
+  app.add_option_function<double>(
+         "--header-timeout", [o](double s) { o->http.header_timeout_ms = (int)(s * 1000); },
+         "seconds a client has to send a request's headers (default 10; 408 after)")
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option_function<double>(
+         "--body-timeout", [o](double s) { o->http.body_timeout_ms = (int)(s * 1000); },
+         "seconds a client has to send a request's body (default 60; 408 after)")
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--queue", o->queue, "requests that may wait for a slot before new ones get 503")
       ->check(CLI::Range(0, 4096));
   app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
@@ -95,14 +118,25 @@ Command add_serve(CLI::App& app) {
       if (!std::filesystem::is_directory(dir))
         fail("--profile-out {}: the folder {} does not exist", o->profile_out, dir.string());
     }
-    o->http.n_http_threads = o->parallel + o->queue + 8;
     server::Server srv(o->http);
     srv.start();
     log::info("listening on http://{}:{} (loading {})", o->http.host, srv.port(), o->m.model);
+    // The first SIGINT/SIGTERM stops accepting and ends the requests in flight; the process exits within
+    // 5 s whatever still runs (a model still loading, a stuck client); a second signal exits at once.
     std::thread signals([&srv, set] {
       int sig = 0;
       sigwait(&set, &sig);
-      log::info("signal {}: stopping", sig);
+      log::info("signal {}: stopping (a second signal exits at once)", sig);
+      std::thread([set] {
+        int again = 0;
+        timespec grace{5, 0};
+        siginfo_t info;
+        again = sigtimedwait(&set, &info, &grace);
+        if (again > 0) log::warn("signal {} again: exiting now", again);
+        else log::warn("still stopping after 5 s: exiting now");
+        std::fflush(nullptr);
+        _exit(again > 0 ? 128 + again : 1);
+      }).detach();
       srv.stop();
     });
     signals.detach();

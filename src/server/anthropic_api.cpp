@@ -235,7 +235,7 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
                                       {"usage", usage()}})))
       return;
     send(event("message_stop", {{"type", "message_stop"}}));
-  });
+  }, /*after_error=*/"");
 }
 
 void count_tokens(Context& ctx, const httplib::Request& req, httplib::Response& res) {

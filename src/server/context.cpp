@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "server/http_guard.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -70,9 +71,12 @@ int64_t unix_now() {
 
 // --- Context -----------------------------------------------------------------------------------------
 
-std::vector<int32_t> Context::tokenize(const std::string& text) const {
+std::vector<int32_t> Context::tokenize(const std::string& text) const { return tokenize(ChatPrompt{text, {}}); }
+
+std::vector<int32_t> Context::tokenize(const ChatPrompt& prompt) const {
   const Tokenizer& tok = *m.tokenizer;
-  std::vector<int32_t> ids = tok.encode(text, false, true);
+  std::vector<int32_t> ids = prompt.literal.empty() ? tok.encode(prompt.text, false, true)
+                                                    : tok.encode(prompt.text, false, prompt.literal);
   if (tok.add_bos() && tok.bos() != kNoToken && (ids.empty() || ids.front() != tok.bos()))
     ids.insert(ids.begin(), tok.bos());
   return ids;
@@ -87,7 +91,7 @@ std::string Context::model_name(const std::string& name) const {
                  "model_not_found");
 }
 
-std::string Context::render_chat(const ojson& messages, const ojson& tools, const std::string& param) const {
+ChatPrompt Context::render_chat(const ojson& messages, const ojson& tools, const std::string& param) const {
   ChatRenderOptions o;
   o.add_generation_prompt = true;
   o.tools = tools;
@@ -104,10 +108,14 @@ std::string Context::render_chat(const ojson& messages, const ojson& tools, cons
       }
       ojson before = ojson::array();
       for (size_t i = 0; i + 1 < messages.size(); ++i) before.push_back(messages[i]);
-      if (before.empty()) return prefix;  // nothing to render before it: the text itself
-      return m.chat_template->render(before, o) + prefix;
+      // Nothing to render before it: the text itself.
+      ChatPrompt p = before.empty() ? ChatPrompt{} : render_chat_prompt(*m.chat_template, *m.tokenizer, before, o);
+      for (auto [b, e] : m.tokenizer->control_spans(prefix))
+        p.literal.emplace_back(p.text.size() + b, p.text.size() + e);
+      p.text += prefix;
+      return p;
     }
-    return m.chat_template->render(messages, o);
+    return render_chat_prompt(*m.chat_template, *m.tokenizer, messages, o);
   } catch (const Error& e) {
     throw ApiError(400, fmt::format("the chat template rejected the messages: {}", e.what()), param);
   }
@@ -225,6 +233,10 @@ bool pump(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs,
       last_news = std::chrono::steady_clock::now();
       continue;
     }
+    if (GuardedServer::client_gone()) {  // nobody will read the answer: free the slots now
+      cancel_all();
+      throw ApiError(499, "the client closed the connection");
+    }
     if (jobs.size() - n_done > 1) {
       for (size_t i = 0; i < jobs.size(); ++i)
         if (!done[i]) {
@@ -273,12 +285,13 @@ std::vector<Collected> collect(const Context& ctx, const std::vector<std::shared
   return all;
 }
 
-void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer) {
+void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer,
+                std::string after_error) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [jobs, producer = std::move(producer)](size_t, httplib::DataSink& sink) {
+      [jobs, producer = std::move(producer), after_error](size_t, httplib::DataSink& sink) {
         bool ok = true;
         auto send = [&](const std::string& s) {
           if (!ok || !sink.is_writable() || !sink.write(s.data(), s.size())) {
@@ -290,7 +303,9 @@ void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, 
         try {
           producer(send);
         } catch (const ApiError& e) {
-          send("data: " + error_body(e.status, e.what(), e.param, e.code, e.type) + "\n\n");
+          if (e.status != 499 && send("data: " + error_body(e.status, e.what(), e.param, e.code, e.type) + "\n\n") &&
+              !after_error.empty())
+            send(after_error);
         } catch (const std::exception& e) {
           send("data: " + error_body(500, fmt::format("internal error: {}", e.what())) + "\n\n");
         }

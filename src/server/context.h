@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/chat_prompt.h"
 #include "server/openai.h"
 #include "server/server.h"
 
@@ -39,13 +40,15 @@ struct Context {
   // Text -> ids as the server reads prompts: special tokens written in the text are parsed, and one BOS
   // is added where the model wants it (a rendered template may start with it already).
   std::vector<int32_t> tokenize(const std::string& text) const;
+  // A chat prompt: control tokens only where the template put them, never inside the user's text.
+  std::vector<int32_t> tokenize(const ChatPrompt& prompt) const;
   // The model name a response reports: the requested one (any name is served by the one model) or the
   // served id; with --strict-model another name is a 404.
   std::string model_name(const std::string& requested) const;
   // The chat prompt of `messages` (checked as OpenAI's chat messages). A last assistant message is
   // continued, not closed: the prompt is the conversation before it with the generation prompt, plus
   // its text (prefill). Template failures are a 400 naming `param`.
-  std::string render_chat(const ojson& messages, const ojson& tools, const std::string& param) const;
+  ChatPrompt render_chat(const ojson& messages, const ojson& tools, const std::string& param) const;
   // The context check every API makes before submitting (400 context_length_exceeded).
   void check_prompt_fits(const std::vector<int32_t>& prompt, const std::string& param) const;
   // Submits to the engine: a full queue is a 503 with Retry-After, other refusals a 400.
@@ -84,7 +87,8 @@ struct JobOutput {
 // Waits on several jobs until all end. `on` is called for each update (text, logprobs, the final one
 // with finish set); returning false stops: every job is cancelled and pump returns false. `idle` is
 // called about once a second while nothing arrives (streams send a keep-alive there; false stops too).
-// A server shutdown cancels the jobs and throws ApiError 503.
+// A server shutdown cancels the jobs and throws ApiError 503; a client that closed its connection (seen
+// on the socket, streaming or not) cancels them and throws ApiError 499.
 bool pump(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs,
           const std::function<bool(JobOutput&)>& on, const std::function<bool()>& idle = {});
 
@@ -98,8 +102,11 @@ struct Collected {
 std::vector<Collected> collect(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs);
 
 // An SSE stream from a producer that writes events through `send` (false: the client left).
+// A producer's ApiError (a shutdown is a 503) is sent as an error event followed by `after_error`
+// (OpenAI's streams end with [DONE]; Anthropic's have no such line).
 using SseProducer = std::function<void(const std::function<bool(const std::string&)>& send)>;
-void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer);
+void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer,
+                std::string after_error = "data: [DONE]\n\n");
 
 // Route families.
 void add_completion_routes(Router& r);

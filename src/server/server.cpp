@@ -13,7 +13,9 @@
 #include "base/log.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "server/access.h"
 #include "server/context.h"
+#include "server/http_guard.h"
 #include "server/openai.h"
 #include "server/web_ui.h"
 #include "text/chat_template.h"
@@ -41,7 +43,7 @@ bool public_path(const std::string& path) {
 
 struct Server::Impl {
   Context ctx;
-  httplib::Server http;
+  GuardedServer http;
   std::thread listener;
   Metrics metrics;
   std::set<std::string> paths;  // registered, for the metrics' endpoint label
@@ -121,27 +123,26 @@ void Server::Impl::routes() {
   using httplib::Response;
   using HR = httplib::Server::HandlerResponse;
 
-  http.set_payload_max_length(ctx.opts.max_body_bytes);
-  const int n_threads = std::max(4, ctx.opts.n_http_threads);
-  http.new_task_queue = [n_threads] { return new httplib::ThreadPool((size_t)n_threads); };
+  http.set_limits({.max_body_bytes = ctx.opts.max_body_bytes,
+                   .header_timeout_ms = ctx.opts.header_timeout_ms,
+                   .body_timeout_ms = ctx.opts.body_timeout_ms,
+                   .max_connections = ctx.opts.max_connections});
+  http.set_reject_counter([this](int status) { metrics.count("other", status); });
 
-  http.set_pre_routing_handler([this](const Request& req, Response& res) {
-    if (public_path(req.path)) return HR::Unhandled;
+  // Host, Origin and the key (OpenAI's 'Authorization: Bearer KEY' or Anthropic's 'x-api-key: KEY') for
+  // every route but the chat page and /health; then, while the model loads, 503 but for public paths.
+  auto access = std::make_shared<AccessPolicy>(AccessOptions{.api_key = ctx.opts.api_key,
+                                                             .cors_origins = ctx.opts.cors_origins,
+                                                             .allowed_hosts = ctx.opts.allowed_hosts,
+                                                             .bind_host = ctx.opts.host});
+  http.set_pre_routing_handler([this, access](const Request& req, Response& res) {
     const ErrorStyle style = error_style_of(req.path);
-    if (!ctx.opts.api_key.empty()) {
-      // OpenAI's 'Authorization: Bearer KEY' or Anthropic's 'x-api-key: KEY'.
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string x_key = req.get_header_value("x-api-key");
-      if (auth.empty() && x_key.empty()) {
-        send_error(res, 401, "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')", "",
-                   "invalid_api_key", "invalid_request_error", style);
-        return HR::Handled;
-      }
-      if (auth != "Bearer " + ctx.opts.api_key && x_key != ctx.opts.api_key) {
-        send_error(res, 401, "Incorrect API key provided", "", "invalid_api_key", "invalid_request_error", style);
-        return HR::Handled;
-      }
+    if (const auto refusal = access->check(req, res)) {
+      if (refusal->status) send_error(res, refusal->status, refusal->message, "", refusal->code,
+                                      "invalid_request_error", style);
+      return HR::Handled;
     }
+    if (public_path(req.path)) return HR::Unhandled;
     if (!ctx.ready.load()) {
       res.set_header("Retry-After", "1");
       send_error(res, 503, "the model is still loading; retry when /health returns 200", "", "model_loading",
@@ -253,6 +254,7 @@ void Server::set_ready(const ServedModel& m) {
 
 void Server::stop() {
   impl_->ctx.stopping.store(true);
+  impl_->http.begin_stop();
   // httplib's stop() does nothing until the listener thread has entered its loop: a stop right after
   // start() (a model that fails to load) would leave wait() joining a listener that never ends. It
   // enters at once; the bound covers a listener that already returned.

@@ -20,9 +20,13 @@ namespace xpert::server {
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;  // empty: no authentication
+  std::string api_key;                     // empty: no authentication
+  std::vector<std::string> cors_origins;   // --cors-origins: sites besides the served page that may call
+  std::vector<std::string> allowed_hosts;  // --allowed-hosts: Host names besides IPs, localhost, this machine
   size_t max_body_bytes = 1 << 20;
-  int n_http_threads = 80;  // must cover the slots plus the queue plus a few for /health
+  int max_connections = 256;       // open connections; at the cap the oldest idle one is closed
+  int header_timeout_ms = 10'000;  // a request head must arrive within this
+  int body_timeout_ms = 60'000;    // and its body within this
   bool strict_model = false;  // a request naming another model is a 404 (default: the one model serves it)
 };
 
@@ -44,7 +48,8 @@ class Server {
   // Binds (throws Error when it cannot) and serves on a background thread; /v1 answers 503 until ready.
   void start();
   void set_ready(const ServedModel& m);
-  // Ends in-flight streams and stops listening; wait() then returns.
+  // Stops accepting, ends in-flight requests (streams with an error event) and stops listening; wait()
+  // then returns.
   void stop();
   void wait();
   int port() const;

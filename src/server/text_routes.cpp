@@ -118,7 +118,7 @@ void add_text_routes(Router& r) {
   // The prompt a chat request renders to (llama.cpp's /apply-template): for debugging templates.
   r.post("/apply-template", [&ctx](const Request& req, Response& res) {
     CompletionRequest q = parse_completion_request(req.body, true);
-    res.set_content(dump(ojson{{"prompt", ctx.render_chat(q.messages, q.tools, "messages")}}), "application/json");
+    res.set_content(dump(ojson{{"prompt", ctx.render_chat(q.messages, q.tools, "messages").text}}), "application/json");
   });
 }
 

@@ -371,12 +371,27 @@ void Tokenizer::build_special_matcher() {
   }
 }
 
-void Tokenizer::partition(std::string_view text, bool parse_special, std::vector<Segment>& out) const {
+void Tokenizer::partition(std::string_view text, bool parse_special, std::vector<Segment>& out,
+                          std::span<const std::pair<size_t, size_t>> literal) const {
   out.clear();
   const size_t n = text.size();
   const size_t n_specials = specials_.size();
   auto active = [&](int32_t rank) {
     return parse_special || !(attrs_[specials_[rank]] & (kAttrControl | kAttrUnknown));
+  };
+  // in_literal[p]: literal bytes before p; a control token may not cover any.
+  std::vector<uint32_t> in_literal;
+  if (!literal.empty()) {
+    in_literal.assign(n + 1, 0);
+    std::vector<uint8_t> mark(n, 0);
+    for (auto [b, e] : literal)
+      for (size_t k = std::min(b, n); k < std::min(e, n); ++k) mark[k] = 1;
+    for (size_t k = 0; k < n; ++k) in_literal[k + 1] = in_literal[k] + mark[k];
+  }
+  auto allowed = [&](int32_t rank, size_t p) {
+    if (in_literal.empty() || !(attrs_[specials_[rank]] & (kAttrControl | kAttrUnknown))) return true;
+    const size_t len = token_text(specials_[rank]).size();
+    return in_literal[std::min(p + len, n)] == in_literal[p];
   };
   // Calls visit(rank, position) for every occurrence of an active special token, by position.
   auto scan = [&](auto&& visit) {
@@ -384,7 +399,7 @@ void Tokenizer::partition(std::string_view text, bool parse_special, std::vector
       int32_t node = root_child_[static_cast<uint8_t>(text[p])];
       for (size_t q = p + 1; node != -1; ++q) {
         const int32_t rank = trie_[node].rank;
-        if (rank >= 0 && active(rank)) visit(rank, p);
+        if (rank >= 0 && active(rank) && allowed(rank, p)) visit(rank, p);
         if (q == n) break;
         const auto byte = static_cast<uint8_t>(text[q]);
         node = trie_[node].first_child;
@@ -443,6 +458,10 @@ void Tokenizer::partition(std::string_view text, bool parse_special, std::vector
       for (size_t pos = 0;;) {
         const size_t m = text.find(needle, pos);
         if (m == std::string_view::npos) break;
+        if (!allowed(static_cast<int32_t>(r), m)) {
+          pos = m + 1;
+          continue;
+        }
         const size_t blocked = try_take(static_cast<int32_t>(r), m, needle.size());
         pos = blocked == kTaken ? m + needle.size() : blocked + 1;
       }
@@ -463,11 +482,31 @@ void Tokenizer::partition(std::string_view text, bool parse_special, std::vector
 // Encoding and pieces
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+  return encode_parts(text, add_special, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
+                                       std::span<const std::pair<size_t, size_t>> literal) const {
+  return encode_parts(text, add_special, true, literal);
+}
+
+std::vector<std::pair<size_t, size_t>> Tokenizer::control_spans(std::string_view text) const {
+  std::vector<Segment> segments;
+  partition(text, true, segments);
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const Segment& s : segments)
+    if (s.token != kNoToken && (attrs_[s.token] & (kAttrControl | kAttrUnknown)))
+      out.emplace_back(s.begin, s.begin + s.size);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_parts(std::string_view text, bool add_special, bool parse_special,
+                                             std::span<const std::pair<size_t, size_t>> literal) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_special && add_bos_) out.push_back(bos_);
   std::vector<Segment> segments;
-  partition(text, parse_special, segments);
+  partition(text, parse_special, segments, literal);
   bool after_special = true;  // SentencePiece prefixes the first run of text with a space, too
   for (const Segment& s : segments) {
     if (s.token != kNoToken) {

@@ -73,6 +73,13 @@ class Tokenizer {
   // ids; when false they are tokenized as plain text. User-defined tokens ("\n", runs of spaces, tags)
   // are always matched as whole pieces, as llama.cpp and HF tokenizers do.
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
+  // As above with parse_special, except that no control token is read inside the `literal` byte ranges
+  // [begin, end) (sorted, disjoint): a chat prompt's user text stays text even where it spells
+  // "<end_of_turn>", while the template's own markers around it become control tokens.
+  std::vector<int32_t> encode(std::string_view text, bool add_special,
+                              std::span<const std::pair<size_t, size_t>> literal) const;
+  // The byte ranges of `text` that parse_special would read as control or unknown tokens.
+  std::vector<std::pair<size_t, size_t>> control_spans(std::string_view text) const;
 
   // The bytes a token stands for. Control and unknown tokens give their text only when `special`;
   // byte tokens give one raw byte, so a piece may be an incomplete UTF-8 sequence.
@@ -121,7 +128,10 @@ class Tokenizer {
   void build_index();
   void build_special_matcher();
   void find_eog_tokens(int32_t eot_hint, int32_t eom_hint);
-  void partition(std::string_view text, bool parse_special, std::vector<Segment>& out) const;
+  void partition(std::string_view text, bool parse_special, std::vector<Segment>& out,
+                 std::span<const std::pair<size_t, size_t>> literal = {}) const;
+  std::vector<int32_t> encode_parts(std::string_view text, bool add_special, bool parse_special,
+                                    std::span<const std::pair<size_t, size_t>> literal) const;
 
   std::string model_;
   // All token texts back to back; token i is arena_[offsets_[i], offsets_[i + 1]).
