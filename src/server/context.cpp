@@ -205,7 +205,7 @@ bool pump(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs,
   };
   std::vector<bool> done(jobs.size(), false);
   size_t n_done = 0;
-  auto last_news = std::chrono::steady_clock::now();
+  auto last_news = std::chrono::steady_clock::now(), last_socket_check = last_news;
   JobOutput out;
   while (n_done < jobs.size()) {
     if (ctx.stopping.load()) {
@@ -229,13 +229,17 @@ bool pump(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs,
         return false;
       }
     }
+    // Nobody will read the answer: free the slots now (checked every 100 ms, news or not).
+    if (const auto now = std::chrono::steady_clock::now(); now - last_socket_check > 100ms) {
+      last_socket_check = now;
+      if (GuardedServer::client_gone()) {
+        cancel_all();
+        throw ApiError(499, "the client closed the connection");
+      }
+    }
     if (news) {
       last_news = std::chrono::steady_clock::now();
       continue;
-    }
-    if (GuardedServer::client_gone()) {  // nobody will read the answer: free the slots now
-      cancel_all();
-      throw ApiError(499, "the client closed the connection");
     }
     if (jobs.size() - n_done > 1) {
       for (size_t i = 0; i < jobs.size(); ++i)

@@ -237,6 +237,47 @@ TEST(Matmul, BatchHasTheBitsOfSeparateProducts) {
   }
 }
 
+// With set_batch_invariant (what `xpert serve` runs), a row's result has the same bits at every batch size:
+// 1 row, a few, and the 8+ rows a prefill chunk brings that take the panel kernels otherwise (issue #37: a
+// seeded request's text changed with the traffic batched with it).
+TEST(Matmul, BatchInvariantRowsHaveTheBitsOfOneRow) {
+  IsaCapGuard guard;
+  struct Reset {
+    ~Reset() { cpu::set_batch_invariant(false); }
+  } reset;
+  ThreadPool pool(3);
+  const int64_t k = 1024, n = 70;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (!isa_supported(isa)) continue;
+    set_isa_cap(isa);
+    for (DType wt : kWeightTypes) {
+      const std::vector<float> w_f32 = random_values((size_t)(n * k), 70);
+      const size_t rb = row_bytes(wt, k);
+      std::vector<uint8_t> w(rb * n);
+      for (int64_t j = 0; j < n; ++j) quantize_row(wt, w_f32.data() + j * k, w.data() + j * rb, k);
+      const int64_t m_max = 300;  // past kAmxMinRows too
+      const std::vector<float> x = random_values((size_t)(m_max * k), 71);
+      std::vector<float> one((size_t)n);
+      cpu::set_batch_invariant(true);
+      cpu::matmul(wt, w.data(), n, k, x.data(), 1, one.data(), n, pool);
+      int differing_before = 0;
+      for (int64_t m : {2, 7, 8, 29, 64, 300}) {
+        std::vector<float> batch((size_t)(m * n));
+        cpu::set_batch_invariant(true);
+        cpu::matmul(wt, w.data(), n, k, x.data(), m, batch.data(), n, pool);
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(one[j], batch[j]) << dtype_name(wt) << " " << isa_name(isa) << " m " << m << " col " << j;
+        cpu::set_batch_invariant(false);
+        cpu::matmul(wt, w.data(), n, k, x.data(), m, batch.data(), n, pool);
+        for (int64_t j = 0; j < n; ++j) differing_before += one[j] != batch[j];
+      }
+      // Without it, AVX-512's panels give other bits from 8 rows on (what the switch is for).
+      if (isa == Isa::avx512 && wt != DType::F32 && wt != DType::F16 && wt != DType::BF16)
+        EXPECT_GT(differing_before, 0) << dtype_name(wt);
+    }
+  }
+}
+
 TEST(Matmul, EmptyShapesAreNoOps) {
   ThreadPool pool(2);
   float y = 7.0f;

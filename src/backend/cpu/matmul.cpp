@@ -157,8 +157,10 @@ struct Panel {
 
 // The prefill kernel for m X rows: AMX tiles (16 X rows at a time: from kAmxMinRows rows on, fewer would
 // leave most of a tile empty), the VNNI panels, or none (the tiles).
+std::atomic<bool> g_batch_invariant{false};
+
 Panel pick_panel(DType w, int64_t m, Isa isa) {
-  if (m < kPanelMinRows || isa != Isa::avx512) return {};
+  if (m < kPanelMinRows || isa != Isa::avx512 || g_batch_invariant.load(std::memory_order_relaxed)) return {};
   PanelKernel amx = nullptr;
   switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
     case PanelChoice::automatic:
@@ -178,6 +180,8 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 }  // namespace
 
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
+void set_batch_invariant(bool on) { g_batch_invariant.store(on); }
+bool batch_invariant() { return g_batch_invariant.load(); }
 
 namespace {
 // W rows [j0, j1) against packed X rows [i0, i1), tile by tile (kXChunkRows x kWChunkRows): the loop of

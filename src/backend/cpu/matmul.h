@@ -16,6 +16,14 @@ namespace xpert::cpu {
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool);
 
+// Batch invariance: while on, each X row's result has the same bits whatever other rows share the call
+// (the tile kernels at every m; the VNNI panels and AMX tiles, which sum in another order, are not used),
+// so a sequence's logits do not depend on the requests batched with it or on how its prompt was split
+// into prefill chunks. Process-wide, off by default; `xpert serve` turns it on (seeded requests repeat
+// whatever the other traffic and the state cache; prefill runs slower, decode is unchanged: docs/PERF.md).
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
 // Several independent products in one parallel region (the experts of a MoE layer at decode): the
 // weight rows of all jobs are split into equal shares of bytes, one per thread, so small products pay
 // one fork-join in all instead of one each and every thread streams a long run of weights. Jobs with
