@@ -179,6 +179,15 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 
 }  // namespace
 
+// The tile kernels' ISA. AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order than
+// several, so batch invariance takes AVX2's for them (the same order at every m).
+Isa tile_isa(DType w, Isa isa) {
+  if (isa == Isa::avx512 && g_batch_invariant.load(std::memory_order_relaxed) &&
+      (w == DType::Q4_0 || w == DType::Q5_0 || w == DType::Q8_0))
+    return Isa::avx2;
+  return isa;
+}
+
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
 void set_batch_invariant(bool on) { g_batch_invariant.store(on); }
 bool batch_invariant() { return g_batch_invariant.load(); }
@@ -209,7 +218,7 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   const Panel pick = pick_panel(w_type, m, isa);
   const PanelKernel panel = pick.kernel;
   const PackedLayout layout = packed_layout(act, k, panel ? w_type : DType::F32);
-  const TileKernel kernel = pick_kernel(kernels_for(isa), w_type);
+  const TileKernel kernel = pick_kernel(kernels_for(tile_isa(w_type, isa)), w_type);
   XP_ASSERT(kernel != nullptr);
 
   // Packed X lives in a per-caller buffer that only grows: no allocation per call at decode.
@@ -306,7 +315,7 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
     XP_ASSERT(j.n >= 0 && j.m >= 0 && j.ldy >= j.n && j.k % dtype_info(j.w_type).block_size == 0);
     const DType act = activation_type(j.w_type);
     prep[i].layout = packed_layout(act, j.k, DType::F32);
-    prep[i].kernel = pick_kernel(kernels_for(best_isa()), j.w_type);
+    prep[i].kernel = pick_kernel(kernels_for(tile_isa(j.w_type, best_isa())), j.w_type);
     XP_ASSERT(prep[i].kernel != nullptr);
     prep[i].w_row_bytes = row_bytes(j.w_type, j.k);
     prep[i].bytes_before = i == 0 ? 0 : prep[i - 1].bytes_before + prep[i - 1].w_row_bytes * (size_t)jobs[i - 1].n;
