@@ -142,6 +142,10 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff
   if (v_dim != c.head_dim) fail("{}: value_length {} != key_length {} is not supported", f.path(), v_dim, c.head_dim);
   if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2) bad("rope.dimension_count", c.n_rot);
   if (!(c.rope_base > 0) || !std::isfinite(c.rope_base)) fail("{}: rope.freq_base must be positive", f.path());
+  // NaN passes every comparison: without this a NaN epsilon ran and printed nothing (issue #37).
+  if (!(c.rms_eps > 0 && c.rms_eps < 1))
+    fail("{}: attention.layer_norm_rms_epsilon = {} is not valid (expected a small positive number, e.g. 1e-6)",
+         f.path(), c.rms_eps);
 
   const gguf::Value* toks = f.find("tokenizer.ggml.tokens");
   const gguf::TensorInfo* emb = f.tensor("token_embd.weight");
