@@ -260,15 +260,6 @@ TEST(Matmul, BatchInvariantRowsHaveTheBitsOfOneRow) {
       std::vector<float> one((size_t)n);
       cpu::set_batch_invariant(true);
       cpu::matmul(wt, w.data(), n, k, x.data(), 1, one.data(), n, pool);
-      if (isa == Isa::avx512 && (wt == DType::Q4_0 || wt == DType::Q5_0 || wt == DType::Q8_0)) {
-        // These take AVX2's kernels (checked against the reference in EveryIsaMatchesReference).
-        std::vector<float> avx2((size_t)n);
-        cpu::set_batch_invariant(false);
-        set_isa_cap(Isa::avx2);
-        cpu::matmul(wt, w.data(), n, k, x.data(), 1, avx2.data(), n, pool);
-        set_isa_cap(isa);
-        EXPECT_EQ(one, avx2) << dtype_name(wt);
-      }
       int differing_before = 0;
       for (int64_t m : {2, 7, 8, 29, 64, 300}) {
         std::vector<float> batch((size_t)(m * n));

@@ -179,13 +179,14 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 
 }  // namespace
 
-// The tile kernels' ISA. AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order than
-// several, so batch invariance takes AVX2's for them (the same order at every m).
-Isa tile_isa(DType w, Isa isa) {
+// X rows per kernel call. AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order
+// than several, so batch invariance gives them one row per call: every row then has decode's bits, at
+// decode's speed.
+int64_t x_step(DType w, Isa isa) {
   if (isa == Isa::avx512 && g_batch_invariant.load(std::memory_order_relaxed) &&
       (w == DType::Q4_0 || w == DType::Q5_0 || w == DType::Q8_0))
-    return Isa::avx2;
-  return isa;
+    return 1;
+  return kXChunkRows;
 }
 
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
@@ -196,9 +197,10 @@ namespace {
 // W rows [j0, j1) against packed X rows [i0, i1), tile by tile (kXChunkRows x kWChunkRows): the loop of
 // matmul and matmul_batch.
 void tile_rows(TileKernel kernel, int64_t k, const uint8_t* w, size_t w_row_bytes, const uint8_t* packed,
-               const PackedLayout& layout, int64_t j0, int64_t j1, int64_t i0, int64_t i1, float* y, int64_t ldy) {
-  for (int64_t xc = i0; xc < i1; xc += kXChunkRows) {
-    const int64_t nx = std::min(kXChunkRows, i1 - xc);
+               const PackedLayout& layout, int64_t j0, int64_t j1, int64_t i0, int64_t i1, float* y, int64_t ldy,
+               int64_t x_step) {
+  for (int64_t xc = i0; xc < i1; xc += x_step) {
+    const int64_t nx = std::min(x_step, i1 - xc);
     for (int64_t wc = j0; wc < j1; wc += kWChunkRows) {
       const int64_t nw = std::min(kWChunkRows, j1 - wc);
       kernel(k, w + wc * w_row_bytes, w_row_bytes, nw, packed + xc * layout.row_bytes, layout, nx, y + xc * ldy + wc,
@@ -218,7 +220,8 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   const Panel pick = pick_panel(w_type, m, isa);
   const PanelKernel panel = pick.kernel;
   const PackedLayout layout = packed_layout(act, k, panel ? w_type : DType::F32);
-  const TileKernel kernel = pick_kernel(kernels_for(tile_isa(w_type, isa)), w_type);
+  const TileKernel kernel = pick_kernel(kernels_for(isa), w_type);
+  const int64_t step = x_step(w_type, isa);
   XP_ASSERT(kernel != nullptr);
 
   // Packed X lives in a per-caller buffer that only grows: no allocation per call at decode.
@@ -259,7 +262,7 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
     return;
   }
   auto compute = [&](int64_t j0, int64_t j1, int64_t i0, int64_t i1) {
-    tile_rows(kernel, k, w_bytes, w_row_bytes, packed, layout, j0, j1, i0, i1, y, ldy);
+    tile_rows(kernel, k, w_bytes, w_row_bytes, packed, layout, j0, j1, i0, i1, y, ldy, step);
   };
   // Split the weight rows over threads (each thread reads only its share of W: what decode needs); when
   // there are too few rows for that and many X rows, split X instead.
@@ -294,6 +297,7 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
 void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
   struct Prepared {
     TileKernel kernel;
+    int64_t step;  // X rows per kernel call
     PackedLayout layout;
     const uint8_t* packed;
     size_t w_row_bytes;
@@ -315,7 +319,8 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
     XP_ASSERT(j.n >= 0 && j.m >= 0 && j.ldy >= j.n && j.k % dtype_info(j.w_type).block_size == 0);
     const DType act = activation_type(j.w_type);
     prep[i].layout = packed_layout(act, j.k, DType::F32);
-    prep[i].kernel = pick_kernel(kernels_for(tile_isa(j.w_type, best_isa())), j.w_type);
+    prep[i].kernel = pick_kernel(kernels_for(best_isa()), j.w_type);
+    prep[i].step = x_step(j.w_type, best_isa());
     XP_ASSERT(prep[i].kernel != nullptr);
     prep[i].w_row_bytes = row_bytes(j.w_type, j.k);
     prep[i].bytes_before = i == 0 ? 0 : prep[i - 1].bytes_before + prep[i - 1].w_row_bytes * (size_t)jobs[i - 1].n;
@@ -362,7 +367,7 @@ void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
       const MatmulJob& j = jobs[chunks[c].job];
       const Prepared& p = prep[chunks[c].job];
       tile_rows(p.kernel, j.k, static_cast<const uint8_t*>(j.w), p.w_row_bytes, p.packed, p.layout, chunks[c].r0,
-                chunks[c].r1, 0, j.m, j.y, j.ldy);
+                chunks[c].r1, 0, j.m, j.y, j.ldy, p.step);
     }
   });
 }
