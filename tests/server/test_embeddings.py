@@ -75,7 +75,9 @@ def test_last_pooling_matches_output_head(last_pooling_server):
     w = gguf.quants.dequantize(np.asarray(head.data[rows]), head.tensor_type).reshape(len(rows), -1)
     dots = w @ e
     lp = lps[keep]
-    # Same order, and logit differences proportional (the factor is the hidden state's norm).
-    assert list(np.argsort(-dots)) == list(np.argsort(-lp))
-    scale = (lp[0] - lp[1:]) / (dots[0] - dots[1:])
-    assert np.all(scale > 0) and np.allclose(scale, scale.mean(), rtol=0.03), scale
+    # The logits are a positive multiple of the dot products plus a constant (log-softmax's): fit both
+    # and check every token to within what the server's quantized head product rounds (a wrong vector
+    # misses by nats). Near-tied tokens make pairwise ratios meaningless, so no ratios.
+    s, b = np.polyfit(dots, lp, 1)
+    assert s > 0
+    assert np.max(np.abs(s * dots + b - lp)) < 0.15, (dots, lp, s, b)
