@@ -145,16 +145,21 @@ def test_infill_needs_fim_tokens(server):
 @pytest.fixture(scope="module")
 def fim_server():
     """A code model with fill-in-the-middle tokens (Qwen2.5-Coder): the default model once it is that one."""
-    from conftest import ROOT, start_server, stop_server
+    import inspect
+
     import conftest
+    from conftest import ROOT, start_server, stop_server
     for path in (ROOT / "models" / "default.gguf", ROOT / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"):
         if not path.exists():
             continue
-        saved, conftest.MODEL = conftest.MODEL, path
-        try:
-            s = start_server()
-        finally:
-            conftest.MODEL = saved
+        if "model" in inspect.signature(start_server).parameters:
+            s = start_server(model=path)
+        else:
+            saved, conftest.MODEL = conftest.MODEL, path
+            try:
+                s = start_server()
+            finally:
+                conftest.MODEL = saved
         ids = requests.post(s.url + "/tokenize", json={"content": "<|fim_prefix|>"}, timeout=10).json()["tokens"]
         if len(ids) == 1:
             yield s
