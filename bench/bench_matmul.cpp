@@ -75,7 +75,7 @@ struct Projection {
   int64_t n, k;
 };
 
-// Two layers of the default model (models/default.gguf, Q4_K_M mixes types: attn_v and ffn_down alternate
+// Two layers of the default model (models/gemma3-270m.gguf, Q4_K_M mixes types: attn_v and ffn_down alternate
 // between layers): W is n x k.
 const Projection kDefaultLayerPair[] = {
     {"attn_q", DType::Q5_0, 1024, 640},   {"attn_k", DType::Q5_0, 256, 640},

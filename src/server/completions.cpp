@@ -2,6 +2,9 @@
 // (llama.cpp's fill-in-the-middle route).
 #include <fmt/format.h>
 
+#include "sample/grammar.h"
+#include "server/chat_output.h"
+#include "server/chat_plan.h"
 #include "server/context.h"
 #include "server/structured.h"
 #include "text/tokenizer.h"
@@ -116,8 +119,17 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
   // The prompts' tokens; for echo, the text each choice starts with.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echoes;
+  ChatPlan plan;
   if (chat) {
-    prompts.push_back(ctx.tokenize(ctx.render_chat(r.messages, r.tools, "messages")));
+    plan = plan_chat(ctx, r, random_id("call_") + "_");
+    prompts.push_back(ctx.tokenize(plan.prompt));
+    if (!plan.grammar.empty()) {
+      if (r.gen.grammar)
+        throw ApiError(400, "'tool_choice' forces a tool call, and another field (response_format, grammar or "
+                            "json_schema) constrains the answer too; send one of them",
+                       "tool_choice");
+      r.gen.grammar = Grammar::parse(plan.grammar);
+    }
   } else {
     for (Prompt& p : r.prompts) {
       if (r.suffix) {
@@ -173,12 +185,21 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
     for (size_t i = 0; i < all.size(); ++i) {
       ojson choice = ojson::object();
       choice["index"] = i;
-      if (chat)
-        choice["message"] = {{"role", "assistant"}, {"content", all[i].text}, {"refusal", nullptr}};
-      else
+      bool called = false;
+      if (chat) {
+        ChatOutputParser parser(plan.output);
+        parser.feed(plan.forced);
+        parser.feed(all[i].text);
+        parser.finish();
+        called = !parser.calls().empty();
+        choice["message"] = ojson{{"role", "assistant"}};
+        choice["message"].update(message_fields(parser.whole(), false));
+        choice["message"]["refusal"] = nullptr;
+      } else {
         choice["text"] = choices[i].echo + all[i].text;
+      }
       choice["logprobs"] = want_logprobs ? logprobs_json(chat, all[i].logprobs, 0) : ojson(nullptr);
-      choice["finish_reason"] = finish_name(all[i].finish);
+      choice["finish_reason"] = called && all[i].finish == Finish::stop ? "tool_calls" : finish_name(all[i].finish);
       out_choices.push_back(choice);
     }
     ojson out = {{"id", id},
@@ -193,8 +214,12 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
   }
 
   const bool include_usage = r.include_usage;
-  stream_sse(res, jobs, [&ctx, jobs, choices, chat, id, created, model_name, include_usage, usage,
-                         want_logprobs](const std::function<bool(const std::string&)>& send) {
+  // One reader of the answer per choice (content, reasoning_content, tool_calls).
+  std::vector<std::shared_ptr<ChatOutputParser>> parsers;
+  for (size_t i = 0; i < choices.size(); ++i) parsers.push_back(std::make_shared<ChatOutputParser>(plan.output));
+  const std::string forced = plan.forced;
+  stream_sse(res, jobs, [&ctx, jobs, choices, chat, id, created, model_name, include_usage, usage, want_logprobs,
+                         parsers, forced](const std::function<bool(const std::string&)>& send) {
     auto chunk = [&](size_t index, ojson delta_or_text, ojson logprobs, ojson finish) {
       ojson choice = ojson::object();
       choice["index"] = index;
@@ -215,6 +240,8 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
     };
     for (size_t i = 0; i < choices.size(); ++i) {
       if (chat && !send(chunk(i, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) return;
+      if (ChatDelta d = parsers[i]->feed(forced); chat && !d.empty())
+        if (!send(chunk(i, message_fields(d, true), nullptr, nullptr))) return;
       if (!chat && !choices[i].echo.empty() && !send(chunk(i, choices[i].echo, nullptr, nullptr))) return;
     }
     std::vector<size_t> text_offset(choices.size(), 0);
@@ -224,10 +251,15 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
         ctx, jobs,
         [&](JobOutput& o) {
           const Job::Update& u = o.update;
+          ChatOutputParser& parser = *parsers[o.index];
           if (!u.text.empty() || !u.logprobs.empty()) {
-            ojson body = chat ? ojson{{"content", u.text}} : ojson(u.text);
-            ojson lp = want_logprobs ? logprobs_json(chat, u.logprobs, text_offset[o.index]) : ojson(nullptr);
-            if (!send(chunk(o.index, std::move(body), std::move(lp), nullptr))) return false;
+            ChatDelta d;
+            if (chat) d = parser.feed(u.text);
+            if (!chat || !d.empty() || !u.logprobs.empty()) {
+              ojson body = chat ? message_fields(d, true) : ojson(u.text);
+              ojson lp = want_logprobs ? logprobs_json(chat, u.logprobs, text_offset[o.index]) : ojson(nullptr);
+              if (!send(chunk(o.index, std::move(body), std::move(lp), nullptr))) return false;
+            }
             text_offset[o.index] += u.text.size();
           }
           if (u.finish == Finish::error) {
@@ -235,8 +267,13 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
             failed = true;
             return false;
           }
-          if (u.finish != Finish::none && u.finish != Finish::cancelled)
-            return send(chunk(o.index, chat ? ojson::object() : ojson(""), nullptr, finish_name(u.finish)));
+          if (u.finish != Finish::none && u.finish != Finish::cancelled) {
+            if (ChatDelta d = parser.finish(); chat && !d.empty())
+              if (!send(chunk(o.index, message_fields(d, true), nullptr, nullptr))) return false;
+            const bool called = chat && !parser.calls().empty() && u.finish == Finish::stop;
+            return send(chunk(o.index, chat ? ojson::object() : ojson(""), nullptr,
+                              called ? "tool_calls" : finish_name(u.finish)));
+          }
           return true;
         },
         [&] { return send(": keep-alive\n\n"); });

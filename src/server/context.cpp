@@ -93,8 +93,13 @@ std::string Context::model_name(const std::string& name) const {
 
 ChatPrompt Context::render_chat(const ojson& messages, const ojson& tools, const std::string& param) const {
   ChatRenderOptions o;
-  o.add_generation_prompt = true;
   o.tools = tools;
+  return render_chat(messages, std::move(o), param);
+}
+
+ChatPrompt Context::render_chat(const ojson& messages, ChatRenderOptions o, const std::string& param) const {
+  o.add_generation_prompt = true;
+  o.fallbacks = true;
   try {
     // Prefill: an assistant message last is the start of the answer, which the model continues.
     if (!messages.empty() && messages.back().value("role", "") == "assistant" &&

@@ -18,6 +18,7 @@
 #include "server/chat_prompt.h"
 #include "server/openai.h"
 #include "server/server.h"
+#include "text/chat_template.h"
 
 namespace xpert::server {
 
@@ -48,7 +49,10 @@ struct Context {
   // The chat prompt of `messages` (checked as OpenAI's chat messages). A last assistant message is
   // continued, not closed: the prompt is the conversation before it with the generation prompt, plus
   // its text (prefill). Template failures are a 400 naming `param`.
+  // The template's fallbacks (ChatRenderOptions::fallbacks) are on: tools, tool turns and `developer` are
+  // rendered even where the template lacks them.
   ChatPrompt render_chat(const ojson& messages, const ojson& tools, const std::string& param) const;
+  ChatPrompt render_chat(const ojson& messages, ChatRenderOptions options, const std::string& param) const;
   // The context check every API makes before submitting (400 context_length_exceeded).
   void check_prompt_fits(const std::vector<int32_t>& prompt, const std::string& param) const;
   // Submits to the engine: a full queue is a 503 with Retry-After, other refusals a 400.

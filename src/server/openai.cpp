@@ -281,6 +281,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
       if (!t->empty()) r.tools = *t;
     }
+    parse_chat_tool_fields(body, r);
   } else {
     auto p = body.find("prompt");
     if (p == body.end() || p->is_null())
@@ -331,6 +332,20 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     r.include_usage = boolean(*so, "include_usage", false);
   }
   parse_constraints(body, r);  // response_format, grammar, json_schema, logit_bias (server/structured.cpp)
+  // Every field read above; a field we do not act on is a 400, never a silent 200. `user`, `metadata`,
+  // `store`, `service_tier`, `safety_identifier` and `prompt_cache_key` change nothing in the answer.
+  if (chat)
+    reject_unknown_fields(body, {"model", "messages", "tools", "tool_choice", "parallel_tool_calls",
+                                 "reasoning_format", "chat_template_kwargs", "n", "temperature", "top_p", "top_k",
+                                 "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "seed",
+                                 "max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs", "stream",
+                                 "stream_options", "user", "metadata", "store", "service_tier", "safety_identifier",
+                                 "prompt_cache_key", "response_format", "grammar", "json_schema", "logit_bias"});
+  else
+    reject_unknown_fields(body, {"model", "prompt", "echo", "suffix", "best_of", "n", "temperature", "top_p", "top_k",
+                                 "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty", "seed",
+                                 "max_tokens", "stop", "logprobs", "stream", "stream_options", "user", "response_format",
+                                 "grammar", "json_schema", "logit_bias"});
   return r;
 }
 

@@ -43,6 +43,13 @@ struct CompletionRequest {
   GenerateParams gen;  // everything but the prompt
   bool stream = false, include_usage = false;
   bool logprobs = false;  // chat: logprobs; completions: logprobs is an int (gen.top_logprobs)
+  // chat: tool use and reasoning (chat_request.cpp)
+  enum class ToolChoice { automatic, none, required, function };
+  ToolChoice tool_choice = ToolChoice::automatic;
+  std::string tool_choice_name;     // ToolChoice::function: the function to call
+  bool parallel_tool_calls = true;  // false: one call at most
+  bool split_reasoning = true;      // reasoning_format: <think> spans into reasoning_content (none: kept)
+  ojson template_kwargs = ojson::object();  // chat_template_kwargs: more template variables
 };
 
 // A prompt field: a string, an array of token ids, or an array of up to `max` of those.
@@ -50,6 +57,13 @@ std::vector<Prompt> parse_prompts(const ojson& p, const std::string& param, size
 
 // Throws ApiError (400) for malformed JSON and for every field of the wrong type or out of range.
 CompletionRequest parse_completion_request(const std::string& body, bool chat);
+
+// chat_request.cpp: tools, tool_choice, parallel_tool_calls, reasoning_format, chat_template_kwargs, and
+// the assistant tool calls / tool results in `messages`. Throws ApiError naming the field.
+void parse_chat_tool_fields(const ojson& body, CompletionRequest& r);
+
+// A 400 naming the first top-level field of `body` that is not in `known` (a field we would ignore).
+void reject_unknown_fields(const ojson& body, std::initializer_list<const char*> known);
 
 // JSON dump that never throws on invalid UTF-8 (replaced by U+FFFD).
 std::string dump(const ojson& j);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "model/model.h"
+#include "server/chat_plan.h"
 #include "server/context.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -118,7 +119,7 @@ void add_text_routes(Router& r) {
   // The prompt a chat request renders to (llama.cpp's /apply-template): for debugging templates.
   r.post("/apply-template", [&ctx](const Request& req, Response& res) {
     CompletionRequest q = parse_completion_request(req.body, true);
-    res.set_content(dump(ojson{{"prompt", ctx.render_chat(q.messages, q.tools, "messages").text}}), "application/json");
+    res.set_content(dump(ojson{{"prompt", plan_chat(ctx, q, "call_").prompt.text}}), "application/json");
   });
 }
 

@@ -32,6 +32,9 @@ struct ChatRenderOptions {
   nlohmann::ordered_json tools = nullptr;
   // More template variables, e.g. {"enable_thinking": false}; they override the standard ones.
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  // Render what the template lacks (Capabilities) the way render() describes, instead of as the template
+  // alone would (which may drop tools or raise). The server sets it; the reference tests do not.
+  bool fallbacks = false;
   // The clock of `strftime_now`, as Unix seconds formatted in UTC; unset: the local time now.
   std::optional<int64_t> now_unix;
 };
@@ -42,6 +45,13 @@ class ChatTemplate {
   struct Capabilities {
     bool content_parts = false;    // renders content given as [{type: text, text}] lists
     bool object_arguments = true;  // takes tool-call arguments as a JSON object (else a string)
+    // Without these, render() with options.fallbacks falls back: tool definitions go into the system message with a JSON
+    // calling convention, assistant tool calls become that JSON in the content, tool results become
+    // user messages, `developer` becomes `system`.
+    bool tools = false;         // renders the tool definitions
+    bool tool_calls = false;    // renders an assistant message's tool_calls
+    bool tool_results = false;  // renders role "tool" messages
+    bool developer_role = false;
   };
 
   // tokenizer.chat_template, with bos/eos token text from the vocabulary. Throws Error when the file
@@ -63,7 +73,7 @@ class ChatTemplate {
   const Capabilities& capabilities() const { return caps_; }
 
  private:
-  nlohmann::ordered_json normalize(const nlohmann::ordered_json& messages) const;
+  nlohmann::ordered_json normalize(const nlohmann::ordered_json& messages, const ChatRenderOptions& options) const;
   std::string render_raw(const nlohmann::ordered_json& messages, const ChatRenderOptions& options) const;
   void probe();
 

@@ -3,7 +3,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 XPERT = pathlib.Path(os.environ.get("XPERT_BIN", ROOT / "build" / "xpert"))
-MODEL = ROOT / "models" / "default.gguf"
+MODEL = ROOT / "models" / "gemma3-270m.gguf"
 
 
 def run(*args, timeout=600):

@@ -1,4 +1,4 @@
-"""`xpert template` and `xpert chat` end to end on the default model (Gemma 3, whose file has no template:
+"""`xpert template` and `xpert chat` end to end on the small test model (Gemma 3 270M, whose file has no template:
 the built-in Gemma 3 template is used)."""
 import json
 import subprocess

@@ -4,7 +4,7 @@
 For each prompt: the prompt's token ids, the top-5 logits of its last token, and the greedy
 continuation (64 tokens, stopping early at an end-of-generation token). llama.cpp comes from the PyPI
 package llama-cpp-python (CPU build; on these Xeon/EPYC machines build it with AMX off, see README).
-usage: make_llama_fixtures.py [--model models/default.gguf] [--out tests/reference/fixtures/default_greedy.json]
+usage: make_llama_fixtures.py [--model models/gemma3-270m.gguf] [--out tests/reference/fixtures/default_greedy.json]
 """
 import argparse, json, pathlib, sys
 
@@ -35,7 +35,7 @@ PROMPTS = [
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(ROOT / "models/default.gguf"))
+    ap.add_argument("--model", default=str(ROOT / "models/gemma3-270m.gguf"))
     ap.add_argument("--out", default=str(ROOT / "tests/reference/fixtures/default_greedy.json"))
     ap.add_argument("--n-gen", type=int, default=64)
     a = ap.parse_args()

@@ -9,7 +9,7 @@ piece of every token that appears (and of a sample of the whole vocabulary) with
 Texts and pieces are stored as hex, because some cases are deliberately invalid UTF-8.
 
     python3 tests/reference/make_tokenizer_fixtures.py \
-        [--model models/default.gguf] [--out tests/reference/fixtures/tokenizer_default.json]
+        [--model models/gemma3-270m.gguf] [--out tests/reference/fixtures/tokenizer_default.json]
 
 tests/unit/test_tokenizer_reference.cpp replays the file against src/text/.
 """

@@ -1,4 +1,6 @@
-"""A real `xpert serve` on the default model, started once per session on a free port.
+"""A real `xpert serve` on the small test model (Gemma 3 270M, models/gemma3-270m.gguf), started once per
+session on a free port; tests that need an instruct model (tool calls) start their own on the default
+model (Qwen2.5-Coder-1.5B-Instruct, models/default.gguf): start_server(model=DEFAULT_MODEL, ...).
 
 XPERT_BIN overrides the binary (default build/xpert). The server runs with --parallel 4 and a small
 queue so the capacity tests stay quick on two cores.
@@ -16,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 XPERT = pathlib.Path(os.environ.get("XPERT_BIN", ROOT / "build" / "xpert"))
 if not XPERT.is_absolute():
     XPERT = ROOT / XPERT
-MODEL = ROOT / "models" / "default.gguf"
+MODEL = ROOT / "models" / "gemma3-270m.gguf"
+DEFAULT_MODEL = ROOT / "models" / "default.gguf"
 PARALLEL = 4
 CTX = 1024
 
@@ -41,16 +44,16 @@ class Server:
         return out
 
 
-def start_server(*extra, port=None):
+def start_server(*extra, port=None, model=MODEL, parallel=PARALLEL, ctx=CTX):
     if not XPERT.exists():
         pytest.fail(f"{XPERT} is missing: build first (make build), or set XPERT_BIN")
-    if not MODEL.exists():
-        pytest.fail(f"{MODEL} is missing: run scripts/setup.sh")
+    if not model.exists():
+        pytest.fail(f"{model} is missing: run scripts/setup.sh")
     port = port or free_port()
     # XPERT_SERVER_LOG=path keeps the server's log (stderr); by default it is dropped.
     log = open(os.environ.get("XPERT_SERVER_LOG", os.devnull), "a")
-    proc = subprocess.Popen([str(XPERT), "serve", "-m", str(MODEL), "--port", str(port), "--parallel", str(PARALLEL),
-                             "-c", str(CTX), *map(str, extra)], stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen([str(XPERT), "serve", "-m", str(model), "--port", str(port), "--parallel", str(parallel),
+                             "-c", str(ctx), *map(str, extra)], stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -58,7 +61,7 @@ def start_server(*extra, port=None):
             pytest.fail(f"xpert serve exited with {proc.returncode}")
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
-                return Server(proc, port, MODEL.stem)
+                return Server(proc, port, model.stem)
         except requests.ConnectionError:
             pass
         time.sleep(0.1)

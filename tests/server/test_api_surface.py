@@ -30,7 +30,7 @@ def test_alias_and_strict(strict_server):
     import openai
     c = openai.OpenAI(base_url=strict_server.url + "/v1", api_key="none", max_retries=0)
     assert [m.id for m in c.models.list().data] == ["my-model"]
-    for name in ("my-model", "default"):  # the alias, and the file stem it replaced
+    for name in ("my-model", "gemma3-270m"):  # the alias, and the file stem it replaced
         r = c.completions.create(model=name, prompt="a", max_tokens=1)
         assert r.model == name
     assert c.models.retrieve("my-model").id == "my-model"

@@ -131,7 +131,7 @@ def test_unknown_model_openai_client(strict_server):
 
 
 def test_model_aliases_accepted(server):
-    for name in ("default", "default.gguf"):
+    for name in ("gemma3-270m", "gemma3-270m.gguf"):
         r = requests.post(server.url + COMPL, json={"model": name, "prompt": "a", "max_tokens": 1}, timeout=30)
         assert r.status_code == 200, r.text
 
@@ -211,7 +211,7 @@ def test_api_key_wrong(keyed_server):
 def test_api_key_right_and_public_health(keyed_server):
     import openai
     c = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="sekrit", max_retries=0)
-    assert c.completions.create(model="default", prompt="a", max_tokens=1).usage.completion_tokens == 1
+    assert c.completions.create(model="gemma3-270m", prompt="a", max_tokens=1).usage.completion_tokens == 1
     assert requests.get(keyed_server.url + "/health", timeout=10).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="bad", max_retries=0).models.list()

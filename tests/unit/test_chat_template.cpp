@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "format/gguf.h"
+#include "text/builtin_templates.h"
 #include "text/chat_template.h"
 
 namespace xpert {
@@ -143,6 +144,54 @@ TEST(ChatTemplate, MalformedInputIsRejected) {
   ChatRenderOptions o;
   o.tools = {{"type", "function"}};
   EXPECT_NE(error_of([&] { t.render(kHello, o); }).find("chat tools: expected an array"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace xpert
+
+namespace xpert {
+namespace {
+
+// A template without tools, tool turns or a developer role (Gemma 3's) renders them through the
+// fallbacks when asked, and its own way (dropping or raising) when not.
+TEST(ChatTemplate, FallbacksForWhatTheTemplateLacks) {
+  const ChatTemplate t(std::string(*builtin_chat_template("gemma3")), "<bos>", "<eos>");
+  EXPECT_FALSE(t.capabilities().tools);
+  EXPECT_FALSE(t.capabilities().tool_calls);
+  EXPECT_FALSE(t.capabilities().tool_results);
+  EXPECT_FALSE(t.capabilities().developer_role);
+  const ojson tools = ojson::parse(
+      R"([{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])");
+  const ojson msgs = ojson::parse(R"([
+    {"role": "developer", "content": "Be brief."},
+    {"role": "user", "content": "Time in Paris and Oslo?"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "a", "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"Europe/Paris\"}"}},
+      {"id": "b", "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"Europe/Oslo\"}"}}]},
+    {"role": "tool", "tool_call_id": "a", "content": "10:00"},
+    {"role": "tool", "tool_call_id": "b", "content": "10:01"}])");
+  ChatRenderOptions o;
+  o.tools = tools;
+  EXPECT_THROW(t.render(msgs, o), Error);  // the template alone: roles must alternate
+  o.fallbacks = true;
+  const std::string text = t.render(msgs, o);
+  EXPECT_NE(text.find("Be brief."), std::string::npos);
+  EXPECT_NE(text.find("get_time"), std::string::npos);
+  EXPECT_NE(text.find(R"("zone":"Europe/Oslo")"), std::string::npos);
+  // Both results in one user turn, after the model's turn.
+  EXPECT_NE(text.find("10:00\n\nTool result:\n10:01<end_of_turn>"), std::string::npos) << text;
+}
+
+TEST(ChatTemplate, CapabilitiesOfATemplateWithTools) {
+  const char* src =
+      "{% for m in messages %}{{ m.role }}:{{ m.content }}{% for c in m.tool_calls or [] %}"
+      "[{{ c.function.name }} {{ c.function.arguments | tojson }}]{% endfor %}\n{% endfor %}"
+      "{% for t in tools or [] %}tool {{ t.function.name }}\n{% endfor %}";
+  const ChatTemplate t(src, "", "");
+  EXPECT_TRUE(t.capabilities().tools);
+  EXPECT_TRUE(t.capabilities().tool_calls);
+  EXPECT_TRUE(t.capabilities().tool_results);
+  EXPECT_TRUE(t.capabilities().developer_role);
 }
 
 }  // namespace

@@ -476,15 +476,15 @@ TEST_F(StateCacheTest, HybridSessionTruncateUsesCheckpoints) {
   EXPECT_EQ(off.truncate(n + 3), 0);
 }
 
-// The default model (Gemma 3) with its chat template: five turns, each rendered and tokenized as the
+// The small test model (Gemma 3 270M) with its chat template: five turns, each rendered and tokenized as the
 // server does. A turn resumes after the longest common prefix of what the slot holds (the previous
 // prompt and the reply tokens fed back) and the new prompt: the whole previous prompt and, as far as
 // the template renders it back to the same tokens, the reply. The last turn's tokens equal those of a
 // fresh engine without the cache (only the last: one token per step on this model takes a while).
 TEST_F(StateCacheTest, DefaultModelFiveTurnChat) {
   const char* dir = std::getenv("XPERT_SOURCE_DIR");
-  const std::string path = std::string(dir ? dir : XPERT_SOURCE_DIR) + "/models/default.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no default model (run scripts/setup.sh)";
+  const std::string path = std::string(dir ? dir : XPERT_SOURCE_DIR) + "/models/gemma3-270m.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no models/gemma3-270m.gguf (run scripts/setup.sh)";
   model = Model::load(path);
   tok = Tokenizer::from_gguf(model->file());
   const ChatTemplate tmpl = chat_template_for(model->file());

@@ -1,4 +1,4 @@
-// GGUF reader and writer: round trips, the real default model, interop with the Python `gguf` package,
+// GGUF reader and writer: round trips, the real Gemma 3 270M test model, interop with the Python `gguf` package,
 // and hostile files built byte by byte (each must give one Error naming the file and the problem).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -496,11 +496,11 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
   std::filesystem::remove(theirs);
 }
 
-// ---- the real default model ----
+// ---- the real Gemma 3 270M test model (models/gemma3-270m.gguf) ----
 
 TEST(GgufModel, ReadsTheDefaultGemma3) {
   const char* src = std::getenv("XPERT_SOURCE_DIR");
-  const std::string path = std::string(src ? src : XPERT_SOURCE_DIR) + "/models/default.gguf";
+  const std::string path = std::string(src ? src : XPERT_SOURCE_DIR) + "/models/gemma3-270m.gguf";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent";
   const auto f = GGUFFile::open(path);
   EXPECT_EQ(f->version(), 3u);

@@ -1,6 +1,6 @@
 // Model-level checks against llama.cpp (fixtures recorded by tests/reference/make_*_fixtures.py with
 // the PyPI package llama-cpp-python): logits of tiny random llama/qwen2/qwen3 models, and greedy
-// continuations of the real default model (Gemma 3 270M Q4_K_M).
+// continuations of the real small test model (models/gemma3-270m.gguf, Gemma 3 270M Q4_K_M).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -116,8 +116,8 @@ constexpr float kLogitTolerance = 1.0f;
 constexpr double kLogitRms = 0.35;
 
 TEST(DefaultModel, GreedyMatchesLlamaCpp) {
-  const std::string path = source_dir() + "/models/default.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no default model (run scripts/setup.sh)";
+  const std::string path = source_dir() + "/models/gemma3-270m.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no models/gemma3-270m.gguf (run scripts/setup.sh)";
   const nlohmann::json fx = read_json(source_dir() + "/tests/reference/fixtures/default_greedy.json");
   auto model = Model::load(path);
   auto tok = Tokenizer::from_gguf(model->file());

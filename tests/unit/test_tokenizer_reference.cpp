@@ -1,4 +1,4 @@
-// The default model's tokenizer against llama.cpp: tests/reference/fixtures/tokenizer_default.json
+// The Gemma 3 270M test model's tokenizer (models/gemma3-270m.gguf) against llama.cpp: tests/reference/fixtures/tokenizer_default.json
 // holds llama.cpp's ids, pieces and detokenizations (tests/reference/make_tokenizer_fixtures.py).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -47,7 +47,7 @@ std::string printable(std::string_view s) {
 class TokenizerReference : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string model = source_dir() + "/models/default.gguf";
+    const std::string model = source_dir() + "/models/gemma3-270m.gguf";
     const std::string fixture = source_dir() + "/tests/reference/fixtures/tokenizer_default.json";
     if (!std::filesystem::exists(model) || !std::filesystem::exists(fixture)) return;
     file_ = gguf::GGUFFile::open(model);
@@ -60,7 +60,7 @@ class TokenizerReference : public ::testing::Test {
     file_.reset();
   }
   void SetUp() override {
-    if (!tokenizer_) GTEST_SKIP() << "models/default.gguf or the tokenizer fixture is absent";
+    if (!tokenizer_) GTEST_SKIP() << "models/gemma3-270m.gguf or the tokenizer fixture is absent";
   }
 
   static std::unique_ptr<gguf::GGUFFile> file_;
