@@ -3,6 +3,9 @@
 // OpenAI's chat messages and rendered by the model's chat template like /v1/chat/completions.
 #include <fmt/format.h>
 
+#include "sample/grammar.h"
+#include "server/chat_output.h"
+#include "server/chat_plan.h"
 #include "server/context.h"
 
 namespace xpert::server {
@@ -31,8 +34,7 @@ std::string text_of(const ojson& v, const std::string& param) {
 
 struct MessagesRequest {
   std::string model;
-  ojson messages = ojson::array();  // OpenAI chat messages for the template
-  ojson tools = nullptr;            // OpenAI function tools for the template
+  CompletionRequest chat;  // messages, tools, tool_choice in OpenAI's chat terms (for plan_chat)
   GenerateParams gen;
   bool stream = false;
 };
@@ -42,8 +44,11 @@ struct MessagesRequest {
 MessagesRequest parse_messages_request(const std::string& text, bool generate) {
   const ojson body = parse_body(text);
   MessagesRequest r;
+  r.chat.chat = true;
+  ojson& messages = r.chat.messages;
+  messages = ojson::array();
   r.model = string(body, "model");
-  if (const ojson* sys = field(body, "system")) r.messages.push_back({{"role", "system"}, {"content", text_of(*sys, "system")}});
+  if (const ojson* sys = field(body, "system")) messages.push_back({{"role", "system"}, {"content", text_of(*sys, "system")}});
 
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty())
@@ -58,7 +63,7 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
     auto c = m.find("content");
     if (c == m.end() || c->is_null()) bad(at + ".content", fmt::format("'{}.content' is required", at));
     if (c->is_string()) {
-      r.messages.push_back({{"role", role}, {"content", c->get<std::string>()}});
+      messages.push_back({{"role", role}, {"content", c->get<std::string>()}});
       continue;
     }
     if (!c->is_array()) bad(at + ".content", fmt::format("'{}.content' must be a string or an array of blocks", at));
@@ -88,10 +93,10 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
         if (b.value("is_error", false)) result = "Error: " + result;
         // Text before the results stays a user message of its own, in order.
         if (!content.empty()) {
-          r.messages.push_back({{"role", "user"}, {"content", content}});
+          messages.push_back({{"role", "user"}, {"content", content}});
           content.clear();
         }
-        r.messages.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
+        messages.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       } else {
         bad(bat + ".type", fmt::format("'{}.type' is '{}'; this server takes text, and tool_use (assistant) / "
                                        "tool_result (user) blocks",
@@ -101,9 +106,9 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
     if (role == "assistant") {
       ojson msg = {{"role", "assistant"}, {"content", content}};
       if (!calls.empty()) msg["tool_calls"] = calls;
-      r.messages.push_back(std::move(msg));
+      messages.push_back(std::move(msg));
     } else if (!content.empty() || c->empty()) {
-      r.messages.push_back({{"role", "user"}, {"content", content}});
+      messages.push_back({{"role", "user"}, {"content", content}});
     }
   }
 
@@ -123,15 +128,32 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
       fn["parameters"] = d.contains("input_schema") ? d["input_schema"] : ojson{{"type", "object"}};
       tools.push_back({{"type", "function"}, {"function", fn}});
     }
-    if (!tools.empty()) r.tools = tools;
+    if (!tools.empty()) r.chat.tools = tools;
   }
   if (const ojson* tc = field(body, "tool_choice")) {
+    using TC = CompletionRequest::ToolChoice;
     if (!tc->is_object() || !tc->contains("type") || !(*tc)["type"].is_string())
       bad("tool_choice", "'tool_choice' must be an object {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
     const std::string type = (*tc)["type"].get<std::string>();
-    if (type == "none") r.tools = nullptr;
-    else if (type != "auto")
-      bad("tool_choice.type", fmt::format("'tool_choice.type' '{}' is not supported (auto or none)", type));
+    if (type == "none") {
+      r.chat.tool_choice = TC::none;
+    } else if (type == "any") {
+      r.chat.tool_choice = TC::required;
+    } else if (type == "tool") {
+      if (!tc->contains("name") || !(*tc)["name"].is_string())
+        bad("tool_choice.name", "'tool_choice.name' is required with type 'tool'");
+      r.chat.tool_choice = TC::function;
+      r.chat.tool_choice_name = (*tc)["name"].get<std::string>();
+      bool known = false;
+      if (r.chat.tools.is_array())
+        for (const ojson& t : r.chat.tools) known = known || t["function"]["name"] == r.chat.tool_choice_name;
+      if (!known) bad("tool_choice.name", fmt::format("'tool_choice.name' '{}' is not one of 'tools'", r.chat.tool_choice_name));
+    } else if (type != "auto") {
+      bad("tool_choice.type", fmt::format("'tool_choice.type' '{}': expected auto, any, tool or none", type));
+    }
+    if ((type == "any" || type == "tool") && r.chat.tools.is_null())
+      bad("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
+    if (tc->value("disable_parallel_tool_use", false)) r.chat.parallel_tool_calls = false;
   }
   if (const ojson* th = field(body, "thinking"); th && !(th->is_object() && th->value("type", "") == "disabled"))
     bad("thinking", "'thinking' (extended thinking) is not supported by this server");
@@ -153,6 +175,12 @@ const char* stop_reason(const Collected& c) {
   return c.stop_index >= 0 ? "stop_sequence" : "end_turn";
 }
 
+// A call's arguments (JSON text of an object) as tool_use.input.
+ojson tool_input(const std::string& arguments) {
+  ojson v = ojson::parse(arguments, nullptr, false);
+  return v.is_object() ? v : ojson::object();
+}
+
 std::string event(const char* name, const ojson& data) {
   return fmt::format("event: {}\ndata: {}\n\n", name, dump(data));
 }
@@ -160,7 +188,9 @@ std::string event(const char* name, const ojson& data) {
 void messages(Context& ctx, const httplib::Request& req, httplib::Response& res) {
   MessagesRequest r = parse_messages_request(req.body, true);
   const std::string model = ctx.model_name(r.model);
-  r.gen.prompt = ctx.tokenize(ctx.render_chat(r.messages, r.tools, "messages"));
+  const ChatPlan cp = plan_chat(ctx, r.chat, random_id("toolu_") + "_");
+  r.gen.prompt = ctx.tokenize(cp.prompt);
+  if (!cp.grammar.empty()) r.gen.grammar = Grammar::parse(cp.grammar);
   ctx.check_prompt_fits(r.gen.prompt, "messages");
   const int64_t n_prompt = (int64_t)r.gen.prompt.size();
   const std::vector<std::string> stops = r.gen.stop;
@@ -178,21 +208,31 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
 
   if (!r.stream) {
     const Collected c = collect(ctx, jobs)[0];
+    ChatOutputParser parser(cp.output);
+    parser.feed(cp.forced);
+    parser.feed(c.text);
+    parser.finish();
     ojson content = ojson::array();
-    if (!c.text.empty()) content.push_back({{"type", "text"}, {"text", c.text}});
+    if (!parser.content().empty()) content.push_back({{"type", "text"}, {"text", parser.content()}});
+    for (const ParsedCall& call : parser.calls())
+      content.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.call.name}, {"input", tool_input(call.call.arguments)}});
+    const bool called = !parser.calls().empty() && c.finish == Finish::stop;
     ojson out = {{"id", id},
                  {"type", "message"},
                  {"role", "assistant"},
                  {"model", model},
                  {"content", content},
-                 {"stop_reason", stop_reason(c)},
+                 {"stop_reason", called ? "tool_use" : stop_reason(c)},
                  {"stop_sequence", stop_sequence(c.stop_index)},
                  {"usage", usage()}};
     res.set_content(dump(out), "application/json");
     return;
   }
 
-  stream_sse(res, jobs, [&ctx, jobs, id, model, n_prompt, usage, stop_sequence](const std::function<bool(const std::string&)>& send) {
+  auto parser = std::make_shared<ChatOutputParser>(cp.output);
+  const std::string forced = cp.forced;
+  stream_sse(res, jobs, [&ctx, jobs, id, model, n_prompt, usage, stop_sequence, parser,
+                         forced](const std::function<bool(const std::string&)>& send) {
     ojson start = {{"id", id},
                    {"type", "message"},
                    {"role", "assistant"},
@@ -202,11 +242,52 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
                    {"stop_sequence", nullptr},
                    {"usage", {{"input_tokens", n_prompt}, {"output_tokens", 0}}}};
     if (!send(event("message_start", {{"type", "message_start"}, {"message", start}}))) return;
-    if (!send(event("content_block_start", {{"type", "content_block_start"},
-                                            {"index", 0},
-                                            {"content_block", {{"type", "text"}, {"text", ""}}}})))
-      return;
     if (!send(event("ping", {{"type", "ping"}}))) return;
+    // Content blocks open as the answer needs them: text, then a tool_use block per call.
+    int block = -1;
+    bool text_open = false, any_block = false;
+    auto close = [&] {
+      if (block < 0 || !any_block) return true;
+      any_block = false;
+      return send(event("content_block_stop", {{"type", "content_block_stop"}, {"index", block}}));
+    };
+    auto deliver = [&](const ChatDelta& d) {
+      if (!d.content.empty()) {
+        if (!text_open) {
+          if (!close()) return false;
+          ++block;
+          text_open = any_block = true;
+          if (!send(event("content_block_start", {{"type", "content_block_start"},
+                                                  {"index", block},
+                                                  {"content_block", {{"type", "text"}, {"text", ""}}}})))
+            return false;
+        }
+        if (!send(event("content_block_delta", {{"type", "content_block_delta"},
+                                                {"index", block},
+                                                {"delta", {{"type", "text_delta"}, {"text", d.content}}}})))
+          return false;
+      }
+      for (const CallDelta& c : d.calls) {
+        if (!c.id.empty()) {
+          if (!close()) return false;
+          ++block;
+          text_open = false;
+          any_block = true;
+          if (!send(event("content_block_start",
+                          {{"type", "content_block_start"},
+                           {"index", block},
+                           {"content_block", {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", ojson::object()}}}})))
+            return false;
+        }
+        if (!c.arguments.empty() &&
+            !send(event("content_block_delta", {{"type", "content_block_delta"},
+                                                {"index", block},
+                                                {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}})))
+          return false;
+      }
+      return true;
+    };
+    if (!deliver(parser->feed(forced))) return;
     Collected end;
     bool failed = false;
     const bool ok = pump(
@@ -218,20 +299,18 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
             failed = true;
             return false;
           }
-          if (!u.text.empty() &&
-              !send(event("content_block_delta", {{"type", "content_block_delta"},
-                                                  {"index", 0},
-                                                  {"delta", {{"type", "text_delta"}, {"text", u.text}}}})))
-            return false;
+          if (!u.text.empty() && !deliver(parser->feed(u.text))) return false;
           end.finish = u.finish;
           end.stop_index = u.stop_index;
           return true;
         },
         [&] { return send(event("ping", {{"type", "ping"}})); });
     if (!ok || failed) return;
-    if (!send(event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}))) return;
+    if (!deliver(parser->finish()) || !close()) return;
+    const bool called = !parser->calls().empty() && end.finish == Finish::stop;
     if (!send(event("message_delta", {{"type", "message_delta"},
-                                      {"delta", {{"stop_reason", stop_reason(end)}, {"stop_sequence", stop_sequence(end.stop_index)}}},
+                                      {"delta", {{"stop_reason", called ? "tool_use" : stop_reason(end)},
+                                                 {"stop_sequence", stop_sequence(end.stop_index)}}},
                                       {"usage", usage()}})))
       return;
     send(event("message_stop", {{"type", "message_stop"}}));
@@ -241,7 +320,7 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
 void count_tokens(Context& ctx, const httplib::Request& req, httplib::Response& res) {
   MessagesRequest r = parse_messages_request(req.body, false);
   ctx.model_name(r.model);
-  const std::vector<int32_t> ids = ctx.tokenize(ctx.render_chat(r.messages, r.tools, "messages"));
+  const std::vector<int32_t> ids = ctx.tokenize(plan_chat(ctx, r.chat, "toolu_").prompt);
   res.set_content(dump(ojson{{"input_tokens", ids.size()}}), "application/json");
 }
 

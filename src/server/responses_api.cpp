@@ -8,6 +8,9 @@
 #include <deque>
 #include <map>
 
+#include "sample/grammar.h"
+#include "server/chat_output.h"
+#include "server/chat_plan.h"
 #include "server/context.h"
 #include "server/structured.h"
 
@@ -176,10 +179,23 @@ ResponsesRequest parse_request(const std::string& text) {
     if (!tools.empty()) r.tools = tools;
   }
   if (const ojson* tc = field(body, "tool_choice")) {
-    if (*tc == "none")
-      r.tools = nullptr;
-    else if (*tc != "auto")
-      bad("tool_choice", "'tool_choice' other than \"auto\" or \"none\" is not supported");
+    using TC = CompletionRequest::ToolChoice;
+    if (*tc == "none") {
+      r.gen.tool_choice = TC::none;
+    } else if (*tc == "required") {
+      r.gen.tool_choice = TC::required;
+    } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("name") && (*tc)["name"].is_string()) {
+      r.gen.tool_choice = TC::function;
+      r.gen.tool_choice_name = (*tc)["name"].get<std::string>();
+      bool known = false;
+      if (r.tools.is_array())
+        for (const ojson& t : r.tools) known = known || t["function"]["name"] == r.gen.tool_choice_name;
+      if (!known) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not one of 'tools'", r.gen.tool_choice_name));
+    } else if (*tc != "auto") {
+      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}");
+    }
+    if (r.gen.tool_choice != TC::automatic && r.gen.tool_choice != TC::none && r.tools.is_null())
+      bad("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
   }
   if (const ojson* rs = field(body, "reasoning"); rs && !(rs->is_object() && rs->empty()))
     bad("reasoning", "'reasoning' options are not supported by this server");
@@ -191,7 +207,7 @@ ResponsesRequest parse_request(const std::string& text) {
   }
   r.store = boolean(body, "store", true);
   r.stream = boolean(body, "stream", false);
-  boolean(body, "parallel_tool_calls", true);
+  r.gen.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
   string(body, "user");
   if (const ojson* tr = field(body, "truncation"); tr && *tr != "disabled" && *tr != "auto")
     bad("truncation", "'truncation' must be \"disabled\" or \"auto\"");
@@ -275,6 +291,11 @@ ojson message_item(const std::string& id, const std::string& text, const std::st
   return {{"id", id}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", content}};
 }
 
+ojson call_item(const std::string& id, const ParsedCall& c, const std::string& status) {
+  return {{"id", id},        {"type", "function_call"}, {"status", status},
+          {"arguments", c.call.arguments}, {"call_id", c.id}, {"name", c.call.name}};
+}
+
 void responses(Context& ctx, const httplib::Request& req, httplib::Response& res) {
   ResponsesRequest r = parse_request(req.body);
   Shell sh;
@@ -294,21 +315,42 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
   ojson prompt_messages = ojson::array();
   if (!r.instructions.empty()) prompt_messages.push_back({{"role", "system"}, {"content", r.instructions}});
   for (const ojson& m : r.messages) prompt_messages.push_back(m);
+  r.gen.chat = true;
+  r.gen.messages = prompt_messages;
+  r.gen.tools = r.tools;
+  const ChatPlan cp = plan_chat(ctx, r.gen, random_id("call_") + "_");
   GenerateParams g = std::move(r.gen.gen);
-  g.prompt = ctx.tokenize(ctx.render_chat(prompt_messages, r.tools, "input"));
+  g.prompt = ctx.tokenize(cp.prompt);
+  if (!cp.grammar.empty()) {
+    if (g.grammar) bad("tool_choice", "'tool_choice' forces a tool call and 'text.format' constrains the answer too; send one");
+    g.grammar = Grammar::parse(cp.grammar);
+  }
   ctx.check_prompt_fits(g.prompt, "input");
   const int64_t n_prompt = (int64_t)g.prompt.size();
   std::vector<std::shared_ptr<Job>> jobs = {ctx.submit(std::move(g), res)};
   const std::string msg_id = random_id("msg_");
 
   // The finished response: kept for previous_response_id (the conversation grows by this answer).
-  auto finish = [jobs, n_prompt, sh, msg_id, messages = r.messages](const std::string& text, Finish f) {
-    const ojson output = ojson::array({message_item(msg_id, text, "completed")});
+  // call ids -> the function_call items' ids (fc_...), given as calls appear.
+  auto finish = [jobs, n_prompt, sh, msg_id, messages = r.messages](const std::string& text,
+                                                                     const std::vector<ParsedCall>& calls,
+                                                                     const std::vector<std::string>& fc_ids, Finish f) {
+    ojson output = ojson::array();
+    if (!text.empty() || calls.empty()) output.push_back(message_item(msg_id, text, "completed"));
+    ojson tool_calls = ojson::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      output.push_back(call_item(fc_ids[i], calls[i], "completed"));
+      tool_calls.push_back({{"id", calls[i].id},
+                            {"type", "function"},
+                            {"function", {{"name", calls[i].call.name}, {"arguments", calls[i].call.arguments}}}});
+    }
     const ojson resp = response_object(sh, f == Finish::length ? "incomplete" : "completed", output,
                                        usage_json(n_prompt, jobs[0]->n_generated(), jobs[0]->n_cached()), f);
     if (sh.store) {
       ojson convo = messages;
-      convo.push_back({{"role", "assistant"}, {"content", text}});
+      ojson msg = {{"role", "assistant"}, {"content", text}};
+      if (!tool_calls.empty()) msg["tool_calls"] = tool_calls;
+      convo.push_back(std::move(msg));
       store().put(sh.id, {std::move(convo), resp});
     }
     return resp;
@@ -316,11 +358,19 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
 
   if (!r.stream) {
     const Collected c = collect(ctx, jobs)[0];
-    res.set_content(dump(finish(c.text, c.finish)), "application/json");
+    ChatOutputParser parser(cp.output);
+    parser.feed(cp.forced);
+    parser.feed(c.text);
+    parser.finish();
+    std::vector<std::string> fc_ids;
+    for (size_t i = 0; i < parser.calls().size(); ++i) fc_ids.push_back(random_id("fc_"));
+    res.set_content(dump(finish(parser.content(), parser.calls(), fc_ids, c.finish)), "application/json");
     return;
   }
 
-  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, finish](const std::function<bool(const std::string&)>& send) {
+  auto parser = std::make_shared<ChatOutputParser>(cp.output);
+  const std::string forced = cp.forced;
+  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, finish, parser, forced](const std::function<bool(const std::string&)>& send) {
     int64_t seq = 0;
     auto event = [&](const char* type, ojson data) {
       ojson e = {{"type", type}, {"sequence_number", seq++}};
@@ -330,13 +380,63 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
     const ojson empty = response_object(sh, "in_progress", ojson::array(), nullptr, Finish::none);
     if (!event("response.created", {{"response", empty}}) || !event("response.in_progress", {{"response", empty}}))
       return;
-    if (!event("response.output_item.added", {{"output_index", 0}, {"item", message_item(msg_id, "", "in_progress")}}))
-      return;
-    const ojson empty_part = {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}};
-    if (!event("response.content_part.added",
-               {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"part", empty_part}}))
-      return;
-    std::string text;
+    // Output items open as the answer needs them: the message (its text), then a function_call per call.
+    enum class Open { none, message, call } open = Open::none;
+    int out_index = -1;
+    std::string text, args;
+    std::vector<std::string> fc_ids;
+    bool message_done = false;
+    auto close = [&]() -> bool {
+      if (open == Open::message) {
+        open = Open::none;
+        message_done = true;
+        const ojson part = {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}};
+        return event("response.output_text.done", {{"item_id", msg_id}, {"output_index", out_index}, {"content_index", 0},
+                                                   {"text", text}, {"logprobs", ojson::array()}}) &&
+               event("response.content_part.done", {{"item_id", msg_id}, {"output_index", out_index}, {"content_index", 0}, {"part", part}}) &&
+               event("response.output_item.done", {{"output_index", out_index}, {"item", message_item(msg_id, text, "completed")}});
+      }
+      if (open == Open::call) {
+        open = Open::none;
+        const ParsedCall& c = parser->calls().at(fc_ids.size() - 1);
+        return event("response.function_call_arguments.done",
+                     {{"item_id", fc_ids.back()}, {"output_index", out_index}, {"arguments", c.call.arguments}}) &&
+               event("response.output_item.done", {{"output_index", out_index}, {"item", call_item(fc_ids.back(), c, "completed")}});
+      }
+      return true;
+    };
+    auto open_message = [&]() -> bool {
+      open = Open::message;
+      ++out_index;
+      const ojson empty_part = {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}};
+      return event("response.output_item.added", {{"output_index", out_index}, {"item", message_item(msg_id, "", "in_progress")}}) &&
+             event("response.content_part.added", {{"item_id", msg_id}, {"output_index", out_index}, {"content_index", 0}, {"part", empty_part}});
+    };
+    auto deliver = [&](const ChatDelta& d) -> bool {
+      if (!d.content.empty()) {
+        if (open != Open::message && (!close() || !open_message())) return false;
+        text += d.content;
+        if (!event("response.output_text.delta", {{"item_id", msg_id}, {"output_index", out_index}, {"content_index", 0},
+                                                  {"delta", d.content}, {"logprobs", ojson::array()}}))
+          return false;
+      }
+      for (const CallDelta& c : d.calls) {
+        if (!c.id.empty()) {
+          if (!close()) return false;
+          fc_ids.push_back(random_id("fc_"));
+          open = Open::call;
+          ++out_index;
+          const ojson item = {{"id", fc_ids.back()}, {"type", "function_call"}, {"status", "in_progress"},
+                              {"arguments", ""}, {"call_id", c.id}, {"name", c.name}};
+          if (!event("response.output_item.added", {{"output_index", out_index}, {"item", item}})) return false;
+        }
+        if (!c.arguments.empty() &&
+            !event("response.function_call_arguments.delta", {{"item_id", fc_ids.back()}, {"output_index", out_index}, {"delta", c.arguments}}))
+          return false;
+      }
+      return true;
+    };
+    if (!deliver(parser->feed(forced))) return;
     Finish end = Finish::none;
     bool failed = false;
     const bool ok = pump(
@@ -350,27 +450,16 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
             failed = true;
             return false;
           }
-          if (!u.text.empty()) {
-            text += u.text;
-            if (!event("response.output_text.delta", {{"item_id", msg_id},
-                                                      {"output_index", 0},
-                                                      {"content_index", 0},
-                                                      {"delta", u.text},
-                                                      {"logprobs", ojson::array()}}))
-              return false;
-          }
+          if (!u.text.empty() && !deliver(parser->feed(u.text))) return false;
           end = u.finish;
           return true;
         },
         [&] { return send(": keep-alive\n\n"); });
     if (!ok || failed) return;
-    const ojson part = {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}};
-    if (!event("response.output_text.done",
-               {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"text", text}, {"logprobs", ojson::array()}}) ||
-        !event("response.content_part.done", {{"item_id", msg_id}, {"output_index", 0}, {"content_index", 0}, {"part", part}}) ||
-        !event("response.output_item.done", {{"output_index", 0}, {"item", message_item(msg_id, text, "completed")}}))
-      return;
-    const ojson done = finish(text, end);
+    if (!deliver(parser->finish())) return;
+    if (parser->calls().empty() && open == Open::none && !message_done && !open_message()) return;  // an empty answer
+    if (!close()) return;
+    const ojson done = finish(text, parser->calls(), fc_ids, end);
     event(end == Finish::length ? "response.incomplete" : "response.completed", {{"response", done}});
   });
 }
