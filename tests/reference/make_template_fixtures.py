@@ -35,6 +35,7 @@ NOW = datetime.datetime(2026, 1, 15, 9, 30, 0, tzinfo=datetime.timezone.utc)
 
 # Special-token text per template family (what transformers passes from special_tokens_map).
 TOKENS = {
+    "Qwen2.5": ("", "<|im_end|>"),
     "Qwen3": ("", "<|im_end|>"),
     "Qwen3.5": ("", "<|im_end|>"),
     "Gemma-3": ("<bos>", "<eos>"),

@@ -5,11 +5,12 @@ module-scoped server with one slot; greedy and few tokens, so they stay quick an
 field checks run on the session's small Gemma server (its template has no tools: the fallbacks).
 """
 import json
+import sys
 
 import pytest
 import requests
 
-from conftest import DEFAULT_MODEL, start_server, stop_server
+from conftest import DEFAULT_MODEL, ROOT, start_server, stop_server
 
 TOOLS = [
     {"type": "function", "function": {
@@ -74,8 +75,10 @@ def test_tool_call_round_trip(qclient, qwen):
     assert call.type == "function" and call.id.startswith("call_")
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
-    # The result goes back; with tool_choice "none" the model answers from it (this small model, offered
-    # the tools again, tends to call once more).
+    # The result goes back; with tool_choice "none" the model answers from it. Offered the tools again,
+    # this small model answers with a copy of its call that starts with "{{": its own template's system
+    # text shows the call format as {{"name": ...}} (test_prompt_is_the_templates_own shows xpert renders
+    # that template exactly as jinja2 does; the "{{" is the model's, not ours).
     final = ask(qclient, qwen, with_result(c.message.model_dump(exclude_none=True), call.id), tool_choice="none")
     assert final.choices[0].finish_reason == "stop"
     assert final.choices[0].message.tool_calls is None
@@ -94,6 +97,28 @@ def test_tool_call_round_trip_streaming(qclient, qwen):
          "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}]}
     text, more_calls, finish = streamed(qclient, qwen, with_result(message, calls[0]["id"]), tool_choice="none")
     assert finish == "stop" and not more_calls and "21" in text
+
+
+def test_prompt_is_the_templates_own(qwen):
+    """The prompt after a tool result, with the tools still offered, is character for character what
+    jinja2 renders from the model's own template (tokenizer.chat_template in the GGUF), set up as
+    transformers' apply_chat_template (tests/reference/make_template_fixtures.py)."""
+    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("jinja2")
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
+    from make_template_fixtures import make_env, normalize, probe, render
+
+    field = gguf.GGUFReader(str(DEFAULT_MODEL)).fields["tokenizer.chat_template"]
+    tmpl = make_env().from_string(bytes(field.parts[field.data[0]]).decode())
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    for messages in (ASK, with_result(call, "call_1"), [*with_result(call, "call_1"),
+                                                        {"role": "assistant", "content": "It is 21 C and sunny."},
+                                                        {"role": "user", "content": "And the time in Tokyo?"}]):
+        expected = render(tmpl, "", "<|im_end|>", normalize(messages, probe(tmpl, "", "<|im_end|>")), tools=TOOLS)
+        r = requests.post(qwen.url + "/apply-template", json={"messages": messages, "tools": TOOLS}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["prompt"] == expected
 
 
 def test_required_always_calls(qclient, qwen):
