@@ -40,8 +40,9 @@ struct ExpertSplit {
   }
 };
 
-// A device that computes the experts of host-resident MoE layers (an OpenCL device, --expert-device
-// opencl:N): the CPU routes and combines; run() computes every routed (expert, row) of a batch.
+// A device that computes host experts (an OpenCL device, --expert-device opencl:N): the CPU routes,
+// gathers and combines; the device computes the (expert, rows) tasks it is given, asynchronously, so the
+// CPU's threads compute other experts of the same batch meanwhile (--expert-device opencl:N,cpu).
 struct ExpertTask {
   int32_t expert = 0, row0 = 0, n_rows = 0;  // grouped rows [row0, row0 + n_rows) go through `expert`
 };
@@ -50,9 +51,25 @@ class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
   virtual std::string name() const = 0;
-  // yg[i] = SwiGLU expert of row i (xg[i]), for the rows of every task; xg, yg: [n_rows][n_embd].
-  virtual void run(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
-                   float* yg) = 0;
+  // Starts yg[i] = SwiGLU expert of row i (xg[i]) for the rows of every task; xg, yg: [n_rows][n_embd],
+  // valid (and yg unread) until wait() returns. One start is in flight at a time.
+  virtual void start(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
+                     float* yg) = 0;
+  // Returns once the last start's yg is written; throws Error when the device failed.
+  virtual void wait() = 0;
+  void run(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows, float* yg) {
+    start(m, tasks, xg, n_rows, yg);
+    wait();
+  }
+};
+
+// How a layer's host experts are shared between its ExpertExecutor and the CPU's threads: the executor
+// takes this fraction of a batch's expert rows (0: the CPU alone; 1: the executor alone), one share for
+// decode-sized batches and one for prefill. runtime/experts/executor_share.h measures them per machine.
+struct ExecutorShare {
+  double decode = 1.0, prefill = 1.0;
+  int64_t prefill_min_tokens = 16;  // batches of at least this many tokens take `prefill`
+  double of(int64_t n_tokens) const { return n_tokens >= prefill_min_tokens ? prefill : decode; }
 };
 
 // Where a MoE op reports each batch's routing (runtime/experts/routing_stats.h counts it).
@@ -79,7 +96,10 @@ struct MoeFfn {
   int64_t n_ff_shared = 0;
   Weight shared_gate_inp, shared_gate, shared_up, shared_down;
   const ExpertSplit* split = nullptr;  // some experts not on the executing device (its weights: split's)
-  ExpertExecutor* exec = nullptr;      // host layers: the device that computes the experts (null: the CPU)
+  // The host experts (every expert of a host layer, the host share of a split one): computed by exec for
+  // exec_share of their rows, by the CPU's threads for the rest (exec null: the CPU alone).
+  ExpertExecutor* exec = nullptr;
+  ExecutorShare exec_share;
   int64_t layer = -1;                  // the model layer: executors' tables, routing statistics
   RoutingSink* stats = nullptr;        // counts the routing when set
 

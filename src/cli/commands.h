@@ -30,6 +30,7 @@ struct ModelFlags {
   std::string stream_share = "auto";  // --stream-share
   std::string gpu_expert_budget;     // --gpu-expert-budget
   std::string expert_device = "cpu";  // --expert-device
+  std::string expert_share;           // --expert-share ("": measured)
   std::string expert_profile;        // --expert-profile
   std::string cache_type_k = "f16", cache_type_v = "f16";  // --cache-type-k / -v (-ctk / -ctv)
   void add(CLI::App& app, bool with_ctx = true);

@@ -35,7 +35,12 @@ void ModelFlags::add(CLI::App& app, bool with_ctx) {
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("--gpu-expert-budget", gpu_expert_budget,
                  "MoE: GPU memory for experts over all GPU layers, e.g. 12GiB or 800MiB (instead of --num-gpu-experts)");
-  app.add_option("--expert-device", expert_device, "MoE: where the experts not on the GPU run: cpu, or opencl:N when every MoE layer runs on the host (-ngl 0)");
+  app.add_option("--expert-device", expert_device,
+                 "MoE: where the experts not on the GPU run: cpu (default), opencl:N, or opencl:N,cpu (the two "
+                 "together, each batch's host experts shared by --expert-share)");
+  app.add_option("--expert-share", expert_share,
+                 "MoE with --expert-device opencl:N,cpu: the share of the host experts' rows the OpenCL device "
+                 "computes, 0 to 1, or decode,prefill (default: measured on this machine once, then cached)");
   app.add_option("--stream-experts", stream_experts,
                  "MoE: batches of at least N tokens copy the host's experts to the GPU instead of computing them "
                  "on the CPU (0: never; default: the measured crossover)")
@@ -57,6 +62,7 @@ PlacementOptions placement_options(const ModelFlags& f) {
           .num_gpu_experts = f.num_gpu_experts,
           .gpu_expert_budget = f.gpu_expert_budget,
           .expert_device = f.expert_device,
+          .expert_share = f.expert_share,
           .expert_profile = f.expert_profile,
           .stream_experts = f.stream_experts,
           .stream_share = parse_stream_share(f.stream_share),

@@ -32,6 +32,7 @@ MoeFfn moe_ffn_args(const ModelConfig& c, const LayerWeights& lw, int64_t il, Ro
           .shared_down = lw.ffn_down_shexp,
           .split = lw.split,
           .exec = lw.expert_exec,
+          .exec_share = lw.expert_share,
           .layer = il,
           .stats = stats};
 }

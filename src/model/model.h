@@ -81,8 +81,10 @@ struct LayerWeights {
   Weight ssm_qkv, ssm_gate, ssm_conv1d, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm, ssm_out;
   // Offloaded MoE layers whose experts are not all on the GPU (ffn_*_exps then hold no device data).
   const ExpertSplit* split = nullptr;
-  // Host MoE layers whose experts run on an expert device (--expert-device opencl:N); null: the CPU.
+  // MoE layers with host experts (host layers, split GPU layers) whose host experts an expert device computes
+  // (--expert-device opencl:N[,cpu]) for expert_share of their rows; null: the CPU alone.
   ExpertExecutor* expert_exec = nullptr;
+  ExecutorShare expert_share;
 };
 
 struct ModelWeights {
@@ -150,8 +152,9 @@ class Model {
   // Output norm and head on the device of the last layer (offloading always includes the last layer).
   const ModelWeights& io_weights() const { return n_offloaded_ ? dev_io_ : w_; }
   const ModelWeights& host_weights() const { return w_; }
-  // The experts of every MoE layer that runs on the host go to `exec` (the CPU still routes and combines).
-  void attach_expert_executor(std::shared_ptr<ExpertExecutor> exec);
+  // The host experts of every MoE layer (all experts of a host layer, the host share of a split GPU layer)
+  // go to `exec` for `share` of their rows, the rest to the CPU (which routes and combines). After offload.
+  void attach_expert_executor(std::shared_ptr<ExpertExecutor> exec, const ExecutorShare& share = {});
 
   // Offloaded MoE layer il's split (which experts are resident on the GPU), null when it is not split.
   const ExpertSplit* expert_split(int64_t il) const {

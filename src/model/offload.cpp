@@ -26,9 +26,15 @@ void for_each_weight(LayerWeights& l, const std::function<void(const char*, Weig
 #undef XP_W
 }
 
-void Model::attach_expert_executor(std::shared_ptr<ExpertExecutor> exec) {
-  for (int64_t il = 0; il < config_.n_layer; ++il)
-    if (w_.layers[il].ffn_gate_exps && !layer_device(il)) w_.layers[il].expert_exec = exec.get();
+void Model::attach_expert_executor(std::shared_ptr<ExpertExecutor> exec, const ExecutorShare& share) {
+  for (int64_t il = 0; il < config_.n_layer; ++il) {
+    LayerWeights* l = nullptr;
+    if (!layer_device(il)) l = &w_.layers[il];
+    else if (dev_layers_[il].split) l = &dev_layers_[il];  // a GPU layer whose other experts are on the host
+    if (!l || !(l->ffn_gate_exps || l->split)) continue;
+    l->expert_exec = exec.get();
+    l->expert_share = share;
+  }
   expert_exec_ = std::move(exec);
 }
 

@@ -2,6 +2,8 @@
 // experts go.
 #include "runtime/placement.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -10,6 +12,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "runtime/experts/executor_share.h"
 #include "runtime/experts/routing_stats.h"
 
 #ifdef XPERT_HAS_CUDA
@@ -62,22 +65,88 @@ std::optional<DeviceId> gpu_of(const PlacementOptions& o) {
   return dev;
 }
 
-void check_expert_device(const std::string& s) {
-  const DeviceId d = DeviceId::parse(s);
-  switch (d.kind) {
-    case DeviceKind::cpu: return;
-    case DeviceKind::opencl:
+// --expert-device: "cpu", "opencl:N", or both separated by a comma.
+struct ExpertDevices {
+  int opencl = -1;  // N of opencl:N; -1: none
+  bool cpu = false;
+};
+
+ExpertDevices parse_expert_devices(const std::string& list) {
+  ExpertDevices r;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = list.find(',', begin);
+    const std::string item = list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const DeviceId d = DeviceId::parse(item);
+    switch (d.kind) {
+      case DeviceKind::cpu:
+        if (r.cpu) fail("--expert-device {}: cpu is named twice", list);
+        r.cpu = true;
+        break;
+      case DeviceKind::opencl:
 #ifdef XPERT_HAVE_OPENCL
-      return;
+        if (r.opencl >= 0) fail("--expert-device {}: one OpenCL expert device at most", list);
+        r.opencl = d.index;
+        break;
 #else
-      fail("--expert-device {}: this xpert was built without OpenCL (install Debian's opencl-headers and rebuild)",
-           d.str());
+        fail("--expert-device {}: this xpert was built without OpenCL (install Debian's opencl-headers and "
+             "rebuild)",
+             d.str());
 #endif
-    case DeviceKind::cuda:
-      fail("--expert-device {}: the expert device runs the experts that are not on the GPU (cpu, later opencl:N); "
-           "the GPU's share is set by --num-gpu-experts or --gpu-expert-budget",
-           d.str());
+      case DeviceKind::cuda:
+        fail("--expert-device {}: the expert device runs the experts that are not on the GPU (cpu, opencl:N, or "
+             "opencl:N,cpu); the GPU's share is set by --num-gpu-experts or --gpu-expert-budget",
+             d.str());
+    }
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
+  return r;
+}
+
+// --expert-device and --expert-share, checked together before anything is loaded.
+ExpertDevices check_expert_devices(const PlacementOptions& o) {
+  const ExpertDevices d = parse_expert_devices(o.expert_device);
+  if (!o.expert_share.empty()) {
+    if (!(d.cpu && d.opencl >= 0))
+      fail("--expert-share {} shares the host experts between an OpenCL device and the CPU: it needs "
+           "--expert-device opencl:N,cpu (now {})",
+           o.expert_share, o.expert_device);
+    parse_executor_share(o.expert_share);
+  }
+  return d;
+}
+
+// The OpenCL expert device of --expert-device, when there is one and the model has experts on the host: the
+// host experts of every MoE layer (host layers and split GPU layers) go to it, shared with the CPU when both
+// are named. After offload.
+void attach_expert_device(Model& m, const PlacementOptions& o) {
+  const ExpertDevices d = check_expert_devices(o);
+#ifdef XPERT_HAVE_OPENCL
+  const ModelConfig& c = m.config();
+  if (d.opencl < 0 || c.n_expert == 0) return;
+  int64_t first = -1;  // the first MoE layer with host experts
+  for (int64_t il = 0; il < c.n_layer && first < 0; ++il)
+    if (m.host_weights().layers[il].ffn_gate_exps && (!m.layer_device(il) || m.expert_split(il))) first = il;
+  if (first < 0) return;  // every expert is on the GPU
+  std::shared_ptr<ExpertExecutor> exec = opencl::make_expert_executor(d.opencl);
+  ExecutorShare share;  // the device alone
+  std::string why = "the device alone";
+  if (d.cpu && !o.expert_share.empty()) {
+    share = parse_executor_share(o.expert_share);
+    why = fmt::format("decode {:.2f}, prefill {:.2f} of the rows (--expert-share)", share.decode, share.prefill);
+  } else if (d.cpu) {
+    ThreadPool pool(ThreadPool::default_threads());
+    const ShareMeasurement sm =
+        measure_executor_share(moe_ffn_args(c, m.host_weights().layers[first], first, nullptr), *exec, pool);
+    share = sm.share;
+    why = sm.summary();
+  }
+  log::info("host experts on {}{}: {}", exec->name(), d.cpu ? " and the CPU" : "", why);
+  m.attach_expert_executor(std::move(exec), share);
+#else
+  (void)m;
+#endif
 }
 
 // The routing profile to place experts by, when the options split experts at all.
@@ -106,7 +175,7 @@ struct Placement {
 
 Placement plan(const Model& m, const PlacementOptions& o) {
   const ModelConfig& c = m.config();
-  check_expert_device(o.expert_device);
+  check_expert_devices(o);
   ExpertPlanOptions po;
   po.num_gpu_experts = o.num_gpu_experts;
   if (o.num_gpu_experts < -1) fail("--num-gpu-experts {}: expected 0 or more", o.num_gpu_experts);
@@ -142,30 +211,20 @@ ExpertPlan place_model(Model& m, const PlacementOptions& o) {
   const int64_t n = p.plan.n_layer - p.plan.first_gpu_layer;
   std::string summary = p.plan.summary();
   if (!summary.empty() && summary.back() == '\n') summary.pop_back();
-  const DeviceKind expert_kind = DeviceId::parse(o.expert_device).kind;
   if (n == 0) {
     log::debug("{}", summary);
-#ifdef XPERT_HAVE_OPENCL
-    if (expert_kind == DeviceKind::opencl && m.config().n_expert > 0) {
-      auto exec = opencl::make_expert_executor(DeviceId::parse(o.expert_device).index);
-      log::info("experts of every MoE layer on {}", exec->name());
-      m.attach_expert_executor(std::move(exec));
-    }
-#endif
+    attach_expert_device(m, o);
     return std::move(p.plan);
   }
   log::info("{}", summary);
-  if (expert_kind == DeviceKind::opencl && m.config().n_expert > 0)
-    fail("--expert-device {} with MoE layers on the GPU is not supported yet: the host's share of a GPU layer "
-         "runs on the CPU; use --expert-device cpu, or -ngl 0 to run every MoE layer's experts on {}",
-         o.expert_device, o.expert_device);
-  // Split MoE layers: only the plan's experts go to the GPU; the others run on the host's threads.
+  // Split MoE layers: only the plan's experts go to the GPU; the others run on the expert device.
   if (o.stream_experts < -1) fail("--stream-experts {}: expected 0 or more tokens", o.stream_experts);
   if (o.stream_share != -1 && (o.stream_share < 0 || o.stream_share > 1))
     fail("--stream-share {}: expected a share from 0 to 1", o.stream_share);
   if (SplitExperts* se = p.gpu->split_experts()) se->set_expert_streaming(o.stream_experts, o.stream_share);
   if (p.plan.splits_experts()) m.offload(std::move(p.gpu), n, &p.plan.gpu_experts);
   else m.offload(std::move(p.gpu), n);
+  attach_expert_device(m, o);
   return std::move(p.plan);
 }
 

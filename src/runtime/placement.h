@@ -20,7 +20,11 @@ struct PlacementOptions {
   // Heterogeneous experts. Neither count given: every expert of a GPU layer is on the GPU.
   int64_t num_gpu_experts = -1;      // per GPU MoE layer (KTransformers' --kt-num-gpu-experts); -1: not given
   std::string gpu_expert_budget = "";  // bytes of experts on the GPU over all its layers ("12GiB", "800MiB"); "": not given
-  std::string expert_device = "cpu";  // where the other experts run: cpu (opencl:N later)
+  // Where the other experts run: "cpu", "opencl:N", or "opencl:N,cpu" (both, sharing each batch's host experts).
+  std::string expert_device = "cpu";
+  // With both: the OpenCL device's share of the host experts' rows ("0.4" or "decode,prefill"); "": measured
+  // on this machine (runtime/experts/executor_share.h).
+  std::string expert_share = "";
   // Routing profile choosing which experts go to the GPU: "" = <model>.xpert-profile.json when it exists
   // (ignored with a warning when it belongs to another model), "none" = index order, else a file that must
   // match the model.

@@ -254,6 +254,32 @@ TEST(PlacementFlags, ExpertDeviceAndFlagsAreValidatedBeforeAnythingIsLoaded) {
 #endif
   EXPECT_THROW(plan_placement(*m, {.device = "cpu", .expert_device = "cuda:0"}), Error);
   EXPECT_THROW(plan_placement(*m, {.device = "cpu", .expert_device = "tpu"}), Error);
+  // Lists: an OpenCL device and the CPU together, each named once; --expert-share only for that pair.
+  auto error_of = [&](const PlacementOptions& o) -> std::string {
+    try {
+      plan_placement(*m, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "cpu,cpu"}).find("named twice"), std::string::npos);
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "cpu,"}), "");
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "cpu,cuda:0"}), "");
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "cpu", .expert_share = "0.5"}).find("opencl:N,cpu"),
+            std::string::npos);
+#ifdef XPERT_HAVE_OPENCL
+  EXPECT_EQ(error_of({.device = "cpu", .expert_device = "opencl:0,cpu"}), "");
+  EXPECT_EQ(error_of({.device = "cpu", .expert_device = "cpu,opencl:0", .expert_share = "0.25,0.75"}), "");
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0,opencl:1"}).find("one OpenCL"),
+            std::string::npos);
+  EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0", .expert_share = "0.5"}).find("opencl:N,cpu"),
+            std::string::npos);
+  for (const char* bad : {"1.5", "-0.1", "half", "0.2,", ",0.2", "0.2,0.3,0.4", "nan"})
+    EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0,cpu", .expert_share = bad}).find("--expert-share"),
+              std::string::npos)
+        << bad;
+#endif
   // Experts on a GPU need GPU layers.
   EXPECT_THROW(plan_placement(*m, {.device = "cpu", .num_gpu_experts = 2}), Error);
   EXPECT_THROW(plan_placement(*m, {.device = "cpu", .gpu_expert_budget = "12 parsecs"}), Error);

@@ -3,12 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <span>
+#include <thread>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "backend/cpu/moe.h"
 #include "quant/quant.h"
+#include "runtime/experts/executor_share.h"
 
 namespace xpert {
 namespace {
@@ -151,6 +157,159 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, MoeGrouped, ::testing::Values(1, 7, 64));
+
+// An expert executor that computes its tasks with the CPU's own kernels on a thread of its own, as an
+// OpenCL device would beside the CPU's threads: each task through moe_experts_partial with k = 1 and
+// weight 1 (its rows, its expert), so its rows get the CPU's bits.
+class ThreadExecutor final : public ExpertExecutor {
+ public:
+  std::string name() const override { return "a thread"; }
+  void start(const MoeFfn& m, std::span<const ExpertTask> tasks, const float* xg, int64_t n_rows,
+             float* yg) override {
+    wait();
+    rows += n_rows;
+    experts += (int64_t)tasks.size();
+    std::vector<ExpertTask> ts(tasks.begin(), tasks.end());
+    MoeFfn one = m;
+    one.exec = nullptr;
+    one.n_used = 1;
+    worker_ = std::thread([this, one, ts, xg, yg] {
+      std::vector<bool> include(one.n_expert, false);
+      for (const ExpertTask& t : ts) {
+        Routing r;
+        r.n_tokens = t.n_rows;
+        r.k = 1;
+        r.ids.assign(t.n_rows, t.expert);
+        r.weights.assign(t.n_rows, 1.0f);
+        include.assign(one.n_expert, false);
+        include[t.expert] = true;
+        cpu::moe_experts_partial(one, xg + t.row0 * one.n_embd, t.n_rows, r, include, yg + t.row0 * one.n_embd,
+                                 false, scratch_, pool_, cpu::MoeSchedule::by_rows);
+      }
+    });
+  }
+  void wait() override {
+    if (worker_.joinable()) worker_.join();
+  }
+  ~ThreadExecutor() override { wait(); }
+  int64_t rows = 0, experts = 0;
+
+ private:
+  std::thread worker_;
+  ThreadPool pool_{1};
+  cpu::MoeScratch scratch_;
+};
+
+// --expert-device opencl:N,cpu: a batch's experts split between an executor and the CPU's threads give
+// the CPU's own bits at any share, and the executor gets about its share of the rows.
+TEST(MoeExecutorShare, SplitBatchEqualsTheCpuAlone) {
+  MoeFfn ffn;
+  ffn.n_embd = 512;
+  ffn.n_ff = 256;
+  ffn.n_expert = 32;
+  ffn.n_used = 4;
+  std::mt19937 rng(7);
+  std::vector<float> router(ffn.n_embd * ffn.n_expert);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : router) v = normal(rng) * 0.03f;
+  RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
+  RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
+  RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
+  ffn.router = Weight{.type = DType::F32, .data = router.data(), .ne = {ffn.n_embd, ffn.n_expert, 1},
+                      .n_bytes = router.size() * 4};
+  ffn.gate = gate.w;
+  ffn.up = up.w;
+  ffn.down = down.w;
+  ThreadPool pool(2);
+  for (int64_t n : {1, 5, 64}) {
+    std::vector<float> x(n * ffn.n_embd);
+    for (float& v : x) v = normal(rng);
+    cpu::MoeScratch s;
+    std::vector<float> want(x.size());
+    cpu::moe_ffn(ffn, x.data(), n, want.data(), s, pool, cpu::MoeSchedule::by_rows);
+    for (double share : {0.0, 0.3, 0.5, 1.0}) {
+      ThreadExecutor exec;
+      MoeFfn m = ffn;
+      m.exec = &exec;
+      m.exec_share = {.decode = share, .prefill = share};
+      std::vector<float> got(x.size());
+      cpu::moe_ffn(m, x.data(), n, got.data(), s, pool, cpu::MoeSchedule::by_rows);
+      EXPECT_EQ(got, want) << "n = " << n << ", share " << share;
+      const int64_t rows = n * ffn.n_used;
+      if (share == 0.0) {
+        EXPECT_EQ(exec.rows, 0);
+      }
+      if (share == 1.0) {
+        EXPECT_EQ(exec.rows, rows);
+      }
+      if (share == 0.5 && n == 64) {
+        EXPECT_GT(exec.rows, rows / 4) << "the executor's rows";
+        EXPECT_LT(exec.rows, 3 * rows / 4) << "the executor's rows";
+      }
+      // The partial form (a split GPU layer's host share) shares the same way.
+      std::vector<bool> some(ffn.n_expert, false);
+      for (int64_t e = 0; e < ffn.n_expert; e += 2) some[e] = true;
+      std::vector<float> part_cpu(x.size()), part(x.size());
+      cpu::moe_experts_partial(ffn, x.data(), n, s.routing, some, part_cpu.data(), false, s, pool,
+                               cpu::MoeSchedule::by_rows);
+      const Routing r = s.routing;
+      cpu::moe_experts_partial(m, x.data(), n, r, some, part.data(), false, s, pool, cpu::MoeSchedule::by_rows);
+      EXPECT_EQ(part, part_cpu) << "partial, n = " << n << ", share " << share;
+    }
+  }
+}
+
+// The share is measured once per machine and layer shape, then read from the cache.
+TEST(MoeExecutorShare, MeasuredOnceThenCached) {
+  MoeFfn ffn;
+  ffn.n_embd = 256;
+  ffn.n_ff = 256;
+  ffn.n_expert = 16;
+  ffn.n_used = 4;
+  std::mt19937 rng(9);
+  RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
+  RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
+  RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
+  ffn.gate = gate.w;
+  ffn.up = up.w;
+  ffn.down = down.w;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "xpert_share_cache_test";
+  std::filesystem::remove_all(dir);
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  ThreadPool pool(2);
+  ThreadExecutor exec;
+  const ShareMeasurement first = measure_executor_share(ffn, exec, pool);
+  EXPECT_FALSE(first.cached);
+  EXPECT_GT(exec.rows, 0) << "the executor was timed";
+  for (int phase = 0; phase < 2; ++phase) {
+    EXPECT_GT(first.cpu_ms[phase], 0);
+    EXPECT_GT(first.device_ms[phase], 0);
+    // Never slower than the better single executor as measured: the split is chosen only when faster.
+    EXPECT_LE(first.chosen_ms[phase], std::min(first.cpu_ms[phase], first.device_ms[phase]));
+  }
+  EXPECT_NE(first.summary().find("CPU alone"), std::string::npos) << first.summary();
+  const ShareMeasurement again = measure_executor_share(ffn, exec, pool);
+  EXPECT_TRUE(again.cached);
+  EXPECT_EQ(again.share.decode, first.share.decode);
+  EXPECT_EQ(again.share.prefill, first.share.prefill);
+  if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(parse_executor_share("0.4").decode, 0.4);
+  EXPECT_EQ(parse_executor_share("0.2,0.9").prefill, 0.9);
+  EXPECT_THROW(parse_executor_share("2"), Error);
+}
+
+// The decode share applies below prefill_min_tokens, the prefill share from there on.
+TEST(MoeExecutorShare, PhaseByBatchSize) {
+  const ExecutorShare s{.decode = 0.1, .prefill = 0.9, .prefill_min_tokens = 16};
+  EXPECT_EQ(s.of(1), 0.1);
+  EXPECT_EQ(s.of(15), 0.1);
+  EXPECT_EQ(s.of(16), 0.9);
+  EXPECT_EQ(s.of(512), 0.9);
+}
 
 }  // namespace
 }  // namespace xpert

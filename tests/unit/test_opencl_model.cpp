@@ -1,7 +1,8 @@
 // A MoE model whose experts run on an OpenCL device (--expert-device opencl:N; the KTransformers iGPU
 // scenario) against the same model on the CPU: the CPU routes and combines, the device computes the
 // experts with int8 activations like the CPU, so logits agree within a tolerance and greedy tokens
-// until a near-tie. CI runs it on PoCL; without an OpenCL platform it skips.
+// until a near-tie; the same with the experts shared between the device and the CPU (three tiers' host
+// part). CI runs it on PoCL; without an OpenCL platform it skips.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,17 +23,11 @@ namespace xpert {
 namespace {
 
 #ifdef XPERT_HAVE_OPENCL
-TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
-  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
-  const std::string file = (std::filesystem::temp_directory_path() / "xpert_opencl_model_tiny.gguf").string();
-  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
-  auto cpu = Model::load(file);
-  auto dev = Model::load(file);
-  dev->attach_expert_executor(opencl::make_expert_executor(0));
-  const int64_t V = cpu->config().n_vocab;
+// dev against cpu: prefill logits within a tolerance, greedy tokens until a near-tie.
+void expect_like_the_cpu(const Model& cpu, const Model& dev, const char* what) {
+  const int64_t V = cpu.config().n_vocab;
   std::vector<int32_t> prompt;
   for (int i = 0; i < 12; ++i) prompt.push_back((int32_t)((i * 131 + 7) % V));
-
   auto generate = [&](const Model& m, std::vector<float>& first_logits) {
     Session s(m, {.n_ctx = 64, .n_threads = 2, .n_batch = 512, .cache_ram_bytes = 0, .checkpoint_every = 0});
     std::vector<int32_t> out;
@@ -46,19 +41,47 @@ TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
     return out;
   };
   std::vector<float> la, lb;
-  const std::vector<int32_t> a = generate(*cpu, la), b = generate(*dev, lb);
+  const std::vector<int32_t> a = generate(cpu, la), b = generate(dev, lb);
   ASSERT_EQ(la.size(), lb.size());
   float scale = 0, worst = 0;
   for (size_t i = 0; i < la.size(); ++i) {
     scale = std::max(scale, std::fabs(la[i]));
     worst = std::max(worst, std::fabs(la[i] - lb[i]));
   }
-  EXPECT_LT(worst / scale, 2e-2f) << "prefill logits, max |device - cpu| / max |logit|";
+  EXPECT_LT(worst / scale, 2e-2f) << what << ": prefill logits, max |device - cpu| / max |logit|";
   size_t agree = 0;
   while (agree < a.size() && a[agree] == b[agree]) ++agree;
-  EXPECT_GE(agree, 1u) << "the first greedy token differs";
-  std::printf("experts on opencl:0: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n",
-              worst / scale, agree, a.size());
+  EXPECT_GE(agree, 1u) << what << ": the first greedy token differs";
+  std::printf("%s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu tokens\n", what, worst / scale,
+              agree, a.size());
+}
+
+std::string tiny_moe_file() {
+  const std::string file = (std::filesystem::temp_directory_path() / "xpert_opencl_model_tiny.gguf").string();
+  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
+  return file;
+}
+
+TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
+  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  const std::string file = tiny_moe_file();
+  auto cpu = Model::load(file);
+  auto dev = Model::load(file);
+  dev->attach_expert_executor(opencl::make_expert_executor(0));
+  expect_like_the_cpu(*cpu, *dev, "experts on opencl:0");
+}
+
+// --expert-device opencl:0,cpu: each batch's experts shared between the device and the CPU's threads (for
+// prefill and decode alike here; the phases' shares differ in the measured plan).
+TEST(OpenCLModel, ExpertsSharedWithTheCpuMatchTheCpu) {
+  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  const std::string file = tiny_moe_file();
+  auto cpu = Model::load(file);
+  for (ExecutorShare share : {ExecutorShare{.decode = 0.5, .prefill = 0.5}, ExecutorShare{.decode = 0.0, .prefill = 0.7, .prefill_min_tokens = 8}}) {
+    auto dev = Model::load(file);
+    dev->attach_expert_executor(opencl::make_expert_executor(0), share);
+    expect_like_the_cpu(*cpu, *dev, "experts on opencl:0 and the CPU");
+  }
 }
 #else
 TEST(OpenCLModel, NotBuiltIn) { GTEST_SKIP() << "built without the OpenCL backend"; }

@@ -102,8 +102,10 @@ void run_experts_batched(const MoeFfn& ffn, const std::vector<int32_t>& active,
     jobs.push_back(job(expert_matrix(ffn.up, e), xr, m, s.up.data() + r0 * F));
   }
   matmul_batch(jobs, pool);
-  const int64_t n_rows = s.offsets.back();
-  swiglu(s.gate.data(), s.up.data(), s.gate.data(), n_rows * F);
+  for (int32_t e : active) {  // these experts' rows only: the others may belong to another executor
+    const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
+    swiglu(s.gate.data() + r0 * F, s.up.data() + r0 * F, s.gate.data() + r0 * F, m * F);
+  }
   jobs.clear();
   for (int32_t e : active) {
     const int64_t r0 = s.offsets[e], m = s.offsets[e + 1] - r0;
@@ -112,11 +114,49 @@ void run_experts_batched(const MoeFfn& ffn, const std::vector<int32_t>& active,
   matmul_batch(jobs, pool);
 }
 
+// The experts `active` (most rows first) of a grouped batch on the pool, in the schedule asked for or the
+// one that suits their rows.
+void run_cpu_experts(const MoeFfn& ffn, const std::vector<int32_t>& active, const float* x, MoeScratch& s,
+                     ThreadPool& pool, MoeSchedule schedule) {
+  if (active.empty()) return;
+  int64_t n_rows = 0, max_rows = 0;
+  for (int32_t e : active) {
+    const int64_t m = s.offsets[e + 1] - s.offsets[e];
+    n_rows += m;
+    max_rows = std::max(max_rows, m);
+  }
+  const int nth = pool.size();
+  if (schedule == MoeSchedule::automatic) {
+    // Whole experts per thread when there are enough of them and none dominates the batch.
+    // Few rows per expert: one region for all of them.
+    const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
+    schedule = nth == 1 ? MoeSchedule::by_rows
+               : balanced ? MoeSchedule::by_expert
+               : max_rows <= kBatchedMaxRows ? MoeSchedule::batched
+                          : MoeSchedule::by_rows;
+  }
+  if (schedule == MoeSchedule::batched) {
+    run_experts_batched(ffn, active, x, s, pool);
+  } else if (schedule == MoeSchedule::by_expert) {
+    static ThreadPool serial(1);  // no workers: safe to share between threads
+    std::atomic<size_t> next{0};
+    pool.run([&](int, int) {
+      for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
+        const int32_t e = active[i];
+        run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
+      }
+    });
+  } else {
+    for (int32_t e : active) run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+  }
+}
+
 // The experts of routing r (only those with (*include)[e] when include is given), grouped by expert, and
 // their weighted sum per token in slot order into out (see moe_experts_partial).
 void run_experts(const MoeFfn& ffn, const float* x, int64_t n, const Routing& r,
                  const std::vector<bool>* include, float* out, bool accumulate, MoeScratch& s, ThreadPool& pool,
-                 MoeSchedule schedule, ExpertExecutor* exec = nullptr) {
+                 MoeSchedule schedule) {
+  ExpertExecutor* exec = ffn.exec;
   const int64_t D = ffn.n_embd, F = ffn.n_ff, E = ffn.n_expert, k = ffn.n_used, n_slots = n * k;
   XP_ASSERT(r.n_tokens == n && r.k == k && (int64_t)r.ids.size() == n_slots);
   XP_ASSERT(!include || (int64_t)include->size() == E);
@@ -148,51 +188,59 @@ void run_experts(const MoeFfn& ffn, const float* x, int64_t n, const Routing& r,
   s.yg.resize(n_rows * D);
 
   std::vector<int32_t> active;  // experts with rows, most rows first
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t m = s.offsets[e + 1] - s.offsets[e];
-    if (m > 0) active.push_back((int32_t)e);
-    max_rows = std::max(max_rows, m);
-  }
+  for (int64_t e = 0; e < E; ++e)
+    if (s.offsets[e + 1] > s.offsets[e]) active.push_back((int32_t)e);
   std::stable_sort(active.begin(), active.end(), [&](int32_t a, int32_t b) {
     return s.offsets[a + 1] - s.offsets[a] > s.offsets[b + 1] - s.offsets[b];
   });
 
+  // The executor's experts: the first of `active` (most rows first) while they bring its rows nearest to its
+  // share; the CPU computes the others meanwhile.
+  std::vector<int32_t> on_exec, on_cpu;
   if (exec) {
-    // Another device computes the experts: it gets the gathered rows and the (expert, rows) list.
-    for (int64_t row = 0; row < n_rows; ++row) {
-      const int64_t t = s.row_slot[row] / k;
-      std::copy(x + t * D, x + (t + 1) * D, s.xg.data() + row * D);
+    const double want = ffn.exec_share.of(n) * (double)n_rows;
+    int64_t taken = 0;
+    for (int32_t e : active) {
+      const int64_t m = s.offsets[e + 1] - s.offsets[e];
+      if ((double)taken + 0.5 * (double)m <= want) {
+        on_exec.push_back(e);
+        taken += m;
+      } else {
+        on_cpu.push_back(e);
+      }
     }
-    std::vector<ExpertTask> tasks;
-    for (int32_t e : active)
-      tasks.push_back({.expert = e, .row0 = s.offsets[e], .n_rows = s.offsets[e + 1] - s.offsets[e]});
-    if (n_rows > 0) exec->run(ffn, tasks, s.xg.data(), n_rows, s.yg.data());
   } else {
-    const int nth = pool.size();
-    if (schedule == MoeSchedule::automatic) {
-      // Whole experts per thread when there are enough of them and none dominates the batch.
-      // Few rows per expert: one region for all of them.
-      const bool balanced = (int64_t)active.size() >= 2 * nth && max_rows * nth <= n_rows;
-      schedule = nth == 1 ? MoeSchedule::by_rows
-                 : balanced ? MoeSchedule::by_expert
-                 : max_rows <= kBatchedMaxRows ? MoeSchedule::batched
-                            : MoeSchedule::by_rows;
+    on_cpu = std::move(active);
+  }
+  int64_t exec_rows = 0;
+  if (!on_exec.empty()) {
+    // The executor gets its experts' rows gathered into buffers of its own, in task order.
+    std::vector<ExpertTask> tasks;
+    for (int32_t e : on_exec) {
+      const int64_t m = s.offsets[e + 1] - s.offsets[e];
+      tasks.push_back({.expert = e, .row0 = (int32_t)exec_rows, .n_rows = (int32_t)m});
+      exec_rows += m;
     }
-    if (schedule == MoeSchedule::batched) {
-      run_experts_batched(ffn, active, x, s, pool);
-    } else if (schedule == MoeSchedule::by_expert) {
-      static ThreadPool serial(1);  // no workers: safe to share between threads
-      std::atomic<size_t> next{0};
-      pool.run([&](int, int) {
-        for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < active.size();) {
-          const int32_t e = active[i];
-          run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, serial);
-        }
-      });
-    } else {
-      for (int32_t e : active) run_expert(ffn, e, s.offsets[e], s.offsets[e + 1] - s.offsets[e], x, s, pool);
+    s.xe.resize(exec_rows * D);
+    s.ye.resize(exec_rows * D);
+    for (const ExpertTask& t : tasks)
+      for (int64_t i = 0; i < t.n_rows; ++i) {
+        const int64_t tok = s.row_slot[s.offsets[t.expert] + i] / k;
+        std::copy(x + tok * D, x + (tok + 1) * D, s.xe.data() + (t.row0 + i) * D);
+      }
+    exec->start(ffn, tasks, s.xe.data(), exec_rows, s.ye.data());
+    try {
+      run_cpu_experts(ffn, on_cpu, x, s, pool, schedule);
+    } catch (...) {
+      try { exec->wait(); } catch (...) {}  // nothing may write the buffers once they are given up
+      throw;
     }
+    exec->wait();
+    for (const ExpertTask& t : tasks)
+      std::copy(s.ye.data() + t.row0 * D, s.ye.data() + (t.row0 + t.n_rows) * D,
+                s.yg.data() + s.offsets[t.expert] * D);
+  } else {
+    run_cpu_experts(ffn, on_cpu, x, s, pool, schedule);
   }
 
   // Weighted sum in slot order, as llama.cpp adds its expert views: ((w0 y0 + w1 y1) + w2 y2) + ...
@@ -232,7 +280,7 @@ void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out, MoeScratc
              MoeSchedule schedule) {
   moe_route(ffn, x, n, s.routing, s, pool);
   if (ffn.stats && ffn.layer >= 0) ffn.stats->add(ffn.layer, s.routing.ids);
-  run_experts(ffn, x, n, s.routing, nullptr, out, false, s, pool, schedule, ffn.exec);
+  run_experts(ffn, x, n, s.routing, nullptr, out, false, s, pool, schedule);
 }
 
 void moe_experts_partial(const MoeFfn& ffn, const float* x, int64_t n, const Routing& r,

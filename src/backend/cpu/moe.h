@@ -37,10 +37,12 @@ struct MoeScratch {
   std::vector<int32_t> row_slot;     // grouped row -> slot (t*k + j)
   std::vector<int32_t> slot_row;     // slot -> grouped row
   std::vector<float> xg, gate, up, yg;  // grouped rows: [n*k][n_embd], [n*k][n_ff_exp] x2, [n*k][n_embd]
+  std::vector<float> xe, ye;            // the rows an ExpertExecutor computes, in its task order
 };
 
-// x: [n][n_embd] (the normalized FFN input) -> out: [n][n_embd]. Counts the routing in m.stats when set;
-// the experts run on m.exec when set (the CPU routes, gathers and combines), else on the pool.
+// x: [n][n_embd] (the normalized FFN input) -> out: [n][n_embd]. Counts the routing in m.stats when set.
+// The experts run on the pool, or with m.exec set on m.exec for m.exec_share of their rows and on the pool
+// for the rest at the same time (the CPU routes, gathers and combines).
 // = moe_route, then moe_experts_partial of all.
 void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out, MoeScratch& s, ThreadPool& pool,
              MoeSchedule schedule = MoeSchedule::automatic);
@@ -55,9 +57,10 @@ void moe_route(const MoeFfn& m, const float* x, int64_t n, Routing& r, MoeScratc
 //   accumulate = true:  out[t] += each included slot's term, one after another in slot order.
 // Rows are grouped by expert exactly as in moe_ffn (each included expert's weights read once per batch,
 // the same rows in the same order), so its expert outputs are moe_ffn's bits, and a full include set
-// reproduces moe_ffn bit for bit. Two parts (the first out=, the second accumulate) equal moe_ffn
-// exactly when each token's first-part slots come before its second-part slots, and always for k <= 2
-// (float addition is commutative); otherwise up to summation order. Expert weights are read through
+// reproduces moe_ffn bit for bit. Like moe_ffn, m.exec computes m.exec_share of the included experts'
+// rows. Two parts (the first out=, the second accumulate) equal moe_ffn exactly when each token's
+// first-part slots come before its second-part slots, and always for k <= 2 (float addition is
+// commutative); otherwise up to summation order. Expert weights are read through
 // expert_matrix, so m may be the host's view (the mmap) of a layer whose other experts are elsewhere.
 void moe_experts_partial(const MoeFfn& m, const float* x, int64_t n, const Routing& r,
                          const std::vector<bool>& include, float* out, bool accumulate, MoeScratch& s,
