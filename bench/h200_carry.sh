@@ -7,6 +7,7 @@
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #                                       # (xpert's first run with its bandwidth roofline lines)
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
+#   bench/h200_carry.sh tier            # three tiers (CUDA + an OpenCL expert device + CPU) against CUDA + CPU
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -99,6 +100,24 @@ case "${1:-}" in
         done
       done
     } 2>&1 | tee "$OUT/het.md"
+    ;;
+  tier)  # three tiers: GPU layers with GPU_EXPERTS experts each on CUDA, their host share on an OpenCL expert
+         # device and the CPU (EXPERT_DEVICES, each against --expert-device cpu: CUDA + CPU alone);
+         # OpenCL through the machine's ICDs plus NVIDIA's (PoCL is opencl:0 there, NVIDIA opencl:1)
+    f=$(synth qwen3-30b-a3b | tail -1)
+    icd=$W/icd
+    mkdir -p "$icd" && cp /etc/OpenCL/vendors/*.icd "$icd/" 2>/dev/null
+    echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 >"$icd/nvidia.icd"
+    export OCL_ICD_VENDORS=$icd XDG_CACHE_HOME=$W/cache
+    {
+      "$X" devices 2>&1 | grep -i opencl
+      for ed in cpu ${EXPERT_DEVICES:-opencl:1,cpu opencl:0,cpu opencl:1 opencl:0}; do
+        echo "## xpert --num-gpu-experts ${GPU_EXPERTS:-32} --expert-device $ed ${TIER_ARGS:-}"
+        timeout "${TIER_TIMEOUT:-150}" "$X" bench -m "$f" -p "${TIER_P:-512}" -n 64 -r 2 \
+          --num-gpu-experts "${GPU_EXPERTS:-32}" --expert-device "$ed" ${TIER_ARGS:-} 2>&1 |
+          grep -E '\||host experts on|error' || echo "(rc ${PIPESTATUS[0]})"
+      done
+    } 2>&1 | tee "$OUT/tier.md"
     ;;
   depth)
     f=$(synth qwen3.5-35b-a3b | tail -1)
