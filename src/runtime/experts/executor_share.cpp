@@ -37,29 +37,35 @@ std::string cache_key(const MoeFfn& m, const ExpertExecutor& exec, int threads) 
   return fmt::format("{:016x}", std::hash<std::string>{}(what));
 }
 
-// Median milliseconds of `reps` runs of the layer's experts on a fixed uniform routing of n tokens.
+// Median milliseconds of `reps` runs of the layer's experts on n tokens, each run with a routing of its own
+// (uniform, the same sequence for every share), so a decode-sized run reads experts the previous runs did
+// not leave in the caches, as decoding does.
 double time_share(MoeFfn m, double share, int64_t n, int reps, ThreadPool& pool) {
   m.exec_share = {.decode = share, .prefill = share, .prefill_min_tokens = kPrefillTokens};
   std::mt19937 rng(1234);
-  Routing r;
-  r.n_tokens = n;
-  r.k = m.n_used;
-  std::vector<int32_t> experts(m.n_expert);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t e = 0; e < m.n_expert; ++e) experts[e] = (int32_t)e;
-    std::shuffle(experts.begin(), experts.end(), rng);
-    for (int64_t j = 0; j < m.n_used; ++j) {
-      r.ids.push_back(experts[j]);
-      r.weights.push_back(1.0f / (float)m.n_used);
-    }
-  }
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> x(n * m.n_embd), out(n * m.n_embd);
   for (float& v : x) v = u(rng);
+  std::vector<int32_t> experts(m.n_expert);
+  auto routing = [&] {
+    Routing r;
+    r.n_tokens = n;
+    r.k = m.n_used;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t e = 0; e < m.n_expert; ++e) experts[e] = (int32_t)e;
+      std::shuffle(experts.begin(), experts.end(), rng);
+      for (int64_t j = 0; j < m.n_used; ++j) {
+        r.ids.push_back(experts[j]);
+        r.weights.push_back(1.0f / (float)m.n_used);
+      }
+    }
+    return r;
+  };
   const std::vector<bool> all(m.n_expert, true);
   cpu::MoeScratch s;
   std::vector<double> ms;
-  for (int i = 0; i < reps + 2; ++i) {  // two warm-ups: kernels built, weights registered, caches
+  for (int i = 0; i < reps + 2; ++i) {  // two warm-ups: kernels built, weights registered
+    const Routing r = routing();
     const auto t0 = std::chrono::steady_clock::now();
     cpu::moe_experts_partial(m, x.data(), n, r, all, out.data(), false, s, pool);
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
