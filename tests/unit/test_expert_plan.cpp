@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "runtime/placement.h"
 #include "base/error.h"
-#include "runtime/experts/plan.h"
 #include "model/model.h"
+#include "runtime/experts/plan.h"
 #include "runtime/experts/routing_stats.h"
+#include "runtime/placement.h"
 
 namespace xpert {
 namespace {
@@ -210,7 +210,9 @@ TEST(ExpertPlan, APlanThatDoesNotFitTheGpuIsRefusedSayingWhatFits) {
   EXPECT_EQ(p.gpu_stream_bytes, 800u);
   EXPECT_EQ(p.gpu_bytes(), 3800u);
   EXPECT_THROW(plan_experts(c, sizes(),
-                            {.n_gpu_layers = 2, .gpu_expert_budget_bytes = 600, .gpu_free_bytes = 3000,
+                            {.n_gpu_layers = 2,
+                             .gpu_expert_budget_bytes = 600,
+                             .gpu_free_bytes = 3000,
                              .gpu_extra_bytes = 100}),
                Error);
   try {
@@ -273,10 +275,12 @@ TEST(PlacementFlags, ExpertDeviceAndFlagsAreValidatedBeforeAnythingIsLoaded) {
   EXPECT_EQ(error_of({.device = "cpu", .expert_device = "cpu,opencl:0", .expert_share = "0.25,0.75"}), "");
   EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0,opencl:1"}).find("one OpenCL"),
             std::string::npos);
-  EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0", .expert_share = "0.5"}).find("opencl:N,cpu"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({.device = "cpu", .expert_device = "opencl:0", .expert_share = "0.5"}).find("opencl:N,cpu"),
+      std::string::npos);
   for (const char* bad : {"1.5", "-0.1", "half", "0.2,", ",0.2", "0.2,0.3,0.4", "nan"})
-    EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0,cpu", .expert_share = bad}).find("--expert-share"),
+    EXPECT_NE(error_of({.device = "cpu", .expert_device = "opencl:0,cpu", .expert_share = bad})
+                  .find("--expert-share"),
               std::string::npos)
         << bad;
 #endif

@@ -10,9 +10,9 @@
 #include <span>
 #include <thread>
 
+#include "backend/cpu/moe.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
-#include "backend/cpu/moe.h"
 #include "quant/quant.h"
 #include "runtime/experts/executor_share.h"
 
@@ -20,7 +20,7 @@ namespace xpert {
 namespace {
 
 TEST(MoeRouter, TopKRenormalized) {
-  const std::vector<float> logits = {0, 1, 2, 3,  /* token 1 */ 3, 2, 1, 0};
+  const std::vector<float> logits = {0, 1, 2, 3, /* token 1 */ 3, 2, 1, 0};
   Routing r;
   cpu::route_top_k(logits.data(), 2, {.n_expert = 4, .k = 2, .norm_weights = true, .weights_scale = 1.0f}, r);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 2, 0, 1}));
@@ -89,7 +89,8 @@ struct RandomTensor {
       quantize_row(t, row.data(), pool.data() + r * rb, k);
     }
     bytes.resize(rb * n * x);
-    for (int64_t r = 0; r < n * x; ++r) std::memcpy(bytes.data() + r * rb, pool.data() + rng() % kPool * rb, rb);
+    for (int64_t r = 0; r < n * x; ++r)
+      std::memcpy(bytes.data() + r * rb, pool.data() + rng() % kPool * rb, rb);
     w = Weight{.type = t, .data = bytes.data(), .ne = {k, n, x}, .n_bytes = bytes.size()};
   }
 };
@@ -110,7 +111,9 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
   RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
   RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
   RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
-  ffn.router = Weight{.type = DType::F32, .data = router.data(), .ne = {ffn.n_embd, ffn.n_expert, 1},
+  ffn.router = Weight{.type = DType::F32,
+                      .data = router.data(),
+                      .ne = {ffn.n_embd, ffn.n_expert, 1},
                       .n_bytes = router.size() * 4};
   ffn.gate = gate.w;
   ffn.up = up.w;
@@ -132,7 +135,8 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
   cpu::moe_ffn(ffn, x.data(), m, batched.data(), s, pool, cpu::MoeSchedule::batched);
   cpu::moe_ffn(ffn, x.data(), m, automatic.data(), s, pool);
   double max_err = 0;
-  for (size_t i = 0; i < want.size(); ++i) max_err = std::max(max_err, (double)std::fabs(by_expert[i] - want[i]));
+  for (size_t i = 0; i < want.size(); ++i)
+    max_err = std::max(max_err, (double)std::fabs(by_expert[i] - want[i]));
   EXPECT_LT(max_err, 2e-3 * max_ref) << "m = " << m << ", max |ref| = " << max_ref;
   // The schedules only change which thread computes what: the same bits.
   EXPECT_EQ(by_expert, by_rows);
@@ -142,7 +146,8 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
     EXPECT_EQ(by_expert, batched);
   } else {
     double batched_err = 0;
-    for (size_t i = 0; i < want.size(); ++i) batched_err = std::max(batched_err, (double)std::fabs(batched[i] - want[i]));
+    for (size_t i = 0; i < want.size(); ++i)
+      batched_err = std::max(batched_err, (double)std::fabs(batched[i] - want[i]));
     EXPECT_LT(batched_err, 2e-3 * max_ref);
   }
   EXPECT_EQ(by_expert, automatic);
@@ -151,8 +156,10 @@ TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
   std::vector<float> one(ffn.n_embd);
   cpu::moe_ffn(ffn, x.data() + (m - 1) * ffn.n_embd, 1, one.data(), s, pool);
   for (int64_t i = 0; i < ffn.n_embd; ++i) {
-    if (m < 8) EXPECT_EQ(one[i], by_expert[(m - 1) * ffn.n_embd + i]) << i;
-    else EXPECT_NEAR(one[i], by_expert[(m - 1) * ffn.n_embd + i], 1e-5 * max_ref) << i;
+    if (m < 8)
+      EXPECT_EQ(one[i], by_expert[(m - 1) * ffn.n_embd + i]) << i;
+    else
+      EXPECT_NEAR(one[i], by_expert[(m - 1) * ffn.n_embd + i], 1e-5 * max_ref) << i;
   }
 }
 
@@ -183,8 +190,8 @@ class ThreadExecutor final : public ExpertExecutor {
         r.weights.assign(t.n_rows, 1.0f);
         include.assign(one.n_expert, false);
         include[t.expert] = true;
-        cpu::moe_experts_partial(one, xg + t.row0 * one.n_embd, t.n_rows, r, include, yg + t.row0 * one.n_embd,
-                                 false, scratch_, pool_, cpu::MoeSchedule::by_rows);
+        cpu::moe_experts_partial(one, xg + t.row0 * one.n_embd, t.n_rows, r, include,
+                                 yg + t.row0 * one.n_embd, false, scratch_, pool_, cpu::MoeSchedule::by_rows);
       }
     });
   }
@@ -215,7 +222,9 @@ TEST(MoeExecutorShare, SplitBatchEqualsTheCpuAlone) {
   RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
   RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
   RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
-  ffn.router = Weight{.type = DType::F32, .data = router.data(), .ne = {ffn.n_embd, ffn.n_expert, 1},
+  ffn.router = Weight{.type = DType::F32,
+                      .data = router.data(),
+                      .ne = {ffn.n_embd, ffn.n_expert, 1},
                       .n_bytes = router.size() * 4};
   ffn.gate = gate.w;
   ffn.up = up.w;
@@ -253,7 +262,8 @@ TEST(MoeExecutorShare, SplitBatchEqualsTheCpuAlone) {
       cpu::moe_experts_partial(ffn, x.data(), n, s.routing, some, part_cpu.data(), false, s, pool,
                                cpu::MoeSchedule::by_rows);
       const Routing r = s.routing;
-      cpu::moe_experts_partial(m, x.data(), n, r, some, part.data(), false, s, pool, cpu::MoeSchedule::by_rows);
+      cpu::moe_experts_partial(m, x.data(), n, r, some, part.data(), false, s, pool,
+                               cpu::MoeSchedule::by_rows);
       EXPECT_EQ(part, part_cpu) << "partial, n = " << n << ", share " << share;
     }
   }
@@ -294,8 +304,10 @@ TEST(MoeExecutorShare, MeasuredOnceThenCached) {
   EXPECT_TRUE(again.cached);
   EXPECT_EQ(again.share.decode, first.share.decode);
   EXPECT_EQ(again.share.prefill, first.share.prefill);
-  if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
-  else unsetenv("XDG_CACHE_HOME");
+  if (old)
+    setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
   std::filesystem::remove_all(dir);
   EXPECT_EQ(parse_executor_share("0.4").decode, 0.4);
   EXPECT_EQ(parse_executor_share("0.2,0.9").prefill, 0.9);

@@ -56,9 +56,10 @@ void expect_like_the_cpu(const Model& cpu, const Model& dev, const char* what) {
               agree, a.size());
 }
 
-std::string tiny_moe_file() {
-  const std::string file = (std::filesystem::temp_directory_path() / "xpert_opencl_model_tiny.gguf").string();
-  synth_write({.preset = "tiny-qwen3moe", .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
+std::string tiny_moe_file(const std::string& preset = "tiny-qwen3moe") {
+  const std::string file =
+      (std::filesystem::temp_directory_path() / ("xpert_opencl_model_" + preset + ".gguf")).string();
+  synth_write({.preset = preset, .type = "Q4_K_M", .output = file, .seed = 11, .progress = {}});
   return file;
 }
 
@@ -75,12 +76,15 @@ TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
 // prefill and decode alike here; the phases' shares differ in the measured plan).
 TEST(OpenCLModel, ExpertsSharedWithTheCpuMatchTheCpu) {
   if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
-  const std::string file = tiny_moe_file();
-  auto cpu = Model::load(file);
-  for (ExecutorShare share : {ExecutorShare{.decode = 0.5, .prefill = 0.5}, ExecutorShare{.decode = 0.0, .prefill = 0.7, .prefill_min_tokens = 8}}) {
-    auto dev = Model::load(file);
-    dev->attach_expert_executor(opencl::make_expert_executor(0), share);
-    expect_like_the_cpu(*cpu, *dev, "experts on opencl:0 and the CPU");
+  for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+    const std::string file = tiny_moe_file(preset);
+    auto cpu = Model::load(file);
+    for (ExecutorShare share : {ExecutorShare{.decode = 0.5, .prefill = 0.5},
+                                ExecutorShare{.decode = 0.0, .prefill = 0.7, .prefill_min_tokens = 8}}) {
+      auto dev = Model::load(file);
+      dev->attach_expert_executor(opencl::make_expert_executor(0), share);
+      expect_like_the_cpu(*cpu, *dev, (std::string(preset) + ": experts on opencl:0 and the CPU").c_str());
+    }
   }
 }
 #else

@@ -30,10 +30,9 @@ std::filesystem::path cache_dir() {
 }
 
 std::string cache_key(const MoeFfn& m, const ExpertExecutor& exec, int threads) {
-  const std::string what =
-      fmt::format("{}|threads {}|{} {} {}|embd {} ff {} experts {} used {}", exec.name(), threads,
-                  dtype_name(m.gate.type), dtype_name(m.up.type), dtype_name(m.down.type), m.n_embd, m.n_ff,
-                  m.n_expert, m.n_used);
+  const std::string what = fmt::format("{}|threads {}|{} {} {}|embd {} ff {} experts {} used {}", exec.name(),
+                                       threads, dtype_name(m.gate.type), dtype_name(m.up.type),
+                                       dtype_name(m.down.type), m.n_embd, m.n_ff, m.n_expert, m.n_used);
   return fmt::format("{:016x}", std::hash<std::string>{}(what));
 }
 
@@ -79,10 +78,11 @@ double time_share(MoeFfn m, double share, int64_t n, int reps, ThreadPool& pool)
 
 std::string ShareMeasurement::summary() const {
   return fmt::format(
-      "expert device share: decode {:.2f} (CPU alone {:.2f} ms, device alone {:.2f} ms, chosen {:.2f} ms per layer), "
+      "expert device share: decode {:.2f} (CPU alone {:.2f} ms, device alone {:.2f} ms, chosen {:.2f} ms per "
+      "layer), "
       "prefill {:.2f} (CPU alone {:.1f} ms, device alone {:.1f} ms, chosen {:.1f} ms per {}-token layer{})",
-      share.decode, cpu_ms[0], device_ms[0], chosen_ms[0], share.prefill, cpu_ms[1], device_ms[1], chosen_ms[1],
-      kPrefillTokens, cached ? "; measured earlier on this machine, cached" : "");
+      share.decode, cpu_ms[0], device_ms[0], chosen_ms[0], share.prefill, cpu_ms[1], device_ms[1],
+      chosen_ms[1], kPrefillTokens, cached ? "; measured earlier on this machine, cached" : "");
 }
 
 ShareMeasurement measure_executor_share(const MoeFfn& layer, ExpertExecutor& exec, ThreadPool& pool) {
