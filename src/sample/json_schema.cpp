@@ -118,13 +118,16 @@ namespace {
 
 class Converter {
  public:
-  explicit Converter(const json& root) : root_(root) {}
+  Converter(const json& root, std::string prefix) : root_(root), prefix_(std::move(prefix)) {}
 
-  std::string run() {
-    const std::string body = visit(root_, "", "root");
-    std::string out = "root ::= " + body + "\n";
+  // `rule_name ::= ...` for `part` (a piece of the root schema, for its $refs) and the rules it uses,
+  // without the primitives.
+  std::string rules(const json& part, const std::string& rule_name) {
+    reserved_.insert(rule_name);
+    const std::string body = visit(part, "", "root");
+    std::string out = rule_name + " ::= " + body + "\n";
     for (const auto& [name, rule] : rules_) out += name + " ::= " + rule + "\n";
-    return out + kPrimitives;
+    return out;
   }
 
  private:
@@ -137,7 +140,7 @@ class Converter {
     std::string n;
     for (char c : hint) n += (std::isalnum((unsigned char)c) ? c : '-');
     if (n.empty() || n.size() > 60) n = "r";
-    n = "s-" + n;
+    n = prefix_ + "s-" + n;
     std::string name = n;
     for (int i = 2; rules_.count(name) || reserved_.count(name); ++i) name = fmt::format("{}-{}", n, i);
     reserved_.insert(name);
@@ -524,6 +527,7 @@ class Converter {
   }
 
   const json& root_;
+  const std::string prefix_;
   std::map<std::string, std::string> rules_;
   std::set<std::string> reserved_{"root", "ws", "char", "string", "int", "number", "boolean", "null", "value", "object", "array"};
   std::map<std::string, std::string> refs_;
@@ -532,7 +536,16 @@ class Converter {
 
 }  // namespace
 
-std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema) { return Converter(schema).run(); }
+std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema) {
+  return Converter(schema, "").rules(schema, "root") + kPrimitives;
+}
+
+std::string json_schema_rules(const nlohmann::ordered_json& root, const nlohmann::ordered_json& part,
+                              const std::string& rule_name) {
+  return Converter(root, rule_name + "-").rules(part, rule_name);
+}
+
+std::string json_primitives_gbnf() { return kPrimitives; }
 
 std::string json_object_gbnf() { return std::string("root ::= object\n") + kPrimitives; }
 

@@ -31,6 +31,14 @@ class JsonSchemaError : public Error {
 // GBNF text whose `root` is the JSON values the schema accepts. Throws JsonSchemaError.
 std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
 
+// Rules for a value that `part` (the root schema or a piece of it, whose $refs resolve against `root`)
+// accepts, named `rule_name`; its helper rules start with `rule_name-`. Without the primitives
+// (json_primitives_gbnf: ws, string, number, value, object, ...), so that several schemas share one
+// grammar (a forced tool call picks its tool's schema by the name). Throws JsonSchemaError.
+std::string json_schema_rules(const nlohmann::ordered_json& root, const nlohmann::ordered_json& part,
+                              const std::string& rule_name);
+std::string json_primitives_gbnf();
+
 // GBNF for any JSON object (response_format json_object).
 std::string json_object_gbnf();
 

@@ -24,10 +24,11 @@ struct ChatPlan {
 // The call's first text for each format; `name` empty: up to the name ("required").
 std::string forced_call_start(ToolFormat format, const std::string& name);
 
-// GBNF for what follows forced_call_start(format, name): the function's name (one of `names`) unless
-// given, JSON arguments, the call's end; more calls after it when `parallel` (the tagged formats).
-std::string forced_call_grammar(ToolFormat format, const std::vector<std::string>& names, const std::string& name,
-                                bool parallel);
+// GBNF for what follows forced_call_start(format, name): the function's name (one of `tools`) unless
+// given, arguments that the named tool's `parameters` schema accepts, the call's end; more calls after
+// it when `parallel` (not Llama 3). Throws ApiError (400, param tools[i].function.parameters) for a
+// schema the converter cannot express (sample/json_schema.h).
+std::string forced_call_grammar(ToolFormat format, const ojson& tools, const std::string& name, bool parallel);
 
 struct Context;
 

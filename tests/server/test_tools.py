@@ -134,6 +134,45 @@ def test_required_always_calls(qclient, qwen):
             assert isinstance(json.loads(t.function.arguments), dict)
 
 
+FORECAST = {"type": "function", "function": {
+    "name": "get_forecast", "description": "Forecast for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "minLength": 1},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "hourly": {"type": "boolean"}},
+        "required": ["city", "days", "unit"], "additionalProperties": False}}}
+
+
+def test_forced_arguments_follow_the_schema(qclient, qwen):
+    # "required" over tools of different schemas, and a named function: the sampled arguments validate
+    # against the called tool's parameters, whatever the seed (unconstrained, this model asks for 14 days
+    # in kelvin, outside the schema).
+    jsonschema = pytest.importorskip("jsonschema")
+    tools = TOOLS + [FORECAST]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    hi = [{"role": "user", "content": "What will the weather be in Paris for the next 14 days, in kelvin?"}]
+    for seed in range(3):
+        for choice in ("required", {"type": "function", "function": {"name": "get_forecast"}}):
+            r = qclient.chat.completions.create(model=qwen.model_id, messages=hi, tools=tools, tool_choice=choice,
+                                                max_tokens=64, temperature=1.2, seed=seed, parallel_tool_calls=False)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls", c.message
+            for t in c.message.tool_calls:
+                jsonschema.validate(json.loads(t.function.arguments), schemas[t.function.name])
+            if choice != "required":
+                assert [t.function.name for t in c.message.tool_calls] == ["get_forecast"]
+
+
+def test_forced_call_with_an_inexpressible_schema_is_400(qwen):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}}}
+    r = requests.post(qwen.url + "/v1/chat/completions", timeout=60, json={
+        "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[0].function.parameters"
+
+
 def test_named_function_is_called(qclient, qwen):
     content, calls, finish = streamed(qclient, qwen, ASK, tool_choice={"type": "function",
                                                                         "function": {"name": "get_time"}})

@@ -295,13 +295,12 @@ TEST(ForcedCall, GrammarTakesTheCallAndNothingElse) {
       {ToolFormat::generic_json, "get_weather\", \"arguments\": {\"city\": \"Paris\"}}]}",
        "{\"zone\": \"UTC\"}}]}"},
   };
-  const std::vector<std::string> names = {"get_weather", "get_time"};
   for (const Case& c : cases) {
     SCOPED_TRACE(tool_format_name(c.format));
     for (const bool named : {false, true}) {
       const std::string name = named ? "get_time" : "";
       const std::string rest = named ? c.rest_named : c.rest_required;
-      auto g = Grammar::parse(forced_call_grammar(c.format, names, name, /*parallel=*/true));
+      auto g = Grammar::parse(forced_call_grammar(c.format, kTools, name, /*parallel=*/true));
       GrammarMatcher m(g);
       EXPECT_TRUE(m.accept(rest)) << rest;
       EXPECT_TRUE(m.complete());
@@ -316,6 +315,56 @@ TEST(ForcedCall, GrammarTakesTheCallAndNothingElse) {
       EXPECT_EQ(r.calls[0].call.name, named ? "get_time" : "get_weather");
       EXPECT_EQ(r.content, "");
     }
+  }
+}
+
+// The forced call's arguments follow its tool's `parameters` schema; the name picks the schema.
+TEST(ForcedCall, ArgumentsFollowTheToolsSchema) {
+  struct Case {
+    ToolFormat format;
+    std::vector<std::string> good, bad;  // after forced_call_start(format, "")
+  };
+  const Case cases[] = {
+      {ToolFormat::hermes_json,
+       {"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>",
+        "get_time\", \"arguments\": {}}\n</tool_call>"},
+       {"get_weather\", \"arguments\": {}}\n</tool_call>",                       // city is required
+        "get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>",            // not a string
+        "get_weather\", \"arguments\": {\"city\": \"a\", \"days\": 1.5}}\n</tool_call>",  // not an integer
+        "get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"}},     // get_weather's schema
+      {ToolFormat::qwen_xml,
+       {"get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        "get_time>\n</function>\n</tool_call>"},
+       {"get_weather>\n</function>\n</tool_call>",
+        "get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\ntwo\n</parameter>\n</function>\n</tool_call>",
+        "get_time>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"}},
+      {ToolFormat::llama3_json, {"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"},
+       {"get_weather\", \"parameters\": {\"town\": \"Paris\"}}"}},
+      {ToolFormat::generic_json, {"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]}"},
+       {"get_time\", \"arguments\": {\"zone\": [1]}}]}"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(tool_format_name(c.format));
+    auto g = Grammar::parse(forced_call_grammar(c.format, kTools, "", /*parallel=*/false));
+    for (const std::string& text : c.good) {
+      GrammarMatcher m(g);
+      EXPECT_TRUE(m.accept(text) && m.complete()) << text;
+      const Result r = parse_all_ways(forced_call_start(c.format, "") + text);
+      ASSERT_EQ(r.calls.size(), 1u) << text;
+    }
+    for (const std::string& text : c.bad) {
+      GrammarMatcher m(g);
+      EXPECT_FALSE(m.accept(text) && m.complete()) << text;
+    }
+  }
+  // A schema the converter cannot express is a 400 naming the tool's parameters, not a looser call.
+  ojson tools = kTools;
+  tools[1]["function"]["parameters"]["properties"]["zone"]["not"] = {{"const", "x"}};
+  try {
+    forced_call_grammar(ToolFormat::hermes_json, tools, "", false);
+    FAIL() << "expected a 400";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools[1].function.parameters");
   }
 }
 
