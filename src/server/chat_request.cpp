@@ -146,8 +146,9 @@ void parse_chat_tool_fields(const ojson& body, CompletionRequest& r) {
 }
 
 void reject_unknown_fields(const ojson& body, std::initializer_list<const char*> known) {
-  for (const auto& [key, value] : body.items()) {
-    if (value.is_null()) continue;  // null means "the default", as everywhere
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang 14 cannot capture those
+    if (item.value().is_null()) continue;  // null means "the default", as everywhere
     if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) != known.end()) continue;
     bad(key, fmt::format("'{}' is not supported by this server; remove it from the request", key));
   }

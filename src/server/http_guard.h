@@ -40,6 +40,9 @@ class GuardedServer : public httplib::Server {
 
   // On a handler's thread: the client of this request closed its connection (hung up or reset).
   static bool client_gone();
+  // Serves one accepted connection on the calling thread and closes it, as the listener's threads do
+  // (for the fuzz target, which feeds connections from a socketpair).
+  bool serve_socket(socket_t sock) { return process_and_close_socket(sock); }
 
  private:
   bool process_and_close_socket(socket_t sock) override;

@@ -202,6 +202,22 @@ std::string string(const ojson& body, const char* name, const std::string& def) 
   return v->get<std::string>();
 }
 
+std::string string_in(const ojson& obj, const char* name, const std::string& at, const std::string& def) {
+  const ojson* v = obj.is_object() ? field(obj, name) : nullptr;
+  if (!v) return def;
+  const std::string param = at.empty() ? name : fmt::format("{}.{}", at, name);
+  if (!v->is_string()) bad(param, fmt::format("'{}' must be a string, got {}", param, type_name(*v)));
+  return v->get<std::string>();
+}
+
+bool boolean_in(const ojson& obj, const char* name, const std::string& at, bool def) {
+  const ojson* v = obj.is_object() ? field(obj, name) : nullptr;
+  if (!v) return def;
+  const std::string param = at.empty() ? name : fmt::format("{}.{}", at, name);
+  if (!v->is_boolean()) bad(param, fmt::format("'{}' must be a boolean, got {}", param, type_name(*v)));
+  return v->get<bool>();
+}
+
 ojson parse_body(const std::string& text) {
   if (too_deep(text)) bad("", fmt::format("the JSON body is nested deeper than {} levels", kMaxJsonDepth));
   ojson body = ojson::parse(text, nullptr, false);

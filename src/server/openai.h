@@ -79,6 +79,9 @@ double number(const ojson& body, const char* name, double lo, double hi, double 
 int64_t integer(const ojson& body, const char* name, int64_t lo, int64_t hi, int64_t def);
 bool boolean(const ojson& body, const char* name, bool def);
 std::string string(const ojson& body, const char* name, const std::string& def = {});
+// The same inside a nested object `obj` found at `at` (e.g. "messages[2]"): errors name "at.name".
+std::string string_in(const ojson& obj, const char* name, const std::string& at, const std::string& def = {});
+bool boolean_in(const ojson& obj, const char* name, const std::string& at, bool def);
 // temperature, top_p, top_k, min_p, penalties, seed: the sampling fields the APIs share.
 void sampling(const ojson& body, SamplingParams& sp);
 // 'stop' (OpenAI) or 'stop_sequences' (Anthropic): a string or up to `max` strings.

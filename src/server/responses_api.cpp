@@ -10,6 +10,7 @@
 
 #include "sample/grammar.h"
 #include "server/chat_output.h"
+#include "server/api_requests.h"
 #include "server/chat_plan.h"
 #include "server/context.h"
 #include "server/structured.h"
@@ -61,182 +62,6 @@ class ResponseStore {
 ResponseStore& store() {
   static ResponseStore s;
   return s;
-}
-
-// Content given as a string or a list of text parts.
-std::string content_text(const ojson& c, const std::string& at) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(at, fmt::format("'{}' must be a string or an array of content parts", at));
-  std::string out;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const ojson& p = c[i];
-    const std::string pat = fmt::format("{}[{}]", at, i);
-    const std::string type = p.is_object() ? p.value("type", "") : "";
-    if (type != "input_text" && type != "output_text" && type != "text")
-      bad(pat + ".type", fmt::format("'{}' must be a text part (input_text or output_text); got '{}'", pat, type));
-    if (!p.contains("text") || !p["text"].is_string()) bad(pat + ".text", fmt::format("'{}.text' must be a string", pat));
-    out += p["text"].get<std::string>();
-  }
-  return out;
-}
-
-struct ResponsesRequest {
-  std::string model;
-  ojson messages = ojson::array();  // previous conversation + this input (no instructions)
-  std::string instructions;
-  ojson tools_in = ojson::array();  // as the client sent them (echoed in the response)
-  ojson tools = nullptr;            // for the template
-  std::string previous_id;
-  bool store = true, stream = false;
-  ojson metadata = ojson::object();
-  ojson text_format = {{"type", "text"}};
-  CompletionRequest gen;  // sampling, max tokens, grammar from text.format
-};
-
-// Appends input items (OpenAI's shapes) to `messages` as chat messages.
-void append_items(const ojson& input, ojson& messages) {
-  if (input.is_string()) {
-    messages.push_back({{"role", "user"}, {"content", input.get<std::string>()}});
-    return;
-  }
-  if (!input.is_array()) bad("input", fmt::format("'input' must be a string or an array of items, got {}", type_name(input)));
-  for (size_t i = 0; i < input.size(); ++i) {
-    const ojson& it = input[i];
-    const std::string at = fmt::format("input[{}]", i);
-    if (!it.is_object()) bad(at, fmt::format("'{}' must be an object", at));
-    const std::string type = it.value("type", it.contains("role") ? "message" : "");
-    if (type == "message") {
-      const std::string role = it.value("role", "");
-      if (role != "user" && role != "system" && role != "developer" && role != "assistant")
-        bad(at + ".role", fmt::format("'{}.role' must be user, system, developer or assistant", at));
-      if (!it.contains("content")) bad(at + ".content", fmt::format("'{}.content' is required", at));
-      messages.push_back({{"role", role == "developer" ? "system" : role},
-                          {"content", content_text(it["content"], at + ".content")}});
-    } else if (type == "function_call") {
-      for (const char* k : {"call_id", "name", "arguments"})
-        if (!it.contains(k) || !it[k].is_string())
-          bad(fmt::format("{}.{}", at, k), fmt::format("'{}.{}' must be a string", at, k));
-      ojson call = {{"id", it["call_id"]},
-                    {"type", "function"},
-                    {"function", {{"name", it["name"]}, {"arguments", it["arguments"]}}}};
-      // Calls after an assistant message (or each other) belong to that assistant turn.
-      if (!messages.empty() && messages.back()["role"] == "assistant") {
-        ojson& last = messages.back();
-        if (!last.contains("tool_calls")) last["tool_calls"] = ojson::array();
-        last["tool_calls"].push_back(call);
-      } else {
-        messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}});
-      }
-    } else if (type == "function_call_output") {
-      if (!it.contains("call_id") || !it["call_id"].is_string())
-        bad(at + ".call_id", fmt::format("'{}.call_id' must be a string", at));
-      if (!it.contains("output")) bad(at + ".output", fmt::format("'{}.output' is required", at));
-      messages.push_back({{"role", "tool"},
-                          {"tool_call_id", it["call_id"]},
-                          {"content", content_text(it["output"], at + ".output")}});
-    } else if (type == "reasoning") {
-      continue;  // a reasoning item handed back: its text is not part of the next prompt
-    } else {
-      bad(at + ".type", fmt::format("'{}.type' '{}' is not supported (message, function_call, "
-                                    "function_call_output)", at, type));
-    }
-  }
-}
-
-ResponsesRequest parse_request(const std::string& text) {
-  const ojson body = parse_body(text);
-  ResponsesRequest r;
-  r.model = string(body, "model");
-  r.instructions = string(body, "instructions");
-  r.previous_id = string(body, "previous_response_id");
-  if (!r.previous_id.empty()) {
-    std::optional<Stored> prev = store().get(r.previous_id);
-    if (!prev)
-      throw ApiError(404, fmt::format("No response with id '{}' (it was not stored, or is too old)", r.previous_id),
-                     "previous_response_id", "not_found");
-    r.messages = prev->messages;
-  }
-  const ojson* input = field(body, "input");
-  if (!input) bad("input", "'input' is required: a string or an array of items");
-  append_items(*input, r.messages);
-
-  if (const ojson* t = field(body, "tools")) {
-    if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
-    r.tools_in = *t;
-    ojson tools = ojson::array();
-    for (size_t i = 0; i < t->size(); ++i) {
-      const ojson& d = (*t)[i];
-      const std::string at = fmt::format("tools[{}]", i);
-      if (!d.is_object() || d.value("type", "") != "function")
-        bad(at + ".type", fmt::format("'{}' must be a function tool; built-in tools (web search, files, ...) are "
-                                      "not available here", at));
-      if (!d.contains("name") || !d["name"].is_string()) bad(at + ".name", fmt::format("'{}.name' must be a string", at));
-      ojson fn = {{"name", d["name"]}};
-      if (d.contains("description")) fn["description"] = d["description"];
-      fn["parameters"] = d.contains("parameters") && !d["parameters"].is_null() ? d["parameters"] : ojson{{"type", "object"}};
-      tools.push_back({{"type", "function"}, {"function", fn}});
-    }
-    if (!tools.empty()) r.tools = tools;
-  }
-  if (const ojson* tc = field(body, "tool_choice")) {
-    using TC = CompletionRequest::ToolChoice;
-    if (*tc == "none") {
-      r.gen.tool_choice = TC::none;
-    } else if (*tc == "required") {
-      r.gen.tool_choice = TC::required;
-    } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("name") && (*tc)["name"].is_string()) {
-      r.gen.tool_choice = TC::function;
-      r.gen.tool_choice_name = (*tc)["name"].get<std::string>();
-      bool known = false;
-      if (r.tools.is_array())
-        for (const ojson& t : r.tools) known = known || t["function"]["name"] == r.gen.tool_choice_name;
-      if (!known) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not one of 'tools'", r.gen.tool_choice_name));
-    } else if (*tc != "auto") {
-      bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}");
-    }
-    if (r.gen.tool_choice != TC::automatic && r.gen.tool_choice != TC::none && r.tools.is_null())
-      bad("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
-  }
-  if (const ojson* rs = field(body, "reasoning"); rs && !(rs->is_object() && rs->empty()))
-    bad("reasoning", "'reasoning' options are not supported by this server");
-  if (const ojson* inc = field(body, "include"); inc && !(inc->is_array() && inc->empty()))
-    bad("include", "'include' (extra output data) is not supported by this server");
-  if (const ojson* m = field(body, "metadata")) {
-    if (!m->is_object()) bad("metadata", "'metadata' must be an object");
-    r.metadata = *m;
-  }
-  r.store = boolean(body, "store", true);
-  r.stream = boolean(body, "stream", false);
-  r.gen.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
-  string(body, "user");
-  if (const ojson* tr = field(body, "truncation"); tr && *tr != "disabled" && *tr != "auto")
-    bad("truncation", "'truncation' must be \"disabled\" or \"auto\"");
-
-  sampling(body, r.gen.gen.sampling);
-  r.gen.gen.max_tokens = integer(body, "max_output_tokens", 1, 1 << 24, 0);
-  // text.format: text, json_object or json_schema ({name, schema, strict}), as response_format is.
-  if (const ojson* tx = field(body, "text")) {
-    if (!tx->is_object()) bad("text", "'text' must be an object {format: {...}}");
-    if (tx->contains("format") && !(*tx)["format"].is_null()) {
-      const ojson& f = (*tx)["format"];
-      if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
-        bad("text.format", "'text.format' must be an object with a 'type'");
-      r.text_format = f;
-      ojson rf = {{"type", f["type"]}};
-      if (f["type"] == "json_schema") {
-        ojson js = {{"name", f.value("name", "response")}};
-        if (f.contains("schema")) js["schema"] = f["schema"];
-        if (f.contains("strict")) js["strict"] = f["strict"];
-        rf["json_schema"] = js;
-      }
-      try {
-        parse_constraints(ojson{{"response_format", rf}}, r.gen);
-      } catch (ApiError& e) {
-        throw ApiError(e.status, e.what(), "text.format", e.code, e.type);
-      }
-    }
-  }
-  return r;
 }
 
 ojson usage_json(int64_t n_prompt, int64_t n_gen, int64_t n_cached) {
@@ -297,7 +122,11 @@ ojson call_item(const std::string& id, const ParsedCall& c, const std::string& s
 }
 
 void responses(Context& ctx, const httplib::Request& req, httplib::Response& res) {
-  ResponsesRequest r = parse_request(req.body);
+  ResponsesRequest r = parse_responses_request(req.body, [](const std::string& id) -> std::optional<ojson> {
+    std::optional<Stored> st = store().get(id);
+    if (!st) return std::nullopt;
+    return std::move(st->messages);
+  });
   Shell sh;
   sh.model = ctx.model_name(r.model);
   sh.id = random_id("resp_");

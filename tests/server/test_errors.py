@@ -239,3 +239,36 @@ def test_messages_x_api_key(keyed_server):
         anthropic.Anthropic(base_url=keyed_server.url, api_key="bad", max_retries=0).messages.create(
             model="x", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
     assert e.value.body["error"]["type"] == "authentication_error"
+
+
+# Fields of the wrong type inside nested objects of /v1/messages and /v1/responses (found by
+# tests/fuzz/fuzz_http.cpp): each was a 500 ("type_error.302") and is a 400 naming the field.
+MSG_OK = {"role": "user", "content": "hi"}
+NESTED_TYPE_CASES = [
+    ("/v1/messages", {"max_tokens": 2, "messages": [{"role": 5, "content": "x"}]}, "messages[0].role"),
+    ("/v1/messages", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}]}]},
+     "messages[0].content[0].is_error"),
+    ("/v1/messages", {"max_tokens": 2, "system": [{"type": 7, "text": "s"}], "messages": [MSG_OK]}, "system[0].type"),
+    ("/v1/messages", {"max_tokens": 2, "messages": [MSG_OK], "tools": [{"name": "f"}],
+                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}},
+     "tool_choice.disable_parallel_tool_use"),
+    ("/v1/messages/count_tokens", {"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+    ("/v1/responses", {"input": [{"type": ["message"], "role": "user", "content": "x"}]}, "input[0].type"),
+    ("/v1/responses", {"input": [{"type": "message", "role": False, "content": "x"}]}, "input[0].role"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": 1, "text": "x"}]}]}, "input[0].content[0].type"),
+    ("/v1/responses", {"input": "x", "tools": [{"type": {}, "name": "f"}]}, "tools[0].type"),
+    ("/v1/responses", {"input": "x", "text": {"format": {"type": "json_schema", "name": 3, "schema": {}}}},
+     "text.format.name"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", NESTED_TYPE_CASES, ids=[c[2] for c in NESTED_TYPE_CASES])
+def test_nested_field_wrong_type(server, path, body, param):
+    r = requests.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    if path.startswith("/v1/responses"):
+        assert e["param"] == param, e
+    else:  # Anthropic's shape has no param: the message names it
+        assert e["type"] == "invalid_request_error" and param in e["message"], e

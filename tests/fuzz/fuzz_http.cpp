@@ -1,0 +1,203 @@
+// libFuzzer target for the server's request path, from raw bytes on a connection to the engine's
+// GenerateParams: the input is what a client sends on one connection (one or more pipelined requests).
+// It goes through the real GuardedServer (head and header limits, Content-Length, chunked and gzip
+// bodies, Expect) over a socketpair, then httplib's parser, the AccessPolicy (Host, Origin, API key), and
+// the request parsers of every generating API: chat completions and completions (SSE options included),
+// Anthropic's messages and count_tokens, and OpenAI's responses. No model, no engine, no network.
+//
+// A bug is: a crash or sanitizer report; an exception from a parser other than ApiError (the route
+// would answer 500 instead of naming the field); an ApiError that is not a 4xx; a body larger than the
+// limit reaching a handler; parsed parameters out of their documented ranges; a response on the wire
+// that is not HTTP/1.1 with a status line.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+
+#include "server/access.h"
+#include "server/api_requests.h"
+#include "server/http_guard.h"
+#include "server/openai.h"
+
+namespace {
+
+using namespace xpert::server;
+
+constexpr size_t kMaxBody = 64 << 10;
+
+[[noreturn]] void defect(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "fuzz_http: %s: %s\n", what, detail.c_str());
+  __builtin_trap();
+}
+
+void check_sampling(const xpert::SamplingParams& sp) {
+  if (!std::isfinite(sp.temperature) || sp.temperature < 0) defect("temperature out of range", std::to_string(sp.temperature));
+  if (!std::isfinite(sp.top_p) || sp.top_p < 0 || sp.top_p > 1) defect("top_p out of range", std::to_string(sp.top_p));
+  if (!std::isfinite(sp.min_p) || sp.min_p < 0 || sp.min_p > 1) defect("min_p out of range", std::to_string(sp.min_p));
+  if (!std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty) || !std::isfinite(sp.repeat_penalty))
+    defect("penalty not finite", "");
+  for (auto& [id, bias] : sp.logit_bias)
+    if (id < 0 || !std::isfinite(bias)) defect("logit_bias entry out of range", std::to_string(id));
+}
+
+void check_gen(const xpert::GenerateParams& g) {
+  check_sampling(g.sampling);
+  if (g.max_tokens < 0) defect("negative max_tokens", std::to_string(g.max_tokens));
+  if (g.top_logprobs > 20) defect("top_logprobs above 20", std::to_string(g.top_logprobs));
+  for (const std::string& s : g.stop)
+    if (s.empty()) defect("empty stop string", "");
+}
+
+// What each route runs before it renders a prompt and submits.
+void parse_for(const std::string& path, const std::string& body) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    const CompletionRequest r = parse_completion_request(body, path == "/v1/chat/completions");
+    if (r.n < 1) defect("n below 1", std::to_string(r.n));
+    if (r.include_usage && !r.stream) defect("stream_options without stream", "");
+    if (r.chat && !r.messages.is_array()) defect("messages not an array", "");
+    check_gen(r.gen);
+  } else if (path == "/v1/messages" || path == "/v1/messages/count_tokens") {
+    const MessagesRequest r = parse_messages_request(body, path == "/v1/messages");
+    if (!r.chat.messages.is_array()) defect("messages not an array", "");
+    for (const ojson& m : r.chat.messages)
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) defect("message without a role", m.dump());
+    check_gen(r.gen);
+  } else if (path == "/v1/responses") {
+    // One stored conversation, as if an earlier response had been kept.
+    const ResponsesRequest r = parse_responses_request(body, [](const std::string& id) -> std::optional<ojson> {
+      if (id != "resp_kept") return std::nullopt;
+      return ojson::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "hello"}}});
+    });
+    if (!r.messages.is_array()) defect("messages not an array", "");
+    check_gen(r.gen.gen);
+  }
+}
+
+bool gzip(const std::string& in, std::string& out) {
+  z_stream z{};
+  if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) return false;
+  out.resize(deflateBound(&z, in.size()) + 32);
+  z.next_in = (Bytef*)in.data();
+  z.avail_in = (uInt)in.size();
+  z.next_out = (Bytef*)out.data();
+  z.avail_out = (uInt)out.size();
+  const int r = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return r == Z_STREAM_END;
+}
+
+struct Harness {
+  GuardedServer http;
+  AccessPolicy open_policy{AccessOptions{}};
+  AccessPolicy keyed_policy{AccessOptions{.api_key = "sk-fuzz", .cors_origins = {"https://ok.example"}}};
+
+  Harness() {
+    HttpLimits lim;
+    lim.max_body_bytes = kMaxBody;
+    lim.max_header_bytes = 8 << 10;
+    lim.max_headers = 32;
+    lim.max_requests_per_connection = 8;
+    http.set_limits(lim);
+    using HR = httplib::Server::HandlerResponse;
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.body.size() > kMaxBody) defect("a body over the limit reached the handlers", std::to_string(req.body.size()));
+      // Both policies on every request: the keyed one must refuse whatever lacks the key.
+      if (const auto refusal = open_policy.check(req, res)) {  // the server's own policy (no key)
+        if (refusal->status) res.status = refusal->status;
+        return HR::Handled;
+      }
+      httplib::Response keyed_res;
+      const auto refusal = keyed_policy.check(req, keyed_res);
+      if (refusal && refusal->status != 0 && refusal->status != 401 && refusal->status != 403)
+        defect("access refusal with an odd status", std::to_string(refusal->status));
+      if (!refusal && !AccessPolicy::is_public(req.method, req.path) && req.method != "OPTIONS") {
+        const bool keyed = (req.get_header_value("Authorization") + req.get_header_value("x-api-key")).find("sk-fuzz") !=
+                           std::string::npos;
+        if (!keyed) defect("a request without the key passed the keyed policy", req.method + " " + req.path);
+      }
+      return HR::Unhandled;
+    });
+    for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                          "/v1/responses"}) {
+      http.Post(p, [path = std::string(p)](const httplib::Request& req, httplib::Response& res) {
+        try {
+          parse_for(path, req.body);
+          res.status = 200;
+        } catch (const ApiError& e) {
+          if (e.status < 400 || e.status > 499) defect("ApiError not a 4xx", std::to_string(e.status) + " " + e.what());
+          if (std::strlen(e.what()) == 0) defect("ApiError without a message", "");
+          res.status = e.status;
+          res.set_content(e.what(), "text/plain");
+        } catch (const std::exception& e) {
+          defect("a parser threw something other than ApiError", e.what());
+        }
+      });
+    }
+  }
+};
+
+// A well-framed request around a JSON body, so mutations of the body are not lost to a Content-Length
+// that no longer matches. Byte 0 (below 0x20): bits 0-2 the route, bit 3 chunked, bit 4 gzip.
+std::string frame(uint8_t mode, std::string body) {
+  static const char* routes[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                 "/v1/messages/count_tokens", "/v1/responses", "/v1/chat/completions",
+                                 "/v1/messages", "/v1/responses"};
+  std::string head = fmt::format("POST {} HTTP/1.1\r\nHost: localhost\r\nx-api-key: sk-fuzz\r\n", routes[mode & 7]);
+  if (mode & 16) {
+    std::string gz;
+    if (gzip(body, gz)) {
+      body = std::move(gz);
+      head += "Content-Encoding: gzip\r\n";
+    }
+  }
+  if (!(mode & 8)) return head + fmt::format("Content-Length: {}\r\n\r\n", body.size()) + body;
+  head += "Transfer-Encoding: chunked\r\n\r\n";
+  for (size_t i = 0; i < body.size(); i += 1000) {
+    const size_t n = std::min<size_t>(1000, body.size() - i);
+    head += fmt::format("{:x}\r\n", n) + body.substr(i, n) + "\r\n";
+  }
+  return head + "0\r\n\r\n";
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Harness* h = new Harness();  // never destroyed: httplib's server outlives every input
+  std::string framed;
+  if (size > 0 && data[0] < 0x20) {
+    framed = frame(data[0], std::string((const char*)data + 1, size - 1));
+    data = (const uint8_t*)framed.data();
+    size = framed.size();
+  }
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 0;
+  // The whole input is in the socket before the guard reads; a shut write side is the client done sending.
+  size_t off = 0;
+  while (off < size) {
+    const ssize_t w = ::write(sv[0], data + off, size - off);
+    if (w <= 0) break;
+    off += (size_t)w;
+  }
+  ::shutdown(sv[0], SHUT_WR);
+  h->http.serve_socket(sv[1]);  // closes sv[1]
+  std::string out;
+  char buf[4096];
+  ssize_t r;
+  while ((r = ::read(sv[0], buf, sizeof buf)) > 0) out.append(buf, (size_t)r);
+  ::close(sv[0]);
+  if (std::getenv("FUZZ_HTTP_TRACE")) std::fprintf(stderr, "%s\n", out.c_str());  // seeing what a seed reaches
+  if (!out.empty() && out.rfind("HTTP/1.1 ", 0) != 0) defect("a response that is not HTTP/1.1", out.substr(0, 64));
+  return 0;
+}
