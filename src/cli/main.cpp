@@ -78,10 +78,11 @@ size_t file_weight_bytes(const Model& m) {
 }  // namespace
 
 std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
-  std::unique_ptr<Model> m = Model::load(f.model);
+  PlacementOptions po = placement_options(f);
+  // GPTQ experts natively where only the CPU runs experts (the other backends read the Q4_0 repack).
+  std::unique_ptr<Model> m = Model::load(f.model, {.native_gptq_experts = experts_all_on_cpu(po)});
   const ModelConfig& c = m->config();
   if (r.n_ctx <= 0) f.ctx = resolve_ctx_flag(c, f.ctx);
-  PlacementOptions po = placement_options(f);
   const MemoryPlan mp = plan_memory(c, plan_placement(*m, po),
                                     {.n_ctx = r.n_ctx > 0 ? r.n_ctx : f.ctx,
                                      .n_parallel = r.n_parallel,

@@ -119,7 +119,7 @@ struct Rope {
 
 class Converter {
  public:
-  explicit Converter(const std::string& dir) : dir_(dir), cfg_(Config::load(dir)) {}
+  Converter(const std::string& dir, const OpenOptions& o) : dir_(dir), cfg_(Config::load(dir)), options_(o) {}
 
   std::unique_ptr<gguf::GGUFFile> run() {
     model_type_ = cfg_.get_string("model_type", "");
@@ -539,10 +539,13 @@ class Converter {
     need(qw, "qweight", st::DType::I32, {cols / 8, rows});
     const st::Tensor* scales = use(prefix + ".scales");
     need(scales, "scales", st::DType::F16, {cols / group, rows});
-    if (const st::Tensor* z = use(prefix + ".qzeros")) {
+    const st::Tensor* z = use(prefix + ".qzeros");
+    if (z) {
       if (rows % 8) fail("{}: tensor '{}' cannot pack {} outputs in 8s", dir_, z->name, rows);
       need(z, "qzeros", st::DType::I32, {cols / group, rows / 8});
-      gptq::check_qzeros(z->data, cols / group, rows, gptq_->zero_offset, z->name);
+      if (gptq_->sym) gptq::check_qzeros(z->data, cols / group, rows, gptq_->zero_offset, z->name);
+    } else if (!gptq_->sym) {
+      fail("{}: tensor '{}.qzeros' is missing (asymmetric GPTQ layer '{}', sym = false)", dir_, prefix, prefix);
     }
     if (const st::Tensor* gi = use(prefix + ".g_idx")) {
       need(gi, "g_idx", st::DType::I32, {cols});
@@ -550,18 +553,44 @@ class Converter {
     }
     Matrix m;
     m.name = prefix;
-    m.q = {.qweight = qw->data, .scales = scales->data, .k = cols, .n = rows, .group = group};
+    m.q = {.qweight = qw->data,
+           .scales = scales->data,
+           .qzeros = gptq_->sym ? nullptr : z->data,
+           .k = cols,
+           .n = rows,
+           .group = group,
+           .zero_offset = gptq_->zero_offset};
     m.rows = rows;
     m.cols = cols;
     return m;
   }
 
-  DType out_type(const Matrix& m) const { return m.is_gptq() ? DType::Q4_0 : float_type(*m.w, dir_); }
+  // GPTQ: Q4_0 holds a symmetric layer exactly; an asymmetric one (outside the native expert path)
+  // becomes F32, also exactly.
+  DType out_type(const Matrix& m) const {
+    if (!m.is_gptq()) return float_type(*m.w, dir_);
+    return m.q.qzeros ? DType::F32 : DType::Q4_0;
+  }
   size_t matrix_bytes(const Matrix& m) const { return row_bytes(out_type(m), m.cols) * (size_t)m.rows; }
 
   // W's rows row_map[r] (all when empty), columns in units of `col_unit` from col_map (identity when empty).
   static void write_matrix(const Matrix& m, const IndexMap& row_map, const IndexMap& col_map,
                            int64_t col_unit, uint8_t* dst) {
+    if (m.is_gptq() && m.q.qzeros) {
+      std::vector<float> w((size_t)(m.rows * m.cols));
+      gptq::dequantize_reference(m.q, w.data());
+      float* out = reinterpret_cast<float*>(dst);
+      for (int64_t r = 0; r < (row_map.empty() ? m.rows : (int64_t)row_map.size()); ++r) {
+        const float* src = w.data() + (row_map.empty() ? r : row_map[r]) * m.cols;
+        if (col_map.empty()) {
+          std::memcpy(out + r * m.cols, src, (size_t)m.cols * 4);
+          continue;
+        }
+        for (size_t u = 0; u < col_map.size(); ++u)
+          std::memcpy(out + r * m.cols + (int64_t)u * col_unit, src + col_map[u] * col_unit, (size_t)col_unit * 4);
+      }
+      return;
+    }
     if (m.is_gptq()) {
       IndexMap blocks;
       for (int64_t u : col_map)
@@ -618,6 +647,26 @@ class Converter {
             "{}: experts '{}' and '{}' are stored differently ({} vs {}); all experts of a layer must share "
             "a format",
             dir_, m0.name, m.name, dtype_name(out_type(m0)), dtype_name(out_type(m)));
+    }
+    // GPTQ experts natively (options_.native_gptq_experts): each expert's tensors as stored.
+    const DType native = m0.is_gptq() ? gptq::native_type(m0.q.group, m0.q.qzeros != nullptr) : DType::F32;
+    if (m0.is_gptq() && m0.q.qzeros && (!options_.native_gptq_experts || native == DType::F32))
+      fail(
+          "{}: expert '{}' is asymmetric GPTQ (sym = false), which xpert reads only natively, on the CPU's "
+          "experts (group size 32, 64 or 128; --device cpu or -ngl 0, and --expert-device cpu)",
+          dir_, m0.name);
+    if (m0.is_gptq() && options_.native_gptq_experts && native != DType::F32) {
+      const size_t one = row_bytes(native, m0.cols) * (size_t)m0.rows;
+      Planned p;
+      p.info.name = name;
+      p.info.type = native;
+      p.info.shape = {m0.cols, m0.rows, (int64_t)ms.size()};
+      p.info.n_bytes = one * ms.size();
+      p.fill = [ms = std::move(ms), one, native](uint8_t* dst) {
+        for (size_t e = 0; e < ms.size(); ++e) gptq::write_native(ms[e].q, native, dst + e * one);
+      };
+      plan_.push_back(std::move(p));
+      return;
     }
     const size_t one = matrix_bytes(m0);
     Planned p;
@@ -746,6 +795,7 @@ class Converter {
   Config cfg_;
   std::string model_type_, arch_, prefix_;
   std::optional<gptq::Config> gptq_;
+  OpenOptions options_;
   std::unique_ptr<st::Checkpoint> ck_;
   std::set<std::string> used_;
   Metadata kv_;
@@ -760,7 +810,9 @@ class Converter {
 
 }  // namespace
 
-std::unique_ptr<gguf::GGUFFile> open_folder(const std::string& dir) { return Converter(dir).run(); }
+std::unique_ptr<gguf::GGUFFile> open_folder(const std::string& dir, const OpenOptions& options) {
+  return Converter(dir, options).run();
+}
 
 void save_gguf(const gguf::GGUFFile& f, const std::string& path) {
   gguf::GGUFWriter w;

@@ -3,7 +3,8 @@
 // converter writes (general.architecture qwen3 / qwen3moe / qwen35 / qwen35moe), HF tensors become GGUF
 // tensors under llama.cpp's names and layouts, with the converter's transformations:
 //   - every architecture: per-expert matrices gathered into one [n_expert, ...] tensor; vectors as F32;
-//     GPTQ INT4 layers repacked losslessly into Q4_0 (quant/gptq.h)
+//     GPTQ INT4 layers repacked losslessly into Q4_0 (quant/gptq.h), or experts kept as stored
+//     (OpenOptions::native_gptq_experts); asymmetric GPTQ outside native experts becomes F32
 //   - Qwen3.5: RMSNorm weights w -> 1 + w (the gated norm of the linear-attention layers excepted),
 //     A_log -> -exp(A_log), conv1d [C, 1, K] -> [C, K], value heads from grouped to tiled order when
 //     there are fewer key heads than value heads (rows of in_proj_qkv's v part, in_proj_z, in_proj_a/b,
@@ -19,8 +20,14 @@
 
 namespace xpert::hf {
 
+struct OpenOptions {
+  // GPTQ experts in their native types (DType GPTQ4_*: quant/gptq.h) rather than repacked to Q4_0. Only the
+  // CPU's expert kernels read them, so only for a placement whose experts all run on the CPU.
+  bool native_gptq_experts = false;
+};
+
 // Throws Error naming the file, field or tensor for anything missing, malformed or unsupported.
-std::unique_ptr<gguf::GGUFFile> open_folder(const std::string& dir);
+std::unique_ptr<gguf::GGUFFile> open_folder(const std::string& dir, const OpenOptions& options = {});
 
 // Writes an (assembled) GGUFFile to a GGUF v3 file: the HF -> GGUF conversion, for llama.cpp.
 void save_gguf(const gguf::GGUFFile& f, const std::string& path);

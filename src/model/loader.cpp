@@ -157,9 +157,11 @@ void read_common_config(const gguf::GGUFFile& f, ModelConfig& c, bool require_ff
 
 std::vector<std::string> supported_architectures() { return {"gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "qwen35", "qwen35moe"}; }
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
   // A folder is a Hugging Face checkpoint, converted in memory to the GGUF layout (model/hf_model.h).
-  auto file = std::filesystem::is_directory(path) ? hf::open_folder(path) : gguf::GGUFFile::open(path);
+  auto file = std::filesystem::is_directory(path)
+                  ? hf::open_folder(path, {.native_gptq_experts = options.native_gptq_experts})
+                  : gguf::GGUFFile::open(path);
   const std::string arch = file->require_string("general.architecture");
   if (arch == "gemma3") return make_gemma3(std::move(file));
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return make_llama_dense(std::move(file));

@@ -132,7 +132,11 @@ class Model {
   virtual void forward(const ForwardArgs& args, std::vector<float>& logits, ThreadPool& pool) const = 0;
 
   // Loads any supported architecture; throws Error naming what is wrong or unsupported.
-  static std::unique_ptr<Model> load(const std::string& path);
+  struct LoadOptions {
+    bool native_gptq_experts = false;  // a GPTQ folder's experts as stored (hf::OpenOptions): CPU experts only
+  };
+  static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options);
+  static std::unique_ptr<Model> load(const std::string& path) { return load(path, LoadOptions{}); }
 
   // Moves the last n_layers layers (llama.cpp's -ngl; more than n_layer means all) to `dev`: their
   // weights are copied into its memory once, and their forward runs there. The output norm and head go

@@ -40,6 +40,12 @@ constexpr DTypeInfo kInfo[] = {
     {"BF16", 1, 2, true},         // 30
 };
 
+// Indexed by id - 200: per group of one output, g/2 bytes of nibbles + an f16 scale (+ a zero byte).
+constexpr DTypeInfo kGptqInfo[] = {
+    {"GPTQ4_G32", 32, 18, true},   {"GPTQ4_G64", 64, 34, true},   {"GPTQ4_G128", 128, 66, true},
+    {"GPTQ4Z_G32", 32, 19, true},  {"GPTQ4Z_G64", 64, 35, true},  {"GPTQ4Z_G128", 128, 67, true},
+};
+
 }  // namespace
 
 const DTypeInfo* dtype_info(uint32_t raw) {
@@ -48,6 +54,7 @@ const DTypeInfo* dtype_info(uint32_t raw) {
 }
 
 const DTypeInfo& dtype_info(DType t) {
+  if (is_gptq(t)) return kGptqInfo[(uint32_t)t - 200];
   const DTypeInfo* i = dtype_info(static_cast<uint32_t>(t));
   XP_ASSERT(i != nullptr);
   return *i;

@@ -38,10 +38,12 @@ Config parse_config(const json& qc, std::string_view source) {
   if (!bits.is_number_integer() || bits.get<int64_t>() != 4) refuse("bits", bits, "4");
   // transformers' GPTQConfig defaults: sym = true, desc_act = false.
   const json sym = qc.value("sym", json(true));
-  if (!sym.is_boolean() || !sym.get<bool>()) refuse("sym", sym, "true (symmetric)");
+  if (!sym.is_boolean()) refuse("sym", sym, "true or false");
   const json desc_act = qc.value("desc_act", json(false));
-  if (!desc_act.is_boolean() || desc_act.get<bool>()) refuse("desc_act", desc_act, "false (no act-order)");
+  if (!desc_act.is_boolean() || desc_act.get<bool>())
+    refuse("desc_act", desc_act, "false (no act-order: re-quantize with desc_act=false)");
   Config c;
+  c.sym = sym.get<bool>();
   const json group = qc.value("group_size", json());
   if (!group.is_number_integer() ||
       (group.get<int64_t>() != -1 && (group.get<int64_t>() <= 0 || group.get<int64_t>() % 32)))
@@ -77,11 +79,52 @@ int nibble(const Layer& l, int64_t j, int64_t i) {
   return (int)((load_u32(l.qweight + 4 * ((i / 8) * l.n + j)) >> (4 * (i % 8))) & 0xF);
 }
 
+int zero_point(const Layer& l, int64_t j, int64_t i) {
+  if (!l.qzeros) return 8;
+  const uint32_t word = load_u32(l.qzeros + 4 * ((i / l.group) * (l.n / 8) + j / 8));
+  return (int)((word >> (4 * (j % 8))) & 0xF) + l.zero_offset;
+}
+
 void dequantize_reference(const Layer& l, float* out) {
   for (int64_t j = 0; j < l.n; ++j)
     for (int64_t i = 0; i < l.k; ++i) {
       const float d = f16_to_f32(load_u16(l.scales + 2 * ((i / l.group) * l.n + j)));
-      out[j * l.k + i] = (float)(nibble(l, j, i) - 8) * d;
+      out[j * l.k + i] = (float)(nibble(l, j, i) - zero_point(l, j, i)) * d;
+    }
+}
+
+DType native_type(int64_t group, bool zeros) {
+  const int index = group == 32 ? 0 : group == 64 ? 1 : group == 128 ? 2 : -1;
+  if (index < 0) return DType::F32;
+  return (DType)((uint32_t)DType::GPTQ4_G32 + index + (zeros ? 3 : 0));
+}
+
+NativeView native_view(DType t, const void* data, int64_t k, int64_t n) {
+  XP_ASSERT(is_gptq(t) && k % gptq_group(t) == 0);
+  const auto* p = static_cast<const uint8_t*>(data);
+  const size_t q_bytes = (size_t)(k / 2 * n), s_bytes = (size_t)(k / gptq_group(t) * n) * 2;
+  return {p, p + q_bytes, gptq_has_zeros(t) ? p + q_bytes + s_bytes : nullptr};
+}
+
+void write_native(const Layer& l, DType t, uint8_t* dst) {
+  XP_ASSERT(native_type(l.group, l.qzeros != nullptr) == t);
+  const NativeView v = native_view(t, dst, l.k, l.n);
+  std::memcpy(const_cast<uint8_t*>(v.qweight), l.qweight, (size_t)(l.k / 2 * l.n));
+  std::memcpy(const_cast<uint8_t*>(v.scales), l.scales, (size_t)(l.k / l.group * l.n) * 2);
+  if (!v.zeros) return;
+  auto* z = const_cast<uint8_t*>(v.zeros);
+  for (int64_t g = 0; g < l.k / l.group; ++g)
+    for (int64_t j = 0; j < l.n; ++j) z[g * l.n + j] = (uint8_t)zero_point(l, j, g * l.group);
+}
+
+void dequantize_native(DType t, const void* data, int64_t k, int64_t n, float* out) {
+  const NativeView v = native_view(t, data, k, n);
+  const int64_t group = gptq_group(t);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < k; ++i) {
+      const int q = (int)((load_u32(v.qweight + 4 * ((i / 8) * n + j)) >> (4 * (i % 8))) & 0xF);
+      const int zero = v.zeros ? v.zeros[(i / group) * n + j] : 8;
+      out[j * k + i] = (float)(q - zero) * f16_to_f32(load_u16(v.scales + 2 * ((i / group) * n + j)));
     }
 }
 

@@ -1,10 +1,16 @@
-// GPTQ INT4, symmetric, as Hugging Face GPTQ checkpoints store a linear layer y = W x, W [n][k]:
+// GPTQ INT4 as Hugging Face GPTQ checkpoints store a linear layer y = W x, W [n][k]:
 //   qweight int32 [k/8][n]: element (row j, column i) is nibble i%8 of qweight[i/8][j], low nibble first
 //   scales  f16   [k/group][n]
-//   value   W[j][i] = (nibble - 8) * scales[i/group][j]
-// Optional tensors that carry no information for the symmetric case: qzeros int32 [k/group][n/8] (every
-// zero point 8, stored as 7 in the original "gptq" checkpoint format and as 8 in "gptq_v2") and g_idx
-// int32 [k] (i / group when desc_act is false). Both are checked, never used.
+//   qzeros  int32 [k/group][n/8]: zero point of (group, output j) = nibble j%8 of qzeros[group][j/8]
+//           + zero_offset (1 in the original "gptq" format, 0 in "gptq_v2")
+//   value   W[j][i] = (nibble - zero) * scales[i/group][j]
+// Symmetric checkpoints (sym = true) have every zero point 8: qzeros is checked and dropped. g_idx int32
+// [k] must be i / group (desc_act = false, no act-order); act-order checkpoints are refused.
+//
+// Natively (DType GPTQ4_G*, GPTQ4Z_G* with group 32, 64 or 128), one matrix is its tensors as stored,
+// back to back: qweight [k/8][n] u32 | scales [k/group][n] f16 | (Z types) zeros [k/group][n] u8, the zero
+// point itself (offset applied: 0..16). 4.125 bits per weight at group 128 (+0.0625 with zeros); the CPU
+// expert kernels (backend/cpu/matmul_gptq*) read it as it is.
 //
 // With a group size that is a multiple of 32, every 32 consecutive inputs of a row share one scale, so
 // the layer is exactly a GGUF Q4_0 tensor (d = the group's f16 scale, q = the nibble, value = (q - 8) d):
@@ -18,27 +24,33 @@
 #include <string>
 #include <string_view>
 
+#include "quant/dtype.h"
+
 namespace xpert::gptq {
 
 struct Config {
   int64_t group_size = 128;  // -1 in the file: one group over all of k
   int zero_offset = 1;       // added to a stored zero point: 1 for "gptq" (v1), 0 for "gptq_v2"
+  bool sym = true;           // false: qzeros hold a zero point per group and output
   std::string format = "gptq";
 };
 
-// Reads config.json's quantization_config. Anything but symmetric 4-bit GPTQ without act-order throws
-// Error naming the field and its value. `source` prefixes the messages (the config file).
+// Reads config.json's quantization_config. Anything but 4-bit GPTQ without act-order throws Error naming
+// the field and its value. `source` prefixes the messages (the config file).
 Config parse_config(const nlohmann::json& qc, std::string_view source);
 
 // One layer's raw tensors (pointers into the checkpoint, any alignment) and its sizes.
 struct Layer {
   const uint8_t* qweight = nullptr;  // int32 [k/8][n]
   const uint8_t* scales = nullptr;   // f16 [k/group][n]
+  const uint8_t* qzeros = nullptr;   // int32 [k/group][n/8]; null: symmetric (every zero point 8)
   int64_t k = 0, n = 0, group = 0;   // group divides k; repack_q4_0 needs it a multiple of 32
+  int zero_offset = 1;               // added to a stored zero point (Config::zero_offset)
 };
 
-// The 4-bit code (0..15) of W[j][i].
+// The 4-bit code (0..15) of W[j][i], and the zero point it is read against (8 when symmetric).
 int nibble(const Layer& l, int64_t j, int64_t i);
+int zero_point(const Layer& l, int64_t j, int64_t i);
 // W as floats, [n][k] row-major: the obvious dequantization of the raw layout (the reference).
 void dequantize_reference(const Layer& l, float* out);
 
@@ -48,6 +60,21 @@ void dequantize_reference(const Layer& l, float* out);
 // column blocks, costs nothing extra. dst: row_map rows (n when empty) of k/32 * 18 bytes.
 void repack_q4_0(const Layer& l, std::span<const int64_t> row_map, std::span<const int64_t> block_map,
                  void* dst);
+
+// The native type of a layer (zeros: asymmetric), or F32 when its group size has none (then only the
+// symmetric Q4_0 repack reads it).
+DType native_type(int64_t group, bool zeros);
+// The native bytes of l (row_bytes(t, k) * n of them) in the layout above. t = native_type(l.group, ...).
+void write_native(const Layer& l, DType t, uint8_t* dst);
+// A native matrix's planes.
+struct NativeView {
+  const uint8_t* qweight;  // u32 [k/8][n]
+  const uint8_t* scales;   // f16 [k/group][n]
+  const uint8_t* zeros;    // u8 [k/group][n]; null for the symmetric types
+};
+NativeView native_view(DType t, const void* data, int64_t k, int64_t n);
+// A native matrix as floats, [n][k] row-major (the reference the kernels are tested against).
+void dequantize_native(DType t, const void* data, int64_t k, int64_t n, float* out);
 
 // Throws Error (naming `name`) unless every zero point in qzeros [k/group][n/8] is the symmetric 8.
 void check_qzeros(const uint8_t* qzeros, int64_t n_groups, int64_t n, int zero_offset, std::string_view name);

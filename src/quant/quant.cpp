@@ -77,6 +77,7 @@ void quantize_row_activation(DType t, const float* src, void* dst, int64_t n) {
 }
 
 DType activation_type(DType weight) {
+  if (is_gptq(weight)) return DType::Q8_0;  // backend/cpu/matmul_gptq.h
   switch (weight) {
     case DType::Q4_0:
     case DType::Q5_0:

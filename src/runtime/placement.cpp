@@ -206,6 +206,15 @@ Placement plan(const Model& m, const PlacementOptions& o) {
 
 ExpertPlan plan_placement(const Model& m, const PlacementOptions& o) { return plan(m, o).plan; }
 
+bool experts_all_on_cpu(const PlacementOptions& o) {
+  if (o.expert_device != "cpu") return false;
+  try {
+    return !gpu_of(o) || o.n_gpu_layers == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 ExpertPlan place_model(Model& m, const PlacementOptions& o) {
   Placement p = plan(m, o);
   const int64_t n = p.plan.n_layer - p.plan.first_gpu_layer;

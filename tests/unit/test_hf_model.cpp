@@ -468,7 +468,8 @@ TEST(Gptq, ConfigRefusesAnythingButSymmetricInt4) {
   };
   expect_error([&] { gptq::parse_config(with("bits", 8), "cfg.json"); },
                {"cfg.json", "quantization_config.bits = 8"});
-  expect_error([&] { gptq::parse_config(with("sym", false), "c"); }, {"quantization_config.sym = false"});
+  expect_error([&] { gptq::parse_config(with("sym", "yes"), "c"); }, {"quantization_config.sym = \"yes\""});
+  EXPECT_FALSE(gptq::parse_config(with("sym", false), "c").sym);  // asymmetric: native experts only
   expect_error([&] { gptq::parse_config(with("desc_act", true), "c"); },
                {"quantization_config.desc_act = true"});
   expect_error([&] { gptq::parse_config(with("group_size", 48), "c"); },

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/matmul_gptq.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "quant/blocks.h"
+#include "quant/gptq.h"
 #include "quant/quant.h"
 
 namespace xpert::cpu {
@@ -215,6 +217,7 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
   XP_ASSERT(n >= 0 && m >= 0 && ldy >= n);
   if (n == 0 || m == 0) return;
   XP_ASSERT(k % dtype_info(w_type).block_size == 0);
+  if (is_gptq(w_type)) return matmul_gptq(w_type, w, n, k, x, m, y, ldy, pool);
   const DType act = activation_type(w_type);
   const Isa isa = best_isa();
   const Panel pick = pick_panel(w_type, m, isa);
@@ -295,6 +298,14 @@ void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, i
 }
 
 void matmul_batch(std::span<const MatmulJob> jobs, ThreadPool& pool) {
+  // Native GPTQ jobs have their own driver (column chunks, not rows of blocks).
+  if (std::any_of(jobs.begin(), jobs.end(), [](const MatmulJob& j) { return is_gptq(j.w_type); })) {
+    std::vector<MatmulJob> gptq, rows;
+    for (const MatmulJob& j : jobs) (is_gptq(j.w_type) ? gptq : rows).push_back(j);
+    matmul_batch_gptq(gptq, pool);
+    if (!rows.empty()) matmul_batch(rows, pool);
+    return;
+  }
   struct Prepared {
     TileKernel kernel;
     int64_t step;  // X rows per kernel call
@@ -383,8 +394,14 @@ void matmul_reference(DType w_type, const void* w, int64_t n, int64_t k, const f
     dequantize_row(act, x_quant.data(), x_rounded.data() + i * k, k);
   }
   const size_t w_row_bytes = row_bytes(w_type, k);
+  std::vector<float> w_all;
+  if (is_gptq(w_type)) {
+    w_all.resize((size_t)(n * k));
+    gptq::dequantize_native(w_type, w, k, n, w_all.data());
+  }
   for (int64_t j = 0; j < n; ++j) {
-    dequantize_row(w_type, static_cast<const uint8_t*>(w) + j * w_row_bytes, w_row.data(), k);
+    if (is_gptq(w_type)) std::memcpy(w_row.data(), w_all.data() + j * k, (size_t)k * 4);
+    else dequantize_row(w_type, static_cast<const uint8_t*>(w) + j * w_row_bytes, w_row.data(), k);
     for (int64_t i = 0; i < m; ++i) {
       double sum = 0;
       const float* xr = x_rounded.data() + i * k;
