@@ -133,7 +133,7 @@ Command add_profile(CLI::App& app) {
                "feed the prompts as they are (default: as a user message through the chat template)");
   return [o] {
     // On the CPU: the CPU MoE is what counts routings.
-    auto model = Model::load(o->model);
+    auto model = Model::load(o->model, {.native_gptq_experts = true});
     const ModelConfig& c = model->config();
     if (c.n_expert <= 0) fail("{} ({}) has no routed experts: nothing to profile", o->model, c.arch);
     const std::vector<std::string> texts = o->prompts.empty() ? builtin_prompts() : read_prompts(o->prompts);

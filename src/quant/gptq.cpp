@@ -169,8 +169,8 @@ void check_qzeros(const uint8_t* qzeros, int64_t n_groups, int64_t n, int zero_o
         const int zero = (int)((word >> (4 * t)) & 0xF) + zero_offset;
         if (zero != 8)
           fail(
-              "{}: zero point {} (group {}, output {}) is not the symmetric 8; asymmetric GPTQ is not "
-              "supported",
+              "{}: zero point {} (group {}, output {}) is not the symmetric 8, but quantization_config says "
+              "sym = true (an asymmetric checkpoint must say sym = false)",
               name, zero, g, c * 8 + t);
       }
     }

@@ -76,7 +76,7 @@ NativeView native_view(DType t, const void* data, int64_t k, int64_t n);
 // A native matrix as floats, [n][k] row-major (the reference the kernels are tested against).
 void dequantize_native(DType t, const void* data, int64_t k, int64_t n, float* out);
 
-// Throws Error (naming `name`) unless every zero point in qzeros [k/group][n/8] is the symmetric 8.
+// Throws Error (naming `name`) unless every zero point in qzeros [k/group][n/8] is the symmetric 8 (sym = true).
 void check_qzeros(const uint8_t* qzeros, int64_t n_groups, int64_t n, int zero_offset, std::string_view name);
 // Throws Error (naming `name`) unless g_idx[i] == i / group for all i < k (no act-order).
 void check_g_idx(const uint8_t* g_idx, int64_t k, int64_t group, std::string_view name);

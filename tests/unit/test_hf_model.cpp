@@ -580,7 +580,7 @@ TEST(HfModel, RefusesUnsupportedConfigs) {
        {"quantization_config.desc_act = true"}},
       {"hf_qwen35moe_gptq",
        [](json& c) { c["quantization_config"]["sym"] = false; },
-       {"quantization_config.sym = false"}},
+       {"expert 'model.layers.0.mlp.experts.0.gate_proj' is asymmetric GPTQ (sym = false)", "only natively"}},
       {"hf_qwen35moe_gptq",
        [](json& c) { c["quantization_config"]["group_size"] = 128; },
        {"group size 128 does not divide"}},
@@ -590,7 +590,7 @@ TEST(HfModel, RefusesUnsupportedConfigs) {
       // v2 stores the zero point itself: the file's 7s are then asymmetric.
       {"hf_qwen35moe_gptq",
        [](json& c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; },
-       {".qzeros: zero point 7", "asymmetric GPTQ is not supported"}},
+       {".qzeros: zero point 7", "not the symmetric 8", "sym = true"}},
       {"hf_qwen35moe_gptq",
        [](json& c) { c.erase("quantization_config"); },
        {"'model.layers.0.linear_attn.in_proj_qkv.qweight' is GPTQ-quantized, but config.json has no "

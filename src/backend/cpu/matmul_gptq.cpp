@@ -93,10 +93,10 @@ GptqKernel kernel_for(Isa isa) {
   return gptq_kernel_scalar();
 }
 
-// Columns per chunk handed to a thread: whole 32-column tiles, about `bytes` of weights.
+// Columns per chunk handed to a thread: whole 64-column tiles (AVX-512 decode), about `bytes` of weights.
 int64_t chunk_cols(int64_t k, int64_t n, size_t bytes) {
   const size_t col_bytes = (size_t)k / 2 + 1;
-  return std::min<int64_t>(n, (int64_t)round_up(std::max<size_t>(1, bytes / col_bytes), 32));
+  return std::min<int64_t>(n, (int64_t)round_up(std::max<size_t>(1, bytes / col_bytes), 64));
 }
 
 }  // namespace
@@ -148,7 +148,7 @@ void matmul_batch_gptq(std::span<const MatmulJob> jobs, ThreadPool& pool) {
     for (const Key& key : keys) pack_key(key);
   }
 
-  // Chunks of whole 32-column tiles, about a quarter of a thread's share of the bytes each, handed out one at
+  // Chunks of whole 64-column tiles, about a quarter of a thread's share of the bytes each, handed out one at
   // a time (as matmul_batch does for the row formats).
   struct Chunk {
     size_t job;
