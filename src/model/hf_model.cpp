@@ -652,8 +652,8 @@ class Converter {
     const DType native = m0.is_gptq() ? gptq::native_type(m0.q.group, m0.q.qzeros != nullptr) : DType::F32;
     if (m0.is_gptq() && m0.q.qzeros && (!options_.native_gptq_experts || native == DType::F32))
       fail(
-          "{}: expert '{}' is asymmetric GPTQ (sym = false), which xpert reads only natively, on the CPU's "
-          "experts (group size 32, 64 or 128; --device cpu or -ngl 0, and --expert-device cpu)",
+          "{}: expert '{}' is asymmetric GPTQ (sym = false), which xpert reads only natively, with every "
+          "expert on the CPU or an OpenCL expert device (group size 32, 64 or 128; --device cpu or -ngl 0)",
           dir_, m0.name);
     if (m0.is_gptq() && options_.native_gptq_experts && native != DType::F32) {
       const size_t one = row_bytes(native, m0.cols) * (size_t)m0.rows;

@@ -21,8 +21,9 @@
 namespace xpert::hf {
 
 struct OpenOptions {
-  // GPTQ experts in their native types (DType GPTQ4_*: quant/gptq.h) rather than repacked to Q4_0. Only the
-  // CPU's expert kernels read them, so only for a placement whose experts all run on the CPU.
+  // GPTQ experts in their native types (DType GPTQ4_*: quant/gptq.h) rather than repacked to Q4_0. The CPU's
+  // and the OpenCL expert device's kernels read them (not CUDA, not the whole-model OpenCL backend), so only
+  // for a placement whose experts all run on those (runtime/placement.h: host_experts_only).
   bool native_gptq_experts = false;
 };
 

@@ -133,7 +133,7 @@ class Model {
 
   // Loads any supported architecture; throws Error naming what is wrong or unsupported.
   struct LoadOptions {
-    bool native_gptq_experts = false;  // a GPTQ folder's experts as stored (hf::OpenOptions): CPU experts only
+    bool native_gptq_experts = false;  // a GPTQ folder's experts as stored (hf::OpenOptions)
   };
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options);
   static std::unique_ptr<Model> load(const std::string& path) { return load(path, LoadOptions{}); }

@@ -206,8 +206,9 @@ Placement plan(const Model& m, const PlacementOptions& o) {
 
 ExpertPlan plan_placement(const Model& m, const PlacementOptions& o) { return plan(m, o).plan; }
 
-bool experts_all_on_cpu(const PlacementOptions& o) {
-  if (o.expert_device != "cpu") return false;
+bool host_experts_only(const PlacementOptions& o) {
+  // "cpu", "opencl:N", "opencl:N,cpu": all have native GPTQ kernels.
+  if (o.expert_device != "cpu" && o.expert_device.rfind("opencl:", 0) != 0) return false;
   try {
     return !gpu_of(o) || o.n_gpu_layers == 0;
   } catch (const Error&) {

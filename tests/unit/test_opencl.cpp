@@ -20,6 +20,8 @@
 #include "backend/opencl/program_cache.h"
 #include "base/error.h"
 #include "backend/experts.h"
+#include "base/half.h"
+#include "quant/gptq.h"
 #include "quant/quant.h"
 
 namespace xpert::opencl {
@@ -54,6 +56,28 @@ struct RandomExperts {
   Weight w;
   RandomExperts(DType t, int64_t k, int64_t n, int64_t n_expert, std::mt19937& rng) {
     const size_t rb = row_bytes(t, k);
+    if (is_gptq(t)) {
+      // Native GPTQ (quant/gptq.h): random nibbles, scales about the size of the other types' values,
+      // zero points 0..16.
+      bytes = rb * n * n_expert;
+      mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      XP_ASSERT(mem != MAP_FAILED);
+      std::normal_distribution<float> scale(0.15f / std::sqrt((float)k), 0.03f / std::sqrt((float)k));
+      const int64_t groups = k / gptq_group(t);
+      for (int64_t e = 0; e < n_expert; ++e) {
+        const gptq::NativeView v = gptq::native_view(t, static_cast<uint8_t*>(mem) + e * rb * n, k, n);
+        auto* q = const_cast<uint8_t*>(v.qweight);
+        for (int64_t i = 0; i < k / 2 * n; ++i) q[i] = (uint8_t)rng();
+        for (int64_t i = 0; i < groups * n; ++i) {
+          const uint16_t h = f32_to_f16(scale(rng));
+          std::memcpy(const_cast<uint8_t*>(v.scales) + 2 * i, &h, 2);
+          if (v.zeros) const_cast<uint8_t*>(v.zeros)[i] = (uint8_t)(rng() % 17);
+        }
+      }
+      mprotect(mem, bytes, PROT_READ);
+      w = Weight{.type = t, .data = mem, .ne = {k, n, n_expert}, .n_bytes = bytes};
+      return;
+    }
     constexpr int kPool = 64;
     std::vector<uint8_t> pool(rb * kPool);
     std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt((float)k));
@@ -124,8 +148,9 @@ constexpr double kTolerance = 2e-3;
 struct TypeCase {
   DType gate_up, down;
 };
-const TypeCase kTypes[] = {{DType::Q4_0, DType::Q4_0}, {DType::Q4_K, DType::Q4_K}, {DType::Q4_K, DType::Q6_K},
-                           {DType::Q8_0, DType::Q8_0}};
+const TypeCase kTypes[] = {{DType::Q4_0, DType::Q4_0},         {DType::Q4_K, DType::Q4_K},
+                           {DType::Q4_K, DType::Q6_K},         {DType::Q8_0, DType::Q8_0},
+                           {DType::GPTQ4_G128, DType::GPTQ4_G128}, {DType::GPTQ4Z_G32, DType::GPTQ4Z_G64}};
 
 // Decode-sized tasks (matrix-vector kernels) and prefill-sized ones (tiled kernels, two tile chunks and a
 // tail) in one batch, overlapping nothing, several experts.
@@ -179,7 +204,7 @@ TEST(OpenCLExperts, SmallShapesEveryTypeEveryVariant) {
 TEST(OpenCLExperts, Qwen3MoeShapes) {
   DEVICES_OR_SKIP(devices);
   std::mt19937 rng(11);
-  for (DType t : {DType::Q4_K, DType::Q4_0}) {
+  for (DType t : {DType::Q4_K, DType::Q4_0, DType::GPTQ4_G128}) {
     Layer L(t, t, 2048, 768, 3, rng);
     for (const DeviceInfo& d : devices)
       for (KernelVariant v : variants(d)) {

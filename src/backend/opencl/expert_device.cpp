@@ -167,9 +167,13 @@ struct ExpertDevice::Impl {
   const TypeKernels& type_kernels(DType t) {
     if (auto it = kernels.find(t); it != kernels.end()) return it->second;
     const char* macro = type_macro(t);
-    if (!macro)
-      fail("the OpenCL expert kernels run Q4_0, Q8_0, Q4_K and Q6_K weights, not {}", dtype_name(t));
-    std::string options = fmt::format("-D{} -DLANES={} -DMV_NR={}", macro, lanes, mv_features);
+    if (!macro && !is_gptq(t))
+      fail("the OpenCL expert kernels run Q4_0, Q8_0, Q4_K, Q6_K and native GPTQ-INT4 weights, not {}",
+           dtype_name(t));
+    const std::string type = macro ? fmt::format("-D{}", macro)
+                                   : fmt::format("-DWT_GPTQ -DGPTQ_GROUP={}{}", gptq_group(t),
+                                                 gptq_has_zeros(t) ? " -DGPTQ_ZEROS" : "");
+    std::string options = fmt::format("{} -DLANES={} -DMV_NR={}", type, lanes, mv_features);
     if (variant == KernelVariant::subgroup16) options += " -DSUBGROUP16";
     // Activation scales divide by amax: correctly rounded, they match the CPU's quantizer bit for bit.
     if (info.correctly_rounded_divide) options += " -cl-fp32-correctly-rounded-divide-sqrt";

@@ -4,6 +4,7 @@
 //
 // Build options:
 //   WT_Q4_0 | WT_Q8_0 | WT_Q4_K | WT_Q6_K  the weight type of the matrix kernels, GGUF blocks read in place
+//   WT_GPTQ + GPTQ_GROUP (+ GPTQ_ZEROS)  native GPTQ-INT4 (quant/gptq.h): whole matrices, read as stored
 //   LANES       work-items sharing one output feature in the matrix-vector kernels (16 on GPUs, 1 on CPUs)
 //   MV_NR       output features per matrix-vector work-group
 //   SUBGROUP16  the LANES (= 16) work-items of a feature are one subgroup (cl_intel_subgroups +
@@ -147,7 +148,36 @@ inline Group load_q6_k(global const uchar* row, int g) {
   return w;
 }
 
-#if defined(WT_Q4_0)
+#ifdef WT_GPTQ
+// GPTQ-INT4 as the checkpoint stores it (quant/gptq.h): the matrix at m is qweight u32 [K/8][N], scales f16
+// [K/GPTQ_GROUP][N] (and with GPTQ_ZEROS zero points u8 [K/GPTQ_GROUP][N]); input i of feature f is nibble
+// i%8 of qweight[i/8][f], value (q - zero) * scale. Not rows of blocks: the kernels' row pointer stays the
+// matrix (ROW_BYTES 0) and load_group takes the feature (fr) and shapes (N, K) of the calling kernel.
+inline char8 gptq_nibbles(global const uchar* m, size_t word) {
+  const uint w = as_uint(vload4(0, m + 4 * word));
+  return convert_char8(((uint8)(w) >> (uint8)(0, 4, 8, 12, 16, 20, 24, 28)) & (uint8)(0xF));
+}
+inline Group load_gptq(global const uchar* m, size_t f, int N, int K, int g) {
+  const size_t n = (size_t)N, grp = (size_t)(32 * g / GPTQ_GROUP), q_bytes = (size_t)K / 2 * n;
+#ifdef GPTQ_ZEROS
+  const char z = (char)m[q_bytes + (size_t)(K / GPTQ_GROUP) * n * 2 + grp * n + f];
+#else
+  const char z = 8;
+#endif
+  Group w;
+  w.lo = (char16)(gptq_nibbles(m, (size_t)(4 * g) * n + f), gptq_nibbles(m, (size_t)(4 * g + 1) * n + f)) - (char16)(z);
+  w.hi = (char16)(gptq_nibbles(m, (size_t)(4 * g + 2) * n + f), gptq_nibbles(m, (size_t)(4 * g + 3) * n + f)) - (char16)(z);
+  w.s_lo = vload_half(grp * n + f, (global const half*)(m + q_bytes));
+  w.s_hi = w.s_lo;
+  w.mn = 0.0f;
+  return w;
+}
+#endif
+
+#if defined(WT_GPTQ)
+#define ROW_BYTES(k) ((size_t)0)
+#define load_group(m, g) load_gptq(m, fr, N, K, g)
+#elif defined(WT_Q4_0)
 #define ROW_BYTES(k) ((size_t)(k) / 32 * 18)
 #define load_group load_q4_0
 #elif defined(WT_Q8_0)
