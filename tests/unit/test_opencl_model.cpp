@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "base/thread_pool.h"
+#include "format/gguf.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "runtime/session.h"
@@ -86,6 +87,23 @@ TEST(OpenCLModel, ExpertsSharedWithTheCpuMatchTheCpu) {
       expect_like_the_cpu(*cpu, *dev, (std::string(preset) + ": experts on opencl:0 and the CPU").c_str());
     }
   }
+}
+
+// A GPTQ-INT4 folder (tests/reference/fixtures/hf_qwen35moe_gptq) with its experts native (GPTQ4_G64, as
+// --expert-device opencl:0 loads it): the device alone and shared with the CPU, against the CPU's native
+// experts.
+TEST(OpenCLModel, NativeGptqExpertsMatchTheCpu) {
+  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  const char* e = std::getenv("XPERT_SOURCE_DIR");
+  const std::string dir = std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/hf_qwen35moe_gptq";
+  auto cpu = Model::load(dir, {.native_gptq_experts = true});
+  ASSERT_EQ(cpu->file().tensor("blk.0.ffn_gate_exps.weight")->type, DType::GPTQ4_G64);
+  auto dev = Model::load(dir, {.native_gptq_experts = true});
+  dev->attach_expert_executor(opencl::make_expert_executor(0));
+  expect_like_the_cpu(*cpu, *dev, "native GPTQ experts on opencl:0");
+  auto both = Model::load(dir, {.native_gptq_experts = true});
+  both->attach_expert_executor(opencl::make_expert_executor(0), ExecutorShare{.decode = 0.5, .prefill = 0.5});
+  expect_like_the_cpu(*cpu, *both, "native GPTQ experts on opencl:0 and the CPU");
 }
 #else
 TEST(OpenCLModel, NotBuiltIn) { GTEST_SKIP() << "built without the OpenCL backend"; }
