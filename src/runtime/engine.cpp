@@ -312,7 +312,7 @@ void Engine::admit(std::shared_ptr<Job> job) {
       grammar_tables_.clear();  // requests in flight keep theirs
     auto& tables = grammar_tables_[p.grammar->source()];
     if (!tables) tables = std::make_shared<GrammarTables>();
-    s.grammar = std::make_unique<GrammarSampler>(p.grammar, *trie_, tok_.eog_ids(), tables);
+    s.grammar = std::make_unique<GrammarSampler>(p.grammar, *trie_, tok_.eog_ids(), tables, p.grammar_after);
   }
   s.utf8 = std::make_unique<Utf8Stream>(tok_);
   s.stops = std::make_unique<StopMatcher>(p.stop);

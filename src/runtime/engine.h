@@ -69,6 +69,9 @@ struct GenerateParams {
   // grammar; end of generation only once it is complete, and generation stops when nothing may follow.
   // Null: free text. Build one with Grammar::parse(gbnf) or json_schema_to_grammar (sample/json_schema.h).
   std::shared_ptr<const Grammar> grammar;
+  // Non-empty: the grammar starts after this text in the output (GrammarSampler's lazy start), so a
+  // thinking model reasons freely and only its answer after "</think>" is constrained.
+  std::string grammar_after;
 };
 
 struct TokenLogprob {

@@ -58,6 +58,8 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
     parser.feed(c.text);
     parser.finish();
     ojson content = ojson::array();
+    if (!parser.reasoning().empty())
+      content.push_back({{"type", "thinking"}, {"thinking", parser.reasoning()}, {"signature", ""}});
     if (!parser.content().empty()) content.push_back({{"type", "text"}, {"text", parser.content()}});
     for (const ParsedCall& call : parser.calls())
       content.push_back({{"type", "tool_use"}, {"id", call.id}, {"name", call.call.name}, {"input", tool_input(call.call.arguments)}});
@@ -88,42 +90,48 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
                    {"usage", {{"input_tokens", n_prompt}, {"output_tokens", 0}}}};
     if (!send(event("message_start", {{"type", "message_start"}, {"message", start}}))) return;
     if (!send(event("ping", {{"type", "ping"}}))) return;
-    // Content blocks open as the answer needs them: text, then a tool_use block per call.
+    // Content blocks open as the answer needs them: thinking, text, then a tool_use block per call.
+    enum class Open { none, thinking, text, tool };
     int block = -1;
-    bool text_open = false, any_block = false;
+    Open open = Open::none;
     auto close = [&] {
-      if (block < 0 || !any_block) return true;
-      any_block = false;
+      if (open == Open::none) return true;
+      // A thinking block ends with its signature (none here: nothing to verify it against).
+      if (open == Open::thinking &&
+          !send(event("content_block_delta", {{"type", "content_block_delta"},
+                                              {"index", block},
+                                              {"delta", {{"type", "signature_delta"}, {"signature", ""}}}})))
+        return false;
+      open = Open::none;
       return send(event("content_block_stop", {{"type", "content_block_stop"}, {"index", block}}));
     };
+    auto begin = [&](Open kind, const ojson& content_block) {
+      if (!close()) return false;
+      ++block;
+      open = kind;
+      return send(event("content_block_start",
+                        {{"type", "content_block_start"}, {"index", block}, {"content_block", content_block}}));
+    };
     auto deliver = [&](const ChatDelta& d) {
+      if (!d.reasoning.empty()) {
+        if (open != Open::thinking && !begin(Open::thinking, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}))
+          return false;
+        if (!send(event("content_block_delta", {{"type", "content_block_delta"},
+                                                {"index", block},
+                                                {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}})))
+          return false;
+      }
       if (!d.content.empty()) {
-        if (!text_open) {
-          if (!close()) return false;
-          ++block;
-          text_open = any_block = true;
-          if (!send(event("content_block_start", {{"type", "content_block_start"},
-                                                  {"index", block},
-                                                  {"content_block", {{"type", "text"}, {"text", ""}}}})))
-            return false;
-        }
+        if (open != Open::text && !begin(Open::text, {{"type", "text"}, {"text", ""}})) return false;
         if (!send(event("content_block_delta", {{"type", "content_block_delta"},
                                                 {"index", block},
                                                 {"delta", {{"type", "text_delta"}, {"text", d.content}}}})))
           return false;
       }
       for (const CallDelta& c : d.calls) {
-        if (!c.id.empty()) {
-          if (!close()) return false;
-          ++block;
-          text_open = false;
-          any_block = true;
-          if (!send(event("content_block_start",
-                          {{"type", "content_block_start"},
-                           {"index", block},
-                           {"content_block", {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", ojson::object()}}}})))
-            return false;
-        }
+        if (!c.id.empty() &&
+            !begin(Open::tool, {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", ojson::object()}}))
+          return false;
         if (!c.arguments.empty() &&
             !send(event("content_block_delta", {{"type", "content_block_delta"},
                                                 {"index", block},

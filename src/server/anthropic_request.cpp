@@ -56,7 +56,7 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
       continue;
     }
     if (!c->is_array()) bad(at + ".content", fmt::format("'{}.content' must be a string or an array of blocks", at));
-    std::string content;
+    std::string content, reasoning;
     ojson calls = ojson::array();
     for (size_t j = 0; j < c->size(); ++j) {
       const ojson& b = (*c)[j];
@@ -74,6 +74,12 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
         calls.push_back({{"id", b["id"]},
                          {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
+      } else if (type == "thinking" && role == "assistant") {
+        if (!b.contains("thinking") || !b["thinking"].is_string())
+          bad(bat + ".thinking", fmt::format("'{}.thinking' must be a string", bat));
+        reasoning += b["thinking"].get<std::string>();
+      } else if (type == "redacted_thinking" && role == "assistant") {
+        // Another server's encrypted reasoning: nothing a template can show.
       } else if (type == "tool_result" && role == "user") {
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
           bad(bat + ".tool_use_id", fmt::format("'{}.tool_use_id' must be a string", bat));
@@ -95,6 +101,7 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
     if (role == "assistant") {
       ojson msg = {{"role", "assistant"}, {"content", content}};
       if (!calls.empty()) msg["tool_calls"] = calls;
+      if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
       messages.push_back(std::move(msg));
     } else if (!content.empty() || c->empty()) {
       messages.push_back({{"role", "user"}, {"content", content}});
@@ -144,12 +151,32 @@ MessagesRequest parse_messages_request(const std::string& text, bool generate) {
       bad("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
     if (boolean_in(*tc, "disable_parallel_tool_use", "tool_choice", false)) r.chat.parallel_tool_calls = false;
   }
-  if (const ojson* th = field(body, "thinking"); th && !(th->is_object() && th->contains("type") && (*th)["type"] == "disabled"))
-    bad("thinking", "'thinking' (extended thinking) is not supported by this server");
+  // Extended thinking is the template's enable_thinking (off unless asked, as Anthropic's default).
+  // budget_tokens is checked as Anthropic checks it and is a target, not enforced: max_tokens bounds
+  // the whole answer.
+  bool thinking = false;
+  int64_t budget = 0;
+  if (const ojson* th = field(body, "thinking")) {
+    const ojson* type = th->is_object() ? field(*th, "type") : nullptr;
+    const std::string t = type && type->is_string() ? type->get<std::string>() : "";
+    if (t != "enabled" && t != "disabled")
+      bad("thinking", "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
+    thinking = t == "enabled";
+    if (thinking) {
+      const ojson* b = field(*th, "budget_tokens");
+      if (!b || !b->is_number_integer() || b->get<int64_t>() < 1 || b->get<int64_t>() > (1 << 24))
+        bad("thinking.budget_tokens", "'thinking.budget_tokens' is required with type enabled: a positive integer");
+      budget = b->get<int64_t>();
+    }
+  }
+  r.chat.template_kwargs["enable_thinking"] = thinking;
   if (!generate) return r;
 
   if (!field(body, "max_tokens")) bad("max_tokens", "'max_tokens' is required");
   r.gen.max_tokens = integer(body, "max_tokens", 1, 1 << 24, 0);
+  if (thinking && budget >= r.gen.max_tokens)
+    bad("thinking.budget_tokens", fmt::format("'thinking.budget_tokens' ({}) must be less than 'max_tokens' ({})", budget,
+                                              r.gen.max_tokens));
   SamplingParams& sp = r.gen.sampling;
   sp.temperature = (float)number(body, "temperature", 0, 1, 1.0);  // Anthropic's default and range
   sp.top_p = (float)number(body, "top_p", 0, 1, sp.top_p);

@@ -32,7 +32,8 @@ struct ResponsesRequest {
   bool store = true, stream = false;
   ojson metadata = ojson::object();
   ojson text_format = {{"type", "text"}};
-  CompletionRequest gen;  // sampling, max tokens, grammar from text.format
+  ojson reasoning = {{"effort", nullptr}, {"summary", nullptr}};  // echoed in the response
+  CompletionRequest gen;  // sampling, max tokens, grammar from text.format, enable_thinking from reasoning
 };
 
 // The conversation stored under a previous_response_id, or none (a 404).

@@ -81,9 +81,49 @@ std::optional<FimTokens> fim_tokens(const Model& model, const Tokenizer& tok) {
 
 // prefix-suffix-middle: [BOS] <pre> prefix <suf> suffix <mid> [middle start]. The user's text is not
 // scanned for special tokens.
-std::vector<int32_t> fim_prompt(const Context& ctx, const std::string& prefix, const std::string& suffix,
-                                const std::string& middle, const std::string& param) {
+// Repository-level context (llama.cpp's /infill input_extra: [{filename, text}]) before the FIM part, in
+// Qwen2.5-Coder's layout: <|repo_name|>name\n, then <|file_sep|>filename\ntext per file, then
+// <|file_sep|> and the current file's name (unknown here: a placeholder, as llama.cpp writes).
+std::vector<int32_t> repo_context(const Context& ctx, const ojson& extra) {
   const Tokenizer& tok = *ctx.m.tokenizer;
+  const gguf::GGUFFile& file = ctx.m.model->file();
+  auto token = [&](const char* key, const char* spelling) -> std::optional<int32_t> {
+    if (auto v = file.get_int(key); v && *v >= 0 && *v < tok.n_vocab()) return (int32_t)*v;
+    return tok.find_token(spelling);
+  };
+  const std::optional<int32_t> repo = token("tokenizer.ggml.fim_rep_token_id", "<|repo_name|>"),
+                               sep = token("tokenizer.ggml.fim_sep_token_id", "<|file_sep|>");
+  if (!repo || !sep)
+    bad("input_extra", fmt::format("'input_extra': this model ({}) has no repository-level tokens (<|repo_name|>, "
+                                   "<|file_sep|>); put the context in 'input_prefix'",
+                                   ctx.m.id));
+  if (!extra.is_array()) bad("input_extra", "'input_extra' must be an array of {\"filename\": ..., \"text\": ...}");
+  std::vector<int32_t> out = {*repo};
+  auto append = [&](const std::string& s) {
+    const std::vector<int32_t> ids = tok.encode(s, false, false);
+    out.insert(out.end(), ids.begin(), ids.end());
+  };
+  append("project\n");
+  for (size_t i = 0; i < extra.size(); ++i) {
+    const ojson& chunk = extra[i];
+    const std::string at = fmt::format("input_extra[{}]", i);
+    if (!chunk.is_object() || !chunk.contains("text") || !chunk["text"].is_string())
+      bad(at, fmt::format("'{}' must be an object with a string 'text' (and a 'filename')", at));
+    if (chunk.contains("filename") && !chunk["filename"].is_string())
+      bad(at + ".filename", fmt::format("'{}.filename' must be a string", at));
+    out.push_back(*sep);
+    append(chunk.value("filename", "") + "\n" + chunk["text"].get<std::string>());
+  }
+  out.push_back(*sep);
+  append("filename\n");
+  return out;
+}
+
+std::vector<int32_t> fim_prompt(const Context& ctx, const std::string& prefix, const std::string& suffix,
+                                const std::string& middle, const std::string& param, const ojson* extra) {
+  const Tokenizer& tok = *ctx.m.tokenizer;
+  // Repository context first: a model without its tokens is a 400 naming input_extra.
+  const std::vector<int32_t> repo = extra ? repo_context(ctx, *extra) : std::vector<int32_t>{};
   const std::optional<FimTokens> f = fim_tokens(*ctx.m.model, tok);
   if (!f)
     throw ApiError(400,
@@ -93,6 +133,7 @@ std::vector<int32_t> fim_prompt(const Context& ctx, const std::string& prefix, c
                    param);
   std::vector<int32_t> out;
   if (tok.add_bos() && tok.bos() != kNoToken) out.push_back(tok.bos());
+  out.insert(out.end(), repo.begin(), repo.end());
   auto append = [&](const std::string& s) {
     const std::vector<int32_t> ids = tok.encode(s, false, false);
     out.insert(out.end(), ids.begin(), ids.end());
@@ -123,6 +164,8 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
   if (chat) {
     plan = plan_chat(ctx, r, random_id("call_") + "_");
     prompts.push_back(ctx.tokenize(plan.prompt));
+    // A thinking model's reasoning is free; response_format / grammar constrain the answer after it.
+    if (r.gen.grammar && plan.output.in_reasoning) r.gen.grammar_after = "</think>";
     if (!plan.grammar.empty()) {
       if (r.gen.grammar)
         throw ApiError(400, "'tool_choice' forces a tool call, and another field (response_format, grammar or "
@@ -135,7 +178,7 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
       if (r.suffix) {
         if (p.is_tokens)
           throw ApiError(400, "'suffix' needs a text prompt (the prefix), not token ids", "prompt");
-        prompts.push_back(fim_prompt(ctx, p.text, *r.suffix, "", "suffix"));
+        prompts.push_back(fim_prompt(ctx, p.text, *r.suffix, "", "suffix", nullptr));
       } else {
         prompts.push_back(p.is_tokens ? std::move(p.tokens) : ctx.tokenize(p.text));
       }
@@ -298,15 +341,15 @@ void infill(Context& ctx, const httplib::Request& req, httplib::Response& res) {
   const ojson body = parse_body(req.body);
   const std::string prefix = string(body, "input_prefix"), suffix = string(body, "input_suffix"),
                     middle = string(body, "prompt");
-  if (const ojson* extra = field(body, "input_extra"); extra && !(extra->is_array() && extra->empty()))
-    bad("input_extra", "'input_extra' (repository-level context) is not supported; put it in 'input_prefix'");
+  const ojson* extra = field(body, "input_extra");
+  if (extra && extra->is_array() && extra->empty()) extra = nullptr;
   GenerateParams g;
   sampling(body, g.sampling);
   g.max_tokens = integer(body, "n_predict", -1, 1 << 24, integer(body, "max_tokens", 1, 1 << 24, 0));
   if (g.max_tokens < 0) g.max_tokens = 0;
   g.stop = stops(body, "stop", 16);
   const bool stream = boolean(body, "stream", false);
-  g.prompt = fim_prompt(ctx, prefix, suffix, middle, "input_prefix");
+  g.prompt = fim_prompt(ctx, prefix, suffix, middle, "input_prefix", extra);
   ctx.check_prompt_fits(g.prompt, "input_prefix");
   const int64_t n_prompt = (int64_t)g.prompt.size();
   std::vector<std::shared_ptr<Job>> jobs = {ctx.submit(std::move(g), res)};

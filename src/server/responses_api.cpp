@@ -64,18 +64,18 @@ ResponseStore& store() {
   return s;
 }
 
-ojson usage_json(int64_t n_prompt, int64_t n_gen, int64_t n_cached) {
+ojson usage_json(int64_t n_prompt, int64_t n_gen, int64_t n_cached, int64_t n_reasoning) {
   return {{"input_tokens", n_prompt},
           {"input_tokens_details", {{"cached_tokens", n_cached}}},
           {"output_tokens", n_gen},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", {{"reasoning_tokens", n_reasoning}}},
           {"total_tokens", n_prompt + n_gen}};
 }
 
 struct Shell {  // the fields every response object carries
   std::string id, model, previous_id, instructions;
   int64_t created = 0;
-  ojson tools, metadata, text_format;
+  ojson tools, metadata, text_format, reasoning;
   int64_t max_output_tokens = 0;
   float temperature = 1, top_p = 1;
   bool store = true;
@@ -95,7 +95,7 @@ ojson response_object(const Shell& s, const std::string& status, const ojson& ou
              {"output", output},
              {"parallel_tool_calls", true},
              {"previous_response_id", s.previous_id.empty() ? ojson(nullptr) : ojson(s.previous_id)},
-             {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+             {"reasoning", s.reasoning},
              {"store", s.store},
              {"temperature", s.temperature},
              {"text", {{"format", s.text_format}}},
@@ -114,6 +114,12 @@ ojson message_item(const std::string& id, const std::string& text, const std::st
   if (status == "completed" || !text.empty())
     content.push_back({{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}});
   return {{"id", id}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+ojson reasoning_item(const std::string& id, const std::string& text, const std::string& status) {
+  ojson content = ojson::array();
+  if (status == "completed" || !text.empty()) content.push_back({{"type", "reasoning_text"}, {"text", text}});
+  return {{"id", id}, {"type", "reasoning"}, {"status", status}, {"summary", ojson::array()}, {"content", content}};
 }
 
 ojson call_item(const std::string& id, const ParsedCall& c, const std::string& status) {
@@ -136,6 +142,7 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
   sh.tools = r.tools_in;
   sh.metadata = r.metadata;
   sh.text_format = r.text_format;
+  sh.reasoning = r.reasoning;
   sh.max_output_tokens = r.gen.gen.max_tokens;
   sh.temperature = r.gen.gen.sampling.temperature;
   sh.top_p = r.gen.gen.sampling.top_p;
@@ -150,6 +157,7 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
   const ChatPlan cp = plan_chat(ctx, r.gen, random_id("call_") + "_");
   GenerateParams g = std::move(r.gen.gen);
   g.prompt = ctx.tokenize(cp.prompt);
+  if (g.grammar && cp.output.in_reasoning) g.grammar_after = "</think>";  // the reasoning is free
   if (!cp.grammar.empty()) {
     if (g.grammar) bad("tool_choice", "'tool_choice' forces a tool call and 'text.format' constrains the answer too; send one");
     g.grammar = Grammar::parse(cp.grammar);
@@ -157,14 +165,15 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
   ctx.check_prompt_fits(g.prompt, "input");
   const int64_t n_prompt = (int64_t)g.prompt.size();
   std::vector<std::shared_ptr<Job>> jobs = {ctx.submit(std::move(g), res)};
-  const std::string msg_id = random_id("msg_");
+  const std::string msg_id = random_id("msg_"), rs_id = random_id("rs_");
 
   // The finished response: kept for previous_response_id (the conversation grows by this answer).
   // call ids -> the function_call items' ids (fc_...), given as calls appear.
-  auto finish = [jobs, n_prompt, sh, msg_id, messages = r.messages](const std::string& text,
-                                                                     const std::vector<ParsedCall>& calls,
-                                                                     const std::vector<std::string>& fc_ids, Finish f) {
+  auto finish = [&ctx, jobs, n_prompt, sh, msg_id, rs_id, messages = r.messages](
+                    const std::string& reasoning, const std::string& text, const std::vector<ParsedCall>& calls,
+                    const std::vector<std::string>& fc_ids, Finish f) {
     ojson output = ojson::array();
+    if (!reasoning.empty()) output.push_back(reasoning_item(rs_id, reasoning, "completed"));
     if (!text.empty() || calls.empty()) output.push_back(message_item(msg_id, text, "completed"));
     ojson tool_calls = ojson::array();
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -174,11 +183,14 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
                             {"function", {{"name", calls[i].call.name}, {"arguments", calls[i].call.arguments}}}});
     }
     const ojson resp = response_object(sh, f == Finish::length ? "incomplete" : "completed", output,
-                                       usage_json(n_prompt, jobs[0]->n_generated(), jobs[0]->n_cached()), f);
+                                       usage_json(n_prompt, jobs[0]->n_generated(), jobs[0]->n_cached(),
+                                                  reasoning.empty() ? 0 : (int64_t)ctx.tokenize(reasoning).size()),
+                                       f);
     if (sh.store) {
       ojson convo = messages;
       ojson msg = {{"role", "assistant"}, {"content", text}};
       if (!tool_calls.empty()) msg["tool_calls"] = tool_calls;
+      if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
       convo.push_back(std::move(msg));
       store().put(sh.id, {std::move(convo), resp});
     }
@@ -193,13 +205,14 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
     parser.finish();
     std::vector<std::string> fc_ids;
     for (size_t i = 0; i < parser.calls().size(); ++i) fc_ids.push_back(random_id("fc_"));
-    res.set_content(dump(finish(parser.content(), parser.calls(), fc_ids, c.finish)), "application/json");
+    res.set_content(dump(finish(parser.reasoning(), parser.content(), parser.calls(), fc_ids, c.finish)),
+                    "application/json");
     return;
   }
 
   auto parser = std::make_shared<ChatOutputParser>(cp.output);
   const std::string forced = cp.forced;
-  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, finish, parser, forced](const std::function<bool(const std::string&)>& send) {
+  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, rs_id, finish, parser, forced](const std::function<bool(const std::string&)>& send) {
     int64_t seq = 0;
     auto event = [&](const char* type, ojson data) {
       ojson e = {{"type", type}, {"sequence_number", seq++}};
@@ -209,13 +222,21 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
     const ojson empty = response_object(sh, "in_progress", ojson::array(), nullptr, Finish::none);
     if (!event("response.created", {{"response", empty}}) || !event("response.in_progress", {{"response", empty}}))
       return;
-    // Output items open as the answer needs them: the message (its text), then a function_call per call.
-    enum class Open { none, message, call } open = Open::none;
+    // Output items open as the answer needs them: reasoning, the message (its text), then a
+    // function_call per call.
+    enum class Open { none, reasoning, message, call } open = Open::none;
     int out_index = -1;
-    std::string text, args;
+    std::string reasoning, text, args;
     std::vector<std::string> fc_ids;
     bool message_done = false;
     auto close = [&]() -> bool {
+      if (open == Open::reasoning) {
+        open = Open::none;
+        return event("response.reasoning_text.done",
+                     {{"item_id", rs_id}, {"output_index", out_index}, {"content_index", 0}, {"text", reasoning}}) &&
+               event("response.output_item.done",
+                     {{"output_index", out_index}, {"item", reasoning_item(rs_id, reasoning, "completed")}});
+      }
       if (open == Open::message) {
         open = Open::none;
         message_done = true;
@@ -242,6 +263,20 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
              event("response.content_part.added", {{"item_id", msg_id}, {"output_index", out_index}, {"content_index", 0}, {"part", empty_part}});
     };
     auto deliver = [&](const ChatDelta& d) -> bool {
+      if (!d.reasoning.empty()) {
+        if (open != Open::reasoning) {
+          if (!close()) return false;
+          open = Open::reasoning;
+          ++out_index;
+          if (!event("response.output_item.added",
+                     {{"output_index", out_index}, {"item", reasoning_item(rs_id, "", "in_progress")}}))
+            return false;
+        }
+        reasoning += d.reasoning;
+        if (!event("response.reasoning_text.delta",
+                   {{"item_id", rs_id}, {"output_index", out_index}, {"content_index", 0}, {"delta", d.reasoning}}))
+          return false;
+      }
       if (!d.content.empty()) {
         if (open != Open::message && (!close() || !open_message())) return false;
         text += d.content;
@@ -288,7 +323,7 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
     if (!deliver(parser->finish())) return;
     if (parser->calls().empty() && open == Open::none && !message_done && !open_message()) return;  // an empty answer
     if (!close()) return;
-    const ojson done = finish(text, parser->calls(), fc_ids, end);
+    const ojson done = finish(reasoning, text, parser->calls(), fc_ids, end);
     event(end == Finish::length ? "response.incomplete" : "response.completed", {{"response", done}});
   });
 }

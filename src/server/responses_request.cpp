@@ -1,5 +1,9 @@
 // OpenAI's Responses request body (/v1/responses) into chat messages and GenerateParams.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <set>
 
 #include "server/api_requests.h"
 #include "server/structured.h"
@@ -134,8 +138,25 @@ ResponsesRequest parse_responses_request(const std::string& text, const Previous
     if (r.gen.tool_choice != TC::automatic && r.gen.tool_choice != TC::none && r.tools.is_null())
       bad("tool_choice", "'tool_choice' asks for a tool call, but there are no 'tools'");
   }
-  if (const ojson* rs = field(body, "reasoning"); rs && !(rs->is_object() && rs->empty()))
-    bad("reasoning", "'reasoning' options are not supported by this server");
+  // reasoning.effort "none" turns the template's thinking off (enable_thinking), any other effort on;
+  // absent, the template decides. Reasoning comes whole as reasoning_text; no summaries are written
+  // (summary is accepted and each reasoning item's summary is empty).
+  if (const ojson* rs = field(body, "reasoning")) {
+    if (!rs->is_object()) bad("reasoning", "'reasoning' must be an object {\"effort\": ..., \"summary\": ...}");
+    static const std::map<std::string, std::set<std::string>> allowed = {
+        {"effort", {"none", "minimal", "low", "medium", "high", "xhigh", "max"}},
+        {"summary", {"auto", "concise", "detailed"}},
+        {"generate_summary", {"auto", "concise", "detailed"}}};
+    for (auto& [k, v] : rs->items()) {
+      auto a = allowed.find(k);
+      if (a == allowed.end()) bad("reasoning." + k, fmt::format("'reasoning.{}' is not supported (effort, summary)", k));
+      if (v.is_null()) continue;
+      if (!v.is_string() || !a->second.count(v.get<std::string>()))
+        bad("reasoning." + k, fmt::format("'reasoning.{}' must be one of {}", k, fmt::join(a->second, ", ")));
+      r.reasoning[k == "generate_summary" ? "summary" : k] = v;
+    }
+    if (r.reasoning["effort"].is_string()) r.gen.template_kwargs["enable_thinking"] = r.reasoning["effort"] != "none";
+  }
   if (const ojson* inc = field(body, "include"); inc && !(inc->is_array() && inc->empty()))
     bad("include", "'include' (extra output data) is not supported by this server");
   if (const ojson* m = field(body, "metadata")) {

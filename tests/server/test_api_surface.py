@@ -140,6 +140,9 @@ def test_infill_needs_fim_tokens(server):
     """The small test model has no FIM tokens: a clear 400, not a prompt the model was not trained on."""
     r = requests.post(server.url + "/infill", json={"input_prefix": "def f(", "input_suffix": "):"}, timeout=10)
     assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+    r = requests.post(server.url + "/infill", timeout=10, json={
+        "input_prefix": "def f(", "input_suffix": "):", "input_extra": [{"filename": "a.py", "text": "x = 1\n"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_extra"
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +181,16 @@ def test_infill_and_suffix(fim_server):
     c = requests.post(fim_server.url + "/v1/completions", timeout=120, json={
         "prompt": prefix, "suffix": suffix, "max_tokens": 6, "temperature": 0}).json()
     assert c["choices"][0]["text"] == r["content"]
+
+
+def test_infill_input_extra(fim_server):
+    """Repository-level context: another file's definition reaches the completion (rendered with the model's
+    <|repo_name|> / <|file_sep|> tokens)."""
+    extra = [{"filename": "geometry/shapes.py",
+              "text": "def zorblax_area(width, height):\n    return width * height\n"}]
+    body = {"input_prefix": "from geometry.shapes import ", "input_suffix": "\n", "n_predict": 6, "temperature": 0}
+    r = requests.post(fim_server.url + "/infill", timeout=120, json={**body, "input_extra": extra})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"].startswith("zorblax_area"), r.json()
+    bad = requests.post(fim_server.url + "/infill", timeout=120, json={**body, "input_extra": [{"filename": "x"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input_extra[0]"

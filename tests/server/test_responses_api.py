@@ -107,7 +107,9 @@ def test_responses_json_schema(client, server):
     ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": "hi", "reasoning": {"budget": 5}}, "reasoning.budget"),
+    ({"input": "hi", "reasoning": "high"}, "reasoning"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
 ])

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "sample/constrained.h"
 #include "sample/grammar.h"
 
 namespace xpert {
@@ -209,6 +210,36 @@ TEST(TokenTrie, HoldsEveryNonEmptyPiece) {
     }
   for (size_t id = 0; id < vocab.size(); ++id) EXPECT_EQ(seen[id], vocab[id].empty() ? 0 : 1) << id;
   EXPECT_EQ(trie.nodes()[0].end, trie.nodes().size());
+}
+
+// Lazy start (a thinking model): before the start text the draws are free, except end of generation;
+// after it the grammar takes the rest.
+TEST(GrammarSampler, LazyStartLeavesTheReasoningFree) {
+  //                                 0    1    2           3      4     5     6 (end of generation)
+  const std::vector<std::string> pieces = {"a", "b", "</think>", "yes", "no", "\n\n", "<eos>"};
+  const TokenTrie trie(pieces);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  // The model's preferences, step by step: free text, an early end (refused: the answer has not come),
+  // the start text, whitespace (let through), then text the grammar refuses where "no" is the best
+  // allowed choice.
+  const std::vector<std::vector<float>> steps = {
+      {5, 1, 0, 0, 2, 0, 0}, {0, 5, 0, 0, 0, 0, 0}, {0, 0, 1, 0, 0, 0, 5}, {0, 0, 0, 0, 0, 5, 0},
+      {5, 0, 0, 1, 2, 0, 0}};
+  GrammarSampler lazy(Grammar::parse(R"(root ::= "yes" | "no")"), trie, {6}, nullptr, "</think>");
+  Sampler sampler(greedy);
+  std::vector<int32_t> got;
+  for (const auto& logits : steps) {
+    got.push_back(lazy.sample(sampler, logits));
+    if (lazy.finished()) break;
+  }
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 5, 4}));
+  EXPECT_FALSE(lazy.waiting());
+  EXPECT_TRUE(lazy.finished());
+  // Without the lazy start, the same preferences are constrained from the first token.
+  GrammarSampler eager(Grammar::parse(R"(root ::= "yes" | "no")"), trie, {6});
+  Sampler sampler2(greedy);
+  EXPECT_EQ(eager.sample(sampler2, steps[0]), 4);
 }
 
 }  // namespace
