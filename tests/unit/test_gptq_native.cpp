@@ -167,6 +167,10 @@ TEST(GptqNative, EveryIsaMatchesReference) {
       // f32 sums of exact integer dots: a few ulps of the largest outputs.
       EXPECT_LT(err, 2e-5 * scale) << isa_name(isa) << " " << c.k << "x" << c.n << " m" << c.m << " g" << c.group;
       EXPECT_EQ(got[c.m * c.n], -7.0f);  // nothing written past Y
+      // Batch invariance (xpert serve): a row has the same bits alone as inside any batch.
+      std::vector<float> last(c.n);
+      cpu::matmul(t, w.data(), c.n, c.k, x.data() + (c.m - 1) * c.k, 1, last.data(), c.n, pool);
+      EXPECT_EQ(std::memcmp(last.data(), got.data() + (c.m - 1) * c.n, c.n * 4), 0) << isa_name(isa) << " m" << c.m;
     }
     set_isa_cap(Isa::avx512);
   }

@@ -39,8 +39,6 @@ XP_INLINE VF vset1f(float v) { return _mm512_set1_ps(v); }
 XP_INLINE VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 XP_INLINE VF vfmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 XP_INLINE VF vfnmadd(VF a, VF b, VF c) { return _mm512_fnmadd_ps(a, b, c); }
-XP_INLINE VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-XP_INLINE VF vadd(VF a, VF b) { return _mm512_add_ps(a, b); }
 XP_INLINE VF vloadf(const float* p) { return _mm512_loadu_ps(p); }
 XP_INLINE void vstoref(float* p, VF v) { _mm512_storeu_ps(p, v); }
 XP_INLINE VF vhalves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -68,8 +66,6 @@ XP_INLINE VF vset1f(float v) { return _mm256_set1_ps(v); }
 XP_INLINE VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
 XP_INLINE VF vfmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
 XP_INLINE VF vfnmadd(VF a, VF b, VF c) { return _mm256_fnmadd_ps(a, b, c); }
-XP_INLINE VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-XP_INLINE VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
 XP_INLINE VF vloadf(const float* p) { return _mm256_loadu_ps(p); }
 XP_INLINE void vstoref(float* p, VF v) { _mm256_storeu_ps(p, v); }
 XP_INLINE VF vhalves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -124,8 +120,9 @@ XP_INLINE void tile(const GptqArgs& a, int64_t j, int64_t i, int64_t g, bool fir
     for (int t = 0; t < T; ++t) {
       const VF sx = vset1f(reinterpret_cast<const float*>(xr[t] + a.sx_offset)[g]);
       float* y = a.y + (i + t) * a.ldy + jc;
-      const VF v = vmul(s, vfnmadd(z, sx, gacc[t][c]));
-      vstoref(y, first ? v : vadd(vloadf(y), v));
+      // Only explicit FMAs: GCC may contract a mul + add of vectors, differently per instantiation, and
+      // then a row's bits would depend on how many rows share the call (serve's batch invariance).
+      vstoref(y, vfmadd(s, vfnmadd(z, sx, gacc[t][c]), first ? vzerof() : vloadf(y)));
     }
   }
 }
