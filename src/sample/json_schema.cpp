@@ -486,9 +486,7 @@ class Converter {
     if (std::abs(d) > 1e15) bad(at + "/" + key, fmt::format("'{}' beyond 1e15 is not supported", key));
     const std::string k = key;
     const bool exclusive = k.rfind("exclusive", 0) == 0, is_min = k.find("inimum") != std::string::npos;
-    if (!integer && (d != std::floor(d) || exclusive))
-      bad(at + "/" + key, fmt::format("'{}' on a number is supported only as a whole, inclusive bound "
-                                      "(use type integer, or minimum / maximum)", key));
+    if (!integer) return 0;  // numbers: decimal_range reads the bound exactly
     if (is_min) return exclusive ? (int64_t)std::floor(d) + 1 : (int64_t)std::ceil(d);
     return exclusive ? (int64_t)std::ceil(d) - 1 : (int64_t)std::floor(d);
   }
@@ -501,29 +499,28 @@ class Converter {
     if (lo && hi && *lo > *hi) bad(at, "no number lies between the minimum and the maximum");
     if (!lo && !hi) return integer ? "int" : "number";
     if (integer) return gbnf_int_range(lo, hi);
-    // "m" or "m.f" is worth m + f, in [m, m + 1): below hi any fraction, at hi none. "-m.f" likewise.
-    const std::string frac = " ( \".\" [0-9]{1,16} )?";
-    std::vector<std::string> alts;
-    const int64_t a = lo ? std::max<int64_t>(*lo, 0) : 0;
-    if (!hi) {
-      alts.push_back(gbnf_int_range(a, std::nullopt) + frac);
-    } else if (*hi >= a) {
-      if (*hi - 1 >= a) alts.push_back(gbnf_int_range(a, *hi - 1) + frac);
-      alts.push_back(fmt::format("\"{}\" ( \".\" \"0\"{{1,16}} )?", *hi));  // hi itself, also as hi.0
-    }
-    if (!lo || *lo < 0) {
-      const int64_t mlo = hi && *hi < 0 ? -*hi : 0;
-      if (!lo) {
-        alts.push_back("\"-\" " + gbnf_int_range(mlo, std::nullopt) + frac);
-      } else {
-        const int64_t m = -*lo;
-        if (m - 1 >= mlo) alts.push_back("\"-\" " + gbnf_int_range(mlo, m - 1) + frac);
-        if (m >= mlo) alts.push_back(fmt::format("\"-{}\" ( \".\" \"0\"{{1,16}} )?", m));
+    return decimal_range(s, at);
+  }
+
+  // A number's bounds as exact decimals (fractions and exclusive bounds included).
+  std::string decimal_range(const json& s, const std::string& at) {
+    std::optional<Decimal> lo, hi;
+    for (const char* key : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      const std::string k = key;
+      const std::optional<Decimal> d = parse_decimal(it->dump(), k.rfind("exclusive", 0) == 0);
+      if (!d) bad(at + "/" + key, fmt::format("'{}' needs at most 15 integer and 16 fraction digits", key));
+      auto value = [](const Decimal& x) { return (x.negative ? -1.0 : 1.0) * std::stod(fmt::format("{}.{}0", x.magnitude.m, x.magnitude.frac)); };
+      if (k.find("inimum") != std::string::npos) {
+        if (!lo || value(*d) > value(*lo) || (value(*d) == value(*lo) && d->magnitude.strict)) lo = d;
+      } else if (!hi || value(*d) < value(*hi) || (value(*d) == value(*hi) && d->magnitude.strict)) {
+        hi = d;
       }
     }
-    std::string out;
-    for (const auto& x : alts) out += (out.empty() ? "" : " | ") + x;
-    return "(" + out + ")";
+    const std::optional<std::string> g = gbnf_decimal_range(lo, hi);
+    if (!g) bad(at, "no number lies between the minimum and the maximum");
+    return *g;
   }
 
   const json& root_;

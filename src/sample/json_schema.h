@@ -3,11 +3,14 @@
 //
 // What it covers: type (one or a list), properties / required / additionalProperties (false, true or a
 // schema; when absent no extra property is generated, which every validator accepts), enum, const,
-// anyOf / oneOf (as alternatives), allOf of object schemas (merged), $ref to "#", "#/$defs/..." or
+// anyOf, oneOf (an approximation: generated as anyOf, so a value that two alternatives both accept is
+// not excluded; exact when the alternatives are disjoint, e.g. by type, const, enum or a required
+// property), allOf of object schemas (merged), $ref to "#", "#/$defs/..." or
 // "#/definitions/..." (recursion allowed), arrays with items / prefixItems and minItems / maxItems,
 // strings with minLength / maxLength / pattern (a regular-expression subset: literals, ., classes, \d \w
 // \s, groups, |, * + ? {m,n}, ^ $) and format (date, time, date-time, uuid, email, hostname, ipv4, uri),
-// numbers and integers with minimum / maximum (integer bounds), booleans, null. Annotations (title,
+// integers with minimum / maximum / exclusiveMinimum / exclusiveMaximum, numbers with the same bounds
+// as exact decimals (fractions included; sample/json_schema_numbers.cpp), booleans, null. Annotations (title,
 // description, default, examples, ...) are ignored. A keyword that would constrain the value but cannot
 // be expressed (multipleOf, uniqueItems, not, if, ...) is refused with a JsonSchemaError naming it,
 // never silently dropped.

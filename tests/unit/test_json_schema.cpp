@@ -47,6 +47,41 @@ TEST(JsonSchema, NumberBoundsOverAWindow) {
   }
 }
 
+// Fractional and exclusive bounds, exactly: every number with up to 3 decimals in a window, written
+// with 0-3 fraction digits (trailing zeros too), against the bounds compared in thousandths.
+TEST(JsonSchema, FractionalAndExclusiveNumberBounds) {
+  struct Case {
+    json lo, hi;
+    bool lo_excl, hi_excl;
+  };
+  const std::vector<Case> cases = {
+      {0.5, 2.25, false, false}, {0.5, 2.25, true, true},   {-1.75, 0.3, false, true}, {-2.5, -0.125, true, false},
+      {0.25, 0.75, false, false}, {0.25, 0.75, true, true}, {0, 0.05, true, false},    {-0.05, 0, false, true},
+      {1.5, nullptr, true, false}, {nullptr, -0.5, false, false}, {-1, 1, true, true}, {0.125, 0.125, false, false}};
+  for (const Case& c : cases) {
+    json s = {{"type", "number"}};
+    if (!c.lo.is_null()) s[c.lo_excl ? "exclusiveMinimum" : "minimum"] = c.lo;
+    if (!c.hi.is_null()) s[c.hi_excl ? "exclusiveMaximum" : "maximum"] = c.hi;
+    const auto g = Grammar::parse(json_schema_to_gbnf(s));
+    const auto k = [](const json& v) { return (long)std::lround(v.get<double>() * 1000); };
+    for (long t = -3000; t <= 3000; ++t) {  // thousandths
+      const bool want = (c.lo.is_null() || (c.lo_excl ? t > k(c.lo) : t >= k(c.lo))) &&
+                        (c.hi.is_null() || (c.hi_excl ? t < k(c.hi) : t <= k(c.hi)));
+      const long a = std::labs(t);
+      const std::string sign = t < 0 ? "-" : "", ip = std::to_string(a / 1000);
+      char frac[4];
+      std::snprintf(frac, sizeof frac, "%03ld", a % 1000);
+      std::string f = frac;
+      std::vector<std::string> texts = {sign + ip + "." + f, sign + ip + "." + f + "0"};
+      while (!f.empty() && f.back() == '0') f.pop_back();
+      texts.push_back(f.empty() ? sign + ip : sign + ip + "." + f);
+      for (const std::string& text : texts)
+        ASSERT_EQ(matches(g, text), want) << s.dump() << " " << text;
+    }
+  }
+  EXPECT_THROW(json_schema_to_gbnf({{"type", "number"}, {"minimum", 1.5}, {"exclusiveMaximum", 1.5}}), JsonSchemaError);
+}
+
 TEST(JsonSchema, EnumConstAndObjectOrder) {
   const auto g = Grammar::parse(json_schema_to_gbnf(json::parse(R"({"type": "object",
     "properties": {"a": {"enum": ["x\"y", 3, null]}, "b": {"const": {"k": [1, true]}}, "c": {"type": "boolean"}},
