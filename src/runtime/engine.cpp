@@ -80,10 +80,13 @@ void Job::finish(Finish f, std::string error, int stop_index) {
 
 // --- Engine ----------------------------------------------------------------------------------------
 
-struct Engine::EmbedTask {
+struct Engine::EmbedTask {  // work on embed()'s slot: an embedding, or prompt logprobs (top_n >= 0)
   std::vector<int32_t> tokens;
   Pooling pooling = Pooling::mean;
+  int top_n = -1;
   std::promise<std::vector<float>> result;
+  std::promise<std::vector<TokenLogprob>> logprobs;
+  void fail(std::exception_ptr e) { top_n >= 0 ? logprobs.set_exception(e) : result.set_exception(e); }
 };
 
 struct Engine::Slot {
@@ -393,9 +396,13 @@ void Engine::loop() {
     }
     for (auto& t : tasks) {  // embeddings: between steps, with the model to themselves
       try {
-        t->result.set_value(embed_now(t->tokens, t->pooling));
+        if (t->top_n >= 0) {
+          t->logprobs.set_value(prompt_logprobs_now(t->tokens, t->top_n));
+        } else {
+          t->result.set_value(embed_now(t->tokens, t->pooling));
+        }
       } catch (...) {
-        t->result.set_exception(std::current_exception());
+        t->fail(std::current_exception());
       }
     }
     tasks.clear();
@@ -425,17 +432,74 @@ void Engine::loop() {
   for (auto& slot : slots_)
     if (slot->state != Slot::State::idle) release(*slot, Finish::error, "the server is shutting down");
   std::lock_guard lk(mu_);
-  for (auto& t : tasks_) t->result.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
+  for (auto& t : tasks_) t->fail(std::make_exception_ptr(Error("the server is shutting down")));
   tasks_.clear();
 }
 
-std::vector<float> Engine::embed(std::vector<int32_t> tokens, Pooling pooling) {
+void Engine::check_input(const std::vector<int32_t>& tokens) const {
   if (tokens.empty()) fail("the input is empty");
   if ((int64_t)tokens.size() > cache_.n_ctx())
     fail("the input has {} tokens; the context of a slot holds {}", tokens.size(), cache_.n_ctx());
   for (int32_t t : tokens)
     if (t < 0 || t >= model_.config().n_vocab)
       fail("token id {} is out of range [0, {})", t, model_.config().n_vocab);
+}
+
+std::vector<TokenLogprob> Engine::prompt_logprobs(std::vector<int32_t> tokens, int top_n) {
+  check_input(tokens);
+  auto task = std::make_unique<EmbedTask>();
+  task->tokens = std::move(tokens);
+  task->top_n = std::max(top_n, 0);
+  std::future<std::vector<TokenLogprob>> done = task->logprobs.get_future();
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) fail("the server is shutting down");
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+  return done.get();
+}
+
+std::vector<TokenLogprob> Engine::prompt_logprobs_now(const std::vector<int32_t>& tokens, int top_n) {
+  const ModelConfig& c = model_.config();
+  if (!embed_cache_)
+    embed_cache_ = std::make_unique<KvCache>(c, cache_.n_ctx(), 1, model_.layer_devices(), opts_.cache_types);
+  if (state_ && !embed_state_) embed_state_ = std::make_unique<RecurrentState>(c, 1, model_.layer_devices());
+  if (embed_state_) embed_state_->reset(0);
+  const int64_t n = (int64_t)tokens.size(), V = c.n_vocab, chunk = std::min<int64_t>(opts_.prefill_chunk, 32);
+  std::vector<TokenLogprob> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i].id = tokens[i];
+    out[i].piece = tok_.token_to_piece(tokens[i], false);
+  }
+  std::vector<float> logits;
+  // Row r of a chunk predicts token pos + r + 1; the last token predicts nothing.
+  for (int64_t pos = 0; pos + 1 < n; pos += chunk) {
+    const int64_t len = std::min(chunk, n - 1 - pos);
+    model_.forward({.tokens = std::span<const int32_t>(tokens).subspan(pos, len),
+                    .pos0 = (int32_t)pos,
+                    .cache = embed_cache_.get(),
+                    .seq = 0,
+                    .all_logits = true,
+                    .state = embed_state_.get()},
+                   logits, pool_);
+    for (int64_t r = 0; r < len; ++r) {
+      const std::span<const float> row(logits.data() + r * V, V);
+      const float mx = *std::max_element(row.begin(), row.end());
+      double sum = 0;
+      for (float l : row) sum += std::exp((double)l - mx);
+      const double lse = mx + std::log(sum);
+      TokenLogprob& lp = out[pos + r + 1];
+      lp.logprob = (float)(row[lp.id] - lse);
+      for (const TokenProb& t : Sampler::top_n(row, top_n))
+        lp.top.emplace_back(tok_.token_to_piece(t.id, false), (float)(t.logit - lse));
+    }
+  }
+  return out;
+}
+
+std::vector<float> Engine::embed(std::vector<int32_t> tokens, Pooling pooling) {
+  check_input(tokens);
   auto task = std::make_unique<EmbedTask>();
   task->tokens = std::move(tokens);
   task->pooling = pooling;

@@ -150,6 +150,11 @@ class Engine {
   // prompt, one longer than a slot's context, or out-of-range ids.
   std::vector<float> embed(std::vector<int32_t> tokens, Pooling pooling);
 
+  // Each prompt token's log-probability after the tokens before it, with the top_n best alternatives
+  // (completions' echo with logprobs); element 0 (the first token, with nothing before it) holds only
+  // its id and piece. Runs like embed(), on its slot, in chunks of 32 rows (all rows' logits).
+  std::vector<TokenLogprob> prompt_logprobs(std::vector<int32_t> tokens, int top_n);
+
   int64_t n_ctx() const { return cache_.n_ctx(); }
   int n_parallel() const { return opts_.n_parallel; }
 
@@ -189,6 +194,8 @@ class Engine {
   void maybe_store(Slot& s);
   void publish_cache_stats();
   std::vector<float> embed_now(const std::vector<int32_t>& tokens, Pooling pooling);
+  std::vector<TokenLogprob> prompt_logprobs_now(const std::vector<int32_t>& tokens, int top_n);
+  void check_input(const std::vector<int32_t>& tokens) const;
 
   const Model& model_;
   const Tokenizer& tok_;

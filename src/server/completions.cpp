@@ -150,7 +150,25 @@ std::vector<int32_t> fim_prompt(const Context& ctx, const std::string& prefix, c
 struct Choice {
   size_t prompt = 0;       // which prompt
   std::string echo;        // text put before the generated text
+  ojson echo_logprobs;     // echo with logprobs: the prompt's, in completions' shape (else null)
 };
+
+// The prompt's logprobs as OpenAI echoes them: the first token has none (null).
+ojson prompt_logprobs_json(const std::vector<TokenLogprob>& lps) {
+  ojson j = logprobs_json(false, lps, 0);
+  if (!lps.empty()) {
+    j["token_logprobs"][0] = nullptr;
+    j["top_logprobs"][0] = nullptr;
+  }
+  return j;
+}
+
+// a's arrays followed by b's (completions' shape).
+ojson join_logprobs(ojson a, const ojson& b) {
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const ojson& v : b[k]) a[k].push_back(v);
+  return a;
+}
 
 void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Response& res, bool chat) {
   CompletionRequest r = parse_completion_request(req.body, chat);
@@ -187,6 +205,17 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
   }
   for (const auto& p : prompts) ctx.check_prompt_fits(p, param);
   check_logit_bias(r.gen, ctx.m.tokenizer->n_vocab());
+  // echo with logprobs: each prompt token's logprob after the ones before it, before any job starts.
+  std::vector<ojson> echo_logprobs(prompts.size());
+  if (!chat && r.echo && r.logprobs) {
+    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+      try {
+        echo_logprobs[pi] = prompt_logprobs_json(ctx.m.engine->prompt_logprobs(prompts[pi], r.gen.top_logprobs));
+      } catch (const Error& e) {
+        throw ApiError(400, fmt::format("'{}': {}", param, e.what()), param);
+      }
+    }
+  }
 
   // One job per choice: prompt-major, as OpenAI numbers them (index = prompt * n + i).
   std::vector<std::shared_ptr<Job>> jobs;
@@ -201,7 +230,7 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
         // Choices of one request differ: each gets its own seed (a fixed seed stays reproducible).
         if (g.sampling.seed != 0xFFFFFFFF) g.sampling.seed += (uint64_t)i;
         jobs.push_back(ctx.submit(std::move(g), res));
-        choices.push_back({pi, r.echo ? echoes[pi] : std::string()});
+        choices.push_back({pi, r.echo ? echoes[pi] : std::string(), echo_logprobs[pi]});
       }
     }
   } catch (...) {
@@ -241,7 +270,9 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
       } else {
         choice["text"] = choices[i].echo + all[i].text;
       }
-      choice["logprobs"] = want_logprobs ? logprobs_json(chat, all[i].logprobs, 0) : ojson(nullptr);
+      ojson lp = want_logprobs ? logprobs_json(chat, all[i].logprobs, choices[i].echo.size()) : ojson(nullptr);
+      if (!choices[i].echo_logprobs.is_null()) lp = join_logprobs(choices[i].echo_logprobs, lp);
+      choice["logprobs"] = std::move(lp);
       choice["finish_reason"] = called && all[i].finish == Finish::stop ? "tool_calls" : finish_name(all[i].finish);
       out_choices.push_back(choice);
     }
@@ -285,7 +316,8 @@ void chat_or_completion(Context& ctx, const httplib::Request& req, httplib::Resp
       if (chat && !send(chunk(i, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) return;
       if (ChatDelta d = parsers[i]->feed(forced); chat && !d.empty())
         if (!send(chunk(i, message_fields(d, true), nullptr, nullptr))) return;
-      if (!chat && !choices[i].echo.empty() && !send(chunk(i, choices[i].echo, nullptr, nullptr))) return;
+      if (!chat && !choices[i].echo.empty() && !send(chunk(i, choices[i].echo, choices[i].echo_logprobs, nullptr)))
+        return;
     }
     std::vector<size_t> text_offset(choices.size(), 0);
     for (size_t i = 0; i < choices.size(); ++i) text_offset[i] = choices[i].echo.size();

@@ -336,8 +336,6 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
       bad("logprobs", "'logprobs' of /v1/completions is an integer (0 to 5), got a boolean");
     r.gen.top_logprobs = lp ? (int)integer(body, "logprobs", 0, 5, 0) : -1;
     r.logprobs = lp != nullptr;
-    if (r.echo && r.logprobs)
-      bad("logprobs", "'logprobs' together with 'echo' (the prompt's own logprobs) is not supported");
   }
 
   r.stream = boolean(body, "stream", false);

@@ -194,3 +194,32 @@ def test_infill_input_extra(fim_server):
     assert r.json()["content"].startswith("zorblax_area"), r.json()
     bad = requests.post(fim_server.url + "/infill", timeout=120, json={**body, "input_extra": [{"filename": "x"}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input_extra[0]"
+
+
+def test_completions_echo_with_logprobs(server):
+    """echo with logprobs: the prompt's tokens come first, as OpenAI returns them (the first with no
+    logprob), each scored after the tokens before it, then the generated ones."""
+    url = server.url + "/v1/completions"
+    ids = requests.post(server.url + "/tokenize", json={"content": "The capital of France is"}, timeout=30).json()["tokens"]
+    gen = requests.post(url, timeout=60, json={"prompt": ids, "logprobs": 2, "max_tokens": 1, "temperature": 0}).json()
+    next_lp = gen["choices"][0]["logprobs"]
+    r = requests.post(url, timeout=60, json={"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 1,
+                                             "temperature": 0}).json()
+    lp = r["choices"][0]["logprobs"]
+    n = len(ids)
+    assert len(lp["tokens"]) == n + 1 and r["choices"][0]["text"] == "".join(lp["tokens"])
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v < 0 for v in lp["token_logprobs"][1:]) and all(len(t) == 2 for t in lp["top_logprobs"][1:])
+    assert lp["tokens"][n:] == next_lp["tokens"]
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][n] == len("".join(lp["tokens"][:n]))
+    # The prompt's last token scored as a prompt token equals its logprob when it was generated.
+    t_next = requests.post(server.url + "/tokenize", timeout=30, json={"content": next_lp["tokens"][0]}).json()["tokens"]
+    assert len(t_next) == 1
+    more = requests.post(url, timeout=60, json={"prompt": ids + t_next, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                                "temperature": 0}).json()
+    assert abs(more["choices"][0]["logprobs"]["token_logprobs"][n] - next_lp["token_logprobs"][0]) < 1e-3
+    # Streamed: the echo chunk carries the prompt's logprobs.
+    with requests.post(url, stream=True, timeout=60, json={"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                                           "temperature": 0, "stream": True}) as s:
+        first = next(json.loads(l[6:]) for l in s.iter_lines(decode_unicode=True) if l.startswith("data: {"))
+    assert first["choices"][0]["logprobs"]["tokens"] == lp["tokens"][:n]

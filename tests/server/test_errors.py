@@ -85,7 +85,6 @@ CASES = [
     ("completions negative token", COMPL, {"prompt": [1, -5]}, 400, "prompt"),
     ("completions logprobs bool", COMPL, {"prompt": "a", "logprobs": True}, 400, "logprobs"),
     ("completions logprobs too many", COMPL, {"prompt": "a", "logprobs": 9}, 400, "logprobs"),
-    ("completions echo with logprobs", COMPL, {"prompt": "a", "echo": True, "logprobs": 1}, 400, "logprobs"),
     ("completions n zero", COMPL, {"prompt": "a", "n": 0}, 400, "n"),
     ("completions too many choices", COMPL, {"prompt": ["a", "b", "c"], "n": 50}, 400, "n"),
     ("completions suffix number", COMPL, {"prompt": "a", "suffix": 3}, 400, "suffix"),
