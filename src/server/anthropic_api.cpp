@@ -167,7 +167,7 @@ void messages(Context& ctx, const httplib::Request& req, httplib::Response& res)
                                       {"usage", usage()}})))
       return;
     send(event("message_stop", {{"type", "message_stop"}}));
-  }, /*after_error=*/"");
+  }, anthropic_error_event);
 }
 
 void count_tokens(Context& ctx, const httplib::Request& req, httplib::Response& res) {

@@ -45,13 +45,26 @@ const char* anthropic_type(int status) {
 
 }  // namespace
 
+namespace {
+std::string anthropic_error_body(int status, const std::string& message, const std::string& param) {
+  const std::string text = param.empty() ? message : fmt::format("{}: {}", param, message);
+  return dump(ojson{{"type", "error"}, {"error", {{"type", anthropic_type(status)}, {"message", text}}}});
+}
+}  // namespace
+
+std::string openai_error_event(const ApiError& e) {
+  return "data: " + error_body(e.status, e.what(), e.param, e.code, e.type) + "\n\ndata: [DONE]\n\n";
+}
+
+std::string anthropic_error_event(const ApiError& e) {
+  return "event: error\ndata: " + anthropic_error_body(e.status, e.what(), e.param) + "\n\n";
+}
+
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param,
                 const std::string& code, const std::string& type, ErrorStyle style) {
   res.status = status;
   if (style == ErrorStyle::anthropic) {
-    const std::string text = param.empty() ? message : fmt::format("{}: {}", param, message);
-    res.set_content(dump(ojson{{"type", "error"}, {"error", {{"type", anthropic_type(status)}, {"message", text}}}}),
-                    "application/json");
+    res.set_content(anthropic_error_body(status, message, param), "application/json");
     return;
   }
   res.set_content(error_body(status, message, param, code, type), "application/json");
@@ -295,12 +308,12 @@ std::vector<Collected> collect(const Context& ctx, const std::vector<std::shared
 }
 
 void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer,
-                std::string after_error) {
+                SseErrorEvent error_event) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [jobs, producer = std::move(producer), after_error](size_t, httplib::DataSink& sink) {
+      [jobs, producer = std::move(producer), error_event](size_t, httplib::DataSink& sink) {
         bool ok = true;
         auto send = [&](const std::string& s) {
           if (!ok || !sink.is_writable() || !sink.write(s.data(), s.size())) {
@@ -312,11 +325,9 @@ void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, 
         try {
           producer(send);
         } catch (const ApiError& e) {
-          if (e.status != 499 && send("data: " + error_body(e.status, e.what(), e.param, e.code, e.type) + "\n\n") &&
-              !after_error.empty())
-            send(after_error);
+          if (e.status != 499) send(error_event(e));
         } catch (const std::exception& e) {
-          send("data: " + error_body(500, fmt::format("internal error: {}", e.what())) + "\n\n");
+          send(error_event(ApiError(500, fmt::format("internal error: {}", e.what()))));
         }
         for (auto& j : jobs) j->cancel();
         if (!ok) return false;

@@ -106,11 +106,16 @@ struct Collected {
 std::vector<Collected> collect(const Context& ctx, const std::vector<std::shared_ptr<Job>>& jobs);
 
 // An SSE stream from a producer that writes events through `send` (false: the client left).
-// A producer's ApiError (a shutdown is a 503) is sent as an error event followed by `after_error`
-// (OpenAI's streams end with [DONE]; Anthropic's have no such line).
+// A producer's ApiError (a shutdown is a 503; anything else it throws is a 500) ends the stream with what
+// `error_event` makes of it, in the stream's protocol: by default OpenAI's error chunk and [DONE];
+// anthropic_error_event for Messages; the Responses API makes its own (an `error` event with a
+// sequence number).
 using SseProducer = std::function<void(const std::function<bool(const std::string&)>& send)>;
+using SseErrorEvent = std::function<std::string(const ApiError&)>;
+std::string openai_error_event(const ApiError& e);     // data: {"error": {...}} then data: [DONE]
+std::string anthropic_error_event(const ApiError& e);  // event: error, {"type": "error", "error": {...}}
 void stream_sse(httplib::Response& res, std::vector<std::shared_ptr<Job>> jobs, SseProducer producer,
-                std::string after_error = "data: [DONE]\n\n");
+                SseErrorEvent error_event = openai_error_event);
 
 // Route families.
 void add_completion_routes(Router& r);

@@ -212,10 +212,10 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
 
   auto parser = std::make_shared<ChatOutputParser>(cp.output);
   const std::string forced = cp.forced;
-  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, rs_id, finish, parser, forced](const std::function<bool(const std::string&)>& send) {
-    int64_t seq = 0;
+  auto seq = std::make_shared<std::atomic<int64_t>>(0);  // every event's sequence_number, the error's too
+  stream_sse(res, jobs, [&ctx, jobs, sh, msg_id, rs_id, finish, parser, forced, seq](const std::function<bool(const std::string&)>& send) {
     auto event = [&](const char* type, ojson data) {
-      ojson e = {{"type", type}, {"sequence_number", seq++}};
+      ojson e = {{"type", type}, {"sequence_number", (*seq)++}};
       for (auto& [k, v] : data.items()) e[k] = v;
       return send(fmt::format("event: {}\ndata: {}\n\n", type, dump(e)));
     };
@@ -325,6 +325,11 @@ void responses(Context& ctx, const httplib::Request& req, httplib::Response& res
     if (!close()) return;
     const ojson done = finish(reasoning, text, parser->calls(), fc_ids, end);
     event(end == Finish::length ? "response.incomplete" : "response.completed", {{"response", done}});
+  }, [seq](const ApiError& e) {  // OpenAI's error event of a Responses stream
+    const ojson err = {{"type", "error"}, {"code", e.code.empty() ? ojson(nullptr) : ojson(e.code)},
+                       {"message", e.what()}, {"param", e.param.empty() ? ojson(nullptr) : ojson(e.param)},
+                       {"sequence_number", (*seq)++}};
+    return "event: error\ndata: " + dump(err) + "\n\n";
   });
 }
 

@@ -292,6 +292,44 @@ def test_sigterm_ends_streams_and_exits_promptly():
     print(f"exited {elapsed:.2f} s after SIGTERM")
 
 
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_sigterm_ends_other_api_streams_in_their_shape(api):
+    """Streams of /v1/messages and /v1/responses cut by SIGTERM end with their own protocol's error event
+    (before: OpenAI's `data: {"error": ...}` line, which Anthropic's and OpenAI's Responses clients do not
+    read as an error event)."""
+    s = start_server()
+    if api == "messages":
+        path, body = "/v1/messages", {"max_tokens": 900, "temperature": 0, "stream": True,
+                                      "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5,"}]}
+        first_kind = b"content_block_delta"
+    else:
+        path, body = "/v1/responses", {"max_output_tokens": 900, "temperature": 0, "stream": True,
+                                       "input": "Count: 1, 2, 3, 4, 5,"}
+        first_kind = b"response.output_text.delta"
+    r = requests.post(s.url + path, json=body, stream=True, timeout=60)
+    lines = r.iter_lines()
+    next(line for line in lines if line.startswith(b"event: ") and first_kind in line)
+    s.proc.send_signal(signal.SIGTERM)
+    rest = [line for line in lines if line]
+    try:
+        s.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        pytest.fail("xpert serve did not exit within 15 s of SIGTERM")
+    assert rest[-2] == b"event: error", rest[-4:]
+    assert rest[-1].startswith(b"data: "), rest[-4:]
+    data = json.loads(rest[-1][len(b"data: "):])
+    assert not any(line.startswith(b"data: [DONE]") for line in rest)
+    if api == "messages":  # Anthropic: {"type": "error", "error": {"type", "message"}}
+        assert data["type"] == "error" and data["error"]["type"] == "overloaded_error", data
+        assert "shutting down" in data["error"]["message"]
+    else:  # Responses: {"type": "error", "code", "message", "param", "sequence_number"}
+        assert data["type"] == "error" and "shutting down" in data["message"], data
+        assert set(data) == {"type", "code", "message", "param", "sequence_number"}, data
+        seqs = [json.loads(line[6:])["sequence_number"] for line in rest if line.startswith(b"data: ")]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs[-5:]
+
+
 def test_second_signal_exits_at_once():
     """While the model loads (so the first SIGTERM cannot finish yet) a second signal ends the process."""
     port = free_port()
