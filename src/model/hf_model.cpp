@@ -294,8 +294,11 @@ class Converter {
     const bool moe = arch_ == "qwen35moe";
     const int64_t n_rot = (int64_t)(D_ * rope_.partial);
     set_u32("rope.dimension_count", n_rot);
-    // Text positions rotate every section alike; llama.cpp's default when a checkpoint omits it.
-    std::vector<int32_t> sections = {11, 11, 10, 0};
+    // Without mrope_section (a text-only config) transformers runs plain RoPE over n_rot dims. Text
+    // positions rotate every t/h/w section alike, so sections that interleave all n_rot/2 pairs over t, h
+    // and w are exactly that ({11, 11, 10} for 64 rotary dims, llama.cpp's default).
+    const int32_t pairs = (int32_t)(n_rot / 2);
+    std::vector<int32_t> sections = {(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0};
     if (!rope_.mrope.empty()) {
       sections.assign(4, 0);
       for (size_t i = 0; i < rope_.mrope.size(); ++i) sections[i] = (int32_t)rope_.mrope[i];

@@ -16,18 +16,21 @@ Variants (vocabulary 384, hidden 64, head_dim 32, all computed in float32 on the
   hf_qwen35moe       Qwen3_5MoeForCausalLM, same layer pattern, 4 experts of 64 (top 2), shared expert
                      of 64; Gated DeltaNet with 2 key heads and 4 value heads of 32 (exercises the
                      value-head reorder), partial rotary 0.25 with mrope_section [2, 1, 1]
+  hf_qwen35moe_bf16  the same weights saved in BF16; reference = transformers on the BF16 weights in f32
   hf_qwen35moe_gptq  hf_qwen35moe with its linear layers (experts, shared expert, attention, in_proj_qkv,
                      in_proj_z, out_proj) quantized round-to-nearest symmetric INT4, group 64, written as
                      GPTQ checkpoints store them (qweight int32 [K/8, N] low nibble first, scales f16
                      [K/64, N], qzeros all 7 = zero point 8 in the v1 "gptq" format, g_idx); reference =
                      transformers running the DEQUANTIZED weights
+MoE variants also store router_min_gap: per prompt position, the smallest gap over the MoE layers between
+the k-th and (k+1)-th router logit (near-ties, where rounding may pick another expert).
 The tokenizer is tests/reference/fixtures/bpe_tiny_qwen2.json cut to its first 384 tokens (3 specials,
 256 bytes, the 125 merges among them), with a ChatML chat template.
 
 torch and transformers are on the GPU machine (the device tool), not needed in CI:
   python3 tests/reference/make_hf_fixtures.py --out-dir /tmp/hf   (then copy the folders into fixtures/)
 """
-import argparse, json, pathlib, shutil, sys, traceback
+import argparse, copy, json, pathlib, shutil, sys, traceback
 
 import numpy as np
 
@@ -156,6 +159,25 @@ def run_reference(model, torch, prompt):
     return logits, ids[len(prompt):], margins
 
 
+def router_min_gaps(model, torch, prompt):
+    """Per prompt position, the smallest gap over the MoE layers between the k-th and (k+1)-th router
+    logit: where it is tiny, a rounding difference picks another expert (a near-tie, not a defect)."""
+    k, gaps, hooks = model.config.num_experts_per_tok, [], []
+
+    def hook(mod, inp, out):
+        x = inp[0].reshape(-1, inp[0].shape[-1]).float()
+        s = torch.sort(x @ mod.weight.float().T, dim=-1, descending=True).values
+        gaps.append(s[:, k - 1] - s[:, k])
+    for name, mod in model.named_modules():
+        if name.endswith("mlp.gate"):
+            hooks.append(mod.register_forward_hook(hook))
+    with torch.no_grad():
+        model(torch.tensor([prompt]))
+    for h in hooks:
+        h.remove()
+    return [round(float(g), 6) for g in torch.stack(gaps).min(0).values]
+
+
 def pick_prompt(model, torch, seed0):
     """The first of a few random prompts whose greedy path has no near-tie (smallest margin > 0.02)."""
     best = None
@@ -271,6 +293,16 @@ def make_gptq(src_dir, d, model, torch):
     return deq_model, len(deq)
 
 
+def make_bf16(model, db, prompt, torch, versions):
+    """db: `model`'s weights saved in BF16; the reference runs those BF16 values in f32."""
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(str(db))
+    write_tokenizer(db, jinja_file=model.config.model_type.startswith("qwen3_5"))
+    b = load(type(model), db, torch, torch.bfloat16)
+    logits, greedy, margins = run_reference(b, torch, prompt)
+    save_reference(db, prompt, logits, greedy, margins, dict(versions, weights="BF16 (reference: these weights "
+                   "in f32)", router_min_gap=router_min_gaps(b, torch, prompt), **tokenization_check(db)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=str(FIXTURES))
@@ -297,19 +329,20 @@ def main():
             saved = load(type(model), d, torch, torch.float32)
             prompt, logits, greedy, margins = pick_prompt(saved, torch, SEEDS[kind])
             extra = dict(versions, weights="F32", **tokenization_check(d))
+            if "moe" in kind:
+                extra["router_min_gap"] = router_min_gaps(saved, torch, prompt)
             save_reference(d, prompt, logits, greedy, margins, extra)
             print(f"  files: {sorted(p.name for p in d.iterdir())}", flush=True)
 
             if kind == "qwen3moe":
                 db = out / "hf_qwen3moe_bf16"
                 shutil.rmtree(db, ignore_errors=True)
-                model.to(torch.bfloat16).save_pretrained(str(db))
-                write_tokenizer(db, jinja_file=False)
-                b = load(type(model), db, torch, torch.bfloat16)  # the BF16 values, computed in f32
-                logits, greedy, margins = run_reference(b, torch, prompt)
-                save_reference(db, prompt, logits, greedy, margins, dict(versions, weights="BF16 (reference: these "
-                               "weights in f32)", **tokenization_check(db)))
+                make_bf16(saved, db, prompt, torch, versions)
             if kind == "qwen35moe":
+                # The held-out check's bf16 divergences: the same weights in BF16, reference in f32.
+                db = out / "hf_qwen35moe_bf16"
+                shutil.rmtree(db, ignore_errors=True)
+                make_bf16(saved, db, prompt, torch, versions)
                 dq = out / "hf_qwen35moe_gptq"
                 shutil.rmtree(dq, ignore_errors=True)
                 dq.mkdir()
@@ -317,7 +350,8 @@ def main():
                 write_tokenizer(dq, jinja_file=True)
                 logits, greedy, margins = run_reference(deq_model, torch, prompt)
                 save_reference(dq, prompt, logits, greedy, margins, dict(versions, weights=f"GPTQ INT4 g{GPTQ_GROUP} "
-                               f"({n_q} layers; reference: the dequantized weights in f32)", **tokenization_check(dq)))
+                               f"({n_q} layers; reference: the dequantized weights in f32)",
+                               router_min_gap=router_min_gaps(deq_model, torch, prompt), **tokenization_check(dq)))
         except Exception:
             traceback.print_exc()
             failed.append(kind)

@@ -54,6 +54,9 @@ struct Reference {
   std::vector<int32_t> prompt, greedy;
   std::vector<float> margins, logits;  // logits [prompt][V]
   json tokenize;
+  // MoE: per position, the smallest gap between the k-th and (k+1)-th router logit over the layers
+  // (make_hf_fixtures.py); empty for dense models.
+  std::vector<float> router_gap;
 };
 
 Reference read_reference(const std::string& dir) {
@@ -63,6 +66,7 @@ Reference read_reference(const std::string& dir) {
   r.greedy = j["greedy"].get<std::vector<int32_t>>();
   r.margins = j["greedy_margins"].get<std::vector<float>>();
   r.tokenize = j["tokenize"];
+  if (j.contains("router_min_gap")) r.router_gap = j["router_min_gap"].get<std::vector<float>>();
   const auto shape = j["logits_shape"].get<std::vector<int64_t>>();
   r.logits.resize(shape[0] * shape[1]);
   std::ifstream in(fs::path(dir) / j["logits_file"].get<std::string>(), std::ios::binary);
@@ -118,6 +122,11 @@ struct Variant {
 // bf16: xpert rounds activations to bf16 before each bf16 matmul (as llama.cpp does, 2^-9 relative per
 //   element) where transformers' reference keeps f32: 1.1e-3 .. 2.6e-3 at 31 positions, limit 1e-2. At
 //   one position (8) a router near-tie picks another expert: 0.13. One such position is allowed.
+// Qwen3.5-MoE bf16 (the held-out check's divergences, 2026-12-04): 1.4e-3 .. 6.8e-3 up to the prompt's
+//   first router near-tie; 4.1e-2 at position 28, where the second and third experts' router logits are
+//   1.5e-3 apart in transformers. Held-out folders (3 seeds x 4 prompts) agree: f32 within 1e-4 everywhere
+//   (near-ties included), bf16 within 1.2e-2 and GPTQ within 4e-2 until the first near-tie, larger after
+//   one: near-ties under bf16 / Q8_0 rounding, not an accuracy defect.
 // GPTQ: the INT4 values are exact (Q4_0; GptqDequantizedMatchesTransformers gets 8.6e-5 with them in
 //   f32), but every Q4_0 matmul quantizes its activations to int8 blocks (Q8_0, as llama.cpp's Q4_0
 //   kernels do) against transformers' f32: 4.5e-3 .. 3.4e-2, limit 5e-2.
@@ -127,8 +136,20 @@ const Variant kVariants[] = {
     {"hf_qwen35", "qwen35", 1e-3, 0},
     {"hf_qwen35moe", "qwen35moe", 1e-3, 0},
     {"hf_qwen3moe_bf16", "qwen3moe", 1e-2, 1},
+    {"hf_qwen35moe_bf16", "qwen35moe", 1e-2, 1},
     {"hf_qwen35moe_gptq", "qwen35moe", 5e-2, 0},
 };
+
+// A router gap below this in the f32 reference may flip an expert under bf16 or int8 rounding.
+constexpr float kRouterNearTie = 0.05f;
+
+// The positions before the prompt's first router near-tie: there rounding alone separates xpert from
+// transformers, so an error above tolerance there is an accuracy defect.
+size_t before_first_near_tie(const Reference& ref) {
+  for (size_t t = 0; t < ref.router_gap.size(); ++t)
+    if (ref.router_gap[t] < kRouterNearTie) return t;
+  return ref.prompt.size();
+}
 
 // Positions whose relative error exceeds `tolerance`.
 int count_above(std::span<const float> x, std::span<const float> ref, int64_t V, double tolerance) {
@@ -191,6 +212,9 @@ TEST_P(HfTiny, LogitsMatchTransformers) {
       v.folder, err_all, err_steps, self);
   EXPECT_LE(count_above(all, ref.logits, V, v.tolerance), v.outliers);
   EXPECT_LE(count_above(steps, ref.logits, V, v.tolerance), v.outliers);
+  const size_t clean = before_first_near_tie(ref);
+  EXPECT_EQ(count_above(std::span(all).first(clean * V), std::span(ref.logits).first(clean * V), V, v.tolerance), 0)
+      << "above tolerance before the first router near-tie (position " << clean << ")";
   // The two forms run the same kernels over different row counts (and the chunked vs the recurrent delta
   // rule); only summation order differs, which an int8 rounding of the quantized variants can amplify.
   EXPECT_LT(self, v.tolerance > 1e-3 ? 1e-3 : 1e-4);
@@ -524,13 +548,30 @@ TEST(HfModel, FusedExpertsLoadLikePerExpert) {
   EXPECT_EQ(prefill_all(*fused, ref.prompt, pool), prefill_all(*per_expert, ref.prompt, pool));
 }
 
-// ---- refusals ----
-
 void edit_config(const TempFolder& t, const std::function<void(json&)>& f) {
   json c = read_json(t.path / "config.json");
   f(c);
   write_json(t.path / "config.json", c);
 }
+
+// A text-only Qwen3.5-MoE config has no rope_parameters.mrope_section: transformers runs plain RoPE over
+// the rotary dims, which on text positions is what the fixture's interleaved sections compute.
+TEST(HfModel, Qwen35WithoutMropeSectionRunsPlainRope) {
+  TempFolder tmp("hf_qwen35moe");
+  edit_config(tmp, [](json& c) {
+    c["rope_parameters"].erase("mrope_section");
+    c["rope_parameters"].erase("mrope_interleaved");
+  });
+  auto plain = Model::load(tmp.str());
+  auto sections = Model::load(fixture("hf_qwen35moe"));
+  const Reference ref = read_reference(fixture("hf_qwen35moe"));
+  ThreadPool pool(2);
+  const std::vector<float> got = prefill_all(*plain, ref.prompt, pool);
+  EXPECT_EQ(got, prefill_all(*sections, ref.prompt, pool));
+  EXPECT_LT(max_relative_error(got, ref.logits, plain->config().n_vocab), 1e-3);
+}
+
+// ---- refusals ----
 
 TEST(HfModel, RefusesUnsupportedConfigs) {
   struct Case {
