@@ -12,6 +12,7 @@
 #include <random>
 
 #include "backend/backend.h"
+#include "backend/cpu/matmul.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -95,6 +96,7 @@ Command add_bench(CLI::App& app) {
     std::vector<int64_t> depths = {0};
     std::string output = "md";
     std::string profile_out;
+    bool batch_invariant = false;
   };
   auto o = std::make_shared<Opts>();
   o->m.add(app, false);
@@ -105,12 +107,16 @@ Command add_bench(CLI::App& app) {
   app.add_option("-d,--n-depth", o->depths, "tokens already in the context before each test (comma list)")
       ->delimiter(',')
       ->check(CLI::Range((int64_t)0, (int64_t)1 << 24));
+  app.add_flag("--batch-invariant", o->batch_invariant,
+               "CPU: the kernels `xpert serve` runs by default (every row's bits independent of its batch), to "
+               "measure what that costs");
   app.add_option("-o,--output", o->output, "md or json")->check(CLI::IsMember({"md", "json"}));
   app.add_option("--profile-out", o->profile_out,
                  "MoE models: write how often each layer routed to each expert over the benchmarked tokens to this "
                  "file (a routing profile for --expert-profile). Counted where the routing reaches the host: the "
                  "CPU, or layers whose experts are split (--num-gpu-experts below all); counting costs some speed");
   return [o] {
+    cpu::set_batch_invariant(o->batch_invariant);
     const int64_t max_depth = *std::max_element(o->depths.begin(), o->depths.end());
     SessionOptions so{.n_ctx = max_depth + std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1),
                       .n_threads = o->m.threads,

@@ -181,15 +181,10 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 
 }  // namespace
 
-// X rows per kernel call. AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order
-// than several, so batch invariance gives them one row per call: every row then has decode's bits, at
-// decode's speed.
-int64_t x_step(DType w, Isa isa) {
-  if (isa == Isa::avx512 && g_batch_invariant.load(std::memory_order_relaxed) &&
-      (w == DType::Q4_0 || w == DType::Q5_0 || w == DType::Q8_0))
-    return 1;
-  return kXChunkRows;
-}
+// X rows per kernel call. (AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order
+// than several tiles do; under batch invariance they take several rows at a time with decode's order per
+// row: gemm_q8_0_family_512.)
+int64_t x_step(DType, Isa) { return kXChunkRows; }
 
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }
 void set_batch_invariant(bool on) { g_batch_invariant.store(on); }

@@ -10,6 +10,7 @@ const MatmulKernels& matmul_kernels_avx512_vl();  // the 256-bit kernels of matm
 }  // namespace xpert::cpu
 
 #include "backend/cpu/matmul_simd.inl"
+#include "backend/cpu/matmul.h"  // batch_invariant()
 
 // GCC 12 flags the _mm512_undefined_* inside the 512-bit intrinsic headers (cast, permute, cvtph) as
 // "maybe uninitialized"; the upper lanes they leave are never read here.
@@ -139,12 +140,76 @@ void gemv_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const
   store_sums_512<R>(acc, y);
 }
 
+// R weight rows x NX X rows (x rows c0 .. c0+NX-1). Every (row, x) accumulator takes exactly the steps of
+// gemv_q8_0_family_512 for that x alone (same block pairs, same dpbusd / convert / mul / fma, same
+// horizontal sum for this R), so a row's bits do not depend on how many X rows share the call: batch
+// invariance with the weights unpacked once per NX rows instead of once per row.
+template <class W, int R, int NX>
+void gemm_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, int c0, float* y,
+                          int64_t ldy) {
+  const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512 acc[NX][R];
+  for (int c = 0; c < NX; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
+  const int64_t nb = k / 32;
+  auto step = [&](int64_t b, bool two) __attribute__((always_inline)) {
+    __m512i a[NX], start[NX];
+    __m512 da[NX];
+    for (int c = 0; c < NX; ++c) {
+      const int8_t* xq = x.qs(c0 + c);
+      const float* xd = x.d(c0 + c);
+      const int32_t* xs = reinterpret_cast<const int32_t*>(x.sums(c0 + c));
+      a[c] = two ? _mm512_loadu_si512(xq + 32 * b) : _mm512_zextsi256_si512(load256(xq + 32 * b));
+      const __m128i s2 =
+          two ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xs + b)) : _mm_cvtsi32_si128(xs[b]);
+      start[c] = _mm512_permutexvar_epi32(pick01, _mm512_castsi128_si512(s2));
+      if constexpr (W::kLaneShift > 0) start[c] = _mm512_slli_epi32(start[c], W::kLaneShift);
+      const __m128 d2 =
+          two ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd + b))) : _mm_load_ss(xd + b);
+      da[c] = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(d2));
+    }
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * w_row_bytes + b * W::kBytes;
+      const __m512i q = W::load2(blk, two);
+      const __m512 sc = load_scales2<W>(blk, two);
+      for (int c = 0; c < NX; ++c) {
+        const __m512i p = _mm512_dpbusd_epi32(start[c], q, a[c]);
+        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sc, da[c]), acc[c][r]);
+      }
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) step(b, true);
+  if (b < nb) step(b, false);
+  for (int c = 0; c < NX; ++c) store_sums_512<R>(acc[c], y + c * ldy);
+}
+
+template <class W, int R>
+void gemm_rows_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, int64_t n_x, float* y,
+                   int64_t ldy) {
+  int c = 0;
+  for (; c + 4 <= n_x; c += 4) gemm_q8_0_family_512<W, R, 4>(k, w, w_row_bytes, x, c, y + c * ldy, ldy);
+  switch (n_x - c) {
+    case 3: gemm_q8_0_family_512<W, R, 3>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
+    case 2: gemm_q8_0_family_512<W, R, 2>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
+    case 1: gemm_q8_0_family_512<W, R, 1>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
+    default: break;
+  }
+}
+
 template <class W>
 void run_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                          const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy,
                          TileKernel fallback) {
-  if (n_x != 1) return fallback(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
+  if (n_x != 1) {
+    // Batch invariance (xpert serve): several X rows, each with the bits of one (see gemm_q8_0_family_512).
+    if (!batch_invariant()) return fallback(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
+    int64_t j = 0;
+    for (; j + 4 <= n_w; j += 4) gemm_rows_512<W, 4>(k, w + j * w_row_bytes, w_row_bytes, xr, n_x, y + j, ldy);
+    for (; j < n_w; ++j) gemm_rows_512<W, 1>(k, w + j * w_row_bytes, w_row_bytes, xr, n_x, y + j, ldy);
+    return;
+  }
   int64_t j = 0;
   for (; j + 8 <= n_w; j += 8) gemv_q8_0_family_512<W, 8>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
   for (; j + 4 <= n_w; j += 4) gemv_q8_0_family_512<W, 4>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
