@@ -24,6 +24,10 @@ struct RouterParams {
   int64_t n_expert = 0, k = 0;
   bool norm_weights = true;   // divide the k probabilities by their sum
   float weights_scale = 1.0f; // then multiply by this
+  // Nonzero: a speed-measurement mode (`xpert bench --routing uniform`). Each logit l of expert e is
+  // replaced by uniform_route_score(l, e, seed) (backend/uniform_routing.h) before the softmax and top-k,
+  // so each token's k experts are a uniformly random choice, deterministic in the seed and the logits.
+  uint32_t uniform_seed = 0;
 };
 
 // The experts of a MoE layer split between a GPU and the host (heterogeneous experts): experts with
@@ -102,9 +106,14 @@ struct MoeFfn {
   ExecutorShare exec_share;
   int64_t layer = -1;                  // the model layer: executors' tables, routing statistics
   RoutingSink* stats = nullptr;        // counts the routing when set
+  uint32_t uniform_seed = 0;           // RouterParams::uniform_seed
 
   RouterParams router_params() const {
-    return {.n_expert = n_expert, .k = n_used, .norm_weights = norm_weights, .weights_scale = weights_scale};
+    return {.n_expert = n_expert,
+            .k = n_used,
+            .norm_weights = norm_weights,
+            .weights_scale = weights_scale,
+            .uniform_seed = uniform_seed};
   }
   // The same layer with the host's copies of its experts (a split layer's host share).
   MoeFfn host_view() const {

@@ -2,6 +2,8 @@
 // of -b, tg = n_gen tokens one at a time. Reports mean ± stddev t/s. With -d DEPTH (llama-bench's -d) each
 // run starts after DEPTH tokens already in the context: they are evaluated once, untimed, and each run
 // cuts the context back to them (hybrid models through a checkpoint of the recurrent state).
+// --parallel N1,N2,.. runs llama-batched-bench's shape on the serving Engine instead (cli/bench_parallel.*);
+// --routing uniform makes MoE layers route each token to k experts drawn at random (Model::set_uniform_routing).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "base/cpu_features.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "cli/bench_parallel.h"
 #include "cli/commands.h"
 #include "runtime/experts/plan.h"
 #include "model/model.h"
@@ -97,12 +100,17 @@ Command add_bench(CLI::App& app) {
     std::string output = "md";
     std::string profile_out;
     bool batch_invariant = false;
+    std::vector<int> parallel;
+    int64_t batch_tokens = 0;
+    std::string routing = "model";
+    uint32_t routing_seed = 1;
   };
   auto o = std::make_shared<Opts>();
   o->m.add(app, false);
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (0: skip pp)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (0: skip tg)")->check(CLI::Range((int64_t)0, (int64_t)1 << 20));
-  app.add_option("-r,--repetitions", o->reps, "timed runs per test")->check(CLI::Range(1, 1000));
+  CLI::Option* reps = app.add_option("-r,--repetitions", o->reps, "timed runs per test (with --parallel: default 1)")
+                          ->check(CLI::Range(1, 1000));
   app.add_option("-b,--batch-size,--chunk-size", o->m.batch, "prompt tokens per step")->check(CLI::Range((int64_t)1, (int64_t)1 << 16));
   app.add_option("-d,--n-depth", o->depths, "tokens already in the context before each test (comma list)")
       ->delimiter(',')
@@ -115,8 +123,32 @@ Command add_bench(CLI::App& app) {
                  "MoE models: write how often each layer routed to each expert over the benchmarked tokens to this "
                  "file (a routing profile for --expert-profile). Counted where the routing reaches the host: the "
                  "CPU, or layers whose experts are split (--num-gpu-experts below all); counting costs some speed");
-  return [o] {
+  app.add_option("--parallel", o->parallel,
+                 "llama-batched-bench's shape on the serving engine: for each N of this comma list, N sequences "
+                 "each prefill -p random tokens, then generate -n tokens together; prints prefill, generation and "
+                 "total t/s and the time to first token and between tokens")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--batch-tokens", o->batch_tokens,
+                 "with --parallel: tokens of one engine step at most, as xpert serve's (default: N * -p, every "
+                 "prompt in one step, like llama-batched-bench with -b >= N * PP)")
+      ->check(CLI::Range((int64_t)1, (int64_t)1 << 24));
+  app.add_option("--routing", o->routing,
+                 "MoE models: model (the router's choice) or uniform (each token's top-k drawn uniformly at random, "
+                 "a speed measurement without random-weight files' skewed routing; outputs are meaningless)")
+      ->check(CLI::IsMember({"model", "uniform"}));
+  app.add_option("--routing-seed", o->routing_seed, "the seed of --routing uniform's draws")
+      ->check(CLI::Range(1u, 0xffffffffu));
+  return [o, reps] {
     cpu::set_batch_invariant(o->batch_invariant);
+    if (!o->parallel.empty()) {
+      if (reps->count() == 0) o->reps = 1;
+      if (o->depths != std::vector<int64_t>{0}) fail("--parallel: -d is not supported (each sequence starts empty)");
+      if (!o->profile_out.empty()) fail("--parallel: --profile-out is not supported; profile with one stream");
+      if (o->n_prompt < 1) fail("--parallel: -p must be at least 1 (each sequence is a request with a prompt)");
+    } else if (o->batch_tokens > 0) {
+      fail("--batch-tokens applies to --parallel only");
+    }
     const int64_t max_depth = *std::max_element(o->depths.begin(), o->depths.end());
     SessionOptions so{.n_ctx = max_depth + std::max<int64_t>(o->n_prompt + 1, o->n_gen + 1),
                       .n_threads = o->m.threads,
@@ -124,9 +156,28 @@ Command add_bench(CLI::App& app) {
                       .cache_ram_bytes = (size_t)1 << 30,  // room for the depth's checkpoint (hybrid models)
                       .checkpoint_every = 0,
                       .cache_types = o->m.cache_types()};
-    auto model = load_model(o->m, {.n_parallel = 1, .cache_ram_bytes = so.cache_ram_bytes, .n_ctx = so.n_ctx});
-    prefetch_weights(model->file());
+    const int max_parallel = o->parallel.empty() ? 1 : *std::max_element(o->parallel.begin(), o->parallel.end());
+    const RunMemory mem = o->parallel.empty()
+                              ? RunMemory{.n_parallel = 1, .cache_ram_bytes = so.cache_ram_bytes, .n_ctx = so.n_ctx}
+                              : RunMemory{.n_parallel = max_parallel, .n_ctx = o->n_prompt + o->n_gen + 2};
+    auto model = load_model(o->m, mem);
     const ModelConfig& c = model->config();
+    if (o->routing == "uniform") {
+      if (c.n_expert <= 0) fail("--routing uniform: {} ({}) has no routed experts", o->m.model, c.arch);
+      model->set_uniform_routing(o->routing_seed);
+    }
+    prefetch_weights(model->file());
+    if (!o->parallel.empty())
+      return run_parallel_bench(*model, {.n_parallel = o->parallel,
+                                         .n_prompt = o->n_prompt,
+                                         .n_gen = o->n_gen,
+                                         .reps = o->reps,
+                                         .prefill_chunk = o->m.batch,
+                                         .batch_tokens = o->batch_tokens,
+                                         .threads = o->m.threads,
+                                         .cache_types = o->m.cache_types(),
+                                         .routing = o->routing,
+                                         .output = o->output});
     std::unique_ptr<RoutingStats> routing;
     if (!o->profile_out.empty()) {
       if (c.n_expert <= 0) fail("--profile-out: {} ({}) has no routed experts", o->m.model, c.arch);

@@ -28,6 +28,7 @@ Command add_serve(CLI::App& app) {
     server::ServeOptions http;
     int parallel = 4;
     int queue = 64;
+    int64_t batch_tokens = 0;  // 0: --parallel + -b
     bool batch_invariant = true;
     int64_t cache_ram_mib = -1;  // -1: default_cache_ram_bytes()
     int64_t checkpoint_every = 1024;
@@ -65,6 +66,11 @@ Command add_serve(CLI::App& app) {
          "--body-timeout", [o](double s) { o->http.body_timeout_ms = (int)(s * 1000); },
          "seconds a client has to send a request's body (default 60; 408 after)")
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--batch-tokens", o->batch_tokens,
+                 "tokens of one engine step at most: every generating slot's next token always, then prompt chunks "
+                 "(at most -b each) shared evenly by the prompts waiting, so a long prompt stalls neither the "
+                 "streams nor a short prompt (default: --parallel + -b)")
+      ->check(CLI::Range((int64_t)1, (int64_t)1 << 20));
   app.add_option("--queue", o->queue, "requests that may wait for a slot before new ones get 503")
       ->check(CLI::Range(0, 4096));
   app.add_option("--max-body", o->http.max_body_bytes, "largest request body in bytes (413 above)")
@@ -182,6 +188,7 @@ Command add_serve(CLI::App& app) {
                    .n_ctx = o->m.ctx,
                    .n_threads = o->m.threads,
                    .prefill_chunk = o->m.batch,
+                   .batch_tokens = o->batch_tokens,
                    .max_queue = o->queue,
                    .cache_ram_bytes = cache_ram,
                    .checkpoint_every = o->checkpoint_every,

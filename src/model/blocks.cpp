@@ -34,7 +34,8 @@ MoeFfn moe_ffn_args(const ModelConfig& c, const LayerWeights& lw, int64_t il, Ro
           .exec = lw.expert_exec,
           .exec_share = lw.expert_share,
           .layer = il,
-          .stats = stats};
+          .stats = stats,
+          .uniform_seed = c.uniform_routing_seed};
 }
 
 Exec::Exec(const Model& m, const ForwardArgs& args, ThreadPool& pool, float embed_scale) : m_(m), args_(args) {

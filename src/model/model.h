@@ -46,6 +46,9 @@ struct ModelConfig {
   bool expert_weights_norm = true;    // renormalize the chosen experts' weights to sum 1
   float expert_weights_scale = 1.0f;  // then multiply them by this
   int64_t n_ff_shexp = 0;             // shared expert (qwen35moe), sigmoid-gated; 0: none
+  // Not from the file: nonzero replaces the router's choice by a uniformly random top-k drawn with this
+  // seed (RouterParams::uniform_seed), a speed-measurement mode (Model::set_uniform_routing).
+  uint32_t uniform_routing_seed = 0;
   // Hybrid recurrent models (qwen35, qwen35moe): layers marked in `layer_recurrent` are Gated DeltaNet
   // layers with a per-sequence state instead of a KV cache (see backend/gated_delta_net.h).
   std::vector<bool> layer_recurrent;
@@ -173,6 +176,11 @@ class Model {
   // steps). Throws Error, changing nothing, for a move that is not a swap of a resident and a host expert
   // of a split layer. Returns the bytes copied.
   size_t move_experts(std::span<const ExpertMove> moves);
+  // `xpert bench --routing uniform`: every MoE layer routes each token to k experts drawn uniformly at
+  // random (RouterParams::uniform_seed; 0: the router's choice again). Random-weight files route far more
+  // skewed than trained models; this measures speed without that flattery. Outputs are meaningless. Call
+  // before the first forward (recorded CUDA graphs bake the routing mode in).
+  void set_uniform_routing(uint32_t seed) { config_.uniform_routing_seed = seed; }
 
  protected:
   explicit Model(std::unique_ptr<gguf::GGUFFile> file);

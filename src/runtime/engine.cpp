@@ -142,8 +142,10 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, const EngineOptio
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->index = i;
   }
-  log::info("engine: {} slots of {} tokens ({:.1f} MiB KV cache), {} threads, prefill chunk {}",
-            opts_.n_parallel, cache_.n_ctx(), cache_.bytes() / 1048576.0, pool_.size(), opts_.prefill_chunk);
+  if (opts_.batch_tokens <= 0) opts_.batch_tokens = opts_.n_parallel + opts_.prefill_chunk;
+  log::info("engine: {} slots of {} tokens ({:.1f} MiB KV cache), {} threads, prefill chunk {}, {} tokens a step",
+            opts_.n_parallel, cache_.n_ctx(), cache_.bytes() / 1048576.0, pool_.size(), opts_.prefill_chunk,
+            opts_.batch_tokens);
   if (!state_cache_.enabled())
     log::info("engine: state cache off (--cache-ram 0): only a slot's own rows are reused");
   else if (state_)
@@ -174,6 +176,7 @@ std::shared_ptr<Job> Engine::submit(GenerateParams params) {
     if (t < 0 || t >= model_.config().n_vocab)
       fail("token id {} is out of range [0, {})", t, model_.config().n_vocab);
   auto job = std::make_shared<Job>();
+  job->submitted_ = std::chrono::steady_clock::now();
   job->n_prompt_ = (int64_t)params.prompt.size();
   job->params_ = std::move(params);
   {
@@ -227,7 +230,17 @@ Engine::Stats Engine::stats() const {
   for (auto& [t, k] : recent_)
     if (t >= horizon) n += k;
   s.tokens_per_second = n / 10.0;
+  s.ttft_p50 = ttft_.quantile(0.5), s.ttft_p90 = ttft_.quantile(0.9);
+  s.itl_p50 = itl_.quantile(0.5), s.itl_p90 = itl_.quantile(0.9);
+  s.ttft_count = ttft_.total(), s.itl_count = itl_.total();
+  s.ttft_sum = ttft_.sum(), s.itl_sum = itl_.sum();
   return s;
+}
+
+void Engine::clear_latency() {
+  std::lock_guard lk(mu_);
+  ttft_.clear();
+  itl_.clear();
 }
 
 void Engine::release(Slot& s, Finish f, std::string error, int stop_index) {
@@ -551,30 +564,65 @@ std::vector<float> Engine::embed_now(const std::vector<int32_t>& tokens, Pooling
   return out;
 }
 
+std::vector<int64_t> share_prefill_budget(const std::vector<int64_t>& want, int64_t left) {
+  const size_t n = want.size();
+  std::vector<int64_t> give(n, 0);
+  std::vector<size_t> by_want(n);
+  for (size_t i = 0; i < n; ++i) by_want[i] = i;
+  std::stable_sort(by_want.begin(), by_want.end(), [&](size_t a, size_t b) { return want[a] < want[b]; });
+  size_t j = 0;  // the wants at or below an even share of what is left are met
+  for (; j < n && want[by_want[j]] <= left / (int64_t)(n - j); ++j) {
+    give[by_want[j]] = want[by_want[j]];
+    left -= want[by_want[j]];
+  }
+  if (j == n) return give;
+  // The others (each wants more than the even share) split the rest, oldest first for the remainder.
+  const int64_t m = (int64_t)(n - j), base = left / m;
+  int64_t rem = left % m;
+  std::vector<bool> met(n, false);
+  for (size_t q = 0; q < j; ++q) met[by_want[q]] = true;
+  for (size_t i = 0; i < n; ++i)
+    if (!met[i]) give[i] = base + (rem > 0 ? (--rem, 1) : 0);
+  return give;
+}
+
+// How many prompt tokens each prefilling slot (oldest first) evaluates this step, after n_decode tokens of
+// generating slots: what the budget leaves (at least one token), shared by share_prefill_budget. Each slot
+// wants up to prefill_chunk, less at its prompt's end or its next checkpoint.
+std::vector<int64_t> Engine::prefill_shares(const std::vector<Slot*>& waiting, int64_t n_decode) const {
+  std::vector<int64_t> want;
+  for (const Slot* s : waiting)
+    want.push_back(std::min({opts_.prefill_chunk, (int64_t)s->job->params_.prompt.size() - s->n_past,
+                             next_checkpoint(*s) - s->n_past}));
+  return share_prefill_budget(want, std::max<int64_t>(1, opts_.batch_tokens - n_decode));
+}
+
 int64_t Engine::step(std::vector<Slot*>& active) {
   active.clear();
   std::vector<int32_t> tokens;
   std::vector<BatchSegment> segs;
-  Slot* prefill = nullptr;
+  std::vector<Slot*> waiting;  // prefilling, oldest first
   for (auto& slot : slots_) {
     Slot& s = *slot;
     if (s.state == Slot::State::generate) {
       tokens.push_back(s.next_token);
       segs.push_back({.seq = s.index, .pos0 = (int32_t)s.n_past, .n_tokens = 1});
       active.push_back(&s);
-    } else if (s.state == Slot::State::prefill && (!prefill || s.order < prefill->order)) {
-      prefill = &s;
+    } else if (s.state == Slot::State::prefill) {
+      waiting.push_back(&s);
     }
   }
+  std::sort(waiting.begin(), waiting.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
+  const std::vector<int64_t> chunks = prefill_shares(waiting, (int64_t)tokens.size());
   int64_t n_prefill = 0;
-  if (prefill) {
-    const auto& prompt = prefill->job->params_.prompt;
-    n_prefill = std::min({opts_.prefill_chunk, (int64_t)prompt.size() - prefill->n_past,
-                          next_checkpoint(*prefill) - prefill->n_past});
-    tokens.insert(tokens.end(), prompt.begin() + prefill->n_past,
-                  prompt.begin() + prefill->n_past + n_prefill);
-    segs.push_back({.seq = prefill->index, .pos0 = (int32_t)prefill->n_past, .n_tokens = (int32_t)n_prefill});
-    active.push_back(prefill);
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    if (chunks[i] == 0) continue;
+    Slot& s = *waiting[i];
+    const auto& prompt = s.job->params_.prompt;
+    tokens.insert(tokens.end(), prompt.begin() + s.n_past, prompt.begin() + s.n_past + chunks[i]);
+    segs.push_back({.seq = s.index, .pos0 = (int32_t)s.n_past, .n_tokens = (int32_t)chunks[i]});
+    active.push_back(&s);
+    n_prefill += chunks[i];
   }
   if (segs.empty()) return 0;
 
@@ -608,6 +656,17 @@ int64_t Engine::step(std::vector<Slot*>& active) {
       if (s.n_past < (int64_t)s.job->params_.prompt.size()) continue;  // more prompt to go
       s.state = Slot::State::generate;
     }
+    Job& job = *s.job;
+    {  // before the token goes out (and may end the job): whoever sees it sees its latency counted
+      std::lock_guard lk(mu_);
+      if (job.ttft_.load() < 0) {
+        job.ttft_.store(std::chrono::duration<double>(t1 - job.submitted_).count());
+        ttft_.add(job.ttft_.load());
+      } else {
+        itl_.add(std::chrono::duration<double>(t1 - job.last_token_).count());
+      }
+    }
+    job.last_token_ = t1;
     sample_and_emit(s, std::span<const float>(logits_.get().data() + i * V, V));
     ++n_generated;
   }
@@ -632,7 +691,7 @@ void Engine::sample_and_emit(Slot& s, std::span<const float> logits) {
                               "grammar needs next, or logit_bias bans it)");
     return;
   }
-  if (tok_.is_eog(id)) {
+  if (!p.ignore_eos && tok_.is_eog(id)) {
     std::string rest = s.stops->push(s.utf8->flush()).text;
     if (!s.stops->stopped()) rest += s.stops->flush();
     job.push(std::move(rest), nullptr);

@@ -11,9 +11,11 @@
 // each prompt (its last token excluded, so an identical prompt resumes too), where a prompt leaves the
 // cached paths, every `checkpoint_every` tokens, and when a slot's content is saved.
 //
-// Each step builds one batch: the next token of every generating slot, plus a chunk of at most one
-// slot's prompt (FIFO), so a long prompt never stalls the streams already running. One
-// Model::forward per step, with one BatchSegment per slot.
+// Each step builds one batch under a token budget (EngineOptions::batch_tokens): the next token of every
+// generating slot always goes in, and prompt chunks fill the rest, shared fairly among the prefilling
+// slots (each gets an equal share, at most prefill_chunk; what a short prompt leaves goes to the others),
+// so neither the running streams nor a short prompt wait behind a long one. One Model::forward per step,
+// with one BatchSegment per slot. Time to first token and between tokens are kept for /metrics.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -32,6 +34,7 @@
 #include "model/model.h"
 #include "runtime/experts/routing_stats.h"
 #include "model/kv_cache.h"
+#include "runtime/latency.h"
 #include "runtime/pinned_floats.h"
 #include "model/recurrent_state.h"
 #include "runtime/state_cache.h"
@@ -47,7 +50,10 @@ struct EngineOptions {
   int n_parallel = 4;           // cache slots = sequences generated at once
   int64_t n_ctx = 4096;         // per slot; 0: the model's trained context
   int n_threads = 0;            // 0: physical cores
-  int64_t prefill_chunk = 128;  // prompt tokens of one slot per step
+  int64_t prefill_chunk = 128;  // prompt tokens of one slot per step, at most
+  // Tokens of one step, at most: every generating slot's next token, then prompt chunks up to the rest
+  // (at least one prompt token a step while a prompt waits). 0: n_parallel + prefill_chunk.
+  int64_t batch_tokens = 0;
   int max_queue = 64;           // requests waiting for a slot; past it submit() throws QueueFull
   // Host-RAM state cache (0: off; slots still reuse their own rows), and for hybrid models a checkpoint
   // every this many positions (0: only at prompt ends and when a slot is saved).
@@ -72,6 +78,7 @@ struct GenerateParams {
   // Non-empty: the grammar starts after this text in the output (GrammarSampler's lazy start), so a
   // thinking model reasons freely and only its answer after "</think>" is constrained.
   std::string grammar_after;
+  bool ignore_eos = false;  // end-of-generation tokens are ordinary tokens (benchmarks: exactly max_tokens)
 };
 
 struct TokenLogprob {
@@ -111,6 +118,8 @@ class Job {
   // Prompt tokens not evaluated because their state was cached (set at admission): OpenAI's
   // usage.prompt_tokens_details.cached_tokens.
   int64_t n_cached() const { return n_cached_.load(); }
+  // Seconds from submit() to the first sampled token; < 0 before it.
+  double ttft_seconds() const { return ttft_.load(); }
 
  private:
   friend class Engine;
@@ -121,12 +130,19 @@ class Job {
   int64_t n_prompt_ = 0;
   std::atomic<int64_t> n_generated_{0};
   std::atomic<int64_t> n_cached_{0};
+  std::atomic<double> ttft_{-1.0};
+  std::chrono::steady_clock::time_point submitted_, last_token_;  // last_token_: engine thread only
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   Update pending_;
   bool has_news_ = false, done_ = false;
 };
+
+// The scheduler's fairness: `left` prompt tokens shared among prefilling slots that want want[i] each
+// (oldest first), max-min fair: the smallest wants are met first, the rest split evenly, the remainder of
+// the division to the oldest. Returns what each gets (sums to min(left, sum of wants)).
+std::vector<int64_t> share_prefill_budget(const std::vector<int64_t>& want, int64_t left);
 
 // submit() when every slot is busy and the queue is full.
 class QueueFull : public Error {
@@ -175,8 +191,15 @@ class Engine {
     double top_quarter_share = 0;
     // --rebalance-experts: rounds run and experts moved between the GPU and the host.
     uint64_t rebalance_rounds = 0, expert_moves = 0;
+    // Latency over the last 4096 requests (time to first token: submit() to the first sampled token,
+    // queueing included) and the last 65536 tokens (the time between a request's consecutive tokens),
+    // in seconds; 0 with no sample.
+    double ttft_p50 = 0, ttft_p90 = 0, itl_p50 = 0, itl_p90 = 0;
+    uint64_t ttft_count = 0, itl_count = 0;  // samples ever taken
+    double ttft_sum = 0, itl_sum = 0;        // of all of them
   };
   Stats stats() const;
+  void clear_latency();  // forgets the latency samples (a benchmark's warm-up)
   // MoE models: how often each layer routed to each expert while serving (layers whose experts the
   // host or a split GPU layer computes; a layer wholly on the GPU routes there and is not counted).
   // Null for dense models. A profile (`--expert-profile`) is a saved copy.
@@ -187,6 +210,7 @@ class Engine {
   void loop();
   void admit(std::shared_ptr<Job> job);
   int64_t step(std::vector<Slot*>& active);  // returns the tokens forwarded
+  std::vector<int64_t> prefill_shares(const std::vector<Slot*>& waiting, int64_t n_decode) const;  // of the budget
   void sample_and_emit(Slot& s, std::span<const float> logits);
   void release(Slot& s, Finish f, std::string error = {}, int stop_index = -1);
   void save_slot(Slot& s);
@@ -225,6 +249,7 @@ class Engine {
   StateCacheStats cache_stats_;  // under mu_: a copy for stats()
   std::atomic<double> forward_seconds_{0};
   std::deque<std::pair<std::chrono::steady_clock::time_point, int>> recent_;  // under mu_
+  LatencyWindow ttft_{4096}, itl_{65536};                                     // under mu_
   std::unique_ptr<TokenTrie> trie_;  // the vocabulary's pieces, built for the first grammar request
   // Mask tables by grammar text, shared by requests with the same grammar (engine thread only).
   std::unordered_map<std::string, std::shared_ptr<GrammarTables>> grammar_tables_;

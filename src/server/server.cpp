@@ -108,6 +108,19 @@ std::string Server::Impl::metrics_text() {
          s.rebalance_rounds);
   metric("xpert_generated_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
          s.tokens_per_second);
+  auto summary = [&](const char* name, const char* help, double p50, double p90, double sum, uint64_t count) {
+    out += fmt::format(
+        "# HELP {0} {1}\n# TYPE {0} summary\n{0}{{quantile=\"0.5\"}} {2}\n{0}{{quantile=\"0.9\"}} {3}\n"
+        "{0}_sum {4}\n{0}_count {5}\n",
+        name, help, p50, p90, sum, count);
+  };
+  summary("xpert_time_to_first_token_seconds",
+          "From a request's submission to the engine (queueing included) to its first token; quantiles over the "
+          "last 4096 requests.",
+          s.ttft_p50, s.ttft_p90, s.ttft_sum, s.ttft_count);
+  summary("xpert_inter_token_latency_seconds",
+          "Between a request's consecutive tokens; quantiles over the last 65536 tokens.", s.itl_p50, s.itl_p90,
+          s.itl_sum, s.itl_count);
   metric("xpert_forward_seconds_total", "counter", "Time spent in batched forward passes.",
          s.forward_seconds);
   metric("xpert_engine_steps_total", "counter", "Batched forward passes.", s.steps);

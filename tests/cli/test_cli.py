@@ -93,6 +93,49 @@ def test_bench_profile_out(xpert, model, tmp_path):
     assert r.returncode != 0 and b"no routed experts" in r.stderr
 
 
+MOE_FIXTURE = os.path.join(os.path.dirname(__file__), "..", "reference", "fixtures", "tiny_qwen3moe.gguf")
+
+
+def test_bench_parallel(xpert):
+    """llama-batched-bench's shape on the serving engine: a row per N with PP/TG/total speeds and latencies."""
+    r = xpert("bench", "-m", MOE_FIXTURE, "--parallel", "1,3", "-p", 12, "-n", 5, "-o", "json", "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    rows = json.loads(r.stdout)
+    assert [(x["pl"], x["pp"], x["tg"], x["n_kv"]) for x in rows] == [(1, 12, 5, 17), (3, 12, 5, 51)]
+    for x in rows:
+        assert x["routing"] == "model"
+        assert x["speed_pp"] > 0 and x["speed_tg"] > 0 and x["speed"] > 0
+        assert abs(x["t_pp"] + x["t_tg"] - x["t"]) < 1e-6 * max(1.0, x["t"])
+        assert abs(x["speed_tg"] * x["t_tg"] - x["pl"] * x["tg"]) < 1e-6 * x["pl"] * x["tg"]
+        assert 0 < x["ttft_p50"] <= x["ttft_p90"] and 0 < x["itl_p50"] <= x["itl_p90"]
+    r = xpert("bench", "-m", MOE_FIXTURE, "--parallel", 2, "-p", 8, "-n", 3, "--routing", "uniform", "-t", 2)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert "routing uniform" in out and "| S_TG t/s |" in out
+    assert len([l for l in out.splitlines() if l.startswith("|    8 |    3 |   2 |")]) == 1, out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--parallel", "0"], b"--parallel"),
+    (["--parallel", "2,x"], b"--parallel"),
+    (["--parallel", "2", "--batch-tokens", "0"], b"--batch-tokens"),
+    (["--batch-tokens", "64"], b"--batch-tokens applies to --parallel only"),
+    (["--parallel", "2", "-d", "16"], b"-d is not supported"),
+    (["--parallel", "2", "-p", "0"], b"-p must be at least 1"),
+    (["--routing", "random"], b"--routing"),
+    (["--routing", "uniform", "--routing-seed", "0"], b"--routing-seed"),
+])
+def test_bench_parallel_bad_values(xpert, args, message):
+    r = xpert("bench", "-m", MOE_FIXTURE, *([] if "-p" in args else ["-p", 8]), "-n", 2, "-r", 1, *args)
+    assert r.returncode != 0 and message in r.stderr, r.stderr.decode()
+    assert b"Traceback" not in r.stderr and b"terminate" not in r.stderr
+
+
+def test_bench_routing_uniform_needs_experts(xpert, model):
+    r = xpert("bench", "-m", model, "-p", 8, "-n", 2, "-r", 1, "--routing", "uniform")
+    assert r.returncode != 0 and b"--routing uniform" in r.stderr and b"no routed experts" in r.stderr
+
+
 def test_tokenize_matches_llama_cpp(xpert, model):
     c = case("chinese")
     r = xpert("tokenize", "-m", model, "-p", c["prompt"])

@@ -90,6 +90,57 @@ TEST_F(EngineTest, ConcurrentEqualsOneAtATime) {
   EXPECT_GT(s.generated_tokens, 0u);
 }
 
+// Several prompts prefilled in one step (a budget of more than one chunk): still the tokens of one at a time.
+TEST_F(EngineTest, SharedPrefillStepsEqualOneAtATime) {
+  const int n = 6;
+  std::vector<std::vector<int32_t>> alone(n);
+  {
+    Engine engine(*model, *tok, {.n_parallel = 1, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8});
+    for (int i = 0; i < n; ++i) alone[i] = ids(engine.submit(greedy(i))->wait_all());
+  }
+  Engine engine(*model, *tok,
+                {.n_parallel = 4, .n_ctx = 128, .n_threads = 2, .prefill_chunk = 8, .batch_tokens = 23});
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < n; ++i) jobs.push_back(engine.submit(greedy(i)));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(ids(jobs[i]->wait_all()), alone[i]) << "request " << i;
+  const Engine::Stats s = engine.stats();
+  EXPECT_EQ(s.ttft_count, (uint64_t)n);  // a time to first token per request, one between each next token
+  uint64_t tokens = 0;
+  for (int i = 0; i < n; ++i) tokens += alone[i].size();
+  EXPECT_EQ(s.itl_count, tokens - n);
+  EXPECT_GT(s.ttft_p90, 0.0);
+  EXPECT_GE(s.ttft_p90, s.ttft_p50);
+  EXPECT_GE(s.itl_p90, s.itl_p50);
+  engine.clear_latency();
+  EXPECT_EQ(engine.stats().ttft_p50, 0.0);
+}
+
+TEST(PrefillBudget, SharedMaxMinFairly) {
+  // Wants of the prefilling slots, oldest first, and the tokens left in the step.
+  EXPECT_EQ(share_prefill_budget({16, 16, 4}, 20), (std::vector<int64_t>{8, 8, 4}));
+  EXPECT_EQ(share_prefill_budget({16, 4}, 20), (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(share_prefill_budget({16, 4}, 100), (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(share_prefill_budget({16, 16, 16}, 20), (std::vector<int64_t>{7, 7, 6}));  // remainder: oldest
+  EXPECT_EQ(share_prefill_budget({16, 16, 16}, 1), (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(share_prefill_budget({}, 5), (std::vector<int64_t>{}));
+}
+
+// A long prompt admitted first does not hold back a short one admitted with it: the short one's prefill
+// shares the first steps, so its first token comes before the long one's.
+TEST_F(EngineTest, ShortPromptIsNotStalledByALongOne) {
+  Engine engine(*model, *tok,
+                {.n_parallel = 2, .n_ctx = 256, .n_threads = 2, .prefill_chunk = 4, .batch_tokens = 8});
+  GenerateParams longer = greedy(0, 2);
+  longer.prompt.clear();
+  for (int k = 0; k < 200; ++k) longer.prompt.push_back(3 + (k * 13) % 300);
+  auto slow = engine.submit(longer);
+  auto quick = engine.submit(greedy(0, 2));
+  quick->wait_all();
+  slow->wait_all();
+  ASSERT_GE(quick->ttft_seconds(), 0.0);
+  EXPECT_LT(quick->ttft_seconds(), slow->ttft_seconds());
+}
+
 TEST_F(EngineTest, CancelFreesTheSlot) {
   Engine engine(*model, *tok, {.n_parallel = 1, .n_ctx = 256, .n_threads = 2, .prefill_chunk = 8});
   // A sampled request can end by itself (an end-of-generation token) before this thread gets to

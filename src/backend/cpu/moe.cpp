@@ -7,6 +7,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "backend/uniform_routing.h"
 #include "base/error.h"
 
 namespace xpert::cpu {
@@ -18,11 +19,15 @@ void route_top_k(const float* logits, int64_t n_tokens, const RouterParams& p, R
   r.k = k;
   r.ids.resize(n_tokens * k);
   r.weights.resize(n_tokens * k);
-  std::vector<float> probs(E);
+  std::vector<float> probs(E), scores(p.uniform_seed ? E : 0);
   std::vector<int32_t> order(E);
   for (int64_t t = 0; t < n_tokens; ++t) {
     // Softmax as ggml's: exp(x - max), summed in double, scaled by the float reciprocal.
     const float* l = logits + t * E;
+    if (p.uniform_seed) {  // a speed-measurement mode: a uniformly random top k (uniform_routing.h)
+      for (int64_t e = 0; e < E; ++e) scores[e] = uniform_route_score(l[e], (int)e, p.uniform_seed);
+      l = scores.data();
+    }
     const float mx = *std::max_element(l, l + E);
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(l[e] - mx);

@@ -113,7 +113,11 @@ void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, 
   int32_t* ids = ar.take<int32_t>(n * slots);
   float* weights = ar.take<float>(n * slots);
   const cuda::MoeRouting routing{
-      .n_expert = X, .k = k, .norm_weights = ffn.norm_weights, .weights_scale = ffn.weights_scale};
+      .n_expert = X,
+      .k = k,
+      .norm_weights = ffn.norm_weights,
+      .weights_scale = ffn.weights_scale,
+      .uniform_seed = ffn.uniform_seed};
   if (cuda::moe_router_fusable(ffn.router.type, n, ffn.n_embd, routing)) {
     if (!router_done_.data()) {
       router_done_ = DeviceBuffer(*this, sizeof(unsigned));

@@ -27,6 +27,7 @@ struct MoeRouting {
   int64_t n_expert = 0, k = 0;
   bool norm_weights = true;    // divide the k probabilities by their sum
   float weights_scale = 1.0f;  // then multiply by this
+  uint32_t uniform_seed = 0;   // RouterParams::uniform_seed: a uniformly random top k (speed measurement)
 };
 
 // logits: [n_tokens][n_expert] -> ids, weights: [n_tokens][k] (slot order: descending probability).

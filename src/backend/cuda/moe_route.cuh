@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "backend/uniform_routing.h"
+
 namespace xpert::cuda {
 
 // Shared memory route_token_block needs, in floats: the E logits (rounded up for the doubles after them),
@@ -56,9 +58,10 @@ __device__ inline void rank_top_k(int n, int k, Id id, Val v, int32_t* top_id, f
 // the result is the same; the comparisons a thread makes drop from E * E / kThreads to 32 plus a quarter
 // of the candidates (256 experts, top 8, 256 threads: 256 -> 48), so 256 experts need not fall back to the
 // warp's serial top-k.
+// seed: RouterParams::uniform_seed (0: the logits as they are).
 template <int kThreads, bool kTwoPhase = false>
 __device__ inline void route_token_block(const float* src, float* smem, int E, int k, bool norm, float scale,
-                                         int32_t* __restrict__ ids, float* __restrict__ weights) {
+                                         uint32_t seed, int32_t* __restrict__ ids, float* __restrict__ weights) {
   constexpr int kW = kThreads / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   float* l = smem;
@@ -66,7 +69,10 @@ __device__ inline void route_token_block(const float* src, float* smem, int E, i
   int32_t* top_id = reinterpret_cast<int32_t*>(red + kW);
   float* top_v = reinterpret_cast<float*>(top_id + 32);
   float mx = -INFINITY;
-  for (int e = threadIdx.x; e < E; e += kThreads) mx = fmaxf(mx, l[e] = __ldcg(src + e));
+  for (int e = threadIdx.x; e < E; e += kThreads) {
+    const float v = __ldcg(src + e);
+    mx = fmaxf(mx, l[e] = seed ? uniform_route_score(v, e, seed) : v);
+  }
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (lane == 0) red[warp] = mx;
   __syncthreads();

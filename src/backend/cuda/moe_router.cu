@@ -23,12 +23,14 @@ constexpr unsigned kFull = 0xffffffffu;
 // One warp routes one token: src = its E logits, l = E floats of shared memory. The top k is chosen on the
 // logits (softmax is monotonic), largest first, ties to the lower expert; chosen entries are marked NaN,
 // which never compares greater.
-__device__ void route_token(const float* src, float* l, int E, int k, bool norm, float scale,
+// seed: RouterParams::uniform_seed (0: the logits as they are).
+__device__ void route_token(const float* src, float* l, int E, int k, bool norm, float scale, uint32_t seed,
                             int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) {
-    const float v = __ldcg(src + e);  // may be another block's fresh output (moe_router_kernel)
+    float v = __ldcg(src + e);  // may be another block's fresh output (moe_router_kernel)
+    if (seed) v = uniform_route_score(v, e, seed);
     l[e] = v;
     mx = fmaxf(mx, v);
   }
@@ -73,13 +75,13 @@ __device__ void route_token(const float* src, float* l, int E, int k, bool norm,
 }
 
 __global__ void route_kernel(const float* __restrict__ logits, int64_t n, int E, int k, bool norm,
-                             float scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
+                             float scale, uint32_t seed, int32_t* __restrict__ ids, float* __restrict__ weights) {
   pdl_begin();
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x / 32;
   const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + warp;
   if (t >= n) return;
-  route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, ids + t * k, weights + t * k);
+  route_token(logits + t * E, route_smem + warp * E, E, k, norm, scale, seed, ids + t * k, weights + t * k);
 }
 
 // Decode router in one launch: block e computes expert e's logit for every token (its f32 row read once,
@@ -119,7 +121,8 @@ __device__ __forceinline__ void norm_in_router(const float4 (&res)[2], const flo
 template <bool kNorm>
 __global__ void __launch_bounds__(kRouterThreads)
     router_kernel(const float* __restrict__ w, const float* __restrict__ sg, const float* __restrict__ x,
-                  int n, int D, int E, int k, int slots, bool norm, float scale, float* __restrict__ logits,
+                  int n, int D, int E, int k, int slots, bool norm, float scale, uint32_t seed,
+                  float* __restrict__ logits,
                   int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done,
                   bool prefetch, int route_form, RouterNorm nm) {
   const int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -247,12 +250,12 @@ __global__ void __launch_bounds__(kRouterThreads)
   __threadfence();
   if (threadIdx.x == 0) *done = 0;  // read by no thread of this launch past this point
   if (n == 1 && route_form == (int)RouteForm::two_phase && route_two_phase_fits(E, kRouterThreads, k)) {
-    route_token_block<kRouterThreads, true>(logits, router_smem, E, k, norm, scale, ids, weights);
+    route_token_block<kRouterThreads, true>(logits, router_smem, E, k, norm, scale, seed, ids, weights);
   } else if (n == 1 && route_form != (int)RouteForm::warp &&
              E * E <= 64 * kRouterThreads) {  // at most 64 comparisons a thread
-    route_token_block<kRouterThreads>(logits, router_smem, E, k, norm, scale, ids, weights);
+    route_token_block<kRouterThreads>(logits, router_smem, E, k, norm, scale, seed, ids, weights);
   } else if (warp < n) {
-    route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, ids + warp * slots,
+    route_token(logits + (int64_t)warp * E, router_smem + warp * E, E, k, norm, scale, seed, ids + warp * slots,
                 weights + warp * slots);
   }
 }
@@ -268,7 +271,7 @@ void moe_route(const float* logits, int64_t n_tokens, const MoeRouting& r, int32
   constexpr int kWarps = 4;
   const size_t smem = (size_t)kWarps * r.n_expert * sizeof(float);
   launch_pdl(route_kernel, (unsigned)((n_tokens + kWarps - 1) / kWarps), kWarps * 32, smem, stream, logits,
-             n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, ids, weights);
+             n_tokens, (int)r.n_expert, (int)r.k, r.norm_weights, r.weights_scale, r.uniform_seed, ids, weights);
   XPERT_CUDA_CHECK_LAUNCH();
 }
 
@@ -311,7 +314,7 @@ void moe_router(const float* w, const float* x, int64_t n_tokens, int64_t n_embd
   launch_pdl(norm ? router_kernel<true> : router_kernel<false>,
              (unsigned)(r.n_expert + (shared_gate ? 1 : 0)), kRouterThreads, smem, stream, w, shared_gate,
              norm ? norm->y : x, (int)n_tokens, (int)n_embd, (int)r.n_expert, (int)r.k, slots, r.norm_weights,
-             r.weights_scale, logits, ids, weights, done, detail::prefetch_enabled(), (int)form,
+             r.weights_scale, r.uniform_seed, logits, ids, weights, done, detail::prefetch_enabled(), (int)form,
              norm ? *norm : RouterNorm{});
   XPERT_CUDA_CHECK_LAUNCH();
 }
