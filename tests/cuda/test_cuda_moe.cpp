@@ -59,6 +59,44 @@ TEST(CudaMoeRoute, MatchesRouteTopK) {
   for (float v : from_device<float>(w, 4)) EXPECT_FLOAT_EQ(v, 0.25f);
 }
 
+// --routing uniform (RouterParams::uniform_seed): the same hashed scores on the device as on the host, so
+// moe_route and the fused router (every form) choose the experts route_top_k chooses with that seed.
+TEST(CudaMoeRoute, UniformRoutingMatchesTheHost) {
+  XPERT_REQUIRE_GPU();
+  cuda::Stream stream;
+  const int64_t D = 2048, E = 128, k = 8;
+  const uint32_t seed = 7;
+  for (const int64_t n : {1, 5, 64}) {
+    const std::vector<float> logits = cudatest::random_values((size_t)(n * E), 90 + n);
+    Routing want;
+    cpu::route_top_k(logits.data(), n, {.n_expert = E, .k = k, .uniform_seed = seed}, want);
+    cuda::DeviceBuffer l_dev = to_device(logits), ids((size_t)(n * k) * 4), w((size_t)(n * k) * 4);
+    cuda::moe_route(l_dev.as<float>(), n, {.n_expert = E, .k = k, .uniform_seed = seed}, ids.as<int32_t>(),
+                    w.as<float>(), stream);
+    stream.sync();
+    EXPECT_EQ(from_device<int32_t>(ids, (size_t)(n * k)), want.ids) << n;
+    const std::vector<float> got_w = from_device<float>(w, (size_t)(n * k));
+    for (size_t i = 0; i < got_w.size(); ++i) EXPECT_NEAR(got_w[i], want.weights[i], 2e-6) << i;
+  }
+  const std::vector<float> rw = cudatest::random_values((size_t)(E * D), 93);
+  cuda::DeviceBuffer w_dev = to_device(rw), done(4);
+  XPERT_CUDA_CHECK(cudaMemset(done.data(), 0, 4));
+  for (const int64_t n : {1, 8})
+    for (cuda::RouteForm form : {cuda::RouteForm::warp, cuda::RouteForm::block, cuda::RouteForm::two_phase}) {
+      const std::vector<float> x = cudatest::random_values((size_t)(n * D), 94 + n);
+      const cuda::MoeRouting r{.n_expert = E, .k = k, .uniform_seed = seed};
+      cuda::DeviceBuffer x_dev = to_device(x), logits((size_t)(n * E) * 4), ids((size_t)(n * k) * 4),
+                         wt((size_t)(n * k) * 4);
+      cuda::moe_router(w_dev.as<float>(), x_dev.as<float>(), n, D, r, logits.as<float>(), ids.as<int32_t>(),
+                       wt.as<float>(), done.as<unsigned>(), stream, nullptr, form);
+      stream.sync();
+      Routing want;
+      cpu::route_top_k(from_device<float>(logits, (size_t)(n * E)).data(), n,
+                       {.n_expert = E, .k = k, .uniform_seed = seed}, want);
+      EXPECT_EQ(from_device<int32_t>(ids, (size_t)(n * k)), want.ids) << n << " form " << (int)form;
+    }
+}
+
 // The fused decode router (product + routing in one launch): logits against a double-precision product,
 // the routing against route_top_k on the logits it wrote; three calls in a row (the block counter resets).
 TEST(CudaMoeRouter, ProductAndRouting) {
@@ -425,7 +463,7 @@ TEST_P(CudaMoe, EqualsReference) {
                std::vector<float>(want.begin(), want.begin() + nd * D), nd, D, 3e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 64));
+INSTANTIATE_TEST_SUITE_P(Tokens, CudaMoe, ::testing::Values(1, 4, 16, 32, 64));
 
 // The decode gate/up kernel as clusters of two CTAs a span of 32 outputs (MoeRun::gate_up_parts 2, sm_90)
 // against one CTA a span: each output is the same dot of the same lanes, so the layer's output is the same
