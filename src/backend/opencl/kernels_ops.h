@@ -181,6 +181,52 @@ kernel void round_activations(global const float* x, int k, global float* y, int
 }
 #pragma OPENCL FP_CONTRACT ON
 
+// MoE routing on the device for decode-sized batches, one work-item per token: softmax over the router's
+// logits, the k most probable experts (ties: the lower index first) with their probabilities renormalised
+// (the sum clamped to f16's smallest normal, as llama.cpp) and scaled, as cpu::route_top_k computes them
+// (its softmax sums in double: weights within a few ulps). Each slot is its own grouped row, so the tables
+// of moe_gather / gemv tasks / moe_combine are written here: row_slot[s] = slot_row[s] = s,
+// tasks[s] = (s, expert).
+kernel void moe_route_slots(global const float* logits, int n_expert, int k, int norm, float scale,
+                            global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
+                            int n_tokens) {
+  const int t = get_global_id(0);
+  if (t >= n_tokens) return;
+  global const float* l = logits + (long)t * n_expert;
+  float mx = l[0];
+  for (int e = 1; e < n_expert; ++e) mx = fmax(mx, l[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < n_expert; ++e) sum += exp(l[e] - mx);
+  const float inv = 1.0f / sum;
+  // Selection in (probability descending, index ascending) order: each pick is the best after the last.
+  float last_p = INFINITY, wsum = 0.0f;
+  int last_e = -1;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float best_p = -1.0f;
+    for (int e = 0; e < n_expert; ++e) {
+      const float p = exp(l[e] - mx) * inv;
+      const bool after = p < last_p || (p == last_p && e > last_e);
+      if (after && p > best_p) best = e, best_p = p;
+    }
+    const int s = t * k + j;
+    row_slot[s] = s;
+    slot_row[s] = s;
+    tasks[2 * s] = s;
+    tasks[2 * s + 1] = best;
+    weights[s] = best_p;
+    wsum += best_p;
+    last_p = best_p, last_e = best;
+  }
+  const float d = norm ? fmax(wsum, 6.103515625e-5f) : 1.0f;
+  for (int j = 0; j < k; ++j) {
+    float w = weights[t * k + j];
+    if (norm) w /= d;
+    if (scale != 0.0f && scale != 1.0f) w *= scale;
+    weights[t * k + j] = w;
+  }
+}
+
 // MoE: grouped row g holds the token of slot row_slot[g] (slot = t * k + j).
 kernel void moe_gather(global const float* x, global const int* row_slot, int k, int width, global float* xg,
                        long total) {

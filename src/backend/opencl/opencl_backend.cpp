@@ -212,6 +212,7 @@ class OpenclBackend final : public Backend {
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
+  void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
                        float* ssm_state, float* out) override;
 
@@ -338,8 +339,10 @@ class OpenclBackend final : public Backend {
   std::vector<Prog*> programs_;
 };
 
-// Routing on the host (the router logits are n x n_expert floats), so the CPU's exact top-k and the
-// routing statistics come for free; the rows are then grouped by expert as the CPU groups them. Experts
+// Batches of fewer than kMoeGemmMinRows tokens of a layer wholly on the device route there
+// (moe_small_batch). Larger ones and split layers route on the host (the router logits are n x n_expert
+// floats), so the CPU's exact top-k and the routing statistics come for free; the rows are then grouped
+// by expert as the CPU groups them. Experts
 // with many rows (prefill) run the tiled kernel on their contiguous rows; the rest run in one batched gemv
 // per matrix, each row with its own expert. Split layers (some experts on the host) run the host's share
 // on the host's threads and add it.
@@ -349,6 +352,14 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
   const size_t mark = ar.mark();
   float* logits_d = ar.take<float>(n * X);
   matmul(m.router, x, n, logits_d, X);
+  if (!m.split && n < kMoeGemmMinRows && m.uniform_seed == 0) {  // (uniform routing: the host's router)
+    // Every expert has fewer rows than the tiled kernel takes, so the host's grouping would send each row
+    // to the batched gemv on its own anyway: route on the device and skip the two round trips. Like a
+    // layer wholly on a CUDA GPU, its routing is not counted (m.stats).
+    moe_small_batch(m, x, n, logits_d, out);
+    ar.release(mark);
+    return;
+  }
   thread_local std::vector<float> logits;
   logits.resize(n * X);
   copy_to_host(logits.data(), logits_d, logits.size() * sizeof(float));
@@ -446,6 +457,38 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
     copy_from_host(yd, yh.data(), yh.size() * sizeof(float));
     add(out, yd, out, n * E);
   }
+  ar.release(mark);
+}
+
+// A decode-sized batch of a layer wholly on the device, routed by moe_route_slots: no host round trip.
+void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out) {
+  const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  int32_t* row_slot_d = ar.take<int32_t>(S);
+  int32_t* slot_row_d = ar.take<int32_t>(S);
+  float* weights_d = ar.take<float>(S);
+  int32_t* tasks_d = ar.take<int32_t>(2 * S);
+  const RouterParams rp = m.router_params();
+  launch(ops("moe_route_slots"), {(size_t)n}, {}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
+         rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  float* xg = ar.take<float>(S * E);
+  float* gate = ar.take<float>(S * F);
+  float* up = ar.take<float>(S * F);
+  float* yg = ar.take<float>(S * E);
+  elementwise("moe_gather", S * E, x, row_slot_d, (cl_int)K, (cl_int)E, xg, (cl_long)(S * E));
+  auto expert_matmul = [&](const Weight& w3, const float* in, int64_t k_in, float* o, int64_t n_o) {
+    const size_t stride = row_bytes(w3.type, w3.ne[0]) * (size_t)w3.ne[1];
+    const size_t mark_in = ar.mark();
+    in = rounded_activations(w3.type, in, S, k_in);
+    gemv(w3.type, w3.data, n_o, k_in, in, k_in, S, o, n_o, tasks_d, S, stride);
+    ar.release(mark_in);
+  };
+  expert_matmul(m.gate, xg, E, gate, F);
+  expert_matmul(m.up, xg, E, up, F);
+  swiglu(gate, up, gate, S * F);
+  expert_matmul(m.down, gate, F, yg, E);
+  elementwise("moe_combine", n * E, yg, slot_row_d, weights_d, (cl_int)K, (cl_int)E, out, (cl_long)(n * E));
   ar.release(mark);
 }
 
