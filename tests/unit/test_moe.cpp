@@ -1,6 +1,7 @@
 // The MoE block: routing (softmax, top-k with ties, renormalization) on hand-made logits, and grouped-
 // by-expert execution against the token-by-token reference on random data of real shapes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -283,7 +284,8 @@ TEST(MoeExecutorShare, MeasuredOnceThenCached) {
   ffn.gate = gate.w;
   ffn.up = up.w;
   ffn.down = down.w;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "xpert_share_cache_test";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("xpert_share_cache_test_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   const char* old = std::getenv("XDG_CACHE_HOME");
   const std::string saved = old ? old : "";

@@ -8,6 +8,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/moe.h"
+#include "backend/experts.h"
+#include "backend/gated_delta_net.h"
 #include "backend/opencl/cl_api.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/kernels_attention.h"
@@ -18,9 +21,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
-#include "backend/gated_delta_net.h"
-#include "backend/experts.h"
-#include "backend/cpu/moe.h"
 #include "quant/dtype.h"
 
 namespace xpert {
@@ -28,12 +28,12 @@ namespace opencl {
 namespace {
 
 // Must match the kernel sources.
-constexpr int kRedWg = 64;         // RED_WG, kernels_ops.h
-constexpr int kMvRows = 4;         // MV_MR, kernels_matmul.h
+constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
+constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
 constexpr int kAttWg = 64, kAttMaxD = 512;  // kernels_attention.h
-constexpr int kGdnMaxDk = 512;     // kernels_gdn.h
-constexpr int kGdnChunk = 64;      // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
+constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
+constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
 // A matmul with more activation rows than this takes the tiled kernel.
 constexpr int64_t kGemvMaxRows = 8;
 // An expert with at least this many rows in a MoE batch takes the tiled kernel, the others one batched gemv.
@@ -41,25 +41,42 @@ constexpr int64_t kMoeGemmMinRows = 16;
 
 const char* weight_macro(DType t) {
   switch (t) {
-    case DType::F32: return "WT_F32";
-    case DType::F16: return "WT_F16";
-    case DType::BF16: return "WT_BF16";
-    case DType::Q8_0: return "WT_Q8_0";
-    case DType::Q4_0: return "WT_Q4_0";
-    case DType::Q5_0: return "WT_Q5_0";
-    case DType::Q4_K: return "WT_Q4_K";
-    case DType::Q5_K: return "WT_Q5_K";
-    case DType::Q6_K: return "WT_Q6_K";
-    default: return nullptr;
+    case DType::F32:
+      return "WT_F32";
+    case DType::F16:
+      return "WT_F16";
+    case DType::BF16:
+      return "WT_BF16";
+    case DType::Q8_0:
+      return "WT_Q8_0";
+    case DType::Q4_0:
+      return "WT_Q4_0";
+    case DType::Q5_0:
+      return "WT_Q5_0";
+    case DType::Q4_K:
+      return "WT_Q4_K";
+    case DType::Q5_K:
+      return "WT_Q5_K";
+    case DType::Q6_K:
+      return "WT_Q6_K";
+    default:
+      return nullptr;
   }
 }
 
 // Elements per block of a weight type (a quantized row must hold whole blocks).
 int64_t block_elems(DType t) {
   switch (t) {
-    case DType::Q8_0: case DType::Q4_0: case DType::Q5_0: return 32;
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return 256;
-    default: return 1;
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q5_0:
+      return 32;
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return 256;
+    default:
+      return 1;
   }
 }
 
@@ -67,13 +84,17 @@ size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
 class OpenclBackend final : public Backend {
  public:
-  OpenclBackend(int index, DeltaRuleForm gdn_form) : index_(index), info_(device_info(index)), gdn_form_(gdn_form) {
+  OpenclBackend(int index, DeltaRuleForm gdn_form)
+      : index_(index), info_(device_info(index)), gdn_form_(gdn_form) {
     cl_device_svm_capabilities svm = 0;
-    if (api().clGetDeviceInfo(info_.device, CL_DEVICE_SVM_CAPABILITIES, sizeof svm, &svm, nullptr) != CL_SUCCESS ||
+    if (api().clGetDeviceInfo(info_.device, CL_DEVICE_SVM_CAPABILITIES, sizeof svm, &svm, nullptr) !=
+            CL_SUCCESS ||
         !(svm & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER))
-      fail("opencl:{} ({}, {}) has no coarse-grained shared virtual memory (OpenCL 2.0 SVM), which the whole model "
-           "on an OpenCL device needs; it can still run a MoE model's experts: --expert-device opencl:{}",
-           index, info_.name, info_.device_version, index);
+      fail(
+          "opencl:{} ({}, {}) has no coarse-grained shared virtual memory (OpenCL 2.0 SVM), which the whole "
+          "model "
+          "on an OpenCL device needs; it can still run a MoE model's experts: --expert-device opencl:{}",
+          index, info_.name, info_.device_version, index);
     cl_int err = CL_SUCCESS;
     const cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)info_.platform, 0};
     ctx_ = Context(api().clCreateContext(props, 1, &info_.device, nullptr, nullptr, &err));
@@ -98,13 +119,17 @@ class OpenclBackend final : public Backend {
   void* alloc(size_t bytes) override {
     bytes = std::max<size_t>(bytes, 1);
     if (bytes > info_.max_alloc_bytes)
-      fail("{}: one allocation of {:.2f} GiB exceeds the device's limit of {:.2f} GiB (CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
-           name(), bytes / double(1ull << 30), info_.max_alloc_bytes / double(1ull << 30));
+      fail(
+          "{}: one allocation of {:.2f} GiB exceeds the device's limit of {:.2f} GiB "
+          "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+          name(), bytes / double(1ull << 30), info_.max_alloc_bytes / double(1ull << 30));
     void* p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
     if (!p)
-      fail("out of memory on {}: {:.2f} GiB asked, {:.2f} GiB in use of {:.2f} GiB (offload fewer layers: -ngl)",
-           name(), bytes / double(1ull << 30), allocated_ / double(1ull << 30),
-           info_.global_mem_bytes / double(1ull << 30));
+      fail(
+          "out of memory on {}: {:.2f} GiB asked, {:.2f} GiB in use of {:.2f} GiB (offload fewer layers: "
+          "-ngl)",
+          name(), bytes / double(1ull << 30), allocated_ / double(1ull << 30),
+          info_.global_mem_bytes / double(1ull << 30));
     sizes_[p] = bytes;
     allocated_ += bytes;
     return p;
@@ -144,19 +169,23 @@ class OpenclBackend final : public Backend {
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     x = rounded_activations(w.type, x, m, k);
-    if (m <= kGemvMaxRows) gemv(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n, nullptr, 0, 0);
-    else gemm(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n);
+    if (m <= kGemvMaxRows)
+      gemv(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n, nullptr, 0, 0);
+    else
+      gemm(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n);
     ar.release(mark);
   }
 
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
     if (rows <= 0) return;
-    launch(ops("rmsnorm"), {(size_t)rows * kRedWg}, {kRedWg}, x, w, (cl_int)(w != nullptr), y, (cl_int)n, eps);
+    launch(ops("rmsnorm"), {(size_t)rows * kRedWg}, {kRedWg}, x, w, (cl_int)(w != nullptr), y, (cl_int)n,
+           eps);
   }
   void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
             float freq_base, float freq_scale, RopeMode mode) override {
     if (n_tokens <= 0 || n_rot < 2) return;
-    if (n_rot > head_dim || n_rot % 2) fail("{}: rope over {} of {} dims is not supported", name(), n_rot, head_dim);
+    if (n_rot > head_dim || n_rot % 2)
+      fail("{}: rope over {} of {} dims is not supported", name(), n_rot, head_dim);
     const float theta_scale = std::pow(freq_base, -2.0f / (float)n_rot);  // as the CPU computes it
     launch(ops("rope"), {(size_t)n_rot / 2, (size_t)n_tokens}, {}, x, pos, (cl_int)n_heads, (cl_int)head_dim,
            (cl_int)n_rot, theta_scale, freq_scale, (cl_int)(mode == RopeMode::neox));
@@ -167,7 +196,9 @@ class OpenclBackend final : public Backend {
   void geglu(const float* gate, const float* up, float* y, int64_t n) override {
     elementwise("geglu", n, gate, up, y, (cl_long)n);
   }
-  void add(const float* a, const float* b, float* y, int64_t n) override { elementwise("add", n, a, b, y, (cl_long)n); }
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    elementwise("add", n, a, b, y, (cl_long)n);
+  }
   void scale(float* x, float s, int64_t n) override { elementwise("scale", n, x, s, (cl_long)n); }
   void add_bias(float* x, const float* bias, int64_t rows, int64_t n) override {
     elementwise("add_bias", rows * n, x, bias, (cl_int)n, (cl_long)(rows * n));
@@ -202,7 +233,8 @@ class OpenclBackend final : public Backend {
     if (a.n_tokens <= 0) return;
     check_kv_type(a.k_type);
     check_kv_type(a.v_type);
-    if (a.head_dim > kAttMaxD) fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
+    if (a.head_dim > kAttMaxD)
+      fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
     launch(program(attention_, kAttentionSource, "").kernel("attention"),
@@ -213,8 +245,8 @@ class OpenclBackend final : public Backend {
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
-  void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
-                       float* ssm_state, float* out) override;
+  void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                       float* conv_state, float* ssm_state, float* out) override;
 
  private:
   // One program and its kernels, made on first use.
@@ -243,7 +275,8 @@ class OpenclBackend final : public Backend {
   }
   // Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
   cl_kernel ops(const char* kernel) {
-    return program(ops_, kOpsSource, info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "")
+    return program(ops_, kOpsSource,
+                   info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "")
         .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) { return program(gdn_, kGdnSource, "").kernel(kernel); }
@@ -260,11 +293,24 @@ class OpenclBackend final : public Backend {
     int mode = -1;
     int64_t block = 1;
     switch (t) {
-      case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: mode = 0, block = 32; break;
-      case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: mode = 1, block = 256; break;
-      case DType::F16: mode = 2; break;
-      case DType::BF16: mode = 3; break;
-      default: return x;
+      case DType::Q4_0:
+      case DType::Q5_0:
+      case DType::Q8_0:
+        mode = 0, block = 32;
+        break;
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K:
+        mode = 1, block = 256;
+        break;
+      case DType::F16:
+        mode = 2;
+        break;
+      case DType::BF16:
+        mode = 3;
+        break;
+      default:
+        return x;
     }
     check_row(t, k);
     float* xq = scratch().take<float>(m * k);
@@ -285,27 +331,26 @@ class OpenclBackend final : public Backend {
     XP_CL(clSetKernelArgSVMPointer, k, i, p ? p : dummy_);
   }
   template <typename T>
-    requires std::is_arithmetic_v<T>
-  void set_arg(cl_kernel k, cl_uint i, T v) {
-    XP_CL(clSetKernelArg, k, i, sizeof(T), &v);
-  }
+  requires std::is_arithmetic_v<T>
+  void set_arg(cl_kernel k, cl_uint i, T v) { XP_CL(clSetKernelArg, k, i, sizeof(T), &v); }
   template <typename... A>
-  void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local, const A&... args) {
+  void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local,
+              const A&... args) {
     cl_uint i = 0;
     (set_arg(k, i++, args), ...);
     size_t g[3] = {1, 1, 1}, l[3] = {1, 1, 1};
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
-    XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0, nullptr,
-          nullptr);
+    XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
+          nullptr, nullptr);
   }
   template <typename... A>
   void elementwise(const char* kernel, int64_t n, const A&... args) {
     if (n > 0) launch(ops(kernel), {(size_t)n}, {}, args...);
   }
 
-  // y[r] (row stride ldy) = x[r] (stride ldx) . w^T for m rows. With tasks (int2: row, expert; m of them), row
-  // `row` multiplies expert `expert` (weights at w + expert * expert_stride) instead.
+  // y[r] (row stride ldy) = x[r] (stride ldx) . w^T for m rows. With tasks (int2: row, expert; m of them),
+  // row `row` multiplies expert `expert` (weights at w + expert * expert_stride) instead.
   void gemv(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy, const int32_t* tasks, int64_t n_tasks, size_t expert_stride) {
     check_row(t, k);
@@ -313,8 +358,8 @@ class OpenclBackend final : public Backend {
     const int64_t row_groups = tasks ? n_tasks : (int64_t)groups(m, kMvRows);
     if (row_groups == 0) return;
     launch(kr, {(size_t)n * mv_wg_, (size_t)row_groups}, {(size_t)mv_wg_, 1}, w, (cl_ulong)row_bytes(t, k),
-           (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y,
-           (cl_int)ldy, (cl_int)m);
+           (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
+           y, (cl_int)ldy, (cl_int)m);
   }
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
@@ -375,7 +420,8 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
     if (on_device(r.ids[s])) ++offsets[r.ids[s] + 1];
   for (int64_t e = 0; e < X; ++e) offsets[e + 1] += offsets[e];
   const int64_t G = offsets[X];
-  std::vector<int32_t> row_slot(std::max<int64_t>(G, 1)), slot_row(S), fill(offsets.begin(), offsets.end() - 1);
+  std::vector<int32_t> row_slot(std::max<int64_t>(G, 1)), slot_row(S),
+      fill(offsets.begin(), offsets.end() - 1);
   std::vector<float> weights(S);
   for (int64_t s = 0; s < S; ++s) {
     const int32_t e = r.ids[s];
@@ -417,19 +463,24 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
   if (G > 0) {
     elementwise("moe_gather", G * E, x, row_slot_d, (cl_int)K, (cl_int)E, xg, (cl_long)(G * E));
     // One matrix of every expert: big experts tiled, small ones in one batched gemv.
-    auto expert_matmul = [&](const Weight& w3, int w_index, const float* in, int64_t k_in, float* o, int64_t n_o) {
+    auto expert_matmul = [&](const Weight& w3, int w_index, const float* in, int64_t k_in, float* o,
+                             int64_t n_o) {
       const size_t stride = row_bytes(w3.type, w3.ne[0]) * (size_t)w3.ne[1];
       const size_t mark_in = ar.mark();
       in = rounded_activations(w3.type, in, G, k_in);  // once for every expert of the matrix
       for (int64_t e = 0; e < X; ++e) {
         const int32_t g0 = offsets[e], cnt = offsets[e + 1] - offsets[e];
         if (cnt == 0 || (cnt < kMoeGemmMinRows && !split)) continue;
-        const void* we = split ? (w_index == 0 ? split->gate[e] : w_index == 1 ? split->up[e] : split->down[e])
+        const void* we = split ? (w_index == 0   ? split->gate[e]
+                                  : w_index == 1 ? split->up[e]
+                                                 : split->down[e])
                                : static_cast<const uint8_t*>(w3.data) + e * stride;
         const float* xe = in + (int64_t)g0 * k_in;
         float* ye = o + (int64_t)g0 * n_o;
-        if (cnt <= kGemvMaxRows) gemv(w3.type, we, n_o, k_in, xe, k_in, cnt, ye, n_o, nullptr, 0, 0);
-        else gemm(w3.type, we, n_o, k_in, xe, k_in, cnt, ye, n_o);
+        if (cnt <= kGemvMaxRows)
+          gemv(w3.type, we, n_o, k_in, xe, k_in, cnt, ye, n_o, nullptr, 0, 0);
+        else
+          gemm(w3.type, we, n_o, k_in, xe, k_in, cnt, ye, n_o);
       }
       if (!tasks.empty())
         gemv(w3.type, w3.data, n_o, k_in, in, k_in, (int64_t)tasks.size() / 2, o, n_o, tasks_d,
@@ -461,7 +512,8 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
 }
 
 // A decode-sized batch of a layer wholly on the device, routed by moe_route_slots: no host round trip.
-void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out) {
+void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d,
+                                    float* out) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
@@ -497,7 +549,8 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   const int64_t T = in.n_tokens, Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k_dim, dv = s.head_v_dim;
   const int64_t CD = s.conv_dim();
   if (T <= 0) return;
-  if (dk > kGdnMaxDk) fail("{}: Gated DeltaNet key heads of {} > {} are not supported", name(), dk, kGdnMaxDk);
+  if (dk > kGdnMaxDk)
+    fail("{}: Gated DeltaNet key heads of {} > {} are not supported", name(), dk, kGdnMaxDk);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* conv = ar.take<float>(T * CD);
@@ -512,8 +565,10 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
          (cl_long)(T * Hv));
   const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
   DeltaRuleForm form = gdn_form_;
-  if (form == DeltaRuleForm::automatic) form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  if (info_.max_work_group_size < (size_t)kGdnChunk) form = DeltaRuleForm::recurrent;  // the prep kernel's group
+  if (form == DeltaRuleForm::automatic)
+    form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
+  if (info_.max_work_group_size < (size_t)kGdnChunk)
+    form = DeltaRuleForm::recurrent;  // the prep kernel's group
   if (form == DeltaRuleForm::chunked) {
     // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
     const int64_t blocks = groups(T, kGdnChunk) * Hv, C = kGdnChunk;
@@ -523,17 +578,19 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
     float* ws_w = ar.take<float>(blocks * C * dk);
     float* ws_qp = ar.take<float>(blocks * C * dk);
     float* ws_qku = ar.take<float>(blocks * C * dv);
-    launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * kGdnChunk, (size_t)Hv}, {(size_t)kGdnChunk, 1}, q, k, v,
-           (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_qk,
-           ws_u, ws_w, ws_qp, ws_qku);
+    launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * kGdnChunk, (size_t)Hv}, {(size_t)kGdnChunk, 1}, q,
+           k, v, (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv,
+           ws_g, ws_qk, ws_u, ws_w, ws_qp, ws_qku);
     // Narrow column blocks: more work-groups for the few heads of a layer (the scan is serial over chunks).
-    const size_t wg = (size_t)std::min<int64_t>({dv, info_.is_cpu() ? 16 : 32, (int64_t)info_.max_work_group_size});
-    launch(gdn("delta_chunk_scan"), {groups(dv, (int64_t)wg) * wg, (size_t)Hv}, {wg, 1}, k, (cl_long)CD, ssm_state,
-           out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
+    const size_t wg =
+        (size_t)std::min<int64_t>({dv, info_.is_cpu() ? 16 : 32, (int64_t)info_.max_work_group_size});
+    launch(gdn("delta_chunk_scan"), {groups(dv, (int64_t)wg) * wg, (size_t)Hv}, {wg, 1}, k, (cl_long)CD,
+           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp,
+           ws_qku);
   } else {
     const size_t wg = (size_t)std::min<int64_t>({dv, 256, (int64_t)info_.max_work_group_size});
-    launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta, ssm_state,
-           out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv);
+    launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
+           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv);
   }
   launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);

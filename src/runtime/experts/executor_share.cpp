@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
 #include <random>
 #include <vector>
 
@@ -129,7 +130,7 @@ ShareMeasurement measure_executor_share(const MoeFfn& layer, ExpertExecutor& exe
     std::filesystem::create_directories(dir, ec);
     std::ofstream out(file);
     if (out) {
-      out << res.share.decode << ' ' << res.share.prefill;
+      out << std::setprecision(17) << res.share.decode << ' ' << res.share.prefill;  // read back exactly
       for (int phase = 0; phase < 2; ++phase)
         out << ' ' << res.cpu_ms[phase] << ' ' << res.device_ms[phase] << ' ' << res.chosen_ms[phase];
       out << '\n';
