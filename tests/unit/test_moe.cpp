@@ -96,29 +96,42 @@ struct RandomTensor {
   }
 };
 
+// A MoE layer of random weights: an F32 router, Q4_K gate and up, Q6_K down.
+struct RandomMoe {
+  std::vector<float> router;
+  RandomTensor gate, up, down;
+  MoeFfn ffn;
+  RandomMoe(int64_t n_embd, int64_t n_ff, int64_t n_expert, int64_t n_used, std::mt19937& rng)
+      : router(random_router(n_embd * n_expert, rng)),
+        gate(DType::Q4_K, n_embd, n_ff, n_expert, rng),
+        up(DType::Q4_K, n_embd, n_ff, n_expert, rng),
+        down(DType::Q6_K, n_ff, n_embd, n_expert, rng) {
+    ffn.n_embd = n_embd;
+    ffn.n_ff = n_ff;
+    ffn.n_expert = n_expert;
+    ffn.n_used = n_used;
+    ffn.router = Weight{
+        .type = DType::F32, .data = router.data(), .ne = {n_embd, n_expert, 1}, .n_bytes = router.size() * 4};
+    ffn.gate = gate.w;
+    ffn.up = up.w;
+    ffn.down = down.w;
+  }
+  static std::vector<float> random_router(int64_t n, std::mt19937& rng) {
+    std::vector<float> r(n);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : r) v = normal(rng) * 0.03f;
+    return r;
+  }
+};
+
 class MoeGrouped : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(MoeGrouped, EqualsTokenByTokenReference) {
   const int64_t m = GetParam();
-  MoeFfn ffn;
-  ffn.n_embd = 1024;
-  ffn.n_ff = 512;
-  ffn.n_expert = 64;
-  ffn.n_used = 8;
   std::mt19937 rng(42 + m);
-  std::vector<float> router(ffn.n_embd * ffn.n_expert);
+  const RandomMoe layer(1024, 512, 64, 8, rng);
+  const MoeFfn& ffn = layer.ffn;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : router) v = normal(rng) * 0.03f;
-  RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
-  ffn.router = Weight{.type = DType::F32,
-                      .data = router.data(),
-                      .ne = {ffn.n_embd, ffn.n_expert, 1},
-                      .n_bytes = router.size() * 4};
-  ffn.gate = gate.w;
-  ffn.up = up.w;
-  ffn.down = down.w;
 
   std::vector<float> x(m * ffn.n_embd);
   for (float& v : x) v = normal(rng);
@@ -211,25 +224,10 @@ class ThreadExecutor final : public ExpertExecutor {
 // --expert-device opencl:N,cpu: a batch's experts split between an executor and the CPU's threads give
 // the CPU's own bits at any share, and the executor gets about its share of the rows.
 TEST(MoeExecutorShare, SplitBatchEqualsTheCpuAlone) {
-  MoeFfn ffn;
-  ffn.n_embd = 512;
-  ffn.n_ff = 256;
-  ffn.n_expert = 32;
-  ffn.n_used = 4;
   std::mt19937 rng(7);
-  std::vector<float> router(ffn.n_embd * ffn.n_expert);
+  const RandomMoe layer(512, 256, 32, 4, rng);
+  const MoeFfn& ffn = layer.ffn;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : router) v = normal(rng) * 0.03f;
-  RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
-  ffn.router = Weight{.type = DType::F32,
-                      .data = router.data(),
-                      .ne = {ffn.n_embd, ffn.n_expert, 1},
-                      .n_bytes = router.size() * 4};
-  ffn.gate = gate.w;
-  ffn.up = up.w;
-  ffn.down = down.w;
   ThreadPool pool(2);
   for (int64_t n : {1, 5, 64}) {
     std::vector<float> x(n * ffn.n_embd);
@@ -272,18 +270,9 @@ TEST(MoeExecutorShare, SplitBatchEqualsTheCpuAlone) {
 
 // The share is measured once per machine and layer shape, then read from the cache.
 TEST(MoeExecutorShare, MeasuredOnceThenCached) {
-  MoeFfn ffn;
-  ffn.n_embd = 256;
-  ffn.n_ff = 256;
-  ffn.n_expert = 16;
-  ffn.n_used = 4;
   std::mt19937 rng(9);
-  RandomTensor gate(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor up(DType::Q4_K, ffn.n_embd, ffn.n_ff, ffn.n_expert, rng);
-  RandomTensor down(DType::Q6_K, ffn.n_ff, ffn.n_embd, ffn.n_expert, rng);
-  ffn.gate = gate.w;
-  ffn.up = up.w;
-  ffn.down = down.w;
+  const RandomMoe layer(256, 256, 16, 4, rng);
+  const MoeFfn& ffn = layer.ffn;
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("xpert_share_cache_test_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
