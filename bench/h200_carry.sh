@@ -3,11 +3,13 @@
 # build here with -DCMAKE_CUDA_ARCHITECTURES=90, copy xpert (+ tests/xpert_cuda_tests) and the shared
 # libraries it needs (fmt, cpp-httplib, pcre2, ssl/crypto, brotli) into .devbin/ and .devbin/lib, and
 # carry .devbin plus .lcp/ (llama.cpp's source from llama-cpp-python, trimmed). Steps:
-#   bench/h200_carry.sh llama           # build llama.cpp's llama-bench with CUDA (~4 min on 16 cores)
+#   bench/h200_carry.sh llama           # build llama.cpp's llama-bench and llama-batched-bench with CUDA, native (~4 min on 16 cores)
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #                                       # (xpert's first run with its bandwidth roofline lines)
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
 #   bench/h200_carry.sh tier            # three tiers (CUDA + an OpenCL expert device + CPU) against CUDA + CPU
+#   bench/h200_carry.sh batch           # many users: xpert bench --parallel (routing model, uniform) vs
+#                                       # llama-batched-bench, PRESETS (default qwen3-30b-a3b), NPL 1,4,16,64
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -60,14 +62,13 @@ case "${1:-}" in
   llama)
     cmake -S .lcp -B "$W/lcpb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON >"$OUT/lcp_build.log" 2>&1 &&
-      cmake --build "$W/lcpb" -j 16 --target llama-bench >>"$OUT/lcp_build.log" 2>&1
+      -DLLAMA_CURL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE=ON >"$OUT/lcp_build.log" 2>&1 &&
+      cmake --build "$W/lcpb" -j 16 --target llama-bench llama-batched-bench >>"$OUT/lcp_build.log" 2>&1
     echo "llama.cpp build rc=$?"
     ;;
   unpack) ls -l .devbin "$L" ;;
   pack)
-    (cd "$W/lcpb" && tar -cf - bin/llama-bench bin/*.so* | xz -T16 -6 | split -b 15M - "$OUT/lcpbin.txz.")
+    (cd "$W/lcpb" && tar -cf - bin/llama-bench bin/llama-batched-bench bin/*.so* | xz -T16 -6 | split -b 15M - "$OUT/lcpbin.txz.")
     ls -l "$OUT"/lcpbin.txz.*
     ;;
   cuda)
@@ -118,6 +119,23 @@ case "${1:-}" in
           grep -E '\||host experts on|error' || echo "(rc ${PIPESTATUS[0]})"
       done
     } 2>&1 | tee "$OUT/tier.md"
+    ;;
+  batch)  # many users: N streams of a 128-token prompt, then 128 tokens each, both engines on one file
+          # (PRESETS, default qwen3-30b-a3b; NPL, default 1,4,16,64; XARGS extra xpert flags)
+    B=$W/lcpb/bin/llama-batched-bench
+    {
+      for preset in ${PRESETS:-qwen3-30b-a3b}; do
+        f=$(synth "$preset" | tail -1)
+        for routing in model uniform; do
+          echo "## $preset: xpert --routing $routing"
+          timeout "${BATCH_TIMEOUT:-240}" "$X" bench -m "$f" --parallel "${NPL:-1,4,16,64}" -p 128 -n 128 \
+            --routing $routing ${XARGS:-} 2>&1 | grep -E '\||error' || echo "(rc ${PIPESTATUS[0]})"
+        done
+        echo "## $preset: llama.cpp"
+        [[ -x $B ]] && timeout "${BATCH_TIMEOUT:-240}" "$B" -m "$f" -ngl 99 -npp 128 -ntg 128 -npl "${NPL:-1,4,16,64}" \
+          -c 17408 -b 8192 -ub 512 2>&1 | grep -E '^\|' || echo "(no llama-batched-bench)"
+      done
+    } 2>&1 | tee "$OUT/batch.md"
     ;;
   depth)
     f=$(synth qwen3.5-35b-a3b | tail -1)

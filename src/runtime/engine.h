@@ -211,7 +211,12 @@ class Engine {
   void admit(std::shared_ptr<Job> job);
   int64_t step(std::vector<Slot*>& active);  // returns the tokens forwarded
   std::vector<int64_t> prefill_shares(const std::vector<Slot*>& waiting, int64_t n_decode) const;  // of the budget
-  void sample_and_emit(Slot& s, std::span<const float> logits);
+  struct Pick {
+    int32_t id = -1;
+    std::string error;  // a grammar error: the request ends with it
+  };
+  Pick pick(Slot& s, std::span<const float> logits);  // the slot's next token; touches only the slot
+  void emit(Slot& s, const Pick& k, std::span<const float> logits);  // feeds it back, streams it, or ends
   void release(Slot& s, Finish f, std::string error = {}, int stop_index = -1);
   void save_slot(Slot& s);
   int64_t next_checkpoint(const Slot& s) const;
