@@ -5,9 +5,11 @@
 // instructions themselves need a CPU with AMX (HardwareMatchesEmulation: skipped elsewhere).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -269,6 +271,127 @@ TEST(MatmulAmx, DispatchFallsBackWithoutAmx) {
       expect_same_bits(p, y, p.run(cpu::PanelChoice::vnni, pool), "vs vnni");
     }
   }
+}
+
+// ---- K-quant batch invariance (issue #37) --------------------------------------------------------------
+// Every K-quant kernel takes one float order per output element (matmul_simd.inl), so a row's result has the
+// same bits computed alone (the decode kernels), in the small-batch tiles, in a VNNI panel or in an AMX tile,
+// whatever the other rows: checked on the kernels themselves, then through cpu::matmul with batch invariance
+// on (what `xpert serve` runs), where the panels must now be used.
+
+const DType kKQuants[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+cpu::TileKernel tile_kernel(DType t) {
+  const cpu::MatmulKernels& k = cpu::matmul_kernels_avx512();
+  return t == DType::Q4_K ? k.q4_k : t == DType::Q5_K ? k.q5_k : k.q6_k;
+}
+cpu::PanelKernel panel_kernel(const cpu::PanelKernels& k, DType t) {
+  return t == DType::Q4_K ? k.q4_k : t == DType::Q5_K ? k.q5_k : k.q6_k;
+}
+
+// X rows packed as matmul.cpp does for the K-quant panels: Q8_K planes, and Q6_K's aux plane; rows past the
+// packed ones are zeros (the AMX tiles read 16 at a time).
+struct PackedRows {
+  cpu::PackedLayout l;
+  std::vector<uint8_t> storage;
+  uint8_t* data = nullptr;
+  PackedRows(DType t, const std::vector<float>& x, int64_t k, int64_t m) {
+    l.d_offset = (size_t)k;
+    l.sum_offset = l.d_offset + 4 * (size_t)(k / 256);
+    l.row_bytes = l.sum_offset + 2 * (size_t)(k / 16);
+    if (t == DType::Q6_K) {
+      l.aux_offset = (l.row_bytes + 3) / 4 * 4;
+      l.row_bytes = l.aux_offset + 4 * (size_t)(k / 16);
+    }
+    l.row_bytes = (l.row_bytes + 63) / 64 * 64;
+    storage.assign(l.row_bytes * (size_t)((m + 15) / 16 * 16) + 64, 0);
+    data = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+    for (int64_t i = 0; i < m; ++i) cpu::pack_row_q8_k_avx512(x.data() + i * k, k, l, data + i * l.row_bytes);
+  }
+  const uint8_t* row(int64_t i) const { return data + i * l.row_bytes; }
+};
+
+// y (m x n, stride n) rows against `alone` (each row computed by itself): bit for bit.
+void expect_rows_match(const Problem& p, const std::vector<float>& alone, const std::vector<float>& y, int64_t m,
+                       const std::string& what) {
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < p.c.n && bad < 5; ++j)
+      if (std::memcmp(&y[i * p.c.n + j], &alone[i * p.c.n + j], 4) != 0) {
+        ++bad;
+        ADD_FAILURE() << what << " " << p.name() << " m=" << m << " at [" << i << "][" << j << "]: " << y[i * p.c.n + j]
+                      << " vs alone " << alone[i * p.c.n + j];
+      }
+}
+
+// k = 2048 and 768 (the MoE models' hidden and expert widths), n = 150: a partial last panel of 6 rows.
+const Case kInvariantCases[] = {{2048, 150, 64}, {768, 150, 64}};
+const int64_t kPanelHeights[] = {8, 9, 16, 33, 64};
+
+TEST(MatmulAmx, KQuantKernelsGiveEveryRowTheBitsOfDecode) {
+  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the K-quant panels need AVX-512 VNNI";
+  PanelGuard guard;
+  const size_t scratch_bytes = cpu::panel_scratch_bytes(2048);
+  std::vector<uint8_t> scratch_storage(scratch_bytes + 64);
+  uint8_t* scratch =
+      scratch_storage.data() + (64 - reinterpret_cast<uintptr_t>(scratch_storage.data()) % 64) % 64;
+  for (DType t : kKQuants)
+    for (const Case& c : kInvariantCases) {
+      const Problem p(t, c, false);
+      const int64_t k = c.k, n = c.n, rb = (int64_t)row_bytes(t, k);
+      const PackedRows x(t, p.x, k, c.m);
+      // Each row alone: the decode kernel (one X row).
+      std::vector<float> alone((size_t)(c.m * n));
+      for (int64_t i = 0; i < c.m; ++i)
+        tile_kernel(t)(k, p.w.data(), rb, n, x.row(i), x.l, 1, alone.data() + i * n, n);
+      // The small-batch tiles.
+      for (int64_t m : {2, 3, 7}) {
+        std::vector<float> y((size_t)(m * n));
+        tile_kernel(t)(k, p.w.data(), rb, n, x.data, x.l, m, y.data(), n);
+        expect_rows_match(p, alone, y, m, "tiles");
+      }
+      // The VNNI panels and the (emulated) AMX tiles, panel by panel, at every height.
+      for (int amx = 0; amx < 2; ++amx) {
+        const cpu::PanelKernel panel =
+            panel_kernel(amx ? cpu::matmul_panel_kernels_amx_emulated() : cpu::matmul_panel_kernels_avx512(), t);
+        for (int64_t m : kPanelHeights) {
+          std::vector<float> y((size_t)(m * n), -1.0f);
+          for (int64_t j = 0; j < n; j += cpu::kPanelRows)
+            panel(k, p.w.data() + j * rb, rb, std::min<int64_t>(cpu::kPanelRows, n - j), x.data, x.l, m, y.data() + j,
+                  n, scratch);
+          expect_rows_match(p, alone, y, m, amx ? "amx (emulated) panel" : "vnni panel");
+        }
+      }
+    }
+}
+
+TEST(MatmulAmx, BatchInvariantKQuantsKeepThePanels) {
+  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the K-quant panels need AVX-512 VNNI";
+  PanelGuard guard;
+  struct Reset {
+    ~Reset() { cpu::set_batch_invariant(false); }
+  } reset;
+  cpu::set_batch_invariant(true);
+  ThreadPool pool(3);
+  for (DType t : kKQuants)
+    for (const Case& c : kInvariantCases) {
+      const Problem p(t, c, false);
+      std::vector<float> alone((size_t)(c.m * c.n));
+      for (int64_t i = 0; i < c.m; ++i)
+        cpu::matmul(t, p.w.data(), c.n, c.k, p.x.data() + i * c.k, 1, alone.data() + i * c.n, c.n, pool);
+      for (cpu::PanelChoice choice : {cpu::PanelChoice::vnni, cpu::PanelChoice::amx_emulated}) {
+        cpu::set_panel_choice(choice);
+        for (int64_t m : kPanelHeights) {
+          const int64_t before = g_products.load();
+          std::vector<float> y((size_t)(m * c.n));
+          cpu::matmul(t, p.w.data(), c.n, c.k, p.x.data(), m, y.data(), c.n, pool);
+          expect_rows_match(p, alone, y, m, choice == cpu::PanelChoice::vnni ? "matmul vnni" : "matmul amx (emulated)");
+          if (choice == cpu::PanelChoice::amx_emulated) {
+            EXPECT_GT(g_products.load(), before) << "batch invariance turned the AMX tiles off for " << p.name();
+          }
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 // weight levels' offset.
 int64_t aux_entries(DType w, int64_t k) {
   switch (w) {
-    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: case DType::Q4_K: case DType::Q5_K: return k / 32;
+    case DType::Q4_0: case DType::Q5_0: case DType::Q8_0: return k / 32;
     case DType::Q6_K: return k / 16;
     default: return 0;
   }
@@ -61,7 +61,7 @@ void pack_row(DType act, DType aux_for, const float* x, int64_t k, const PackedL
               std::vector<uint8_t>& scratch) {
   if (best_isa() == Isa::avx512) {
     if (act == DType::Q8_0) return pack_row_q8_0_avx512(x, k, l, level_offset(aux_for), out);
-    if (act == DType::Q8_K) return pack_row_q8_k_avx512(x, k, l, aux_for == DType::Q6_K, out);
+    if (act == DType::Q8_K) return pack_row_q8_k_avx512(x, k, l, out);
   }
   scratch.resize(std::max(row_bytes(act, k), (size_t)4 * k));
   quantize_row_activation(act, x, scratch.data(), k);
@@ -88,14 +88,9 @@ void pack_row(DType act, DType aux_for, const float* x, int64_t k, const PackedL
         std::memcpy(out + i * quant::kQKK, b[i].qs, quant::kQKK);
         d[i] = b[i].d;
         std::memcpy(s + i * 16, b[i].bsums, sizeof b[i].bsums);
-        if (!l.aux_offset) continue;
-        if (aux_for == DType::Q6_K) {
-          auto* aux = reinterpret_cast<int32_t*>(out + l.aux_offset) + i * 16;
-          for (int j = 0; j < 16; ++j) aux[j] = -32 * b[i].bsums[j];
-        } else {
-          auto* aux = reinterpret_cast<float*>(out + l.aux_offset) + i * 8;
-          for (int j = 0; j < 8; ++j) aux[j] = (float)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
-        }
+        if (!l.aux_offset) continue;  // Q6_K's (the only K-quant aux plane)
+        auto* aux = reinterpret_cast<int32_t*>(out + l.aux_offset) + i * 16;
+        for (int j = 0; j < 16; ++j) aux[j] = -32 * b[i].bsums[j];
       }
       return;
     }
@@ -158,11 +153,16 @@ struct Panel {
 };
 
 // The prefill kernel for m X rows: AMX tiles (16 X rows at a time: from kAmxMinRows rows on, fewer would
-// leave most of a tile empty), the VNNI panels, or none (the tiles).
+// leave most of a tile empty), the VNNI panels, or none (the tiles). Under batch invariance the K-quants keep
+// theirs (every K-quant kernel gives a row the bits of decode: matmul_simd.inl); the Q8_0 family's panels
+// sum in another order than its decode kernel, so it takes gemm_q8_0_family_512 (matmul_avx512.cpp).
 std::atomic<bool> g_batch_invariant{false};
 
+bool is_k_quant(DType w) { return w == DType::Q4_K || w == DType::Q5_K || w == DType::Q6_K; }
+
 Panel pick_panel(DType w, int64_t m, Isa isa) {
-  if (m < kPanelMinRows || isa != Isa::avx512 || g_batch_invariant.load(std::memory_order_relaxed)) return {};
+  if (m < kPanelMinRows || isa != Isa::avx512) return {};
+  if (!is_k_quant(w) && g_batch_invariant.load(std::memory_order_relaxed)) return {};
   PanelKernel amx = nullptr;
   switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
     case PanelChoice::automatic:

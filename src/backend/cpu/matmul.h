@@ -16,11 +16,12 @@ namespace xpert::cpu {
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool);
 
-// Batch invariance: while on, each X row's result has the same bits whatever other rows share the call
-// (the tile kernels at every m; the VNNI panels and AMX tiles, which sum in another order, are not used),
+// Batch invariance: while on, each X row's result has the same bits whatever other rows share the call,
 // so a sequence's logits do not depend on the requests batched with it or on how its prompt was split
-// into prefill chunks. Process-wide, off by default; `xpert serve` turns it on (seeded requests repeat
-// whatever the other traffic and the state cache; prefill runs slower, decode is unchanged: docs/PERF.md).
+// into prefill chunks. K-quants (Q4_K, Q5_K, Q6_K) have it by construction (every kernel, the VNNI panels
+// and AMX tiles included, takes one float order per row: matmul_simd.inl); for the Q8_0 family the switch
+// replaces the panels with decode-ordered multi-row kernels. Process-wide, off by default; `xpert serve`
+// turns it on (seeded requests repeat whatever the other traffic and the state cache: docs/PERF.md).
 void set_batch_invariant(bool on);
 bool batch_invariant();
 

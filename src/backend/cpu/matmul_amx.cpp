@@ -109,6 +109,12 @@ struct EmulatedTiles {
   void store(int j, int32_t* c) const { e->store(4 + j, c, 64); }
 };
 
+XP_INLINE int32_t i32_at(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 XP_INLINE float f32_at(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, 4);
@@ -166,7 +172,7 @@ void gemm_q8_0_family(const Tiles& t, int64_t nb, const uint8_t* panel, const ui
   for (int r = 0; r < x_rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, store_mask, acc[r]);
 }
 
-// ---- Q4_K / Q5_K: panel block = 8 B tiles (4096 B) + d*sc [8][16] f32 + dmin*m [8][16] f32 -------------
+// ---- Q4_K / Q5_K: panel block = 8 B tiles (4096 B) + sc, (m, m), d, dmin (matmul_panel_repack.inl) -------
 
 
 // All sub-blocks of super-block b: n_sub products of `sub` elements each, C tiles stored to c[0..n_sub).
@@ -181,7 +187,9 @@ XP_INLINE void super_block_products(const Tiles& t, int n_sub, int sub, const ui
   }
 }
 
-// aux: f32 per 32 elements, sum(a) of the sub-block (for the mins).
+// The epilogue of the VNNI panels' K-quant kernels (matmul_panel_avx512.cpp) on the stored C tiles: exact
+// integer totals per block (sub-block products times their scales; the mins against the bsums pairs), then
+// the same float steps.
 template <class Tiles>
 void gemm_q45_k(const Tiles& t, int64_t nb, const uint8_t* panel, const uint8_t* x, const PackedLayout& l,
                 int x_rows, float* y, int64_t ldy, __mmask16 store_mask) {
@@ -192,24 +200,26 @@ void gemm_q45_k(const Tiles& t, int64_t nb, const uint8_t* panel, const uint8_t*
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kKBlockBytes;
     super_block_products(t, 8, 32, x + 256 * b, l.row_bytes, pb, c);
+    const __m512 d = _mm512_load_ps(pb + kKDOffset), dmin = _mm512_load_ps(pb + kKDminOffset);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
       const uint8_t* xr = x + r * l.row_bytes;
-      __m512 blk = _mm512_setzero_ps();
+      __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
       for (int s = 0; s < 8; ++s) {
-        const __m512 dsc = _mm512_load_ps(pb + 4096 + 64 * s), dm = _mm512_load_ps(pb + 4096 + 512 + 64 * s);
-        const float asum = f32_at(xr + l.aux_offset + 4 * (8 * b + s));
-        blk = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[s] + 16 * r)), dsc, blk);
-        blk = _mm512_fnmadd_ps(dm, _mm512_set1_ps(asum), blk);
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(c[s] + 16 * r),
+                                                         _mm512_load_si512(pb + kKScOffset + 64 * s)));
+        msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(pb + kKMinOffset + 64 * s),
+                                   _mm512_set1_epi32(i32_at(xr + l.sum_offset + 32 * b + 4 * s)));
       }
-      acc[r] = _mm512_fmadd_ps(blk, _mm512_set1_ps(f32_at(xr + l.d_offset + 4 * b)), acc[r]);
+      const __m512 da = _mm512_set1_ps(f32_at(xr + l.d_offset + 4 * b));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, da), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), acc[r]);
     }
   }
   for (int r = 0; r < x_rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, store_mask, acc[r]);
 }
 
-// ---- Q6_K: panel block = 16 B tiles of 4 rows (4096 B) + d*sc [16][16] f32 -----------------------------
-
+// ---- Q6_K: panel block = 16 B tiles of 4 rows (4096 B) + sc [16][16] int32 + d [16] f32 -----------------
 
 template <class Tiles>
 void gemm_q6_k(const Tiles& t, int64_t nb, const uint8_t* panel, const uint8_t* x, const PackedLayout& l,
@@ -221,13 +231,15 @@ void gemm_q6_k(const Tiles& t, int64_t nb, const uint8_t* panel, const uint8_t* 
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kQ6KBlockBytes;
     super_block_products(t, 16, 16, x + 256 * b, l.row_bytes, pb, c);
+    const __m512 d = _mm512_load_ps(pb + kQ6KDOffset);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) {
-      __m512 blk = _mm512_setzero_ps();
+      __m512i isum = _mm512_setzero_si512();
       for (int s = 0; s < 16; ++s)
-        blk = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[s] + 16 * r)), _mm512_load_ps(pb + 4096 + 64 * s),
-                              blk);
-      acc[r] = _mm512_fmadd_ps(blk, _mm512_set1_ps(f32_at(x + r * l.row_bytes + l.d_offset + 4 * b)), acc[r]);
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(c[s] + 16 * r),
+                                                         _mm512_load_si512(pb + kQ6KScOffset + 64 * s)));
+      const __m512 da = _mm512_set1_ps(f32_at(x + r * l.row_bytes + l.d_offset + 4 * b));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, da), acc[r]);
     }
   }
   for (int r = 0; r < x_rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, store_mask, acc[r]);

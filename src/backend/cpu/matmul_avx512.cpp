@@ -223,8 +223,9 @@ void run_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_
 // nibbles 2c+1 and 2c+3. The activations are permuted once per block to match (shared by the R rows), the
 // 6-bit scales and mins are unpacked with a few 32-bit word operations, and one pshufb per 64 levels spreads
 // the two sub-blocks' scales over their int16 lanes. Integer sums are exactly the 256-bit kernel's (and
-// llama.cpp's): sum sc * maddubs(q, a), minus sum m * (bsum pair); folded to 8 lanes, the float steps are
-// the 256-bit tile's too, so the results are bit for bit tile_q45_k's (what the small-batch tiles give).
+// llama.cpp's): sum sc * maddubs(q, a), minus sum m * (bsum pair). They are summed to one integer per row and
+// block, and the float steps are the order every K-quant kernel shares (top of matmul_simd.inl): the results
+// are bit for bit tile_q45_k's and the panels', whatever the batch.
 
 // The 12 scale bytes of a Q4_K / Q5_K block -> sc[0..7] (low qword) and m[0..7] (high qword).
 XP_INLINE void unpack_scales_k4_words(const uint8_t* s, uint64_t& sc8, uint64_t& m8) {
@@ -242,6 +243,24 @@ XP_INLINE __m512i scale_pick(int s0, int s1) {
                             _mm256_set1_epi16((short)(0x8000 | s1)), 1);
 }
 
+// Two f16 at p + r * w_row_bytes for rows r < G (G = 1 or 4): the first of each pair in lane r of `first`,
+// the second in lane r of `second` (lanes past G: 0). row_offsets: r * w_row_bytes in int32 lane r.
+template <int G>
+XP_INLINE void load_f16_pairs(const uint8_t* p, __m128i row_offsets, __m128& first, __m128& second) {
+  static_assert(G == 1 || G == 4);
+  __m128i v;
+  if constexpr (G == 1) v = _mm_cvtsi32_si128((int)load_u32(p));
+  else v = _mm_i32gather_epi32(reinterpret_cast<const int*>(p), row_offsets, 1);
+  const __m128i halves = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+  first = _mm_cvtph_ps(halves);
+  second = _mm_cvtph_ps(_mm_unpackhi_epi64(halves, halves));
+}
+
+// The K-quant decode kernels below take R = 1, 4 or 8 rows: groups of G = min(R, 4) rows share one float lane
+// vector (lane r: row r), as in the 256-bit tiles (the shared float order: top of matmul_simd.inl).
+template <int R>
+constexpr int kGroupRows = R < 4 ? R : 4;
+
 template <int R>
 void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
   constexpr size_t kBytes = 144;
@@ -251,8 +270,11 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
                 pick57 = scale_pick(5, 7);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  constexpr int G = kGroupRows<R>;
+  static_assert(R % G == 0);
+  __m128 acc[R / G];
+  for (int g = 0; g < R / G; ++g) acc[g] = _mm_setzero_ps();
+  const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     // Shared by the R rows: the activations in the levels' order, the 16 bsums, da.
@@ -263,6 +285,7 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
     const __m512i a46 = _mm512_shuffle_i64x2(a2, a3, 0x44), a57 = _mm512_shuffle_i64x2(a2, a3, 0xEE);
     const __m256i bsums = load256(xs + 32 * b);
     const __m128 da = _mm_set1_ps(xd[b]);
+    __m256i sumi[R], summ[R];
     // Unrolled, the R accumulators stay in registers and a row's loads issue before the previous row's
     // products finish (bench_matmul 2 Q4_K decode, 6 alternating runs: 23.1-25.0 GB/s, median 24.6, vs
     // 19.2-24.4, median 22.8, rolled; Q6_K's loop measured no better unrolled).
@@ -284,20 +307,21 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
                                        _mm512_shuffle_epi8(scv, pick13));
       s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46), _mm512_shuffle_epi8(scv, pick46));
       s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57), _mm512_shuffle_epi8(scv, pick57));
-      // Folded to the 256-bit tile's 8 lanes (lane i: elements 4i..4i+3 of every sub-block), then the same
-      // float steps as tile_q45_k<false, NR, 1>: the same bits per row, so a token's result does not depend
-      // on whether it was decoded alone or in a small batch (the tiles).
       const __m512i s01 = _mm512_add_epi32(s0, s1);
-      const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
+      sumi[r] = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
       const __m128i mv = _mm_cvtsi64_si128((long long)m8);
-      const __m256i summ = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv)));
-      // [d, dmin] * da
-      const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(blk))), da);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcastss_ps(dd), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc[r]);
+      summ[r] = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv)));
+    }
+    // The block's integer totals per row, then the shared float steps for G rows at a time: the bits of
+    // tile_q45_k and of the panels, whatever the batch.
+    for (int g = 0; g < R / G; ++g) {
+      __m128 d, dmin;
+      load_f16_pairs<G>(w + G * g * w_row_bytes + b * kBytes, row_offsets, d, dmin);
+      acc[g] = k_block_step(acc[g], row_totals<G>(sumi + G * g), d, da);
+      acc[g] = k_block_step_min(acc[g], row_totals<G>(summ + G * g), dmin, da);
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
+  for (int g = 0; g < R / G; ++g) store_lanes<G>(acc[g], y + G * g);
 }
 
 void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
@@ -332,15 +356,19 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
     for (int l = 0; l < 32; ++l) idx[l] = (int16_t)(4 * q + l / 8);
     spread[q] = _mm512_load_si512(idx);
   }
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  constexpr int G = kGroupRows<R>;
+  static_assert(R % G == 0);
+  __m128 acc[R / G];
+  for (int g = 0; g < R / G; ++g) acc[g] = _mm_setzero_ps();
+  const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* a = xq + 256 * b;
     const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
                            _mm512_loadu_si512(a + 192)};
     const __m256i bsums = load256(xs + 32 * b);
-    const __m256 da = _mm256_broadcast_ss(xd + b);
+    const __m128 da = _mm_broadcast_ss(xd + b);
+    __m256i dot[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
@@ -359,15 +387,20 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
         s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(q_hi, av[2 * h + 1]),
                                  _mm512_permutexvar_epi16(spread[2 * h + 1], sc16z));
       }
-      // Folded to tile_q6_k's 8 lanes and the same float steps: the same bits per row (see gemv_q4_k_512).
       const __m512i s01 = _mm512_add_epi32(s0, s1);
       const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-      const __m256 d = _mm256_set1_ps(load_f16(blk + 208));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), _mm256_mul_ps(d, da), acc[r]);
+      dot[r] = _mm256_sub_epi32(sumi, offset);
+    }
+    // Integer totals, then the shared float step (see gemv_q4_k_512). d is the f16 at byte 208: read as the
+    // second half of the 4 bytes at 206 (inside the block).
+    for (int g = 0; g < R / G; ++g) {
+      __m128 unused, d;
+      load_f16_pairs<G>(w + G * g * w_row_bytes + b * kBytes + 206, row_offsets, unused, d);
+      acc[g] = k_block_step(acc[g], row_totals<G>(dot + G * g), d, da);
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum(acc[r]);
+  for (int g = 0; g < R / G; ++g) store_lanes<G>(acc[g], y + G * g);
 }
 
 void q6_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,

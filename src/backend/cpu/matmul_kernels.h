@@ -8,7 +8,7 @@
 //   F32, F16, BF16 : f32[k], the value rounded through the activation type.
 // When the panel kernels below run, each row also gets an aux plane (aux_offset), per weight type:
 //   Q4_0 / Q5_0 / Q8_0 : int32[k/32], -offset * sum(a) per block (offset 8 / 16 / 128)
-//   Q4_K / Q5_K        : f32[k/32], sum(a) per 32 (what the sub-block mins multiply)
+//   Q4_K / Q5_K        : none (the mins multiply the bsums pairs)
 //   Q6_K               : int32[k/16], -32 * sum(a) per 16
 #pragma once
 #include <cstddef>
@@ -44,7 +44,7 @@ const MatmulKernels& matmul_kernels_avx512();
 // `scratch` (panel_scratch_bytes(k), 64-byte aligned), then multiplies it with all n_x packed X rows (which
 // carry the aux plane). Only where the ISA has them (matmul_panel_avx512.cpp); null entries use the tiles.
 constexpr int64_t kPanelRows = 16;
-constexpr size_t panel_scratch_bytes(int64_t k) { return (size_t)(kPanelRows * k) * 5 / 4 + 64; }
+constexpr size_t panel_scratch_bytes(int64_t k) { return (size_t)(kPanelRows * k) * 21 / 16 + 64; }
 
 using PanelKernel = void (*)(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                              const PackedLayout& x_layout, int64_t n_x, float* y, int64_t ldy, uint8_t* scratch);
@@ -101,8 +101,8 @@ constexpr int64_t kAmxMinRows = 256;
 
 // One X row quantized straight into its packed planes (aux included when l.aux_offset != 0), bit for bit
 // what matmul.cpp's portable packing writes; AVX-512 only (matmul_pack_avx512.cpp). level_offset: the
-// weight levels' offset the Q8_0 aux plane folds in; aux_q6_k: Q6_K's aux plane rather than Q4_K / Q5_K's.
+// weight levels' offset the Q8_0 aux plane folds in. A Q8_K aux plane is Q6_K's.
 void pack_row_q8_0_avx512(const float* x, int64_t k, const PackedLayout& l, int32_t level_offset, uint8_t* out);
-void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, bool aux_q6_k, uint8_t* out);
+void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, uint8_t* out);
 
 }  // namespace xpert::cpu

@@ -43,7 +43,7 @@ void pack_row_q8_0_avx512(const float* x, int64_t k, const PackedLayout& l, int3
 
 // Q8_K: per 256, the element of largest magnitude (the first, on ties) maps to -127: iscale = -127 / max,
 // q = min(127, round-to-even(iscale * x)), d = 1 / iscale, bsums per 16. An all-zero block is all zeros.
-void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, bool aux_q6_k, uint8_t* out) {
+void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, uint8_t* out) {
   auto* qs = reinterpret_cast<int8_t*>(out);
   auto* d = reinterpret_cast<float*>(out + l.d_offset);
   auto* bsums = reinterpret_cast<int16_t*>(out + l.sum_offset);
@@ -77,14 +77,9 @@ void pack_row_q8_k_avx512(const float* x, int64_t k, const PackedLayout& l, bool
       d[b] = 1 / iscale;
     }
     std::memcpy(bsums + 16 * b, sums, sizeof sums);
-    if (!l.aux_offset) continue;
-    if (aux_q6_k) {
-      auto* aux = reinterpret_cast<int32_t*>(out + l.aux_offset) + 16 * b;
-      for (int j = 0; j < 16; ++j) aux[j] = -32 * sums[j];
-    } else {
-      auto* aux = reinterpret_cast<float*>(out + l.aux_offset) + 8 * b;
-      for (int j = 0; j < 8; ++j) aux[j] = (float)(sums[2 * j] + sums[2 * j + 1]);
-    }
+    if (!l.aux_offset) continue;  // Q6_K's (the only K-quant aux plane)
+    auto* aux = reinterpret_cast<int32_t*>(out + l.aux_offset) + 16 * b;
+    for (int j = 0; j < 16; ++j) aux[j] = -32 * sums[j];
   }
 }
 

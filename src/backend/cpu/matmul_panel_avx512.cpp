@@ -8,11 +8,12 @@
 // is shared by 16 rows instead of done per row. The inner loop is a load, then one broadcast + vpdpbusd
 // per X row. Levels are stored unsigned (q + offset) since vpdpbusd multiplies u8 by s8; the offset's
 // share, -offset * sum(a), starts the integer sum (the packed X's aux plane holds it, see matmul.cpp).
-// Per-row scales are stored as f32 beside the levels, pre-multiplied where the format allows (K-quants:
-// d * sub-block scale, dmin * sub-block min).
+// Per-row scales are stored beside the levels: f32 for the Q8_0 family; for K-quants the integer sub-block
+// scales and mins, and d, dmin as f32.
 //
-// Integer dot products per block are llama.cpp's for Q4_0 / Q5_0 / Q8_0; K-quants sum their sub-blocks
-// in float (d * sc * dot) rather than in int32 first: the same products, rounded a little differently.
+// Integer dot products per block are llama.cpp's. K-quants then take the float steps every K-quant kernel
+// shares (matmul_simd.inl), so their panels give decode's bits; the Q8_0 family's do not (one float step per
+// block here, per 8-lane group in decode), so batch invariance keeps them off (matmul.cpp).
 // This file uses no standard-library templates and no inline functions of shared headers (see
 // matmul_simd.inl: nothing built with AVX-512 flags may be merged into baseline code).
 #include <immintrin.h>
@@ -35,7 +36,7 @@ namespace {
 
 constexpr int kRows = (int)kPanelRows;
 static_assert(kRows == 16, "one zmm of int32 lanes per panel");
-// X rows per register tile: K-quants hold 3 zmm per row (integer sum, block sum, total), 8 rows fill 24 of
+// X rows per register tile: K-quants hold 3 zmm per row (sub-block dot, block sum, total), 8 rows fill 24 of
 // the 32 registers. The Q8_0 family holds 2 per row, but 12 rows measured ~3 % slower than 8.
 constexpr int kMaxMR = 8;
 
@@ -89,10 +90,12 @@ void gemm_q8_0_family(int64_t nb, const uint8_t* panel, const uint8_t* x, const 
   for (int c = 0; c < MR; ++c) _mm512_mask_storeu_ps(y + c * ldy, store_mask, acc[c]);
 }
 
-// ---- Q4_K / Q5_K: panel block = 64 groups (4096 B) + d*sc [8][16] f32 + dmin*m [8][16] f32 ------------
+// ---- Q4_K / Q5_K and Q6_K: exact integer totals per block, then the shared float steps -----------------
+// Per block and X row: each sub-block's dot products (vpdpbusd, exact int32) times its scale (vpmulld) summed
+// to isum; the mins against the X row's bsums pairs (vpdpwssd) to msum; then, as every K-quant kernel
+// (matmul_simd.inl): acc = fma(isum, d * da, acc), acc = fma(-msum, dmin * da, acc). Lane r's bits are
+// those of weight row r computed alone (decode), whatever the panel's X rows.
 
-
-// aux: f32 per 32 elements, sum(a) of the sub-block (for the mins).
 template <int MR>
 void gemm_q45_k(int64_t nb, const uint8_t* panel, const uint8_t* x, const PackedLayout& l, float* y, int64_t ldy,
                 __mmask16 store_mask) {
@@ -100,38 +103,41 @@ void gemm_q45_k(int64_t nb, const uint8_t* panel, const uint8_t* x, const Packed
   for (int c = 0; c < MR; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kKBlockBytes;
-    __m512 blk[MR];
-    for (int c = 0; c < MR; ++c) blk[c] = _mm512_setzero_ps();
+    __m512i isum[MR];
+    for (int c = 0; c < MR; ++c) isum[c] = _mm512_setzero_si512();
     for (int s = 0; s < 8; ++s) {
-      __m512i sum[MR];
-      for (int c = 0; c < MR; ++c) sum[c] = _mm512_setzero_si512();
+      __m512i dot[MR];
+      for (int c = 0; c < MR; ++c) dot[c] = _mm512_setzero_si512();
       for (int g = 0; g < 8; ++g) {
         const __m512i wv = _mm512_load_si512(pb + 64 * (8 * s + g));
         for (int c = 0; c < MR; ++c)
-          sum[c] = _mm512_dpbusd_epi32(sum[c], wv,
+          dot[c] = _mm512_dpbusd_epi32(dot[c], wv,
                                        _mm512_set1_epi32(i32_at(x + c * l.row_bytes + 256 * b + 32 * s + 4 * g)));
       }
-      const __m512 dsc = _mm512_load_ps(pb + 4096 + 64 * s), dm = _mm512_load_ps(pb + 4096 + 512 + 64 * s);
-      for (int c = 0; c < MR; ++c) {
-        float asum;
-        std::memcpy(&asum, x + c * l.row_bytes + l.aux_offset + 4 * (8 * b + s), 4);
-        blk[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]), dsc, blk[c]);
-        blk[c] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(asum), blk[c]);
-      }
+      const __m512i sc = _mm512_load_si512(pb + kKScOffset + 64 * s);
+      for (int c = 0; c < MR; ++c) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot[c], sc));
     }
+    __m512i msum[MR];
+    for (int c = 0; c < MR; ++c) msum[c] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      const __m512i mins = _mm512_load_si512(pb + kKMinOffset + 64 * s);
+      for (int c = 0; c < MR; ++c)  // bsums 2s, 2s+1 of the X row
+        msum[c] = _mm512_dpwssd_epi32(msum[c], mins,
+                                      _mm512_set1_epi32(i32_at(x + c * l.row_bytes + l.sum_offset + 32 * b + 4 * s)));
+    }
+    const __m512 d = _mm512_load_ps(pb + kKDOffset), dmin = _mm512_load_ps(pb + kKDminOffset);
     for (int c = 0; c < MR; ++c) {
       float xd;
       std::memcpy(&xd, x + c * l.row_bytes + l.d_offset + 4 * b, 4);
-      acc[c] = _mm512_fmadd_ps(blk[c], _mm512_set1_ps(xd), acc[c]);
+      const __m512 da = _mm512_set1_ps(xd);
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, da), acc[c]);
+      acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[c]), _mm512_mul_ps(dmin, da), acc[c]);
     }
   }
   for (int c = 0; c < MR; ++c) _mm512_mask_storeu_ps(y + c * ldy, store_mask, acc[c]);
 }
 
-// ---- Q6_K: panel block = 64 groups (4096 B) + d*sc [16][16] f32 ----------------------------------------
-
-
-// aux: int32 per 16 elements, -32 * sum(a) of the sub-block (the levels' offset).
+// aux: int32 per 16 elements, -32 * sum(a) of the sub-block (the levels' offset), the start of its dot.
 template <int MR>
 void gemm_q6_k(int64_t nb, const uint8_t* panel, const uint8_t* x, const PackedLayout& l, float* y, int64_t ldy,
                __mmask16 store_mask) {
@@ -139,25 +145,26 @@ void gemm_q6_k(int64_t nb, const uint8_t* panel, const uint8_t* x, const PackedL
   for (int c = 0; c < MR; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* pb = panel + b * kQ6KBlockBytes;
-    __m512 blk[MR];
-    for (int c = 0; c < MR; ++c) blk[c] = _mm512_setzero_ps();
+    __m512i isum[MR];
+    for (int c = 0; c < MR; ++c) isum[c] = _mm512_setzero_si512();
     for (int s = 0; s < 16; ++s) {
-      __m512i sum[MR];
+      __m512i dot[MR];
       for (int c = 0; c < MR; ++c)
-        sum[c] = _mm512_set1_epi32(i32_at(x + c * l.row_bytes + l.aux_offset + 4 * (16 * b + s)));
+        dot[c] = _mm512_set1_epi32(i32_at(x + c * l.row_bytes + l.aux_offset + 4 * (16 * b + s)));
       for (int g = 0; g < 4; ++g) {
         const __m512i wv = _mm512_load_si512(pb + 64 * (4 * s + g));
         for (int c = 0; c < MR; ++c)
-          sum[c] = _mm512_dpbusd_epi32(sum[c], wv,
+          dot[c] = _mm512_dpbusd_epi32(dot[c], wv,
                                        _mm512_set1_epi32(i32_at(x + c * l.row_bytes + 256 * b + 16 * s + 4 * g)));
       }
-      const __m512 dsc = _mm512_load_ps(pb + 4096 + 64 * s);
-      for (int c = 0; c < MR; ++c) blk[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[c]), dsc, blk[c]);
+      const __m512i sc = _mm512_load_si512(pb + kQ6KScOffset + 64 * s);
+      for (int c = 0; c < MR; ++c) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(dot[c], sc));
     }
+    const __m512 d = _mm512_load_ps(pb + kQ6KDOffset);
     for (int c = 0; c < MR; ++c) {
       float xd;
       std::memcpy(&xd, x + c * l.row_bytes + l.d_offset + 4 * b, 4);
-      acc[c] = _mm512_fmadd_ps(blk[c], _mm512_set1_ps(xd), acc[c]);
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(xd)), acc[c]);
     }
   }
   for (int c = 0; c < MR; ++c) _mm512_mask_storeu_ps(y + c * ldy, store_mask, acc[c]);

@@ -49,11 +49,17 @@ void repack_q8_0_family(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_
   }
 }
 
-// ---- Q4_K / Q5_K: panel block = 64 groups (4096 B) + d*sc [8][16] f32 + dmin*m [8][16] f32 ------------
-// ---- Q6_K: panel block = 64 groups (4096 B) + d*sc [16][16] f32 -----------------------------------------
+// ---- Q4_K / Q5_K: panel block = 64 groups (4096 B) + sc [8][16] int32 + (m, m) [8][16] int16 pairs
+//      + d [16] f32 + dmin [16] f32 ----------------------------------------------------------------------
+// ---- Q6_K: panel block = 64 groups (4096 B) + sc [16][16] int32 + d [16] f32 ----------------------------
+// The kernels sum each block to exact integers (isum, msum) and then take the float steps every K-quant
+// kernel shares (matmul_simd.inl), so the scales stay integers here and d, dmin stay apart.
 
-constexpr size_t kKBlockBytes = 64 * 64 + 2 * 8 * 64;
-constexpr size_t kQ6KBlockBytes = 64 * 64 + 16 * 64;
+constexpr size_t kKScOffset = 4096, kKMinOffset = 4096 + 512, kKDOffset = 4096 + 1024, kKDminOffset = 4096 + 1088;
+constexpr size_t kKBlockBytes = 4096 + 1024 + 128;
+constexpr size_t kQ6KScOffset = 4096, kQ6KDOffset = 4096 + 1024;
+constexpr size_t kQ6KBlockBytes = 4096 + 1024 + 64;
+static_assert(kKBlockBytes <= panel_scratch_bytes(256) - 64 && kQ6KBlockBytes <= panel_scratch_bytes(256) - 64);
 
 // The 6-bit scale and min of sub-block j (quant::unpack_scale_min_k4, kept local: see the top of the file).
 XP_INLINE void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
@@ -95,12 +101,14 @@ void repack_q45_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uin
       }
       scatter_levels(lv, 64, pb, r);
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
+      std::memcpy(pb + kKDOffset + 4 * r, &d, 4);
+      std::memcpy(pb + kKDminOffset + 4 * r, &dmin, 4);
       for (int s = 0; s < 8; ++s) {
         uint8_t sc, m;
         scale_min_k4(s, blk + 4, &sc, &m);
-        const float dsc = d * (float)sc, dm = dmin * (float)m;
-        std::memcpy(pb + 4096 + 64 * s + 4 * r, &dsc, 4);
-        std::memcpy(pb + 4096 + 512 + 64 * s + 4 * r, &dm, 4);
+        const int32_t sc32 = sc, m_pair = (int32_t)m | (int32_t)m << 16;
+        std::memcpy(pb + kKScOffset + 64 * s + 4 * r, &sc32, 4);
+        std::memcpy(pb + kKMinOffset + 64 * s + 4 * r, &m_pair, 4);
       }
     }
   }
@@ -132,9 +140,10 @@ void repack_q6_k(int64_t nb, const uint8_t* w, size_t w_row_bytes, int n_w, uint
       }
       scatter_levels(lv, 64, pb, r);
       const float d = f16_at(blk + 208);
+      std::memcpy(pb + kQ6KDOffset + 4 * r, &d, 4);
       for (int s = 0; s < 16; ++s) {
-        const float dsc = d * (float)(int8_t)blk[192 + s];
-        std::memcpy(pb + 4096 + 64 * s + 4 * r, &dsc, 4);
+        const int32_t sc32 = (int8_t)blk[192 + s];
+        std::memcpy(pb + kQ6KScOffset + 64 * s + 4 * r, &sc32, 4);
       }
     }
   }

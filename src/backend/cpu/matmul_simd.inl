@@ -6,6 +6,12 @@
 // A tile is NR weight rows x MR packed X rows: each weight block is loaded and unpacked once, then
 // multiplied with MR activation blocks; each activation block is shared by the NR weight rows.
 // Integer dot products per block are exactly llama.cpp's; only the float accumulation order differs.
+// K-quants follow one float order per output element, shared by every kernel of every ISA from AVX2 on
+// (the 512-bit decode kernels, these tiles, the VNNI panels, the AMX tiles), so a row's bits do not depend on
+// how many rows are computed with it (batch invariance): per 256-block, the exact integer totals
+// isum = sum sc * dot(q, a) (Q6_K: with the -32 offset folded in) and msum = sum m * sum(a), then
+//   acc = fma(float(isum), d * da, acc);  acc = fma(-float(msum), dmin * da, acc)     (acc from +0)
+// block after block, and acc is the result (no lanes, no horizontal float sum).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -86,6 +92,40 @@ struct XRows {
   XP_INLINE const uint8_t* sums(int c) const { return base + c * stride + sum_offset; }
   XP_INLINE const float* f(int c) const { return reinterpret_cast<const float*>(base + c * stride); }
 };
+
+// Lane r = the sum of v[r]'s 8 int32 lanes, r < NR <= 4 (lanes past NR: 0). Integer sums: exact in any order.
+template <int NR>
+XP_INLINE __m128i row_totals(const __m256i* v) {
+  static_assert(NR >= 1 && NR <= 4);
+  const __m256i z = _mm256_setzero_si256();
+  __m256i v1 = z, v2 = z, v3 = z;
+  if constexpr (NR > 1) v1 = v[1];
+  if constexpr (NR > 2) v2 = v[2];
+  if constexpr (NR > 3) v3 = v[3];
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v1), _mm256_hadd_epi32(v2, v3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// Lanes r < NR of v to y[0..NR-1].
+template <int NR>
+XP_INLINE void store_lanes(__m128 v, float* y) {
+  if constexpr (NR == 4) {
+    _mm_storeu_ps(y, v);
+  } else {
+    alignas(16) float t[4];
+    _mm_store_ps(t, v);
+    for (int r = 0; r < NR; ++r) y[r] = t[r];
+  }
+}
+
+// The K-quant float step of one 256-block for NR rows (lanes): acc = fma(isum, d * da, acc), then
+// acc = fma(-msum, dmin * da, acc) (see the top of the file).
+XP_INLINE __m128 k_block_step(__m128 acc, __m128i isum, __m128 d, __m128 da) {
+  return _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, da), acc);
+}
+XP_INLINE __m128 k_block_step_min(__m128 acc, __m128i msum, __m128 dmin, __m128 da) {
+  return _mm_fnmadd_ps(_mm_cvtepi32_ps(msum), _mm_mul_ps(dmin, da), acc);
+}
 
 template <int NR, int MR>
 XP_INLINE void store_tile(__m256 (&acc)[NR][MR], float* y, int64_t ldy) {
@@ -187,26 +227,26 @@ XP_INLINE void prefetch_next_tile(const uint8_t* p) {
 
 template <bool kFiveBit, int NR, int MR>
 void tile_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y, int64_t ldy) {
+  static_assert(NR <= 4, "one float lane per weight row");
   constexpr size_t kBytes = kFiveBit ? 176 : 144;
   constexpr size_t kQsOffset = kFiveBit ? 48 : 16;
-  __m256 acc[NR][MR];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < MR; ++c) acc[r][c] = _mm256_setzero_ps();
+  __m128 acc[MR];  // lane r: weight row r
+  for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     // Per row: the block's scales (int16 pairs per sub-block), its mins spread to match the 16 bsums
-    // (each min covers two of them), d and dmin. The levels are unpacked one 64-element chunk at a time
-    // inside the product loop, so the hot loop's registers are the NR x MR integer sums, one chunk of
+    // (each min covers two of them), d and dmin (lane r). The levels are unpacked one 64-element chunk at a
+    // time inside the product loop, so the hot loop's registers are the NR x MR integer sums, one chunk of
     // levels per row and one activation vector (a whole block of levels per row would spill).
     const uint8_t* blk[NR];
     uint8_t sc[NR][8];
     __m256i mins[NR];
-    __m256 d[NR], dmin[NR];
+    alignas(16) float dr[4] = {}, dminr[4] = {};
     for (int r = 0; r < NR; ++r) {
       blk[r] = w + r * w_row_bytes + b * kBytes;
       if constexpr (MR == 1) prefetch_next_tile<kBytes>(blk[r] + NR * w_row_bytes);
-      d[r] = _mm256_set1_ps(load_f16(blk[r]));
-      dmin[r] = _mm256_set1_ps(load_f16(blk[r] + 2));
+      dr[r] = load_f16(blk[r]);
+      dminr[r] = load_f16(blk[r] + 2);
       uint8_t m[8];
       unpack_scales_k4(blk[r] + 4, sc[r], m);
       uint64_t m8;
@@ -214,9 +254,10 @@ void tile_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x,
       const __m128i mv = _mm_cvtsi64_si128((long long)m8);
       mins[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
     }
-    __m256i sumi[NR][MR];
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < MR; ++c) sumi[r][c] = _mm256_setzero_si256();
+    const __m128 d = _mm_load_ps(dr), dmin = _mm_load_ps(dminr);
+    __m256i sumi[MR][NR];
+    for (int c = 0; c < MR; ++c)
+      for (int r = 0; r < NR; ++r) sumi[c][r] = _mm256_setzero_si256();
     for (int ch = 0; ch < 4; ++ch) {
       __m256i q[NR][2];  // sub-blocks 2ch (low nibbles) and 2ch+1 (high nibbles)
       for (int r = 0; r < NR; ++r) {
@@ -240,21 +281,20 @@ void tile_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x,
         for (int c = 0; c < MR; ++c) {
           const __m256i av = load256(x.qs(c) + 256 * b + 32 * sub);
           for (int r = 0; r < NR; ++r)
-            sumi[r][c] = dot_i16(sumi[r][c], _mm256_maddubs_epi16(q[r][half], av), scale[r]);
+            sumi[c][r] = dot_i16(sumi[c][r], _mm256_maddubs_epi16(q[r][half], av), scale[r]);
         }
       }
     }
     for (int c = 0; c < MR; ++c) {
       const __m256i bsums = load256(x.sums(c) + 32 * b);
-      const __m256 da = _mm256_broadcast_ss(x.d(c) + b);
-      for (int r = 0; r < NR; ++r) {
-        const __m256i summ = _mm256_madd_epi16(bsums, mins[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][c]), _mm256_mul_ps(d[r], da), acc[r][c]);
-        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmin[r], da), acc[r][c]);
-      }
+      __m256i summ[NR];
+      for (int r = 0; r < NR; ++r) summ[r] = _mm256_madd_epi16(bsums, mins[r]);
+      const __m128 da = _mm_broadcast_ss(x.d(c) + b);
+      acc[c] = k_block_step(acc[c], row_totals<NR>(sumi[c]), d, da);
+      acc[c] = k_block_step_min(acc[c], row_totals<NR>(summ), dmin, da);
     }
   }
-  store_tile<NR, MR>(acc, y, ldy);
+  for (int c = 0; c < MR; ++c) store_lanes<NR>(acc[c], y + c * ldy);
 }
 
 // ---- Q6_K weights x Q8_K activations ------------------------------------------------------------------
@@ -262,18 +302,18 @@ void tile_q45_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x,
 
 template <int NR, int MR>
 void tile_q6_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y, int64_t ldy) {
-  __m256 acc[NR][MR];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < MR; ++c) acc[r][c] = _mm256_setzero_ps();
+  static_assert(NR <= 4, "one float lane per weight row");
+  __m128 acc[MR];  // lane r: weight row r
+  for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     // q[r][g]: 32 levels of elements 32g..32g+31; scale[r][g]: (sc[2g] x8, sc[2g+1] x8) as int16.
     __m256i q[NR][8], scale[NR][8], scale_all[NR];
-    __m256 d[NR];
+    alignas(16) float dr[4] = {};
     for (int r = 0; r < NR; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * 210;
       if constexpr (MR == 1) prefetch_next_tile<210>(blk + NR * w_row_bytes);
-      d[r] = _mm256_set1_ps(load_f16(blk + 208));
+      dr[r] = load_f16(blk + 208);
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
       scale_all[r] = _mm256_cvtepi8_epi16(sc8);
       for (int g = 0; g < 8; ++g) {
@@ -298,6 +338,7 @@ void tile_q6_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, 
         for (int g = 0; g < 4; ++g) q[r][4 * half + g] = _mm256_or_si256(lo[g], hi[g]);
       }
     }
+    const __m128 d = _mm_load_ps(dr);
     for (int c = 0; c < MR; ++c) {
       const int8_t* a = x.qs(c) + 256 * b;
       const __m256i bsums = load256(x.sums(c) + 32 * b);
@@ -307,15 +348,12 @@ void tile_q6_k(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, 
         const __m256i av = load256(a + 32 * g);
         for (int r = 0; r < NR; ++r) sumi[r] = dot_i16(sumi[r], _mm256_maddubs_epi16(q[r][g], av), scale[r][g]);
       }
-      const __m256 da = _mm256_broadcast_ss(x.d(c) + b);
-      for (int r = 0; r < NR; ++r) {
-        const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scale_all[r]), 5);
-        const __m256i dot = _mm256_sub_epi32(sumi[r], offset);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d[r], da), acc[r][c]);
-      }
+      for (int r = 0; r < NR; ++r)
+        sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(_mm256_madd_epi16(bsums, scale_all[r]), 5));
+      acc[c] = k_block_step(acc[c], row_totals<NR>(sumi), d, _mm_broadcast_ss(x.d(c) + b));
     }
   }
-  store_tile<NR, MR>(acc, y, ldy);
+  for (int c = 0; c < MR; ++c) store_lanes<NR>(acc[c], y + c * ldy);
 }
 
 // ---- F32 / F16 / BF16 weights x f32 activations ------------------------------------------------------
