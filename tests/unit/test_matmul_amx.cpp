@@ -273,40 +273,58 @@ TEST(MatmulAmx, DispatchFallsBackWithoutAmx) {
   }
 }
 
-// ---- K-quant batch invariance (issue #37) --------------------------------------------------------------
-// Every K-quant kernel takes one float order per output element (matmul_simd.inl), so a row's result has the
-// same bits computed alone (the decode kernels), in the small-batch tiles, in a VNNI panel or in an AMX tile,
-// whatever the other rows: checked on the kernels themselves, then through cpu::matmul with batch invariance
-// on (what `xpert serve` runs), where the panels must now be used.
-
-const DType kKQuants[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
+// ---- batch invariance (issue #37) ----------------------------------------------------------------------
+// Every quantized kernel takes one float order per output element (matmul_simd.inl), so a row's result has
+// the same bits computed alone (the decode kernels), in the small-batch tiles, in a VNNI panel or in an AMX
+// tile, whatever the other rows: checked on the kernels themselves, then through cpu::matmul with batch
+// invariance on (what `xpert serve` runs), where the panels must be used.
 
 cpu::TileKernel tile_kernel(DType t) {
   const cpu::MatmulKernels& k = cpu::matmul_kernels_avx512();
-  return t == DType::Q4_K ? k.q4_k : t == DType::Q5_K ? k.q5_k : k.q6_k;
+  switch (t) {
+    case DType::Q4_0: return k.q4_0;
+    case DType::Q5_0: return k.q5_0;
+    case DType::Q8_0: return k.q8_0;
+    case DType::Q4_K: return k.q4_k;
+    case DType::Q5_K: return k.q5_k;
+    default: return k.q6_k;
+  }
 }
 cpu::PanelKernel panel_kernel(const cpu::PanelKernels& k, DType t) {
-  return t == DType::Q4_K ? k.q4_k : t == DType::Q5_K ? k.q5_k : k.q6_k;
+  switch (t) {
+    case DType::Q4_0: return k.q4_0;
+    case DType::Q5_0: return k.q5_0;
+    case DType::Q8_0: return k.q8_0;
+    case DType::Q4_K: return k.q4_k;
+    case DType::Q5_K: return k.q5_k;
+    default: return k.q6_k;
+  }
 }
 
-// X rows packed as matmul.cpp does for the K-quant panels: Q8_K planes, and Q6_K's aux plane; rows past the
-// packed ones are zeros (the AMX tiles read 16 at a time).
+// X rows packed as matmul.cpp does for the panels: Q8_0 planes with the weight offset's aux plane, or Q8_K
+// planes with Q6_K's; rows past the packed ones are zeros (the AMX tiles read 16 at a time).
 struct PackedRows {
   cpu::PackedLayout l;
   std::vector<uint8_t> storage;
   uint8_t* data = nullptr;
   PackedRows(DType t, const std::vector<float>& x, int64_t k, int64_t m) {
+    const bool q8_0 = t == DType::Q4_0 || t == DType::Q5_0 || t == DType::Q8_0;
+    const int64_t block = q8_0 ? 32 : 256;
     l.d_offset = (size_t)k;
-    l.sum_offset = l.d_offset + 4 * (size_t)(k / 256);
-    l.row_bytes = l.sum_offset + 2 * (size_t)(k / 16);
-    if (t == DType::Q6_K) {
+    l.sum_offset = l.d_offset + 4 * (size_t)(k / block);
+    l.row_bytes = l.sum_offset + (q8_0 ? 4 * (size_t)(k / 32) : 2 * (size_t)(k / 16));
+    if (t != DType::Q4_K && t != DType::Q5_K) {
       l.aux_offset = (l.row_bytes + 3) / 4 * 4;
-      l.row_bytes = l.aux_offset + 4 * (size_t)(k / 16);
+      l.row_bytes = l.aux_offset + 4 * (size_t)(k / (q8_0 ? 32 : 16));
     }
     l.row_bytes = (l.row_bytes + 63) / 64 * 64;
     storage.assign(l.row_bytes * (size_t)((m + 15) / 16 * 16) + 64, 0);
     data = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-    for (int64_t i = 0; i < m; ++i) cpu::pack_row_q8_k_avx512(x.data() + i * k, k, l, data + i * l.row_bytes);
+    const int32_t level_offset = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 128;
+    for (int64_t i = 0; i < m; ++i) {
+      if (q8_0) cpu::pack_row_q8_0_avx512(x.data() + i * k, k, l, level_offset, data + i * l.row_bytes);
+      else cpu::pack_row_q8_k_avx512(x.data() + i * k, k, l, data + i * l.row_bytes);
+    }
   }
   const uint8_t* row(int64_t i) const { return data + i * l.row_bytes; }
 };
@@ -324,18 +342,19 @@ void expect_rows_match(const Problem& p, const std::vector<float>& alone, const 
       }
 }
 
-// k = 2048 and 768 (the MoE models' hidden and expert widths), n = 150: a partial last panel of 6 rows.
+// k = 2048 and 768 (the MoE models' hidden and expert widths), n = 150: a partial last panel of 6 rows
+// (and n % 8 = 6 rows past the 8-row decode kernels).
 const Case kInvariantCases[] = {{2048, 150, 64}, {768, 150, 64}};
 const int64_t kPanelHeights[] = {8, 9, 16, 33, 64};
 
-TEST(MatmulAmx, KQuantKernelsGiveEveryRowTheBitsOfDecode) {
-  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the K-quant panels need AVX-512 VNNI";
+TEST(MatmulAmx, QuantKernelsGiveEveryRowTheBitsOfDecode) {
+  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the panels need AVX-512 VNNI";
   PanelGuard guard;
   const size_t scratch_bytes = cpu::panel_scratch_bytes(2048);
   std::vector<uint8_t> scratch_storage(scratch_bytes + 64);
   uint8_t* scratch =
       scratch_storage.data() + (64 - reinterpret_cast<uintptr_t>(scratch_storage.data()) % 64) % 64;
-  for (DType t : kKQuants)
+  for (DType t : kTypes)
     for (const Case& c : kInvariantCases) {
       const Problem p(t, c, false);
       const int64_t k = c.k, n = c.n, rb = (int64_t)row_bytes(t, k);
@@ -365,15 +384,15 @@ TEST(MatmulAmx, KQuantKernelsGiveEveryRowTheBitsOfDecode) {
     }
 }
 
-TEST(MatmulAmx, BatchInvariantKQuantsKeepThePanels) {
-  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the K-quant panels need AVX-512 VNNI";
+TEST(MatmulAmx, BatchInvariantMatmulKeepsThePanels) {
+  if (best_isa() != Isa::avx512) GTEST_SKIP() << "the panels need AVX-512 VNNI";
   PanelGuard guard;
   struct Reset {
     ~Reset() { cpu::set_batch_invariant(false); }
   } reset;
   cpu::set_batch_invariant(true);
   ThreadPool pool(3);
-  for (DType t : kKQuants)
+  for (DType t : kTypes)
     for (const Case& c : kInvariantCases) {
       const Problem p(t, c, false);
       std::vector<float> alone((size_t)(c.m * c.n));

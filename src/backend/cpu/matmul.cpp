@@ -153,16 +153,12 @@ struct Panel {
 };
 
 // The prefill kernel for m X rows: AMX tiles (16 X rows at a time: from kAmxMinRows rows on, fewer would
-// leave most of a tile empty), the VNNI panels, or none (the tiles). Under batch invariance the K-quants keep
-// theirs (every K-quant kernel gives a row the bits of decode: matmul_simd.inl); the Q8_0 family's panels
-// sum in another order than its decode kernel, so it takes gemm_q8_0_family_512 (matmul_avx512.cpp).
+// leave most of a tile empty), the VNNI panels, or none (the tiles). Batch invariance needs no choice here:
+// every quantized kernel gives a row the bits of decode (one float order per row: matmul_simd.inl).
 std::atomic<bool> g_batch_invariant{false};
-
-bool is_k_quant(DType w) { return w == DType::Q4_K || w == DType::Q5_K || w == DType::Q6_K; }
 
 Panel pick_panel(DType w, int64_t m, Isa isa) {
   if (m < kPanelMinRows || isa != Isa::avx512) return {};
-  if (!is_k_quant(w) && g_batch_invariant.load(std::memory_order_relaxed)) return {};
   PanelKernel amx = nullptr;
   switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
     case PanelChoice::automatic:
@@ -181,9 +177,7 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
 
 }  // namespace
 
-// X rows per kernel call. (AVX-512's Q4_0 / Q5_0 / Q8_0 kernels sum one X row (decode) in another order
-// than several tiles do; under batch invariance they take several rows at a time with decode's order per
-// row: gemm_q8_0_family_512.)
+// X rows per kernel call.
 int64_t x_step(DType, Isa) { return kXChunkRows; }
 
 void set_panel_choice(PanelChoice choice) { g_panel_choice.store((int)choice); }

@@ -10,7 +10,6 @@ const MatmulKernels& matmul_kernels_avx512_vl();  // the 256-bit kernels of matm
 }  // namespace xpert::cpu
 
 #include "backend/cpu/matmul_simd.inl"
-#include "backend/cpu/matmul.h"  // batch_invariant()
 
 // GCC 12 flags the _mm512_undefined_* inside the 512-bit intrinsic headers (cast, permute, cvtph) as
 // "maybe uninitialized"; the upper lanes they leave are never read here.
@@ -86,36 +85,49 @@ XP_INLINE __m512 load_scales2(const uint8_t* b, bool two) {
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(d0), d1, 1));
 }
 
-// Horizontal sums of R accumulators into y[0..R-1]; 4 at a time through hadd, as in the Q8_0 kernel.
-template <int R>
-XP_INLINE void store_sums_512(const __m512 (&acc)[R], float* y) {
-  if constexpr (R % 4 == 0) {
-    for (int r0 = 0; r0 < R; r0 += 4) {
-      __m256 h[4];
-      for (int r = 0; r < 4; ++r)
-        h[r] = _mm256_add_ps(_mm512_castps512_ps256(acc[r0 + r]), _mm512_extractf32x8_ps(acc[r0 + r], 1));
-      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-      _mm_storeu_ps(y + r0, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-    }
-  } else {
-    for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
-  }
-}
-
 // Each step prefetches (to L2) the same position of the next tile's rows, i.e. one tile ahead: the hardware
 // streamers alone left decode at ~15 GB/s for 2 threads. Measured on a quiet 16-core Xeon, 2 threads, Q8_0:
 // k=640 (the output projection) 13-21 GB/s with a fixed +512 B in-row prefetch, 35-42 with this; k=4096
 // 30-40 vs 34-45.
+//
+// The float steps are those every Q8_0-family kernel takes (top of matmul_simd.inl): one per block and row,
+// acc = fma(float(isum), d * da, acc). With 8 rows, the 8 x 16 int32 lanes of a block pair are summed to
+// the 16 (row, block) totals in one transposition tree (21 operations), and the float steps run with the
+// rows in lanes, the 16 weight scales fetched by one gather: fewer operations per row than a float step per
+// lane, and the bits of the tiles and the panels.
 
-// R weight rows x one X row, all of k. y[r] = dot(row r, x).
+XP_INLINE int total_epi32(__m256i v) { return _mm_cvtsi128_si32(row_totals<1>(&v)); }
+
+// rows 0..7 of block b | rows 0..7 of block b+1 -> the 16 totals, lanes 0..7 block b, 8..15 block b+1.
+XP_INLINE __m512i block_pair_totals_8(const __m512i (&p)[8]) {
+  __m512i t[4];
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]),
+                            _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+  // per 128-bit lane: the lane's sum for rows 0..3 (u0) and 4..7 (u1)
+  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+  const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+  // 128-bit lanes 0+1 are block b, 2+3 block b+1: [rows 0-3 b, rows 0-3 b+1, rows 4-7 b, rows 4-7 b+1]
+  const __m512i v = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15), v);
+}
+
+// R weight rows x one X row, all of k. y[r] = dot(row r, x). R = 8, or 1 (the last rows).
 template <class W, int R>
 void gemv_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
+  static_assert(R == 8 || R == 1);
   const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const int8_t* xq = x.qs(0);
   const float* xd = x.d(0);
   const int32_t* xs = reinterpret_cast<const int32_t*>(x.sums(0));
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int rb = (int)w_row_bytes, kb = (int)W::kBytes;
+  // Byte offsets of the 16 scales of a block pair: rows 0..7 of block b, then of block b+1.
+  const __m512i scale_at = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                                                               _mm512_set1_epi32(rb)),
+                                            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, kb, kb, kb, kb, kb, kb, kb, kb));
+  __m256 acc8 = _mm256_setzero_ps();
+  __m128 acc1 = _mm_setzero_ps();
   const int64_t nb = k / 32;
   auto step = [&](int64_t b, bool two) __attribute__((always_inline)) {
     // Shared by the R rows: 64 activations, -offset * sum(a) spread over each block's 8 lanes, and da.
@@ -127,92 +139,44 @@ void gemv_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const
     const __m128 d2 =
         two ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd + b))) : _mm_load_ss(xd + b);
     const __m512 da = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(d2));
+    __m512i p[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * W::kBytes;
       _mm_prefetch(reinterpret_cast<const char*>(blk) + R * w_row_bytes, _MM_HINT_T1);  // next tile's row r
-      const __m512i p = _mm512_dpbusd_epi32(start, W::load2(blk, two), a);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(load_scales2<W>(blk, two), da), acc[r]);
+      p[r] = _mm512_dpbusd_epi32(start, W::load2(blk, two), a);
     }
-  };
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) step(b, true);
-  if (b < nb) step(b, false);
-  store_sums_512<R>(acc, y);
-}
-
-// R weight rows x NX X rows (x rows c0 .. c0+NX-1). Every (row, x) accumulator takes exactly the steps of
-// gemv_q8_0_family_512 for that x alone (same block pairs, same dpbusd / convert / mul / fma, same
-// horizontal sum for this R), so a row's bits do not depend on how many X rows share the call: batch
-// invariance with the weights unpacked once per NX rows instead of once per row.
-template <class W, int R, int NX>
-void gemm_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, int c0, float* y,
-                          int64_t ldy) {
-  const __m512i pick01 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  __m512 acc[NX][R];
-  for (int c = 0; c < NX; ++c)
-    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
-  const int64_t nb = k / 32;
-  auto step = [&](int64_t b, bool two) __attribute__((always_inline)) {
-    __m512i a[NX], start[NX];
-    __m512 da[NX];
-    for (int c = 0; c < NX; ++c) {
-      const int8_t* xq = x.qs(c0 + c);
-      const float* xd = x.d(c0 + c);
-      const int32_t* xs = reinterpret_cast<const int32_t*>(x.sums(c0 + c));
-      a[c] = two ? _mm512_loadu_si512(xq + 32 * b) : _mm512_zextsi256_si512(load256(xq + 32 * b));
-      const __m128i s2 =
-          two ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xs + b)) : _mm_cvtsi32_si128(xs[b]);
-      start[c] = _mm512_permutexvar_epi32(pick01, _mm512_castsi128_si512(s2));
-      if constexpr (W::kLaneShift > 0) start[c] = _mm512_slli_epi32(start[c], W::kLaneShift);
-      const __m128 d2 =
-          two ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xd + b))) : _mm_load_ss(xd + b);
-      da[c] = _mm512_permutexvar_ps(pick01, _mm512_castps128_ps512(d2));
-    }
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = w + r * w_row_bytes + b * W::kBytes;
-      const __m512i q = W::load2(blk, two);
-      const __m512 sc = load_scales2<W>(blk, two);
-      for (int c = 0; c < NX; ++c) {
-        const __m512i p = _mm512_dpbusd_epi32(start[c], q, a[c]);
-        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sc, da[c]), acc[c][r]);
+    const uint8_t* base = w + b * W::kBytes;
+    if constexpr (R == 8) {
+      // The f16 scale opens each block: the low half of the 4 bytes there (block b+1's only if `two`).
+      const __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), two ? 0xFFFF : 0x00FF, scale_at, base, 1);
+      const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw)), da);
+      const __m512 tot = _mm512_cvtepi32_ps(block_pair_totals_8(p));
+      acc8 = _mm256_fmadd_ps(_mm512_castps512_ps256(tot), _mm512_castps512_ps256(dd), acc8);
+      if (two) acc8 = _mm256_fmadd_ps(_mm512_extractf32x8_ps(tot, 1), _mm512_extractf32x8_ps(dd, 1), acc8);
+    } else {
+      const __m128 t0 = _mm_cvtsi32_ss(_mm_setzero_ps(), total_epi32(_mm512_castsi512_si256(p[0])));
+      acc1 = _mm_fmadd_ss(t0, _mm_mul_ss(_mm_set_ss(load_f16(base)), _mm_set_ss(xd[b])), acc1);
+      if (two) {
+        const __m128 t1 = _mm_cvtsi32_ss(_mm_setzero_ps(), total_epi32(_mm512_extracti64x4_epi64(p[0], 1)));
+        acc1 = _mm_fmadd_ss(t1, _mm_mul_ss(_mm_set_ss(load_f16(base + W::kBytes)), _mm_set_ss(xd[b + 1])), acc1);
       }
     }
   };
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) step(b, true);
   if (b < nb) step(b, false);
-  for (int c = 0; c < NX; ++c) store_sums_512<R>(acc[c], y + c * ldy);
-}
-
-template <class W, int R>
-void gemm_rows_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, int64_t n_x, float* y,
-                   int64_t ldy) {
-  int c = 0;
-  for (; c + 4 <= n_x; c += 4) gemm_q8_0_family_512<W, R, 4>(k, w, w_row_bytes, x, c, y + c * ldy, ldy);
-  switch (n_x - c) {
-    case 3: gemm_q8_0_family_512<W, R, 3>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
-    case 2: gemm_q8_0_family_512<W, R, 2>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
-    case 1: gemm_q8_0_family_512<W, R, 1>(k, w, w_row_bytes, x, c, y + c * ldy, ldy); break;
-    default: break;
-  }
+  if constexpr (R == 8) _mm256_storeu_ps(y, acc8);
+  else y[0] = _mm_cvtss_f32(acc1);
 }
 
 template <class W>
 void run_q8_0_family_512(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                          const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy,
-                         TileKernel fallback) {
+                         TileKernel tiles) {
+  if (n_x != 1) return tiles(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
-  if (n_x != 1) {
-    // Batch invariance (xpert serve): several X rows, each with the bits of one (see gemm_q8_0_family_512).
-    if (!batch_invariant()) return fallback(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
-    int64_t j = 0;
-    for (; j + 4 <= n_w; j += 4) gemm_rows_512<W, 4>(k, w + j * w_row_bytes, w_row_bytes, xr, n_x, y + j, ldy);
-    for (; j < n_w; ++j) gemm_rows_512<W, 1>(k, w + j * w_row_bytes, w_row_bytes, xr, n_x, y + j, ldy);
-    return;
-  }
   int64_t j = 0;
   for (; j + 8 <= n_w; j += 8) gemv_q8_0_family_512<W, 8>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
-  for (; j + 4 <= n_w; j += 4) gemv_q8_0_family_512<W, 4>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
   for (; j < n_w; ++j) gemv_q8_0_family_512<W, 1>(k, w + j * w_row_bytes, w_row_bytes, xr, y + j);
 }
 

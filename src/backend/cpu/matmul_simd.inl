@@ -6,12 +6,17 @@
 // A tile is NR weight rows x MR packed X rows: each weight block is loaded and unpacked once, then
 // multiplied with MR activation blocks; each activation block is shared by the NR weight rows.
 // Integer dot products per block are exactly llama.cpp's; only the float accumulation order differs.
-// K-quants follow one float order per output element, shared by every kernel of every ISA from AVX2 on
-// (the 512-bit decode kernels, these tiles, the VNNI panels, the AMX tiles), so a row's bits do not depend on
-// how many rows are computed with it (batch invariance): per 256-block, the exact integer totals
-// isum = sum sc * dot(q, a) (Q6_K: with the -32 offset folded in) and msum = sum m * sum(a), then
-//   acc = fma(float(isum), d * da, acc);  acc = fma(-float(msum), dmin * da, acc)     (acc from +0)
-// block after block, and acc is the result (no lanes, no horizontal float sum).
+// The quantized types follow one float order per output element, shared by every kernel of every ISA from
+// AVX2 on (the 512-bit decode kernels, these tiles, the VNNI panels, the AMX tiles), so a row's bits do not
+// depend on how many rows are computed with it (batch invariance). Per block, first the exact integer totals,
+// then one float step per block, block after block, from acc = +0; acc is the result (no float lanes, no
+// horizontal float sum):
+//   Q4_0 / Q5_0 / Q8_0 (32-blocks): isum = dot(q, a);  acc = fma(float(isum), d * da, acc)
+//   Q4_K / Q5_K (256-blocks): isum = sum sc * dot(q, a), msum = sum m * sum(a) per sub-block;
+//       acc = fma(float(isum), d * da, acc);  acc = fma(-float(msum), dmin * da, acc)
+//   Q6_K: isum = sum sc * dot(q - 32, a);  acc = fma(float(isum), d * da, acc)
+// The integer totals of several rows are summed across lanes together (row_totals), then the float step
+// runs with one row per lane.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -178,31 +183,30 @@ XP_INLINE __m256i block_dot_q8_0(__m256i w, __m256i a, __m256i start) {
 
 template <class W, int NR, int MR>
 void tile_q8_0_family(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y, int64_t ldy) {
-  __m256 acc[NR][MR];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < MR; ++c) acc[r][c] = _mm256_setzero_ps();
+  static_assert(NR <= 4, "one float lane per weight row");
+  __m128 acc[MR];  // lane r: weight row r
+  for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
   const int64_t nb = k / 32;
   for (int64_t b = 0; b < nb; ++b) {
     __m256i wq[NR];
-    __m256 wd[NR];
+    alignas(16) float dr[4] = {};
     for (int r = 0; r < NR; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * W::kBytes;
       wq[r] = W::load(blk);
-      wd[r] = _mm256_set1_ps(load_f16(blk));
+      dr[r] = load_f16(blk);
     }
+    const __m128 wd = _mm_load_ps(dr);
     for (int c = 0; c < MR; ++c) {
       const __m256i a = load256(x.qs(c) + 32 * b);
       // -offset * sum(a) spread over 8 lanes: -sum(a) << shift in each lane.
       __m256i start = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(x.sums(c) + 4 * b));
       if constexpr (W::kLaneShift > 0) start = _mm256_slli_epi32(start, W::kLaneShift);
-      const __m256 da = _mm256_broadcast_ss(x.d(c) + b);
-      for (int r = 0; r < NR; ++r) {
-        const __m256i p = block_dot_q8_0<W>(wq[r], a, start);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(wd[r], da), acc[r][c]);
-      }
+      __m256i p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = block_dot_q8_0<W>(wq[r], a, start);
+      acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_totals<NR>(p)), _mm_mul_ps(wd, _mm_broadcast_ss(x.d(c) + b)), acc[c]);
     }
   }
-  store_tile<NR, MR>(acc, y, ldy);
+  for (int c = 0; c < MR; ++c) store_lanes<NR>(acc[c], y + c * ldy);
 }
 
 // ---- Q4_K / Q5_K weights x Q8_K activations -----------------------------------------------------------
