@@ -16,12 +16,11 @@ namespace xpert::cpu {
 void matmul(DType w_type, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y,
             int64_t ldy, ThreadPool& pool);
 
-// Batch invariance: while on, each X row's result has the same bits whatever other rows share the call,
-// so a sequence's logits do not depend on the requests batched with it or on how its prompt was split
-// into prefill chunks. K-quants (Q4_K, Q5_K, Q6_K) have it by construction (every kernel, the VNNI panels
-// and AMX tiles included, takes one float order per row: matmul_simd.inl); for the Q8_0 family the switch
-// replaces the panels with decode-ordered multi-row kernels. Process-wide, off by default; `xpert serve`
-// turns it on (seeded requests repeat whatever the other traffic and the state cache: docs/PERF.md).
+// Batch invariance: each X row's result has the same bits whatever other rows share the call, so a
+// sequence's logits do not depend on the requests batched with it or on how its prompt was split into
+// prefill chunks. On the CPU it holds by construction: every kernel (decode, tiles, VNNI panels, AMX tiles)
+// takes one float order per row (matmul_simd.inl), so no kernel choice depends on this switch any more; it
+// stays as the process-wide statement `xpert serve --batch-invariant` makes (docs/PERF.md).
 void set_batch_invariant(bool on);
 bool batch_invariant();
 
