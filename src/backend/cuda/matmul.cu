@@ -60,7 +60,7 @@ ActFormat activation_format(DType w_type, int64_t m) {
     case DType::BF16:
       return ActFormat::bf16;
     default:
-      return m <= kDecodeMaxRows ? ActFormat::q8_1 : ActFormat::f16;
+      return m <= kMatvecMaxRows ? ActFormat::q8_1 : ActFormat::f16;
   }
 }
 
@@ -121,7 +121,7 @@ void matmul_prepared(DType w_type, const void* w, int64_t n, const Activations& 
   if (n == 0 || a.m == 0) return;
   // Tensor cores once X has more rows than the matrix-vector kernels take, except for F32 weights (no
   // f32 mma here: those are small, e.g. MoE routers) and float rows that are not whole 32-element groups.
-  const bool tensor = a.m > kDecodeMaxRows && w_type != DType::F32 && a.k % 32 == 0;
+  const bool tensor = a.m > kMatvecMaxRows && w_type != DType::F32 && a.k % 32 == 0;
   if (!tensor) {
     detail::launch_matvec(w_type, w, n, a, y, ldy, stream);
     return;
@@ -158,7 +158,7 @@ void matmul_prepared_multi(DType w_type, const MatmulOut* outs, int count, const
   check_matmul_shape(w_type, a.k);
   if (a.format != activation_format(w_type, a.m))
     fail_cat("CUDA matmul: activations prepared for another weight type or batch size");
-  const bool tensor = a.m > kDecodeMaxRows && w_type != DType::F32 && a.k % 32 == 0;
+  const bool tensor = a.m > kMatvecMaxRows && w_type != DType::F32 && a.k % 32 == 0;
   for (int i0 = 0; i0 < count;) {
     if (tensor) {  // up to GemmArgs::kMaxOuts products in one grid
       detail::GemmArgs g = gemm_args(w_type, a);

@@ -4,10 +4,11 @@
 // allocation, no host synchronization). Types: F32 F16 BF16 Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K.
 //
 // X is first converted once to the form the kernel multiplies ("activations"):
-//   q8_1  int8 per 32-block with its f32 scale and scaled sum (decode, m <= kDecodeMaxRows, quant types)
+//   q8_1  int8 per 32-block with its f32 scale and scaled sum (m <= kMatvecMaxRows, quant types)
 //   f16   f16 scaled per row by a power of two, so no value overflows (prefill of quant types; F16 W)
 //   bf16  (BF16 W), f32 (F32 W: X is used as is)
-// Decode (m <= 8): matrix-vector kernels, W streamed once with 16-byte loads, integer dot products.
+// Decode and small batches (m <= kMatvecMaxRows): matrix-vector kernels, W streamed with 16-byte loads
+// once per 8 rows of X (grid.y), integer dot products.
 // Prefill: W tiles dequantized to f16 in shared memory, tensor-core mma (m16n8k16, f32 accumulate).
 // Row strides: X is dense (k), W rows are row_bytes(w_type, k) apart, Y rows ldy floats apart.
 #pragma once
@@ -20,7 +21,12 @@
 
 namespace xpert::cuda {
 
-constexpr int64_t kDecodeMaxRows = 8;  // m at or below this: matrix-vector kernels
+constexpr int64_t kDecodeMaxRows = 8;  // a decode step's rows: a norm may hand the product its q8_1 X
+// m at or below this: the matrix-vector kernels (8 rows a CTA row), above it tensor cores. At 9-32 rows the
+// tensor-core GEMM ran a handful of 64-row tiles (n / 128 CTAs: 16-32 on 132 SMs). H200, qwen3-30b-a3b synth,
+// `xpert bench --parallel 16,32 -p 128 -n 64 --routing uniform` S_TG: 1,128 -> 1,374 t/s at 16 streams
+// (with the MoE's decode path up to 16 tokens), 1,452 -> 1,564 at 32 (2026-12-04).
+constexpr int64_t kMatvecMaxRows = 32;
 
 enum class ActFormat { q8_1, f16, bf16, f32 };
 

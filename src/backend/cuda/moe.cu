@@ -397,7 +397,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat("CUDA MoE: workspace of ", workspace_bytes, " bytes, needs ", moe_workspace_bytes(e, n, k));
   Workspace ws(workspace, workspace_bytes);
   const bool decode =
-      run.path == MoePath::decode || (run.path == MoePath::automatic && n <= kMoeDecodeMaxTokens);
+      run.path == MoePath::decode || (run.path == MoePath::automatic && n <= kMoeDecodePathMaxTokens);
   const size_t gu_row_bytes = row_bytes(e.gate_type, D), down_row_bytes = row_bytes(e.down_type, F);
 
   if (n > 65535 || (decode && n * k > 65535))

@@ -5,7 +5,7 @@
 // Experts are addressed one by one through device tables of device pointers (expert e = matrix e of the
 // layer's 3-D tensor, or anywhere else); a null entry means "not on this GPU": its slots are skipped, so
 // the caller can add what another device computes for them (heterogeneous experts).
-// Decode (n_tokens <= kMoeDecodeMaxTokens): one launch computes gate+up+SwiGLU for every (token, slot)
+// Decode (n_tokens <= kMoeDecodePathMaxTokens): one launch computes gate+up+SwiGLU for every (token, slot)
 // pair, a second the down products with the weighted sum per token. Prefill: rows grouped by expert on
 // the GPU, grouped tensor-core GEMMs (gate and up fused with SwiGLU, then down), then the weighted sum.
 // Everything is asynchronous on `stream`, allocation-free and graph-capturable. All pointers: DEVICE.
@@ -21,7 +21,13 @@
 
 namespace xpert::cuda {
 
-constexpr int64_t kMoeDecodeMaxTokens = 8;
+constexpr int64_t kMoeDecodeMaxTokens = 8;  // the router launch that also routes (moe_router)
+// The automatic path's bound for the decode kernels (one CTA row per (token, slot): an expert two tokens
+// share is read twice, mostly from L2). Above it the grouped tiles of 64 rows, which at 16-32 tokens x top 8
+// of 128 experts hold one or two rows each. H200, qwen3-30b-a3b synth, `xpert bench --parallel 16,32,64
+// -p 128 -n 64 --routing uniform` S_TG against the bound of 8: 704 -> 1,128 t/s at 16 streams, 1,130 ->
+// 1,453 at 32; at 64 the decode kernels lost (1,785 against 1,984 grouped) (2026-12-04).
+constexpr int64_t kMoeDecodePathMaxTokens = 32;
 
 struct MoeRouting {
   int64_t n_expert = 0, k = 0;
