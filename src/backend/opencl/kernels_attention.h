@@ -2,6 +2,9 @@
 // attention of f32 queries over its f16 KV cache, GQA and sliding window, as one pass of tiled online
 // softmax. Core OpenCL C 1.2: the cache is read with vload_half.
 //
+// With slots (a decode step of several sequences, one token each): token t attends over slot slots[t]'s
+// rows 0..pos[t], the slots slot_stride halves apart.
+//
 // One work-group of ATT_WG work-items per (head, token): the query (rounded to f16, as the CPU does) sits
 // in local memory; each tile of ATT_WG keys gets one score per work-item. Two passes over the key tiles:
 // the first keeps the running max and sum of the softmax (online), the second recomputes the scores and
@@ -27,7 +30,7 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
 
 kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
-                      int window) {
+                      int window, global const int* slots, int use_slots, long slot_stride) {
   local float qs[ATT_MAXD];
   local float ps[ATT_WG];
   const int h = get_group_id(0), lid = get_local_id(0);
@@ -39,6 +42,11 @@ kernel void attention(global const float* q, global const half* kc, global const
   barrier(CLK_LOCAL_MEM_FENCE);
 
   const int p = pos[t];
+  if (use_slots) {  // a decode step: token t is its sequence's last, over its slot's rows 0..p
+    kc += (long)slots[t] * slot_stride;
+    vc += (long)slots[t] * slot_stride;
+    n_kv = p + 1;
+  }
   const int lo = window > 0 ? max(0, p - window + 1) : 0;
   const int hi = min(p, n_kv - 1);
   // Pass 1: the running max and sum of exp over every key tile.

@@ -36,6 +36,45 @@ float wg_sum(float v, local float* buf) {
 
 float silu_f(float x) { return x / (1.0f + exp(-x)); }
 float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
+// Activations rounded as the CPU's matmul rounds them before multiplying (quant/quant.h
+// quantize_row_activation then dequantize): mode 0: Q8_0 per 32 (scale f16(amax / 127), ties to even),
+// 1: Q8_K per 256 (scale -max / 127 from the signed value of largest magnitude), 2: f16, 3: bf16.
+// round_unit rounds unit b of row xr into yr: block b (modes 0, 1) or element b (modes 2, 3); a row of k
+// has round_units(k, mode) of them. The matmul then sees the same values as the CPU's integer dot
+// products, so the two agree up to summation order.
+int round_units(int k, int mode) { return mode == 0 ? k / 32 : mode == 1 ? k / 256 : k; }
+#pragma OPENCL FP_CONTRACT OFF
+void round_unit(global const float* xr, global float* yr, int mode, int b) {
+  if (mode == 2) {
+    yr[b] = round_f16(xr[b]);
+  } else if (mode == 3) {
+    const uint u = as_uint(xr[b]);
+    const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
+    yr[b] = as_float(h << 16);
+  } else if (mode == 0) {
+    const int i0 = b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = max(amax, fabs(xr[i0 + i]));
+    const float d = round_f16(amax / 127.f);
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    for (int i = 0; i < 32; ++i) yr[i0 + i] = rint(xr[i0 + i] * id) * d;
+  } else {
+    const int i0 = b * 256;
+    float mx = 0.0f, amax = 0.0f;
+    for (int i = 0; i < 256; ++i)
+      if (fabs(xr[i0 + i]) > amax) {
+        amax = fabs(xr[i0 + i]);
+        mx = xr[i0 + i];
+      }
+    if (amax == 0.0f) {
+      for (int i = 0; i < 256; ++i) yr[i0 + i] = 0.0f;
+      return;
+    }
+    const float iscale = -127.f / mx, d = 1.0f / iscale;
+    for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
+  }
+}
+#pragma OPENCL FP_CONTRACT ON
 )CLC";
 
 inline constexpr std::string_view kOpsSource = R"CLC(
@@ -139,47 +178,12 @@ kernel void store_f16(global const float* x, global half* dst, long n) {
   if (i < n) vstore_half_rte(x[i], i, dst);
 }
 
-// Activations rounded as the CPU's matmul rounds them before multiplying (quant/quant.h
-// quantize_row_activation then dequantize): mode 0: Q8_0 per 32 (scale f16(amax / 127), ties to even),
-// 1: Q8_K per 256 (scale -max / 127 from the signed value of largest magnitude), 2: f16, 3: bf16.
-// Work-item (b, r): block b of row r (modes 0, 1) or element b (modes 2, 3). The matmul then sees the
-// same values as the CPU's integer dot products, so the two agree up to summation order.
-#pragma OPENCL FP_CONTRACT OFF
+// Activations rounded as the CPU's matmul rounds them (round_unit, kClCommonSource); work-item (b, r): unit
+// b of row r.
 kernel void round_activations(global const float* x, int k, global float* y, int mode) {
-  const int b = get_global_id(0);
   const long r = get_global_id(1);
-  global const float* xr = x + r * k;
-  global float* yr = y + r * k;
-  if (mode == 2) {
-    yr[b] = round_f16(xr[b]);
-  } else if (mode == 3) {
-    const uint u = as_uint(xr[b]);
-    const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
-    yr[b] = as_float(h << 16);
-  } else if (mode == 0) {
-    const int i0 = b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = max(amax, fabs(xr[i0 + i]));
-    const float d = round_f16(amax / 127.f);
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-    for (int i = 0; i < 32; ++i) yr[i0 + i] = rint(xr[i0 + i] * id) * d;
-  } else {
-    const int i0 = b * 256;
-    float mx = 0.0f, amax = 0.0f;
-    for (int i = 0; i < 256; ++i)
-      if (fabs(xr[i0 + i]) > amax) {
-        amax = fabs(xr[i0 + i]);
-        mx = xr[i0 + i];
-      }
-    if (amax == 0.0f) {
-      for (int i = 0; i < 256; ++i) yr[i0 + i] = 0.0f;
-      return;
-    }
-    const float iscale = -127.f / mx, d = 1.0f / iscale;
-    for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
-  }
+  round_unit(x + r * k, y + r * k, mode, get_global_id(0));
 }
-#pragma OPENCL FP_CONTRACT ON
 
 // MoE routing on the device for decode-sized batches, one work-item per token: softmax over the router's
 // logits, the k most probable experts (ties: the lower index first) with their probabilities renormalised

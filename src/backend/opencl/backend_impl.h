@@ -1,0 +1,417 @@
+// The whole-model OpenCL backend's class, shared by its source files (opencl_backend.cpp: memory, plain ops,
+// MoE; fused_ops.cpp: the fused decode forms). Internal to backend/opencl.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <span>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include "backend/cpu/moe.h"
+#include "backend/experts.h"
+#include "backend/gated_delta_net.h"
+#include "backend/opencl/cl_api.h"
+#include "backend/opencl/discovery.h"
+#include "backend/opencl/kernels_attention.h"
+#include "backend/opencl/kernels_gdn.h"
+#include "backend/opencl/kernels_matmul.h"
+#include "backend/opencl/kernels_fused.h"
+#include "backend/opencl/kernels_ops.h"
+#include "backend/opencl/program_cache.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "quant/dtype.h"
+#include "backend/opencl/opencl_backend.h"
+
+namespace xpert::opencl {
+
+// Must match the kernel sources.
+constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
+constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
+constexpr int kTileN = 64, kTileM = 32;
+constexpr int kAttWg = 64, kAttMaxD = 512;  // kernels_attention.h
+constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
+constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
+// A matmul with more activation rows than this takes the tiled kernel.
+constexpr int64_t kGemvMaxRows = 8;
+// An expert with at least this many rows in a MoE batch takes the tiled kernel, the others one batched gemv.
+constexpr int64_t kMoeGemmMinRows = 16;
+
+inline const char* weight_macro(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "WT_F32";
+    case DType::F16:
+      return "WT_F16";
+    case DType::BF16:
+      return "WT_BF16";
+    case DType::Q8_0:
+      return "WT_Q8_0";
+    case DType::Q4_0:
+      return "WT_Q4_0";
+    case DType::Q5_0:
+      return "WT_Q5_0";
+    case DType::Q4_K:
+      return "WT_Q4_K";
+    case DType::Q5_K:
+      return "WT_Q5_K";
+    case DType::Q6_K:
+      return "WT_Q6_K";
+    default:
+      return nullptr;
+  }
+}
+
+// Elements per block of a weight type (a quantized row must hold whole blocks).
+inline int64_t block_elems(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q5_0:
+      return 32;
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      return 256;
+    default:
+      return 1;
+  }
+}
+
+inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
+
+class OpenclBackend final : public Backend, public DecodeFusions {
+ public:
+  OpenclBackend(int index, DeltaRuleForm gdn_form)
+      : index_(index), info_(device_info(index)), gdn_form_(gdn_form) {
+    cl_device_svm_capabilities svm = 0;
+    if (api().clGetDeviceInfo(info_.device, CL_DEVICE_SVM_CAPABILITIES, sizeof svm, &svm, nullptr) !=
+            CL_SUCCESS ||
+        !(svm & CL_DEVICE_SVM_COARSE_GRAIN_BUFFER))
+      fail(
+          "opencl:{} ({}, {}) has no coarse-grained shared virtual memory (OpenCL 2.0 SVM), which the whole "
+          "model "
+          "on an OpenCL device needs; it can still run a MoE model's experts: --expert-device opencl:{}",
+          index, info_.name, info_.device_version, index);
+    cl_int err = CL_SUCCESS;
+    const cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)info_.platform, 0};
+    ctx_ = Context(api().clCreateContext(props, 1, &info_.device, nullptr, nullptr, &err));
+    if (err != CL_SUCCESS) throw_cl_error(err, "clCreateContext", __FILE__, __LINE__);
+    queue_ = Queue(api().clCreateCommandQueueWithProperties(ctx_.get(), info_.device, nullptr, &err));
+    if (err != CL_SUCCESS) throw_cl_error(err, "clCreateCommandQueueWithProperties", __FILE__, __LINE__);
+    // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
+    mv_wg_ = info_.is_cpu() ? 4 : 32;
+    dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
+    const char* fused = std::getenv("XPERT_OPENCL_FUSED");
+    fused_ = !(fused && std::string(fused) == "0");
+    if (const char* probe = std::getenv("XPERT_OPENCL_PROBE"); probe && std::string(probe) == "1") probe_launches();
+  }
+
+  ~OpenclBackend() override {
+    log_stats();
+    drop_scratch();
+    if (queue_) api().clFinish(queue_.get());
+    if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
+    programs_.clear();
+  }
+
+  std::string name() const override { return fmt::format("opencl:{} ({})", index_, info_.name); }
+  DeviceKind kind() const override { return DeviceKind::opencl; }
+
+  void* alloc(size_t bytes) override {
+    bytes = std::max<size_t>(bytes, 1);
+    if (bytes > info_.max_alloc_bytes)
+      fail(
+          "{}: one allocation of {:.2f} GiB exceeds the device's limit of {:.2f} GiB "
+          "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+          name(), bytes / double(1ull << 30), info_.max_alloc_bytes / double(1ull << 30));
+    void* p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
+    if (!p)
+      fail(
+          "out of memory on {}: {:.2f} GiB asked, {:.2f} GiB in use of {:.2f} GiB (offload fewer layers: "
+          "-ngl)",
+          name(), bytes / double(1ull << 30), allocated_ / double(1ull << 30),
+          info_.global_mem_bytes / double(1ull << 30));
+    sizes_[p] = bytes;
+    allocated_ += bytes;
+    return p;
+  }
+  void dealloc(void* p) override {
+    if (!p) return;
+    synchronize();  // clSVMFree does not wait for the commands that use p
+    api().clSVMFree(ctx_.get(), p);
+    if (auto it = sizes_.find(p); it != sizes_.end()) {
+      allocated_ -= it->second;
+      sizes_.erase(it);
+    }
+  }
+  void zero(void* p, size_t bytes) override {
+    if (!bytes) return;
+    const cl_uchar z = 0;
+    ++stats_.enqueues;
+    XP_CL(clEnqueueSVMMemFill, q(), p, &z, 1, bytes, 0, nullptr, nullptr);
+  }
+  // Blocking: the source may be a temporary of the caller.
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) stats_.blocking++, stats_.enqueues++;
+    if (bytes) XP_CL(clEnqueueSVMMemcpy, q(), CL_TRUE, dst, src, bytes, 0, nullptr, nullptr);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    XP_CL(clEnqueueSVMMemcpy, q(), CL_TRUE, dst, src, bytes, 0, nullptr, nullptr);
+    stats_.read_to_host();
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) ++stats_.enqueues;
+    if (bytes && dst != src) XP_CL(clEnqueueSVMMemcpy, q(), CL_FALSE, dst, src, bytes, 0, nullptr, nullptr);
+  }
+  void synchronize() override {
+    ++stats_.blocking;
+    XP_CL(clFinish, q());
+  }
+  size_t free_memory() const override {
+    return info_.global_mem_bytes > allocated_ ? info_.global_mem_bytes - allocated_ : 0;
+  }
+
+  void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override {
+    const int64_t k = w.ne[0], n = w.ne[1];
+    if (m <= 0 || n <= 0) return;
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    x = rounded_activations(w.type, x, m, k);
+    if (m <= kGemvMaxRows)
+      gemv(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n, nullptr, 0, 0);
+    else
+      gemm(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n);
+    ar.release(mark);
+  }
+
+  void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    if (rows <= 0) return;
+    launch(ops("rmsnorm"), {(size_t)rows * kRedWg}, {kRedWg}, x, w, (cl_int)(w != nullptr), y, (cl_int)n,
+           eps);
+  }
+  void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t n_rot,
+            float freq_base, float freq_scale, RopeMode mode) override {
+    if (n_tokens <= 0 || n_rot < 2) return;
+    if (n_rot > head_dim || n_rot % 2)
+      fail("{}: rope over {} of {} dims is not supported", name(), n_rot, head_dim);
+    const float theta_scale = std::pow(freq_base, -2.0f / (float)n_rot);  // as the CPU computes it
+    launch(ops("rope"), {(size_t)n_rot / 2, (size_t)n_tokens}, {}, x, pos, (cl_int)n_heads, (cl_int)head_dim,
+           (cl_int)n_rot, theta_scale, freq_scale, (cl_int)(mode == RopeMode::neox));
+  }
+  void swiglu(const float* gate, const float* up, float* y, int64_t n) override {
+    elementwise("swiglu", n, gate, up, y, (cl_long)n);
+  }
+  void geglu(const float* gate, const float* up, float* y, int64_t n) override {
+    elementwise("geglu", n, gate, up, y, (cl_long)n);
+  }
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    elementwise("add", n, a, b, y, (cl_long)n);
+  }
+  void scale(float* x, float s, int64_t n) override { elementwise("scale", n, x, s, (cl_long)n); }
+  void add_bias(float* x, const float* bias, int64_t rows, int64_t n) override {
+    elementwise("add_bias", rows * n, x, bias, (cl_int)n, (cl_long)(rows * n));
+  }
+  void mul_sigmoid(float* x, const float* gate, int64_t n) override {
+    elementwise("mul_sigmoid", n, x, gate, (cl_long)n);
+  }
+  void add_sigmoid_scaled(float* y, const float* s, const float* g, int64_t rows, int64_t n) override {
+    elementwise("add_sigmoid_scaled", rows * n, y, s, g, (cl_int)n, (cl_long)(rows * n));
+  }
+  void deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) override {
+    elementwise("deinterleave", rows * width, src, (cl_int)width, a, b, (cl_long)(rows * width));
+  }
+  void gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) override {
+    if (rows.empty()) return;
+    Arena& ar = scratch();
+    const size_t mark = ar.mark();
+    int64_t* idx = ar.take<int64_t>((int64_t)rows.size());
+    copy_from_host(idx, rows.data(), rows.size_bytes());
+    const int64_t total = (int64_t)rows.size() * width;
+    float* dst = x == y ? ar.take<float>(total) : y;  // in place would race: through a temporary
+    elementwise("gather_rows", total, x, idx, (cl_int)width, dst, (cl_long)total);
+    if (dst != y) copy(y, dst, total * sizeof(float));
+    ar.release(mark);
+  }
+  void store_kv(const float* x, void* dst, int64_t n, DType type) override {
+    check_kv_type(type);
+    elementwise("store_f16", n, x, dst, (cl_long)n);
+  }
+
+  void attention(const AttentionArgs& a) override {
+    if (a.n_tokens <= 0) return;
+    check_kv_type(a.k_type);
+    check_kv_type(a.v_type);
+    if (a.head_dim > kAttMaxD)
+      fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
+    if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
+      fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
+    launch(program(attention_, kAttentionSource, "").kernel("attention"),
+           {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
+           (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale,
+           (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0);
+  }
+
+  void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
+  void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
+
+  // Fused forms (fused_ops.cpp); XPERT_OPENCL_FUSED=0 turns them off (the plain ops, for comparison).
+  void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
+  void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
+  void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                    int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
+                    float freq_base, float freq_scale, RopeMode mode, float eps) override;
+  void add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
+                               const float* next_w) override;
+  DecodeFusions* decode_fusions() override { return fused_ ? this : nullptr; }
+  bool decode_attention(const DecodeAttention& d) override;
+  bool decode_attention_proj(const DecodeAttention&, const Weight&, float*) override { return false; }
+  int decode_attention_form(int32_t) const override { return 0; }
+  bool fuses_attention_gate() const override { return false; }
+  void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                       float* conv_state, float* ssm_state, float* out) override;
+
+ private:
+  // One program and its kernels, made on first use.
+  struct Prog {
+    Program program;
+    std::map<std::string, Kernel> kernels;
+    cl_kernel kernel(const std::string& n) {
+      auto it = kernels.find(n);
+      if (it != kernels.end()) return it->second.get();
+      cl_int err = CL_SUCCESS;
+      Kernel k(api().clCreateKernel(program.get(), n.c_str(), &err));
+      if (err != CL_SUCCESS) throw_cl_error(err, "clCreateKernel", __FILE__, __LINE__);
+      return kernels.emplace(n, std::move(k)).first->second.get();
+    }
+  };
+  Prog& program(std::unique_ptr<Prog>& slot, std::string_view source, const std::string& options,
+                std::string_view more = {}) {
+    if (!slot) {
+      auto p = std::make_unique<Prog>();
+      std::string src(kClCommonSource);
+      src += source;
+      src += more;
+      p->program = build_program(ctx_.get(), info_, src, options);
+      slot = std::move(p);
+      programs_.push_back(slot.get());
+    }
+    return *slot;
+  }
+  // Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
+  cl_kernel ops(const char* kernel) {
+    return program(ops_, kOpsSource,
+                   info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "", kFusedOpsSource)
+        .kernel(kernel);
+  }
+  cl_kernel gdn(const char* kernel) { return program(gdn_, kGdnSource, "").kernel(kernel); }
+  Prog& matmul_program(DType t) {
+    const char* macro = weight_macro(t);
+    if (!macro)
+      fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
+           dtype_name(t));
+    return program(matmul_[t], kMatmulSource, fmt::format("-D{} -DMV_WG={}", macro, mv_wg_), kFusedMatmulSource);
+  }
+  // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
+  // round_activations), in scratch memory the caller releases; x itself for f32 weights.
+  const float* rounded_activations(DType t, const float* x, int64_t m, int64_t k) {
+    int64_t unit = 1;
+    const int mode = round_mode(t, &unit);
+    if (mode < 0) return x;
+    check_row(t, k);
+    float* xq = scratch().take<float>(m * k);
+    launch(ops("round_activations"), {(size_t)(k / unit), (size_t)m}, {}, x, (cl_int)k, xq, (cl_int)mode);
+    return xq;
+  }
+  void check_kv_type(DType t) {
+    if (t != DType::F16)
+      fail("{}: a {} KV cache is not supported on OpenCL devices yet (use an f16 KV cache)", name(),
+           dtype_name(t));
+  }
+  void check_row(DType t, int64_t k) {
+    if (k % block_elems(t)) fail("{}: a {} row of {} values is not whole blocks", name(), dtype_name(t), k);
+  }
+
+  // Kernel arguments: pointers are SVM pointers (null: the dummy), numbers go by value.
+  void set_arg(cl_kernel k, cl_uint i, const void* p) {
+    XP_CL(clSetKernelArgSVMPointer, k, i, p ? p : dummy_);
+  }
+  template <typename T>
+  requires std::is_arithmetic_v<T>
+  void set_arg(cl_kernel k, cl_uint i, T v) { XP_CL(clSetKernelArg, k, i, sizeof(T), &v); }
+  template <typename... A>
+  void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local,
+              const A&... args) {
+    cl_uint i = 0;
+    (set_arg(k, i++, args), ...);
+    size_t g[3] = {1, 1, 1}, l[3] = {1, 1, 1};
+    std::copy(global.begin(), global.end(), g);
+    std::copy(local.begin(), local.end(), l);
+    ++stats_.enqueues;
+    XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
+          nullptr, nullptr);
+  }
+  template <typename... A>
+  void elementwise(const char* kernel, int64_t n, const A&... args) {
+    if (n > 0) launch(ops(kernel), {(size_t)n}, {}, args...);
+  }
+
+  // y[r] (row stride ldy) = x[r] (stride ldx) . w^T for m rows. With tasks (int2: row, expert; m of them),
+  // row `row` multiplies expert `expert` (weights at w + expert * expert_stride) instead.
+  void gemv(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
+            int64_t ldy, const int32_t* tasks, int64_t n_tasks, size_t expert_stride) {
+    check_row(t, k);
+    cl_kernel kr = matmul_program(t).kernel("gemv");
+    const int64_t row_groups = tasks ? n_tasks : (int64_t)groups(m, kMvRows);
+    if (row_groups == 0) return;
+    launch(kr, {(size_t)n * mv_wg_, (size_t)row_groups}, {(size_t)mv_wg_, 1}, w, (cl_ulong)row_bytes(t, k),
+           (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
+           y, (cl_int)ldy, (cl_int)m);
+  }
+  void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
+            int64_t ldy) {
+    check_row(t, k);
+    launch(matmul_program(t).kernel("gemm"), {groups(n, kTileN) * 16, groups(m, kTileM) * 16}, {16, 16}, w,
+           (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
+  }
+
+  cl_command_queue q() const { return queue_.get(); }
+  // The activation rounding mode of kernels_ops.h's round_unit for weights of type t (-1: none), and the
+  // unit it rounds by.
+  static int round_mode(DType t, int64_t* unit = nullptr);
+  void probe_launches();  // XPERT_OPENCL_PROBE=1: what an enqueue costs here, logged
+  void log_stats();       // XPERT_OPENCL_STATS=1: enqueues and blocking calls per step, logged at the end
+
+  // Commands issued (XPERT_OPENCL_STATS): all of them, and those between the last two reads to the host (a
+  // decode step's, from logits read to logits read).
+  struct Stats {
+    uint64_t enqueues = 0, blocking = 0, reads = 0;
+    uint64_t at_read_enqueues = 0, at_read_blocking = 0, step_enqueues = 0, step_blocking = 0;
+    void read_to_host() {
+      ++enqueues, ++blocking, ++reads;
+      step_enqueues = enqueues - at_read_enqueues, step_blocking = blocking - at_read_blocking;
+      at_read_enqueues = enqueues, at_read_blocking = blocking;
+    }
+  } stats_;
+  bool fused_ = true;
+
+  int index_;
+  DeviceInfo info_;
+  Context ctx_;
+  Queue queue_;
+  DeltaRuleForm gdn_form_;
+  int mv_wg_ = 32;
+  void* dummy_ = nullptr;
+  std::map<void*, size_t> sizes_;
+  size_t allocated_ = 0;
+  std::unique_ptr<Prog> ops_, attention_, gdn_;
+  std::map<DType, std::unique_ptr<Prog>> matmul_;
+  std::vector<Prog*> programs_;
+};
+
+}  // namespace xpert::opencl

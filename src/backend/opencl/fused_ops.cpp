@@ -1,0 +1,185 @@
+// The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
+// costs microseconds of host time, so a decode step is counted in launches: per MoE layer of qwen3moe,
+// 13 (qkv: rounding + one gemv over the three matrices; q/k norms, RoPE and the k/v store: one; attention:
+// one; wo: two; the residual add, the FFN norm and its rounding: one; router gemv, top-k: two; gate/up with
+// SwiGLU: one; rounding; down with the weighted combine and the residual add: one; the next layer's norm:
+// one) instead of 29 with the plain ops, and none of them waits for the device.
+#include <chrono>
+
+#include "backend/opencl/backend_impl.h"
+
+namespace xpert::opencl {
+
+int OpenclBackend::round_mode(DType t, int64_t* unit) {
+  int mode = -1;
+  int64_t u = 1;
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q8_0:
+      mode = 0, u = 32;
+      break;
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+      mode = 1, u = 256;
+      break;
+    case DType::F16:
+      mode = 2;
+      break;
+    case DType::BF16:
+      mode = 3;
+      break;
+    default:
+      break;
+  }
+  if (unit) *unit = u;
+  return mode;
+}
+
+void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
+  auto plain = [&] { Backend::matmuls(x, m, jobs); };
+  if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 3) return plain();
+  const DType t = jobs[0].w->type;
+  const int64_t k = jobs[0].w->ne[0];
+  for (const MatmulJob& j : jobs)
+    if (j.w->type != t || j.w->ne[0] != k) return plain();
+  if (!weight_macro(t)) return plain();
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  const float* xq = rounded_activations(t, x, m, k);
+  const void* w[3] = {nullptr, nullptr, nullptr};
+  float* y[3] = {nullptr, nullptr, nullptr};
+  cl_int n[3] = {0, 0, 0}, ldy[3] = {0, 0, 0};
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    w[i] = jobs[i].w->data;
+    y[i] = jobs[i].y;
+    n[i] = (cl_int)jobs[i].w->ne[1];
+    ldy[i] = (cl_int)(jobs[i].ldy ? jobs[i].ldy : jobs[i].w->ne[1]);
+  }
+  launch(matmul_program(t).kernel("gemv_multi"), {(size_t)(n[0] + n[1] + n[2]) * mv_wg_, (size_t)m},
+         {(size_t)mv_wg_, 1}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1], y[2], ldy[0],
+         ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k);
+  ar.release(mark);
+}
+
+void OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                                float eps) {
+  if (!fused_) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);
+  if (rows <= 0) return;
+  launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr), y,
+         (cl_int)n, eps, nullptr, (cl_int)-1);
+}
+
+void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
+                                 int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
+                                 float freq_base, float freq_scale, RopeMode mode, float eps) {
+  if (!fused_ || head_dim > kAttMaxD || n_rot > head_dim || n_rot % 2)
+    return Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot, freq_base,
+                                 freq_scale, mode, eps);
+  if (n_tokens <= 0) return;
+  const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
+  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
+         nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
+         (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
+         (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
+}
+
+// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
+bool OpenclBackend::decode_attention(const DecodeAttention& d) {
+  if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.gate || d.q_stride || d.head_dim > kAttMaxD ||
+      d.n_head_kv <= 0 || d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
+    return false;
+  const QkPrep* p = d.prep;
+  if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return false;
+  const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
+  const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
+  const cl_long slot_halves = d.slot_stride / 2;
+  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq}, {kRedWg, 1},
+         d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
+         (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)n_rot,
+         theta_scale, p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f,
+         (cl_int)1, d.k_cache, d.v_cache, d.slots, slot_halves);
+  launch(program(attention_, kAttentionSource, "").kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq},
+         {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
+         (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+  return true;
+}
+
+// A decode-sized batch of a MoE layer wholly on the device, without a shared expert: seven launches from the
+// residual add to the next layer's norm, no host round trip (routing as moe_small_batch, not counted in the
+// routing statistics). Everything else takes the plain ops.
+void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                            int64_t n, const float* next_w) {
+  const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
+  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && !m.split && !m.exec && m.uniform_seed == 0 &&
+                       !m.shared_up && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
+                       weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
+                       F % block_elems(m.down.type) == 0;
+  if (!fusable) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w);
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  const int mode = round_mode(m.gate.type);
+  float* curq = mode >= 0 ? ar.take<float>(n * E) : cur;
+  launch(ops("add_rmsnorm_round"), {(size_t)n * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr), cur,
+         (cl_int)E, m.rms_eps, curq, (cl_int)mode);
+  float* logits_d = ar.take<float>(n * X);
+  matmul(m.router, cur, n, logits_d, X);
+  int32_t* row_slot_d = ar.take<int32_t>(S);
+  int32_t* slot_row_d = ar.take<int32_t>(S);
+  float* weights_d = ar.take<float>(S);
+  int32_t* tasks_d = ar.take<int32_t>(2 * S);
+  const RouterParams rp = m.router_params();
+  launch(ops("moe_route_slots"), {(size_t)n}, {}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
+         rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  float* h = ar.take<float>(S * F);
+  const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
+  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {(size_t)F * mv_wg_, (size_t)S}, {(size_t)mv_wg_, 1},
+         m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E,
+         h, (cl_int)F);
+  const float* hq = rounded_activations(m.down.type, h, S, F);
+  launch(matmul_program(m.down.type).kernel("moe_down_add"), {(size_t)E * mv_wg_, (size_t)n}, {(size_t)mv_wg_, 1},
+         m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d, (cl_int)K, hq, (cl_int)F, x,
+         (cl_int)E);
+  if (next_w) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
+  ar.release(mark);
+}
+
+void OpenclBackend::probe_launches() {
+  cl_kernel k = ops("empty_kernel");
+  using clock = std::chrono::steady_clock;
+  auto us = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  auto queued = [&](int n, double* enqueue_us) {
+    synchronize();
+    const auto t0 = clock::now();
+    for (int i = 0; i < n; ++i) launch(k, {1}, {}, dummy_);
+    const auto t1 = clock::now();
+    synchronize();
+    if (enqueue_us) *enqueue_us = us(t0, t1) / n;
+    return us(t0, clock::now()) / n;
+  };
+  queued(200, nullptr);  // warm-up
+  double enqueue_us = 0;
+  const double back_to_back_us = queued(2000, &enqueue_us);
+  const auto t0 = clock::now();
+  for (int i = 0; i < 200; ++i) {
+    launch(k, {1}, {}, dummy_);
+    synchronize();
+  }
+  const double round_trip_us = us(t0, clock::now()) / 200;
+  fmt::print(stderr,
+             "{}: an empty kernel: {:.2f} us of host time per enqueue, {:.2f} us each when 2000 run back to back, "
+             "{:.2f} us enqueued and waited for one at a time\n",
+             name(), enqueue_us, back_to_back_us, round_trip_us);
+}
+
+void OpenclBackend::log_stats() {
+  const char* e = std::getenv("XPERT_OPENCL_STATS");
+  if (!e || std::string(e) != "1") return;
+  fmt::print(stderr,
+             "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
+             "enqueues, {} blocking (the read included)\n",
+             name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
+}
+
+}  // namespace xpert::opencl

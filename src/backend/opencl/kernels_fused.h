@@ -1,0 +1,184 @@
+// OpenCL C of the whole-model backend's fused forms (fused_ops.cpp): fewer launches per layer, since on a
+// discrete GPU's OpenCL each enqueue costs microseconds of host time. Core OpenCL C 1.2 like the rest.
+//
+// kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
+//   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight type
+//                       (round_unit) into yq, in one work-group per row.
+//   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
+//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
+//                       of its slot (a decode step's store_kv).
+//   empty_kernel        nothing: what one enqueue costs (XPERT_OPENCL_PROBE).
+// kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
+//   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
+//   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
+//                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the sums
+//                       are reduced.
+//   moe_down_add        per (feature, token): y_t += sum_j weight_s * (h_s . down_e), in slot order, as
+//                       moe_combine then add sum them.
+#pragma once
+#include <string_view>
+
+namespace xpert::opencl {
+
+inline constexpr std::string_view kFusedOpsSource = R"CLC(
+// One work-group of RED_WG per row. has_d 0: plain rmsnorm (x is only read); mode < 0: no yq.
+kernel void add_rmsnorm_round(global const float* d, int has_d, global float* x, global const float* w, int has_w,
+                              global float* y, int n, float eps, global float* yq, int mode) {
+  local float buf[RED_WG];
+  const long r = get_group_id(0);
+  const int lid = get_local_id(0);
+  global float* xr = x + r * n;
+  global float* yr = y + r * n;
+  float s = 0.0f;
+  for (int i = lid; i < n; i += RED_WG) {
+    float v = xr[i];
+    if (has_d) {
+      v = d[r * n + i] + v;
+      xr[i] = v;
+    }
+    s += v * v;
+  }
+  s = wg_sum(s, buf);
+  const float scale = 1.0f / sqrt(s / (float)n + eps);
+  for (int i = lid; i < n; i += RED_WG) yr[i] = has_w ? (xr[i] * scale) * w[i] : xr[i] * scale;
+  if (mode < 0) return;
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  const int units = round_units(n, mode);
+  for (int b = lid; b < units; b += RED_WG) round_unit(yr, yq + r * n, mode, b);
+}
+
+// Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
+// Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
+// as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
+kernel void qk_norm_rope_store(global float* q, global float* k, global const float* v, global const float* q_norm,
+                               int has_qn, global const float* k_norm, int has_kn, global const int* pos,
+                               int n_head, int n_head_kv, int d, int n_rot, float theta_scale, float freq_scale,
+                               int neox, float eps, int store, global half* kc, global half* vc,
+                               global const int* slots, long slot_stride) {
+  local float hb[512];
+  local float buf[RED_WG];
+  const int hh = get_group_id(0), lid = get_local_id(0);
+  const long t = get_group_id(1);
+  const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
+  const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
+  const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
+  if (kind == 2) {
+    global const float* vr = v + (t * n_head_kv + h) * d;
+    for (int i = lid; i < d; i += RED_WG) vstore_half_rte(vr[i], row + i, vc);
+    return;
+  }
+  global float* xr = kind == 0 ? q + (t * n_head + h) * d : k + (t * n_head_kv + h) * d;
+  global const float* nw = kind == 0 ? q_norm : k_norm;
+  const int has_norm = kind == 0 ? has_qn : has_kn;
+  if (has_norm) {
+    float s = 0.0f;
+    for (int i = lid; i < d; i += RED_WG) s += xr[i] * xr[i];
+    s = wg_sum(s, buf);
+    const float scale = 1.0f / sqrt(s / (float)d + eps);
+    for (int i = lid; i < d; i += RED_WG) hb[i] = (xr[i] * scale) * nw[i];
+  } else {
+    for (int i = lid; i < d; i += RED_WG) hb[i] = xr[i];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
+  for (int i = lid; i < n_rot / 2; i += RED_WG) {
+    float theta = (float)pos[t];
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    const float th = freq_scale * theta;
+    const float c = cos(th), sn = sin(th);
+    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+    const float x0 = hb[a], x1 = hb[b];
+    hb[a] = x0 * c - x1 * sn;
+    hb[b] = x0 * sn + x1 * c;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; i < d; i += RED_WG) {
+    xr[i] = hb[i];
+    if (kind == 1 && store) vstore_half_rte(hb[i], row + i, kc);
+  }
+}
+
+kernel void empty_kernel(global float* x) {}
+)CLC";
+
+inline constexpr std::string_view kFusedMatmulSource = R"CLC(
+// This work-item's part of row . xr (k values): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
+float mv_partial(global const uchar* row, global const float* xr, int k) {
+  const int lid = get_local_id(0), chunks = (k + 31) / 32;
+  float acc = 0.0f;
+  float wv[32];
+  for (int j = lid; j < chunks; j += MV_WG) {
+    dequant32(row, j, k, wv);
+    const int i0 = j * 32, len = min(32, k - i0);
+    float s = 0.0f;
+    for (int i = 0; i < len; ++i) s += wv[i] * xr[i0 + i];
+    acc += s;
+  }
+  return acc;
+}
+
+// Sum of v over the MV_WG work-items (every one gets it); buf: MV_WG floats.
+float mv_sum(float v, local float* buf) {
+  const int lid = get_local_id(0);
+  buf[lid] = v;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = MV_WG / 2; s > 0; s >>= 1) {
+    if (lid < s) buf[lid] += buf[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float r = buf[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
+}
+
+// Group (f, r): feature f of the concatenation [n0 | n1 | n2] of three matrices' outputs, activation row r.
+kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2, ulong row_bytes,
+                       int n0, int n1, global float* y0, global float* y1, global float* y2, int ldy0, int ldy1,
+                       int ldy2, global const float* x, int ldx, int k) {
+  local float buf[MV_WG];
+  int f = get_group_id(0);
+  const long r = get_group_id(1);
+  global const uchar* w = w0;
+  global float* y = y0;
+  int ldy = ldy0;
+  if (f >= n0 + n1) {
+    f -= n0 + n1, w = w2, y = y2, ldy = ldy2;
+  } else if (f >= n0) {
+    f -= n0, w = w1, y = y1, ldy = ldy1;
+  }
+  const float s = mv_sum(mv_partial(w + (ulong)f * row_bytes, x + r * ldx, k), buf);
+  if (get_local_id(0) == 0) y[r * ldy + f] = s;
+}
+
+// Group (f, s): slot s (token s / n_used) of expert tasks[2s + 1]; h[s][f] = silu(g) * u.
+kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
+                        global const int* tasks, int n_used, global const float* x, int k, global float* h,
+                        int n_ff) {
+  local float buf[MV_WG];
+  const int f = get_group_id(0), s = get_group_id(1);
+  const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
+  global const float* xr = x + (long)(s / n_used) * k;
+  const float g = mv_sum(mv_partial(gate + off, xr, k), buf);
+  const float u = mv_sum(mv_partial(up + off, xr, k), buf);
+  if (get_local_id(0) == 0) h[(long)s * n_ff + f] = silu_f(g) * u;
+}
+
+// Group (f, t): y[t][f] += sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1].
+kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
+                         global const float* weights, int n_used, global const float* h, int k,
+                         global float* y, int width) {
+  local float buf[MV_WG];
+  const int f = get_group_id(0);
+  const long t = get_group_id(1);
+  float acc = 0.0f;
+  for (int j = 0; j < n_used; ++j) {
+    const long s = t * n_used + j;
+    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
+    const float dot = mv_sum(mv_partial(down + off, h + s * k, k), buf);
+    acc += weights[s] * dot;
+  }
+  if (get_local_id(0) == 0) y[t * width + f] = acc + y[t * width + f];
+}
+)CLC";
+
+}  // namespace xpert::opencl
