@@ -41,9 +41,8 @@ kernel void add_rmsnorm_round(global const float* d, int has_d, global float* x,
   s = wg_sum(s, buf);
   const float scale = 1.0f / sqrt(s / (float)n + eps);
   for (int i = lid; i < n; i += RED_WG) yr[i] = has_w ? (xr[i] * scale) * w[i] : xr[i] * scale;
-  if (mode < 0) return;
   barrier(CLK_GLOBAL_MEM_FENCE);
-  const int units = round_units(n, mode);
+  const int units = mode < 0 ? 0 : round_units(n, mode);
   for (int b = lid; b < units; b += RED_WG) round_unit(yr, yq + r * n, mode, b);
 }
 
@@ -62,26 +61,21 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
   const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
   const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
   const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
-  if (kind == 2) {
-    global const float* vr = v + (t * n_head_kv + h) * d;
-    for (int i = lid; i < d; i += RED_WG) vstore_half_rte(vr[i], row + i, vc);
-    return;
-  }
-  global float* xr = kind == 0 ? q + (t * n_head + h) * d : k + (t * n_head_kv + h) * d;
+  global const float* src = kind == 0 ? q + (t * n_head + h) * d
+                            : kind == 1 ? k + (t * n_head_kv + h) * d
+                                        : v + (t * n_head_kv + h) * d;
   global const float* nw = kind == 0 ? q_norm : k_norm;
-  const int has_norm = kind == 0 ? has_qn : has_kn;
-  if (has_norm) {
-    float s = 0.0f;
-    for (int i = lid; i < d; i += RED_WG) s += xr[i] * xr[i];
-    s = wg_sum(s, buf);
-    const float scale = 1.0f / sqrt(s / (float)d + eps);
-    for (int i = lid; i < d; i += RED_WG) hb[i] = (xr[i] * scale) * nw[i];
-  } else {
-    for (int i = lid; i < d; i += RED_WG) hb[i] = xr[i];
-  }
+  const int has_norm = kind == 0 ? has_qn : kind == 1 ? has_kn : 0;
+  // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
+  float s = 0.0f;
+  for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
+  s = wg_sum(s, buf);
+  const float scale = 1.0f / sqrt(s / (float)d + eps);
+  for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
   barrier(CLK_LOCAL_MEM_FENCE);
   // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
-  for (int i = lid; i < n_rot / 2; i += RED_WG) {
+  const int pairs = kind == 2 ? 0 : n_rot / 2;
+  for (int i = lid; i < pairs; i += RED_WG) {
     float theta = (float)pos[t];
     for (int j = 0; j < i; ++j) theta *= theta_scale;
     const float th = freq_scale * theta;
@@ -93,8 +87,9 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; i < d; i += RED_WG) {
-    xr[i] = hb[i];
-    if (kind == 1 && store) vstore_half_rte(hb[i], row + i, kc);
+    if (kind == 0) q[(t * n_head + h) * d + i] = hb[i];
+    if (kind == 1) k[(t * n_head_kv + h) * d + i] = hb[i];
+    if (store && kind != 0) vstore_half_rte(hb[i], row + i, kind == 1 ? kc : vc);
   }
 }
 

@@ -1,0 +1,293 @@
+// The whole-model OpenCL backend's fused forms (backend/opencl/fused_ops.cpp) against the CPU's plain ops, on
+// random data of Qwen3-30B-A3B's shapes (n_embd 2048, 32 / 4 heads of 128, K-quant rows): the residual add with
+// the norm, the q/k/v products in one launch, q/k norms with RoPE, the decode attention over slots with the
+// k/v store, and the MoE FFN half of a decode step (norm, router, top-k, gate/up + SwiGLU, down + combine +
+// residual, the next norm). CI runs it on PoCL; without an OpenCL device it skips.
+#include <gtest/gtest.h>
+
+#ifdef XPERT_HAVE_OPENCL
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/opencl/discovery.h"
+#include "backend/opencl/opencl_backend.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/thread_pool.h"
+#include "model/blocks.h"
+#include "model/model.h"
+#include "quant/quant.h"
+
+namespace xpert {
+namespace {
+
+Backend* device() {
+  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
+    try {
+      if (opencl::list_devices().empty()) return nullptr;
+      return make_opencl_backend(0);
+    } catch (const Error&) {
+      return nullptr;
+    }
+  }();
+  return b.get();
+}
+
+#define DEVICE_OR_SKIP()                                  \
+  Backend* dev_ = device();                               \
+  if (!dev_) GTEST_SKIP() << "no OpenCL device with SVM"; \
+  Backend& dev = *dev_;
+
+std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+template <typename T>
+DeviceBuffer upload(Backend& b, const std::vector<T>& v) {
+  DeviceBuffer buf(b, std::max<size_t>(v.size() * sizeof(T), 1));
+  b.copy_from_host(buf.data(), v.data(), v.size() * sizeof(T));
+  return buf;
+}
+template <typename T>
+std::vector<T> download(Backend& b, const DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  b.copy_to_host(v.data(), buf.data(), n * sizeof(T));
+  return v;
+}
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return static_cast<T*>(b.data());
+}
+// max |a - b| / max(max |b|, floor)
+float rel_err(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-6f) {
+  float worst = 0, scale = floor;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return worst / scale;
+}
+std::vector<float> widen(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = ::xpert::f16_to_f32(h[i]);
+  return f;
+}
+
+struct Threads {
+  ThreadPool pool{2};
+  CpuBackend cpu{pool};
+};
+
+// Random weights of type t, n rows of k per matrix, m matrices, quantized as a file holds them.
+struct RandomWeight {
+  std::vector<uint8_t> bytes;
+  Weight host;
+  DeviceBuffer buf;
+  Weight dev;
+  RandomWeight(Backend& d, DType t, int64_t k, int64_t n, int64_t m, std::mt19937& rng) {
+    const size_t rb = row_bytes(t, k);
+    bytes.resize(rb * n * m);
+    const std::vector<float> f = random_vec(k * n * m, rng, 1.0f / std::sqrt((float)k));
+    for (int64_t r = 0; r < n * m; ++r) quantize_row(t, f.data() + r * k, bytes.data() + r * rb, k);
+    host = {.type = t, .data = bytes.data(), .ne = {k, n, m}, .n_bytes = bytes.size()};
+    buf = DeviceBuffer(d, bytes.size());
+    d.copy_from_host(buf.data(), bytes.data(), bytes.size());
+    dev = host;
+    dev.data = buf.data();
+  }
+};
+
+TEST(OpenCLFused, AddRmsnormMatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(31);
+  const int64_t rows = 3, n = 2048;
+  std::vector<float> x = random_vec(rows * n, rng);
+  const std::vector<float> d = random_vec(rows * n, rng), w = random_vec(n, rng);
+  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dy(dev, x.size() * sizeof(float));
+  std::vector<float> y(x.size());
+  th.cpu.add_rmsnorm(d.data(), x.data(), w.data(), y.data(), rows, n, 1e-6f);
+  dev.add_rmsnorm(ptr<float>(dd), ptr<float>(dx), ptr<float>(dw), ptr<float>(dy), rows, n, 1e-6f);
+  EXPECT_EQ(download<float>(dev, dx, x.size()), x);  // the residual: one add, the same bits
+  EXPECT_LT(rel_err(download<float>(dev, dy, y.size()), y), 2e-6f);
+}
+
+class OpenCLFusedQkNormRope : public ::testing::TestWithParam<std::tuple<RopeMode, int, bool>> {};
+
+TEST_P(OpenCLFusedQkNormRope, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  const auto [mode, n_rot, norms] = GetParam();
+  std::mt19937 rng(37);
+  const int64_t T = 4, H = 32, Hk = 4, D = 128;
+  std::vector<float> q = random_vec(T * H * D, rng), k = random_vec(T * Hk * D, rng);
+  const std::vector<float> qn = random_vec(D, rng), kn = random_vec(D, rng);
+  const std::vector<int32_t> pos = {0, 5, 300, 4095};
+  DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dqn = upload(dev, qn), dkn = upload(dev, kn),
+               dp = upload(dev, pos);
+  th.cpu.qk_norm_rope(q.data(), k.data(), norms ? qn.data() : nullptr, norms ? kn.data() : nullptr, pos.data(), T,
+                      H, Hk, D, n_rot, 1e6f, 1.0f, mode, 1e-6f);
+  dev.qk_norm_rope(ptr<float>(dq), ptr<float>(dk), norms ? ptr<float>(dqn) : nullptr,
+                   norms ? ptr<float>(dkn) : nullptr, ptr<int32_t>(dp), T, H, Hk, D, n_rot, 1e6f, 1.0f, mode, 1e-6f);
+  EXPECT_LT(rel_err(download<float>(dev, dq, q.size()), q), 2e-5f);
+  EXPECT_LT(rel_err(download<float>(dev, dk, k.size()), k), 2e-5f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OpenCLFusedQkNormRope,
+                         ::testing::Combine(::testing::Values(RopeMode::normal, RopeMode::neox),
+                                            ::testing::Values(128, 64), ::testing::Bool()));
+
+// q, k and v of a decode batch in one launch, against three CPU matmuls (int8 activations there: the
+// same values, summed in another order).
+TEST(OpenCLFused, MatmulsMatchCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(41);
+  const int64_t E = 2048;
+  for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16}) {
+    RandomWeight wq(dev, t, E, 4096, 1, rng), wk(dev, t, E, 512, 1, rng), wv(dev, t, E, 512, 1, rng);
+    for (int64_t m : {1, 3}) {
+      const std::vector<float> x = random_vec(m * E, rng);
+      DeviceBuffer dx = upload(dev, x), dq(dev, m * 4096 * 4), dk(dev, m * 512 * 4), dv(dev, m * 512 * 4);
+      const Backend::MatmulJob jobs[] = {
+          {&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}, {&wv.dev, ptr<float>(dv)}};
+      dev.matmuls(ptr<float>(dx), m, jobs);
+      for (auto [w, buf, n] : {std::tuple{&wq, &dq, 4096}, {&wk, &dk, 512}, {&wv, &dv, 512}}) {
+        std::vector<float> ref(m * n);
+        th.cpu.matmul(w->host, x.data(), m, ref.data(), 0);
+        EXPECT_LT(rel_err(download<float>(dev, *buf, ref.size()), ref), 1e-4f) << dtype_name(t) << " m=" << m;
+      }
+    }
+  }
+}
+
+// Three sequences of a decode step, in slots 2, 0, 1 at depths 5, 70 (two key tiles) and 200 (four): q/k norms,
+// NeoX RoPE, the k/v rows stored as f16 at each position of each slot, and each sequence's attention over its
+// slot, against the CPU's qk_norm_rope, store_kv and attention.
+struct DecodeCase {
+  int64_t n_head, n_head_kv, head_dim, n_rot, n_ctx;
+  std::vector<int32_t> slots, pos;
+  bool norms;
+  RopeMode mode;
+};
+class OpenCLFusedDecodeAttention : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(43);
+  const DecodeCase& c = GetParam();
+  const std::vector<int32_t>& slots = c.slots;
+  const std::vector<int32_t>& pos = c.pos;
+  const int64_t S = (int64_t)slots.size(), H = c.n_head, Hk = c.n_head_kv, D = c.head_dim, n_ctx = c.n_ctx;
+  const int64_t n_slots = *std::max_element(slots.begin(), slots.end()) + 1, kv_row = Hk * D;
+  std::vector<float> q = random_vec(S * H * D, rng), k = random_vec(S * kv_row, rng);
+  const std::vector<float> v = random_vec(S * kv_row, rng), qn = random_vec(D, rng), kn = random_vec(D, rng);
+  std::vector<uint16_t> kc(n_slots * n_ctx * kv_row), vc(kc.size());
+  for (size_t i = 0; i < kc.size(); ++i) {
+    kc[i] = f32_to_f16(std::normal_distribution<float>()(rng));
+    vc[i] = f32_to_f16(std::normal_distribution<float>()(rng));
+  }
+  DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dqn = upload(dev, qn),
+               dkn = upload(dev, kn), dkc = upload(dev, kc), dvc = upload(dev, vc), dslots = upload(dev, slots),
+               dpos = upload(dev, pos), dout(dev, q.size() * sizeof(float));
+  const float kq_scale = 1.0f / std::sqrt((float)D);
+  // The CPU: one sequence at a time.
+  th.cpu.qk_norm_rope(q.data(), k.data(), c.norms ? qn.data() : nullptr, c.norms ? kn.data() : nullptr, pos.data(),
+                      S, H, Hk, D, c.n_rot, 1e6f, 1.0f, c.mode, 1e-6f);
+  std::vector<float> ref(q.size());
+  const size_t slot_elems = n_ctx * kv_row;
+  for (int64_t s = 0; s < S; ++s) {
+    uint16_t* ks = kc.data() + slots[s] * slot_elems;
+    uint16_t* vs = vc.data() + slots[s] * slot_elems;
+    th.cpu.store_kv(k.data() + s * kv_row, ks + pos[s] * kv_row, kv_row, DType::F16);
+    th.cpu.store_kv(v.data() + s * kv_row, vs + pos[s] * kv_row, kv_row, DType::F16);
+    th.cpu.attention({.q = q.data() + s * H * D, .k = ks, .v = vs, .out = ref.data() + s * H * D, .pos = &pos[s],
+                      .n_tokens = 1, .n_head = H, .n_head_kv = Hk, .head_dim = D, .n_kv = pos[s] + 1,
+                      .kq_scale = kq_scale});
+  }
+  DecodeFusions* f = dev.decode_fusions();
+  ASSERT_NE(f, nullptr);
+  const QkPrep prep{.q_norm = c.norms ? ptr<float>(dqn) : nullptr, .k_norm = c.norms ? ptr<float>(dkn) : nullptr,
+                    .pos = ptr<int32_t>(dpos), .n_rot = c.n_rot, .freq_base = 1e6f, .mode = c.mode, .eps = 1e-6f};
+  ASSERT_TRUE(f->decode_attention({.q = ptr<float>(dq), .k = ptr<float>(dk), .v = ptr<float>(dv),
+                                   .k_cache = dkc.data(), .v_cache = dvc.data(),
+                                   .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
+                                   .slots = ptr<int32_t>(dslots), .pos = ptr<int32_t>(dpos),
+                                   .max_pos = *std::max_element(pos.begin(), pos.end()),
+                                   .out = ptr<float>(dout), .n_seq = S, .n_head = H, .n_head_kv = Hk,
+                                   .head_dim = D, .n_ctx = n_ctx, .kq_scale = kq_scale, .sliding_window = 0,
+                                   .k_type = DType::F16, .v_type = DType::F16, .prep = &prep}));
+  EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);
+  // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
+  const std::vector<uint16_t> got_k = download<uint16_t>(dev, dkc, kc.size()),
+                              got_v = download<uint16_t>(dev, dvc, vc.size());
+  EXPECT_LT(rel_err(widen(got_k), widen(kc)), 1e-3f);
+  EXPECT_EQ(got_v, vc);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, OpenCLFusedDecodeAttention,
+    ::testing::Values(DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
+                      DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},      // tiny_llama
+                      DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal}));  // partial rotary
+
+// The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next norm(x).
+class OpenCLFusedMoe : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(OpenCLFusedMoe, MatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  const auto [type, n] = GetParam();
+  std::mt19937 rng(47 + n);
+  ModelConfig c;
+  c.n_embd = 2048, c.n_expert = 16, c.n_expert_used = 8, c.n_ff_exp = 768;
+  c.expert_weights_norm = true;
+  c.rms_eps = 1e-6f;
+  const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
+  RandomWeight router(dev, DType::F32, E, X, 1, rng), gate(dev, type, E, F, X, rng), up(dev, type, E, F, X, rng),
+      down(dev, type == DType::Q4_K ? DType::Q6_K : type, F, E, X, rng);
+  LayerWeights host, lw;
+  host.ffn_gate_inp = router.host, host.ffn_gate_exps = gate.host, host.ffn_up_exps = up.host;
+  host.ffn_down_exps = down.host;
+  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev, lw.ffn_down_exps = down.dev;
+  std::vector<float> x = random_vec(n * E, rng), cur(n * E);
+  const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng), next_w = random_vec(E, rng);
+  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dnw = upload(dev, next_w),
+               dcur(dev, cur.size() * sizeof(float));
+  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(), n,
+                                 next_w.data());
+  dev.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
+                              ptr<float>(dcur), n, ptr<float>(dnw));
+  // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
+  EXPECT_LT(rel_err(download<float>(dev, dx, x.size()), x), 2e-3f) << "n=" << n;
+  EXPECT_LT(rel_err(download<float>(dev, dcur, cur.size()), cur), 2e-3f) << "n=" << n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3)));
+
+// A probe of the launch cost that logs and leaves the backend working.
+TEST(OpenCLFused, LaunchProbeRuns) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  setenv("XPERT_OPENCL_PROBE", "1", 1);
+  auto b = make_opencl_backend(0);
+  unsetenv("XPERT_OPENCL_PROBE");
+  const std::vector<float> v = {1, 2, 3};
+  DeviceBuffer buf = upload(*b, v);
+  b->scale(ptr<float>(buf), 2.0f, 3);
+  EXPECT_EQ(download<float>(*b, buf, 3), (std::vector<float>{2, 4, 6}));
+}
+
+}  // namespace
+}  // namespace xpert
+
+#else
+TEST(OpenCLFused, NotBuiltIn) { GTEST_SKIP() << "built without the OpenCL backend"; }
+#endif
