@@ -101,7 +101,11 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     const cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)info_.platform, 0};
     ctx_ = Context(api().clCreateContext(props, 1, &info_.device, nullptr, nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateContext", __FILE__, __LINE__);
-    queue_ = Queue(api().clCreateCommandQueueWithProperties(ctx_.get(), info_.device, nullptr, &err));
+    const char* prof = std::getenv("XPERT_OPENCL_PROFILE");
+    profile_ = prof && std::string(prof) == "1";
+    const cl_queue_properties qprops[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+    queue_ = Queue(
+        api().clCreateCommandQueueWithProperties(ctx_.get(), info_.device, profile_ ? qprops : nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateCommandQueueWithProperties", __FILE__, __LINE__);
     // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
     mv_wg_ = info_.is_cpu() ? 4 : 32;
@@ -112,6 +116,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
 
   ~OpenclBackend() override {
+    if (profile_ && queue_) {
+      api().clFinish(queue_.get());
+      harvest_profile();
+    }
     log_stats();
     drop_scratch();
     if (queue_) api().clFinish(queue_.get());
@@ -164,6 +172,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (!bytes) return;
     XP_CL(clEnqueueSVMMemcpy, q(), CL_TRUE, dst, src, bytes, 0, nullptr, nullptr);
     stats_.read_to_host();
+    if (profile_) harvest_profile();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src) ++stats_.enqueues;
@@ -183,7 +192,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     x = rounded_activations(w.type, x, m, k);
-    if (m <= kGemvMaxRows)
+    if (m == 1 && fused_)  // one row: the single-row kernel (gemv's row loop costs registers)
+      gemv_rows(w.type, w.data, n, k, x, m, y, ldy ? ldy : n);
+    else if (m <= kGemvMaxRows)
       gemv(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n, nullptr, 0, 0);
     else
       gemm(w.type, w.data, n, k, x, k, m, y, ldy ? ldy : n);
@@ -353,8 +364,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
     ++stats_.enqueues;
+    cl_event ev = nullptr;
     XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
-          nullptr, nullptr);
+          nullptr, profile_ ? &ev : nullptr);
+    if (ev) pending_.emplace_back(k, ev);
   }
   template <typename... A>
   void elementwise(const char* kernel, int64_t n, const A&... args) {
@@ -373,6 +386,13 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
            y, (cl_int)ldy, (cl_int)m);
   }
+  // y[r] = x[r] . w^T for m rows (x: m rows of k), one work-group per (feature, row): gemv_multi with one matrix.
+  void gemv_rows(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, int64_t ldy) {
+    check_row(t, k);
+    launch(matmul_program(t).kernel("gemv_multi"), {(size_t)n * mv_wg_, (size_t)m}, {(size_t)mv_wg_, 1}, w, w, w,
+           (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x,
+           (cl_int)k, (cl_int)k);
+  }
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
     check_row(t, k);
@@ -386,6 +406,14 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   static int round_mode(DType t, int64_t* unit = nullptr);
   void probe_launches();  // XPERT_OPENCL_PROBE=1: what an enqueue costs here, logged
   void log_stats();       // XPERT_OPENCL_STATS=1: enqueues and blocking calls per step, logged at the end
+  // XPERT_OPENCL_PROFILE=1: every launch's device time, summed per kernel (and weight type) at each read to
+  // the host, logged at the end.
+  void harvest_profile();
+  std::string kernel_label(cl_kernel k);
+  bool profile_ = false;
+  std::vector<std::pair<cl_kernel, cl_event>> pending_;
+  std::map<cl_kernel, std::string> labels_;
+  std::map<std::string, std::pair<uint64_t, double>> profile_ns_;  // label -> (launches, device ns)
 
   // Commands issued (XPERT_OPENCL_STATS): all of them, and those between the last two reads to the host (a
   // decode step's, from logits read to logits read).

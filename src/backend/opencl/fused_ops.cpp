@@ -4,8 +4,6 @@
 // one; wo: two; the residual add, the FFN norm and its rounding: one; router gemv, top-k: two; gate/up with
 // SwiGLU: one; rounding; down with the weighted combine and the residual add: one; the next layer's norm:
 // one) instead of 29 with the plain ops, and none of them waits for the device.
-#include <chrono>
-
 #include "backend/opencl/backend_impl.h"
 
 namespace xpert::opencl {
@@ -143,43 +141,6 @@ void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, flo
          (cl_int)E);
   if (next_w) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
-}
-
-void OpenclBackend::probe_launches() {
-  cl_kernel k = ops("empty_kernel");
-  using clock = std::chrono::steady_clock;
-  auto us = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
-  auto queued = [&](int n, double* enqueue_us) {
-    synchronize();
-    const auto t0 = clock::now();
-    for (int i = 0; i < n; ++i) launch(k, {1}, {}, dummy_);
-    const auto t1 = clock::now();
-    synchronize();
-    if (enqueue_us) *enqueue_us = us(t0, t1) / n;
-    return us(t0, clock::now()) / n;
-  };
-  queued(200, nullptr);  // warm-up
-  double enqueue_us = 0;
-  const double back_to_back_us = queued(2000, &enqueue_us);
-  const auto t0 = clock::now();
-  for (int i = 0; i < 200; ++i) {
-    launch(k, {1}, {}, dummy_);
-    synchronize();
-  }
-  const double round_trip_us = us(t0, clock::now()) / 200;
-  fmt::print(stderr,
-             "{}: an empty kernel: {:.2f} us of host time per enqueue, {:.2f} us each when 2000 run back to back, "
-             "{:.2f} us enqueued and waited for one at a time\n",
-             name(), enqueue_us, back_to_back_us, round_trip_us);
-}
-
-void OpenclBackend::log_stats() {
-  const char* e = std::getenv("XPERT_OPENCL_STATS");
-  if (!e || std::string(e) != "1") return;
-  fmt::print(stderr,
-             "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
-             "enqueues, {} blocking (the read included)\n",
-             name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
 }
 
 }  // namespace xpert::opencl

@@ -104,7 +104,7 @@ float mv_partial(global const uchar* row, global const float* xr, int k) {
   float wv[32];
   for (int j = lid; j < chunks; j += MV_WG) {
     dequant32(row, j, k, wv);
-    const int i0 = j * 32, len = min(32, k - i0);
+    const int i0 = j * 32, len = CHUNK_LEN(k - i0);
     float s = 0.0f;
     for (int i = 0; i < len; ++i) s += wv[i] * xr[i0 + i];
     acc += s;

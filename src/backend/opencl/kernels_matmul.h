@@ -51,6 +51,14 @@ void scale_min_k4(int j, global const uchar* q, float* sc, float* mn) {
   }
 }
 
+// How many of a chunk's 32 weights are in the row (rest: what is left of it); quantized rows hold whole
+// blocks, so a constant there lets the compiler unroll the dot product and keep the chunk in registers.
+#if defined(PLAIN)
+#define CHUNK_LEN(rest) min(32, (rest))
+#else
+#define CHUNK_LEN(rest) 32
+#endif
+
 // Weights j*32 .. j*32+31 of a row of k.
 void dequant32(global const uchar* row, int j, int k, float* w) {
 #if defined(PLAIN)
@@ -130,8 +138,9 @@ kernel void gemv(global const uchar* w, ulong row_bytes, ulong expert_stride, gl
   float wv[32];
   for (int j = lid; j < chunks; j += MV_WG) {
     dequant32(row, j, k, wv);
-    const int i0 = j * 32, len = min(32, k - i0);
-    for (int r = 0; r < nr; ++r) {
+    const int i0 = j * 32, len = CHUNK_LEN(k - i0);
+    for (int r = 0; r < MV_MR; ++r) {  // a fixed trip count: acc and wv stay in registers
+      if (r >= nr) break;
       global const float* xr = x + (long)(r0 + r) * ldx + i0;
       float s = 0.0f;
       for (int i = 0; i < len; ++i) s += wv[i] * xr[i];

@@ -1,0 +1,91 @@
+// What the whole-model OpenCL backend can say about its own speed (environment switches, off by default):
+// XPERT_OPENCL_PROBE=1 (what an enqueue costs), XPERT_OPENCL_STATS=1 (enqueues and blocking calls per decode
+// step), XPERT_OPENCL_PROFILE=1 (device time per kernel and weight type, from profiling events).
+#include <algorithm>
+#include <chrono>
+
+#include "backend/opencl/backend_impl.h"
+
+namespace xpert::opencl {
+
+void OpenclBackend::probe_launches() {
+  cl_kernel k = ops("empty_kernel");
+  using clock = std::chrono::steady_clock;
+  auto us = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  auto queued = [&](int n, double* enqueue_us) {
+    synchronize();
+    const auto t0 = clock::now();
+    for (int i = 0; i < n; ++i) launch(k, {1}, {}, dummy_);
+    const auto t1 = clock::now();
+    synchronize();
+    if (enqueue_us) *enqueue_us = us(t0, t1) / n;
+    return us(t0, clock::now()) / n;
+  };
+  queued(200, nullptr);  // warm-up
+  double enqueue_us = 0;
+  const double back_to_back_us = queued(2000, &enqueue_us);
+  const auto t0 = clock::now();
+  for (int i = 0; i < 200; ++i) {
+    launch(k, {1}, {}, dummy_);
+    synchronize();
+  }
+  const double round_trip_us = us(t0, clock::now()) / 200;
+  fmt::print(stderr,
+             "{}: an empty kernel: {:.2f} us of host time per enqueue, {:.2f} us each when 2000 run back to back, "
+             "{:.2f} us enqueued and waited for one at a time\n",
+             name(), enqueue_us, back_to_back_us, round_trip_us);
+}
+
+// Not XP_CL: this runs from the destructor too, where a failed query only loses a figure.
+std::string OpenclBackend::kernel_label(cl_kernel k) {
+  auto it = labels_.find(k);
+  if (it != labels_.end()) return it->second;
+  char name[128] = {0};
+  api().clGetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof name - 1, name, nullptr);
+  std::string label = name;
+  cl_program prog = nullptr;
+  char opts[256] = {0};
+  if (api().clGetKernelInfo(k, CL_KERNEL_PROGRAM, sizeof prog, &prog, nullptr) == CL_SUCCESS &&
+      api().clGetProgramBuildInfo(prog, info_.device, CL_PROGRAM_BUILD_OPTIONS, sizeof opts - 1, opts, nullptr) ==
+          CL_SUCCESS) {
+    const std::string o = opts;
+    if (const size_t p = o.find("-DWT_"); p != std::string::npos)
+      label += " " + o.substr(p + 5, o.find(' ', p) == std::string::npos ? std::string::npos : o.find(' ', p) - p - 5);
+  }
+  return labels_[k] = label;
+}
+
+void OpenclBackend::harvest_profile() {
+  for (auto& [k, ev] : pending_) {
+    cl_ulong t0 = 0, t1 = 0;
+    if (api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, nullptr) == CL_SUCCESS &&
+        api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, nullptr) == CL_SUCCESS) {
+      auto& [n, ns] = profile_ns_[kernel_label(k)];
+      ++n;
+      ns += (double)(t1 - t0);
+    }
+    api().clReleaseEvent(ev);
+  }
+  pending_.clear();
+}
+
+void OpenclBackend::log_stats() {
+  const char* e = std::getenv("XPERT_OPENCL_STATS");
+  if (e && std::string(e) == "1")
+    fmt::print(stderr,
+               "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
+               "enqueues, {} blocking (the read included)\n",
+               name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
+  if (!profile_ || profile_ns_.empty()) return;
+  std::vector<std::pair<std::string, std::pair<uint64_t, double>>> rows(profile_ns_.begin(), profile_ns_.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.second;
+  fmt::print(stderr, "{}: device time per kernel over {} reads to the host ({:.1f} ms in all)\n", name(),
+             stats_.reads, total / 1e6);
+  for (const auto& [label, v] : rows)
+    fmt::print(stderr, "  {:>10.2f} ms {:>8} launches {:>9.2f} us each  {}\n", v.second / 1e6, v.first,
+               v.second / 1e3 / (double)v.first, label);
+}
+
+}  // namespace xpert::opencl
