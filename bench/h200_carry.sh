@@ -10,6 +10,11 @@
 #   bench/h200_carry.sh tier            # three tiers (CUDA + an OpenCL expert device + CPU) against CUDA + CPU
 #   bench/h200_carry.sh batch           # many users: xpert bench --parallel (routing model, uniform) vs
 #                                       # llama-batched-bench, PRESETS (default qwen3-30b-a3b), NPL 1,4,16,64
+#   bench/h200_carry.sh ocl [PRESET]    # the whole model through NVIDIA's OpenCL (opencl:1) against xpert's CUDA
+#                                       # backend on the same file: pp512 / tg128 of each (timeout OCL_TIMEOUT
+#                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_PROBE), enqueues per
+#                                       # step, tg32 with the plain ops (XPERT_OPENCL_FUSED=0) and device time per
+#                                       # kernel (XPERT_OPENCL_PROFILE)
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -137,6 +142,29 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/batch.md"
     ;;
+  ocl)
+    f=$(synth "${2:-qwen3-30b-a3b}" | tail -1)
+    icd=$W/icd
+    mkdir -p "$icd" && cp /etc/OpenCL/vendors/*.icd "$icd/" 2>/dev/null
+    echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 >"$icd/nvidia.icd"
+    export OCL_ICD_VENDORS=$icd XDG_CACHE_HOME=$W/cache
+    t=${OCL_TIMEOUT:-150}
+    {
+      "$X" devices 2>&1 | grep -i -A1 opencl | head -8
+      echo "## cuda:0 (date $(date -u +%FT%TZ))"
+      timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device cuda:0 2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|rror' ||
+        echo "(rc ${PIPESTATUS[0]})"
+      echo "## opencl:1"
+      XPERT_OPENCL_PROBE=1 XPERT_OPENCL_STATS=1 timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device opencl:1 \
+        2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|empty kernel|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
+      echo "## opencl:1, the plain ops (XPERT_OPENCL_FUSED=0)"
+      XPERT_OPENCL_FUSED=0 XPERT_OPENCL_STATS=1 timeout "$t" "$X" bench -m "$f" -p 0 -n 32 -r 1 --device opencl:1 2>&1 |
+        grep -E '\| *tg|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
+      echo "## opencl:1, device time per kernel (tg16)"
+      XPERT_OPENCL_PROFILE=1 timeout "$t" "$X" bench -m "$f" -p 0 -n 16 -r 1 --device opencl:1 2>&1 |
+        grep -E -A24 'device time per kernel|rror' || echo "(rc ${PIPESTATUS[0]})"
+    } 2>&1 | tee "$OUT/ocl.md"
+    ;;
   depth)
     f=$(synth qwen3.5-35b-a3b | tail -1)
     d=${2:-0,8192,32768,131072}
@@ -239,7 +267,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac
