@@ -109,6 +109,15 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateCommandQueueWithProperties", __FILE__, __LINE__);
     // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
     mv_wg_ = info_.is_cpu() ? 4 : 32;
+    // Switches for measuring kernel variants side by side (bench/h200_carry.sh ocl): the matrix-vector
+    // work-group width (a power of two, 2..256) and the narrow (byte) loads of K-quant blocks.
+    if (const char* e = std::getenv("XPERT_OPENCL_MV_WG")) {
+      const int v = std::atoi(e);
+      if (v < 2 || v > 256 || (v & (v - 1)))
+        fail("XPERT_OPENCL_MV_WG={}: expected a power of two from 2 to 256", e);
+      mv_wg_ = v;
+    }
+    if (const char* e = std::getenv("XPERT_OPENCL_WIDE")) wide_loads_ = std::string(e) != "0";
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     const char* fused = std::getenv("XPERT_OPENCL_FUSED");
     fused_ = !(fused && std::string(fused) == "0");
@@ -326,7 +335,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
-    return program(matmul_[t], kMatmulSource, fmt::format("-D{} -DMV_WG={}", macro, mv_wg_), kFusedMatmulSource);
+    return program(matmul_[t], kMatmulSource, fmt::format("-D{} -DMV_WG={}{}", macro, mv_wg_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"), kFusedMatmulSource);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
@@ -427,6 +436,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     }
   } stats_;
   bool fused_ = true;
+  bool wide_loads_ = true;
 
   int index_;
   DeviceInfo info_;

@@ -86,6 +86,22 @@ void dequant32(global const uchar* row, int j, int k, float* w) {
     w[i] = (int)(((q & 0xF) | (((qh >> i) & 1) << 4)) - 16) * d;
     w[i + 16] = (int)(((q >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16) * d;
   }
+#elif defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
+  // Four quants per 32-bit load: Q4_K blocks are 144 bytes, so every row (its own allocation, or a whole
+  // number of blocks into one) keeps the quants 4-byte aligned.
+  global const uchar* b = row + (j / 8) * 144;
+  const int s = j % 8, c = s / 2, hi = s & 1;
+  float sc, mn;
+  scale_min_k4(s, b + 4, &sc, &mn);
+  const float d = ld_f16(b) * sc, m = ld_f16(b + 2) * mn;
+  global const uint* q = (global const uint*)(b + 16 + 32 * c);
+  for (int l4 = 0; l4 < 8; ++l4) {
+    const uint v = hi ? q[l4] >> 4 : q[l4];
+    w[4 * l4 + 0] = d * (int)(v & 0xF) - m;
+    w[4 * l4 + 1] = d * (int)((v >> 8) & 0xF) - m;
+    w[4 * l4 + 2] = d * (int)((v >> 16) & 0xF) - m;
+    w[4 * l4 + 3] = d * (int)((v >> 24) & 0xF) - m;
+  }
 #elif defined(WT_Q4_K) || defined(WT_Q5_K)
 #if defined(WT_Q4_K)
   global const uchar* b = row + (j / 8) * 144;
@@ -106,6 +122,23 @@ void dequant32(global const uchar* row, int j, int k, float* w) {
     v += ((qh[l] >> (2 * c + hi)) & 1) << 4;
 #endif
     w[l] = d * v - m;
+  }
+#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS)
+  // Two quants per 16-bit load (Q6_K blocks are 210 bytes: 2-byte aligned).
+  global const uchar* b = row + (j / 8) * 210;
+  const int s = j % 8, c = s / 4, g = s % 4;
+  global const ushort* ql = (global const ushort*)(b + 64 * c + 32 * (g & 1));
+  global const ushort* qh = (global const ushort*)(b + 128 + 32 * c);
+  global const char* sc = (global const char*)(b + 192) + 8 * c + 2 * g;
+  const float d = ld_f16(b + 208);
+  const float d0 = d * sc[0], d1 = d * sc[1];
+  const int lo_shift = g >= 2 ? 4 : 0, hi_shift = 2 * g;
+  for (int l2 = 0; l2 < 16; ++l2) {
+    const uint lv = ql[l2] >> lo_shift, hv = qh[l2] >> hi_shift;
+    const int q0 = (int)((lv & 0xF) | ((hv & 3) << 4)) - 32;
+    const int q1 = (int)(((lv >> 8) & 0xF) | (((hv >> 8) & 3) << 4)) - 32;
+    w[2 * l2] = (l2 < 8 ? d0 : d1) * q0;
+    w[2 * l2 + 1] = (l2 < 8 ? d0 : d1) * q1;
   }
 #elif defined(WT_Q6_K)
   global const uchar* b = row + (j / 8) * 210;
