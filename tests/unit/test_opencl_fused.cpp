@@ -272,6 +272,21 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
                          ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3)));
 
+// Launches keep a kernel object per argument set (XPERT_OPENCL_ARG_CACHE): alternating arguments must each
+// reach their own launch.
+TEST(OpenCLFused, RepeatedLaunchesKeepTheirArguments) {
+  DEVICE_OR_SKIP();
+  std::vector<float> a = {1, 2, 3}, b = {10, 20, 30, 40};
+  DeviceBuffer da = upload(dev, a), db = upload(dev, b);
+  for (int i = 0; i < 3; ++i) {
+    dev.scale(ptr<float>(da), 2.0f, 3);
+    dev.scale(ptr<float>(db), 0.5f, 4);
+    dev.scale(ptr<float>(db), 3.0f, 2);  // the same kernel and buffer, another factor and length
+  }
+  EXPECT_EQ(download<float>(dev, da, 3), (std::vector<float>{8, 16, 24}));
+  EXPECT_EQ(download<float>(dev, db, 4), (std::vector<float>{33.75f, 67.5f, 3.75f, 5.0f}));
+}
+
 // A probe of the launch cost that logs and leaves the backend working.
 TEST(OpenCLFused, LaunchProbeRuns) {
   DEVICE_OR_SKIP();

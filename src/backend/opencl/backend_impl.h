@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 #include "backend/cpu/moe.h"
 #include "backend/experts.h"
@@ -118,6 +119,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
       mv_wg_ = v;
     }
     if (const char* e = std::getenv("XPERT_OPENCL_WIDE")) wide_loads_ = std::string(e) != "0";
+    if (const char* e = std::getenv("XPERT_OPENCL_ARG_CACHE")) arg_cache_ = std::string(e) != "0";
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     const char* fused = std::getenv("XPERT_OPENCL_FUSED");
     fused_ = !(fused && std::string(fused) == "0");
@@ -133,6 +135,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     drop_scratch();
     if (queue_) api().clFinish(queue_.get());
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
+    arg_sets_.clear();
     programs_.clear();
   }
 
@@ -364,11 +367,42 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   template <typename T>
   requires std::is_arithmetic_v<T>
   void set_arg(cl_kernel k, cl_uint i, T v) { XP_CL(clSetKernelArg, k, i, sizeof(T), &v); }
+  // The bytes a kernel argument is set from (an absent pointer: the dummy's address).
+  void key_arg(std::string& key, const void* p) {
+    p = p ? p : dummy_;
+    key.append(reinterpret_cast<const char*>(&p), sizeof p);
+  }
+  template <typename T>
+  requires std::is_arithmetic_v<T>
+  void key_arg(std::string& key, T v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  // A kernel object of k's function whose arguments already hold these values (made and set on first use),
+  // so a decode step that repeats the last one's launches sets no argument (XPERT_OPENCL_ARG_CACHE=0: off);
+  // null once k has kMaxArgSets of them (the caller then sets k's arguments).
+  static constexpr size_t kMaxArgSets = 4096;
+  template <typename... A>
+  cl_kernel with_args(cl_kernel k, const A&... args) {
+    thread_local std::string key;
+    key.clear();
+    (key_arg(key, args), ...);
+    auto& sets = arg_sets_[k];
+    if (auto it = sets.find(key); it != sets.end()) return it->second.get();
+    if (sets.size() >= kMaxArgSets) return nullptr;
+    Kernel inst = clone_kernel(k);
+    cl_uint i = 0;
+    (set_arg(inst.get(), i++, args), ...);
+    return sets.emplace(key, std::move(inst)).first->second.get();
+  }
+  Kernel clone_kernel(cl_kernel k);  // diagnostics.cpp
   template <typename... A>
   void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local,
               const A&... args) {
-    cl_uint i = 0;
-    (set_arg(k, i++, args), ...);
+    cl_kernel inst = arg_cache_ ? with_args(k, args...) : nullptr;
+    if (inst) {
+      k = inst;
+    } else {
+      cl_uint i = 0;
+      (set_arg(k, i++, args), ...);
+    }
     size_t g[3] = {1, 1, 1}, l[3] = {1, 1, 1};
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
@@ -437,6 +471,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   } stats_;
   bool fused_ = true;
   bool wide_loads_ = true;
+  bool arg_cache_ = true;
+  std::map<cl_kernel, std::unordered_map<std::string, Kernel>> arg_sets_;
 
   int index_;
   DeviceInfo info_;

@@ -7,7 +7,7 @@
 //   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
 //                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
 //                       of its slot (a decode step's store_kv).
-//   empty_kernel        nothing: what one enqueue costs (XPERT_OPENCL_PROBE).
+//   empty_kernel(16)    nothing (with 1 or 16 arguments): what one enqueue costs (XPERT_OPENCL_PROBE).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
 //   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
@@ -94,6 +94,9 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
 }
 
 kernel void empty_kernel(global float* x) {}
+kernel void empty_kernel16(global float* a, global float* b, global float* c, global float* d, global float* e,
+                           global float* f, global float* g, global float* h, int i0, int i1, int i2, int i3, int i4,
+                           int i5, int i6, float x) {}
 )CLC";
 
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
