@@ -269,6 +269,39 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   EXPECT_LT(rel_err(download<float>(dev, dcur, cur.size()), cur), 2e-3f) << "n=" << n;
 }
 
+// Qwen3-30B-A3B's routing (128 experts, top-8) on small Q8_0 experts, with exact ties: the router rows of
+// experts 3k, 3k+1 and 3k+2 are equal, so the top 8 end inside a group of three and the lower indices must
+// win, as on the CPU.
+TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
+  DEVICE_OR_SKIP();
+  Threads th;
+  std::mt19937 rng(53);
+  ModelConfig c;
+  c.n_embd = 64, c.n_expert = 128, c.n_expert_used = 8, c.n_ff_exp = 32;
+  c.expert_weights_norm = true;
+  c.rms_eps = 1e-6f;
+  const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert, n = 5;
+  RandomWeight router(dev, DType::F32, E, X, 1, rng), gate(dev, DType::Q8_0, E, F, X, rng),
+      up(dev, DType::Q8_0, E, F, X, rng), down(dev, DType::Q8_0, F, E, X, rng);
+  float* r = reinterpret_cast<float*>(router.bytes.data());
+  for (int64_t e = 0; e < X; ++e)
+    if (e % 3) std::copy(r + (e - e % 3) * E, r + (e - e % 3 + 1) * E, r + e * E);
+  dev.copy_from_host(router.buf.data(), router.bytes.data(), router.bytes.size());
+  LayerWeights host, lw;
+  host.ffn_gate_inp = router.host, host.ffn_gate_exps = gate.host, host.ffn_up_exps = up.host;
+  host.ffn_down_exps = down.host;
+  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev, lw.ffn_down_exps = down.dev;
+  std::vector<float> x = random_vec(n * E, rng), cur(n * E);
+  const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng);
+  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dcur(dev, cur.size() * sizeof(float));
+  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(), n,
+                                 nullptr);
+  dev.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
+                              ptr<float>(dcur), n, nullptr);
+  EXPECT_LT(rel_err(download<float>(dev, dx, x.size()), x), 2e-3f);
+  EXPECT_LT(rel_err(download<float>(dev, dcur, cur.size()), cur), 1e-5f);  // the norm before the experts
+}
+
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
                          ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3)));
 

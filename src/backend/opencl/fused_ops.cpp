@@ -128,7 +128,7 @@ void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, flo
   float* weights_d = ar.take<float>(S);
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n}, {}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
+  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
          rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);

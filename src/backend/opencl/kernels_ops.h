@@ -185,45 +185,67 @@ kernel void round_activations(global const float* x, int k, global float* y, int
   round_unit(x + r * k, y + r * k, mode, get_global_id(0));
 }
 
-// MoE routing on the device for decode-sized batches, one work-item per token: softmax over the router's
-// logits, the k most probable experts (ties: the lower index first) with their probabilities renormalised
-// (the sum clamped to f16's smallest normal, as llama.cpp) and scaled, as cpu::route_top_k computes them
-// (its softmax sums in double: weights within a few ulps). Each slot is its own grouped row, so the tables
-// of moe_gather / gemv tasks / moe_combine are written here: row_slot[s] = slot_row[s] = s,
-// tasks[s] = (s, expert).
+// MoE routing on the device for decode-sized batches, one work-group of RED_WG per token: softmax over the
+// router's logits, the k most probable experts (ties: the lower index first) with their probabilities
+// renormalised (the sum clamped to f16's smallest normal, as llama.cpp) and scaled, as cpu::route_top_k
+// computes them (its softmax sums in double: weights within a few ulps). Each slot is its own grouped row, so
+// the tables of moe_gather / gemv tasks / moe_combine are written here: row_slot[s] = slot_row[s] = s,
+// tasks[s] = (s, expert). n_expert <= ROUTE_MAX.
+#define ROUTE_MAX 4096
 kernel void moe_route_slots(global const float* logits, int n_expert, int k, int norm, float scale,
                             global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
                             int n_tokens) {
-  const int t = get_global_id(0);
-  if (t >= n_tokens) return;
+  local float p[ROUTE_MAX];
+  local float bv[RED_WG];
+  local int bi[RED_WG];
+  const int t = get_group_id(0), lid = get_local_id(0);
   global const float* l = logits + (long)t * n_expert;
-  float mx = l[0];
-  for (int e = 1; e < n_expert; ++e) mx = fmax(mx, l[e]);
+  float mx = -INFINITY;
+  for (int e = lid; e < n_expert; e += RED_WG) mx = fmax(mx, l[e]);
+  bv[lid] = mx;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = RED_WG / 2; s > 0; s >>= 1) {
+    if (lid < s) bv[lid] = fmax(bv[lid], bv[lid + s]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  mx = bv[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
   float sum = 0.0f;
-  for (int e = 0; e < n_expert; ++e) sum += exp(l[e] - mx);
-  const float inv = 1.0f / sum;
-  // Selection in (probability descending, index ascending) order: each pick is the best after the last.
-  float last_p = INFINITY, wsum = 0.0f;
-  int last_e = -1;
+  for (int e = lid; e < n_expert; e += RED_WG) sum += exp(l[e] - mx);
+  const float inv = 1.0f / wg_sum(sum, bv);
+  for (int e = lid; e < n_expert; e += RED_WG) p[e] = exp(l[e] - mx) * inv;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // k rounds of a (probability, lower index) argmax over the experts not yet taken.
+  float wsum = 0.0f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float best_p = -1.0f;
-    for (int e = 0; e < n_expert; ++e) {
-      const float p = exp(l[e] - mx) * inv;
-      const bool after = p < last_p || (p == last_p && e > last_e);
-      if (after && p > best_p) best = e, best_p = p;
+    float best = -1.0f;
+    int be = n_expert;
+    for (int e = lid; e < n_expert; e += RED_WG)
+      if (p[e] > best) best = p[e], be = e;  // ascending e: a tie keeps the lower index
+    bv[lid] = best;
+    bi[lid] = be;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = RED_WG / 2; s > 0; s >>= 1) {
+      if (lid < s && (bv[lid + s] > bv[lid] || (bv[lid + s] == bv[lid] && bi[lid + s] < bi[lid])))
+        bv[lid] = bv[lid + s], bi[lid] = bi[lid + s];
+      barrier(CLK_LOCAL_MEM_FENCE);
     }
-    const int s = t * k + j;
-    row_slot[s] = s;
-    slot_row[s] = s;
-    tasks[2 * s] = s;
-    tasks[2 * s + 1] = best;
-    weights[s] = best_p;
-    wsum += best_p;
-    last_p = best_p, last_e = best;
+    best = bv[0];
+    be = bi[0];
+    wsum += best;
+    if (lid == 0) {
+      const int s = t * k + j;
+      row_slot[s] = s;
+      slot_row[s] = s;
+      tasks[2 * s] = s;
+      tasks[2 * s + 1] = be;
+      weights[s] = best;
+      p[be] = -2.0f;  // taken
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
   }
   const float d = norm ? fmax(wsum, 6.103515625e-5f) : 1.0f;
-  for (int j = 0; j < k; ++j) {
+  for (int j = lid; j < k; j += RED_WG) {
     float w = weights[t * k + j];
     if (norm) w /= d;
     if (scale != 0.0f && scale != 1.0f) w *= scale;
