@@ -120,7 +120,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     }
     if (const char* e = std::getenv("XPERT_OPENCL_WIDE")) wide_loads_ = std::string(e) != "0";
     if (const char* e = std::getenv("XPERT_OPENCL_ARG_CACHE")) arg_cache_ = std::string(e) != "0";
+    if (const char* e = std::getenv("XPERT_OPENCL_TAIL")) tails_ = std::string(e) != "0";
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
+    counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
+    zero(counters_, kCounters * sizeof(cl_int));
     const char* fused = std::getenv("XPERT_OPENCL_FUSED");
     fused_ = !(fused && std::string(fused) == "0");
     if (const char* probe = std::getenv("XPERT_OPENCL_PROBE"); probe && std::string(probe) == "1") probe_launches();
@@ -135,6 +138,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     drop_scratch();
     if (queue_) api().clFinish(queue_.get());
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
+    if (counters_) api().clSVMFree(ctx_.get(), counters_);
     arg_sets_.clear();
     programs_.clear();
   }
@@ -472,6 +476,11 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   bool fused_ = true;
   bool wide_loads_ = true;
   bool arg_cache_ = true;
+  // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_TAIL=0:
+  // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
+  bool tails_ = true;
+  static constexpr int64_t kCounters = 4096;
+  cl_int* counters_ = nullptr;
   std::map<cl_kernel, std::unordered_map<std::string, Kernel>> arg_sets_;
 
   int index_;

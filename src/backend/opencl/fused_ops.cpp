@@ -110,7 +110,7 @@ bool OpenclBackend::decode_attention(const DecodeAttention& d) {
 void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
                                             int64_t n, const float* next_w) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
-  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && !m.split && !m.exec && m.uniform_seed == 0 &&
+  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && S <= kCounters && !m.split && !m.exec && m.uniform_seed == 0 &&
                        !m.shared_up && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
                        weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
                        F % block_elems(m.down.type) == 0;
@@ -132,14 +132,18 @@ void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, flo
          rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
+  // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.
+  const int down_mode = round_mode(m.down.type);
+  float* hq = down_mode >= 0 && tails_ ? ar.take<float>(S * F) : h;
   launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {(size_t)F * mv_wg_, (size_t)S}, {(size_t)mv_wg_, 1},
          m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E,
-         h, (cl_int)F);
-  const float* hq = rounded_activations(m.down.type, h, S, F);
+         h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
+  const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, S, F);
+  const bool norm_tail = next_w && tails_;
   launch(matmul_program(m.down.type).kernel("moe_down_add"), {(size_t)E * mv_wg_, (size_t)n}, {(size_t)mv_wg_, 1},
-         m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d, (cl_int)K, hq, (cl_int)F, x,
-         (cl_int)E);
-  if (next_w) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
+         m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d, (cl_int)K, down_in,
+         (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur);
+  if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
 }
 

@@ -148,25 +148,50 @@ kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global co
   if (get_local_id(0) == 0) y[r * ldy + f] = s;
 }
 
-// Group (f, s): slot s (token s / n_used) of expert tasks[2s + 1]; h[s][f] = silu(g) * u.
+// The last of `total` work-groups to pass here (after lid 0 wrote the group's results) gets 1, the others 0,
+// every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the others'
+// results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
+int last_group(volatile global int* cnt, int total, local int* flag) {
+  if (get_local_id(0) == 0) {
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    const int last = atomic_inc(cnt) == total - 1;
+    if (last) atomic_xchg(cnt, 0);
+    *flag = last;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  const int r = *flag;
+  mem_fence(CLK_GLOBAL_MEM_FENCE);
+  return r;
+}
+
+// Group (f, s): slot s (token s / n_used) of expert tasks[2s + 1]; h[s][f] = silu(g) * u. With mode >= 0, the
+// slot's last group rounds its row into hq for the down product (round_unit), so no launch does it.
 kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
                         global const int* tasks, int n_used, global const float* x, int k, global float* h,
-                        int n_ff) {
+                        int n_ff, volatile global int* counters, int mode, global float* hq) {
   local float buf[MV_WG];
-  const int f = get_group_id(0), s = get_group_id(1);
+  local int flag;
+  const int f = get_group_id(0), s = get_group_id(1), lid = get_local_id(0);
   const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
   global const float* xr = x + (long)(s / n_used) * k;
   const float g = mv_sum(mv_partial(gate + off, xr, k), buf);
   const float u = mv_sum(mv_partial(up + off, xr, k), buf);
-  if (get_local_id(0) == 0) h[(long)s * n_ff + f] = silu_f(g) * u;
+  if (lid == 0) h[(long)s * n_ff + f] = silu_f(g) * u;
+  // Every group counts (PoCL wants no barrier skipped, even on a branch the whole launch takes).
+  if (!last_group(counters + s, n_ff, &flag) || mode < 0) return;
+  const int units = round_units(n_ff, mode);
+  for (int b = lid; b < units; b += MV_WG) round_unit(h + (long)s * n_ff, hq + (long)s * n_ff, mode, b);
 }
 
 // Group (f, t): y[t][f] += sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1].
+// With has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm).
 kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
-                         global float* y, int width) {
+                         global float* y, int width, volatile global int* counters, int has_norm,
+                         global const float* norm_w, float eps, global float* cur) {
   local float buf[MV_WG];
-  const int f = get_group_id(0);
+  local int flag;
+  const int f = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
   float acc = 0.0f;
   for (int j = 0; j < n_used; ++j) {
@@ -175,7 +200,17 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
     const float dot = mv_sum(mv_partial(down + off, h + s * k, k), buf);
     acc += weights[s] * dot;
   }
-  if (get_local_id(0) == 0) y[t * width + f] = acc + y[t * width + f];
+  if (lid == 0) y[t * width + f] = acc + y[t * width + f];
+  const int last = last_group(counters + t, width, &flag) && has_norm;
+  // Every group takes the reduction's barriers; only the last one has anything to sum.
+  volatile global const float* yr = y + t * width;
+  float sq = 0.0f;
+  if (last)
+    for (int i = lid; i < width; i += MV_WG) sq += yr[i] * yr[i];
+  sq = mv_sum(sq, buf);
+  if (!last) return;
+  const float scale = 1.0f / sqrt(sq / (float)width + eps);
+  for (int i = lid; i < width; i += MV_WG) cur[t * width + i] = (yr[i] * scale) * norm_w[i];
 }
 )CLC";
 

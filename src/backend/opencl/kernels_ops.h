@@ -44,7 +44,7 @@ float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
 // products, so the two agree up to summation order.
 int round_units(int k, int mode) { return mode == 0 ? k / 32 : mode == 1 ? k / 256 : k; }
 #pragma OPENCL FP_CONTRACT OFF
-void round_unit(global const float* xr, global float* yr, int mode, int b) {
+void round_unit(volatile global const float* xr, global float* yr, int mode, int b) {
   if (mode == 2) {
     yr[b] = round_f16(xr[b]);
   } else if (mode == 3) {
