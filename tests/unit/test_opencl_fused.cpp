@@ -8,6 +8,7 @@
 #ifdef XPERT_HAVE_OPENCL
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -32,6 +33,18 @@ Backend* device() {
     } catch (const Error&) {
       return nullptr;
     }
+  }();
+  return b.get();
+}
+// The same device with a GPU's 32 work-items per matrix row (XPERT_OPENCL_MV_WG), so PoCL runs the kernels
+// a GPU runs (the K-quant rows walked a block at a time).
+Backend* device_gpu_width() {
+  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
+    if (!device()) return nullptr;
+    setenv("XPERT_OPENCL_MV_WG", "32", 1);
+    auto d = make_opencl_backend(0);
+    unsetenv("XPERT_OPENCL_MV_WG");
+    return d;
   }();
   return b.get();
 }
@@ -95,6 +108,14 @@ struct RandomWeight {
     const std::vector<float> f = random_vec(k * n * m, rng, 1.0f / std::sqrt((float)k));
     for (int64_t r = 0; r < n * m; ++r) quantize_row(t, f.data() + r * k, bytes.data() + r * rb, k);
     host = {.type = t, .data = bytes.data(), .ne = {k, n, m}, .n_bytes = bytes.size()};
+    upload_to(d);
+  }
+  // The same bytes on another backend (a copy made with the first one's bytes: quantizing is the slow part).
+  RandomWeight(const RandomWeight& o, Backend& d) : bytes(o.bytes), host(o.host) {
+    host.data = bytes.data();
+    upload_to(d);
+  }
+  void upload_to(Backend& d) {
     buf = DeviceBuffer(d, bytes.size());
     d.copy_from_host(buf.data(), bytes.data(), bytes.size());
     dev = host;
@@ -146,10 +167,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, OpenCLFusedQkNormRope,
 // same values, summed in another order).
 TEST(OpenCLFused, MatmulsMatchCpu) {
   DEVICE_OR_SKIP();
+  (void)dev;
   Threads th;
   std::mt19937 rng(41);
   const int64_t E = 2048;
-  for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16}) {
+  for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16})
+  for (Backend* b : {device(), device_gpu_width()}) {
+    Backend& dev = *b;
     RandomWeight wq(dev, t, E, 4096, 1, rng), wk(dev, t, E, 512, 1, rng), wv(dev, t, E, 512, 1, rng);
     for (int64_t m : {1, 3}) {
       const std::vector<float> x = random_vec(m * E, rng);
@@ -238,35 +262,44 @@ INSTANTIATE_TEST_SUITE_P(
                       DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal}));  // partial rotary
 
 // The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next norm(x).
-class OpenCLFusedMoe : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+class OpenCLFusedMoe : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
 
 TEST_P(OpenCLFusedMoe, MatchesCpu) {
   DEVICE_OR_SKIP();
   Threads th;
-  const auto [type, n] = GetParam();
+  const auto [type, n, gpu_width] = GetParam();
+  Backend& b = gpu_width ? *device_gpu_width() : dev;
   std::mt19937 rng(47 + n);
   ModelConfig c;
   c.n_embd = 2048, c.n_expert = 16, c.n_expert_used = 8, c.n_ff_exp = 768;
   c.expert_weights_norm = true;
   c.rms_eps = 1e-6f;
   const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
-  RandomWeight router(dev, DType::F32, E, X, 1, rng), gate(dev, type, E, F, X, rng), up(dev, type, E, F, X, rng),
-      down(dev, type == DType::Q4_K ? DType::Q6_K : type, F, E, X, rng);
+  // One random layer per weight type (quantized once), uploaded to the backend of this case.
+  static std::map<DType, std::vector<std::unique_ptr<RandomWeight>>> layers;
+  auto& made = layers[type];
+  if (made.empty()) {
+    std::mt19937 wrng(59);
+    for (auto [t, k, rows] : {std::tuple{DType::F32, E, X}, {type, E, F}, {type, E, F},
+                              {type == DType::Q4_K ? DType::Q6_K : type, F, E}})
+      made.push_back(std::make_unique<RandomWeight>(b, t, k, rows, t == DType::F32 ? 1 : X, wrng));
+  }
+  RandomWeight router(*made[0], b), gate(*made[1], b), up(*made[2], b), down(*made[3], b);
   LayerWeights host, lw;
   host.ffn_gate_inp = router.host, host.ffn_gate_exps = gate.host, host.ffn_up_exps = up.host;
   host.ffn_down_exps = down.host;
   lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev, lw.ffn_down_exps = down.dev;
   std::vector<float> x = random_vec(n * E, rng), cur(n * E);
   const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng), next_w = random_vec(E, rng);
-  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dnw = upload(dev, next_w),
-               dcur(dev, cur.size() * sizeof(float));
+  DeviceBuffer dx = upload(b, x), dd = upload(b, d), dw = upload(b, w), dnw = upload(b, next_w),
+               dcur(b, cur.size() * sizeof(float));
   th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(), n,
                                  next_w.data());
-  dev.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
-                              ptr<float>(dcur), n, ptr<float>(dnw));
+  b.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
+                            ptr<float>(dcur), n, ptr<float>(dnw));
   // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
-  EXPECT_LT(rel_err(download<float>(dev, dx, x.size()), x), 2e-3f) << "n=" << n;
-  EXPECT_LT(rel_err(download<float>(dev, dcur, cur.size()), cur), 2e-3f) << "n=" << n;
+  EXPECT_LT(rel_err(download<float>(b, dx, x.size()), x), 2e-3f) << "n=" << n;
+  EXPECT_LT(rel_err(download<float>(b, dcur, cur.size()), cur), 2e-3f) << "n=" << n;
 }
 
 // Qwen3-30B-A3B's routing (128 experts, top-8) on small Q8_0 experts, with exact ties: the router rows of
@@ -303,7 +336,8 @@ TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
-                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3)));
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3),
+                                            ::testing::Bool()));
 
 // Launches keep a kernel object per argument set (XPERT_OPENCL_ARG_CACHE): alternating arguments must each
 // reach their own launch.

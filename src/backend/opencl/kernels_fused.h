@@ -100,7 +100,55 @@ kernel void empty_kernel16(global float* a, global float* b, global float* c, gl
 )CLC";
 
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
-// This work-item's part of row . xr (k values): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
+// This work-item's part of row . xr (k values). Q4_K and Q6_K rows with 32 work-items (a GPU's width): the
+// group walks the row a 256-weight block at a time, each work-item 8 weights of it, so consecutive work-items
+// read consecutive quant bytes and activations (coalesced; L1 serves each load in one pass). Otherwise
+// (PoCL's 4 work-items, other types): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
+#if MV_WG == 32 && !defined(NO_WIDE_LOADS) && (defined(WT_Q4_K) || defined(WT_Q6_K))
+float mv_partial(global const uchar* row, global const float* xr, int k) {
+  const int lid = get_local_id(0), nb = k / 256;
+  float acc = 0.0f;
+#if defined(WT_Q4_K)
+  // Work-item lid: bytes 4 (lid % 8) .. +3 of quant group c = lid / 8: low nibbles are weights of sub-block 2c,
+  // high nibbles of sub-block 2c + 1.
+  const int c = lid / 8, b4 = (lid % 8) * 4;
+  for (int sb = 0; sb < nb; ++sb) {
+    global const uchar* blk = row + sb * 144;
+    const uint q = *(global const uint*)(blk + 16 + 32 * c + b4);
+    float sc0, mn0, sc1, mn1;
+    scale_min_k4(2 * c, blk + 4, &sc0, &mn0);
+    scale_min_k4(2 * c + 1, blk + 4, &sc1, &mn1);
+    const float d = ld_f16(blk), dm = ld_f16(blk + 2);
+    const float d0 = d * sc0, m0 = dm * mn0, d1 = d * sc1, m1 = dm * mn1;
+    const float4 xa = vload4(0, xr + sb * 256 + 64 * c + b4), xb = vload4(0, xr + sb * 256 + 64 * c + 32 + b4);
+    acc += (d0 * (int)(q & 0xF) - m0) * xa.x + (d0 * (int)((q >> 8) & 0xF) - m0) * xa.y +
+           (d0 * (int)((q >> 16) & 0xF) - m0) * xa.z + (d0 * (int)((q >> 24) & 0xF) - m0) * xa.w;
+    acc += (d1 * (int)((q >> 4) & 0xF) - m1) * xb.x + (d1 * (int)((q >> 12) & 0xF) - m1) * xb.y +
+           (d1 * (int)((q >> 20) & 0xF) - m1) * xb.z + (d1 * (int)((q >> 28) & 0xF) - m1) * xb.w;
+  }
+#else
+  // Work-item lid: half c = lid / 16 of the block, positions 2 (lid % 16) and +1 of each of its 4 quarters.
+  const int c = lid / 16, l2 = (lid % 16) * 2;
+  for (int sb = 0; sb < nb; ++sb) {
+    global const uchar* blk = row + sb * 210;
+    const uint qa = *(global const ushort*)(blk + 64 * c + l2), qb = *(global const ushort*)(blk + 64 * c + 32 + l2);
+    const uint qh = *(global const ushort*)(blk + 128 + 32 * c + l2);
+    global const char* sc = (global const char*)(blk + 192) + 8 * c + l2 / 16;
+    const float d = ld_f16(blk + 208);
+    global const float* xq = xr + sb * 256 + 128 * c + l2;
+    for (int g = 0; g < 4; ++g) {
+      const uint lo = (g & 1 ? qb : qa) >> (g >= 2 ? 4 : 0), hi = qh >> (2 * g);
+      const int q0 = (int)((lo & 0xF) | ((hi & 3) << 4)) - 32;
+      const int q1 = (int)(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) - 32;
+      const float dg = d * sc[2 * g];
+      const float2 xv = vload2(0, xq + 32 * g);
+      acc += dg * q0 * xv.x + dg * q1 * xv.y;
+    }
+  }
+#endif
+  return acc;
+}
+#else
 float mv_partial(global const uchar* row, global const float* xr, int k) {
   const int lid = get_local_id(0), chunks = (k + 31) / 32;
   float acc = 0.0f;
@@ -114,6 +162,7 @@ float mv_partial(global const uchar* row, global const float* xr, int k) {
   }
   return acc;
 }
+#endif
 
 // Sum of v over the MV_WG work-items (every one gets it); buf: MV_WG floats.
 float mv_sum(float v, local float* buf) {
