@@ -336,7 +336,7 @@ TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
-                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0), ::testing::Values(1, 3),
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0, DType::F16), ::testing::Values(1, 3),
                                             ::testing::Bool()));
 
 // Launches keep a kernel object per argument set (XPERT_OPENCL_ARG_CACHE): alternating arguments must each

@@ -352,7 +352,11 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (mode < 0) return x;
     check_row(t, k);
     float* xq = scratch().take<float>(m * k);
-    launch(ops("round_activations"), {(size_t)(k / unit), (size_t)m}, {}, x, (cl_int)k, xq, (cl_int)mode);
+    if (mode <= 1)  // a block per work-group
+      launch(ops("round_blocks"), {(size_t)(k / unit) * kRedWg, (size_t)m}, {kRedWg, 1}, x, (cl_int)k, xq,
+             (cl_int)mode);
+    else
+      launch(ops("round_activations"), {(size_t)k, (size_t)m}, {}, x, (cl_int)k, xq, (cl_int)mode);
     return xq;
   }
   void check_kv_type(DType t) {

@@ -42,8 +42,12 @@ kernel void add_rmsnorm_round(global const float* d, int has_d, global float* x,
   const float scale = 1.0f / sqrt(s / (float)n + eps);
   for (int i = lid; i < n; i += RED_WG) yr[i] = has_w ? (xr[i] * scale) * w[i] : xr[i] * scale;
   barrier(CLK_GLOBAL_MEM_FENCE);
-  const int units = mode < 0 ? 0 : round_units(n, mode);
-  for (int b = lid; b < units; b += RED_WG) round_unit(yr, yq + r * n, mode, b);
+  if (mode >= 2)
+    for (int i = lid; i < n; i += RED_WG) yq[r * n + i] = round_elem(yr[i], mode);
+  local float rv[RED_WG];
+  local int ri[RED_WG];
+  const int blocks = mode == 0 || mode == 1 ? round_units(n, mode) : 0;
+  for (int b = 0; b < blocks; ++b) round_block_group(yr, yq + r * n, mode, b, RED_WG, 1, rv, ri);
 }
 
 // Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
@@ -226,10 +230,16 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
   const float g = mv_sum(mv_partial(gate + off, xr, k), buf);
   const float u = mv_sum(mv_partial(up + off, xr, k), buf);
   if (lid == 0) h[(long)s * n_ff + f] = silu_f(g) * u;
-  // Every group counts (PoCL wants no barrier skipped, even on a branch the whole launch takes).
-  if (!last_group(counters + s, n_ff, &flag) || mode < 0) return;
-  const int units = round_units(n_ff, mode);
-  for (int b = lid; b < units; b += MV_WG) round_unit(h + (long)s * n_ff, hq + (long)s * n_ff, mode, b);
+  // Every group counts and takes the rounding's barriers (PoCL wants no barrier skipped, even on a branch a
+  // whole group takes); the slot's last group rounds.
+  const int last = last_group(counters + s, n_ff, &flag);
+  volatile global const float* hr = h + (long)s * n_ff;
+  if (mode >= 2 && last)
+    for (int i = lid; i < n_ff; i += MV_WG) hq[(long)s * n_ff + i] = round_elem(hr[i], mode);
+  local float rv[MV_WG];
+  local int ri[MV_WG];
+  const int blocks = mode == 0 || mode == 1 ? round_units(n_ff, mode) : 0;
+  for (int b = 0; b < blocks; ++b) round_block_group_v(hr, hq + (long)s * n_ff, mode, b, MV_WG, last, rv, ri);
 }
 
 // Group (f, t): y[t][f] += sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1].
@@ -255,7 +265,10 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
   volatile global const float* yr = y + t * width;
   float sq = 0.0f;
   if (last)
-    for (int i = lid; i < width; i += MV_WG) sq += yr[i] * yr[i];
+    for (int i = lid; i < width; i += MV_WG) {
+      const float v = yr[i];
+      sq += v * v;
+    }
   sq = mv_sum(sq, buf);
   if (!last) return;
   const float scale = 1.0f / sqrt(sq / (float)width + eps);

@@ -44,13 +44,16 @@ float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
 // products, so the two agree up to summation order.
 int round_units(int k, int mode) { return mode == 0 ? k / 32 : mode == 1 ? k / 256 : k; }
 #pragma OPENCL FP_CONTRACT OFF
-void round_unit(volatile global const float* xr, global float* yr, int mode, int b) {
-  if (mode == 2) {
-    yr[b] = round_f16(xr[b]);
-  } else if (mode == 3) {
-    const uint u = as_uint(xr[b]);
-    const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
-    yr[b] = as_float(h << 16);
+// Modes 2 and 3: one value.
+float round_elem(float x, int mode) {
+  if (mode == 2) return round_f16(x);
+  const uint u = as_uint(x);
+  const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
+  return as_float(h << 16);
+}
+void round_unit(global const float* xr, global float* yr, int mode, int b) {
+  if (mode >= 2) {
+    yr[b] = round_elem(xr[b], mode);
   } else if (mode == 0) {
     const int i0 = b * 32;
     float amax = 0.0f;
@@ -74,6 +77,45 @@ void round_unit(volatile global const float* xr, global float* yr, int mode, int
     for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
   }
 }
+// Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
+// wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
+// value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep
+// every barrier on every group). QUAL: volatile where xr holds other groups' results.
+#define ROUND_BLOCK_GROUP(NAME, QUAL)                                                                         \
+  void NAME(QUAL global const float* xr, global float* yr, int mode, int b, int wg, int active, local float* rv, \
+            local int* ri) {                                                                                  \
+    const int lid = get_local_id(0), len = mode == 0 ? 32 : 256, i0 = b * len;                                \
+    float best = 0.0f;                                                                                        \
+    int bi = len;                                                                                             \
+    if (active)                                                                                               \
+      for (int i = lid; i < len; i += wg) {                                                                   \
+        const float a = fabs(xr[i0 + i]);                                                                     \
+        if (a > best) best = a, bi = i;                                                                       \
+      }                                                                                                       \
+    rv[lid] = best;                                                                                           \
+    ri[lid] = bi;                                                                                             \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+    for (int s = wg / 2; s > 0; s >>= 1) {                                                                    \
+      if (lid < s && (rv[lid + s] > rv[lid] || (rv[lid + s] == rv[lid] && ri[lid + s] < ri[lid])))            \
+        rv[lid] = rv[lid + s], ri[lid] = ri[lid + s];                                                         \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+    }                                                                                                         \
+    const float amax = rv[0];                                                                                 \
+    const int idx = ri[0];                                                                                    \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
+    if (!active) return;                                                                                      \
+    if (mode == 0) {                                                                                          \
+      const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;                       \
+      for (int i = lid; i < len; i += wg) yr[i0 + i] = rint(xr[i0 + i] * id) * d;                            \
+    } else if (amax == 0.0f) {                                                                                \
+      for (int i = lid; i < len; i += wg) yr[i0 + i] = 0.0f;                                                  \
+    } else {                                                                                                  \
+      const float iscale = -127.f / xr[i0 + idx], d = 1.0f / iscale;                                          \
+      for (int i = lid; i < len; i += wg) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;            \
+    }                                                                                                         \
+  }
+ROUND_BLOCK_GROUP(round_block_group, )
+ROUND_BLOCK_GROUP(round_block_group_v, volatile)
 #pragma OPENCL FP_CONTRACT ON
 )CLC";
 
@@ -183,6 +225,15 @@ kernel void store_f16(global const float* x, global half* dst, long n) {
 kernel void round_activations(global const float* x, int k, global float* y, int mode) {
   const long r = get_global_id(1);
   round_unit(x + r * k, y + r * k, mode, get_global_id(0));
+}
+
+// Modes 0 and 1 a block per work-group of RED_WG (a reduction instead of one work-item's serial loops):
+// group (b, r) rounds block b of row r.
+kernel void round_blocks(global const float* x, int k, global float* y, int mode) {
+  local float rv[RED_WG];
+  local int ri[RED_WG];
+  const long r = get_group_id(1);
+  round_block_group(x + r * k, y + r * k, mode, get_group_id(0), RED_WG, 1, rv, ri);
 }
 
 // MoE routing on the device for decode-sized batches, one work-group of RED_WG per token: softmax over the
