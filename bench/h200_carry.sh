@@ -272,7 +272,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|batch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac
