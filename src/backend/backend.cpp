@@ -41,10 +41,23 @@ void Backend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs
   for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
 }
 
-void Backend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
-                          float eps) {
-  add(d, x, x, rows * n);
+void Backend::matmul_act(const Weight& w, const Act& x, float* y, int64_t ldy) {
+  matmul(w, x.x, x.rows, y, ldy);
+}
+
+void Backend::matmuls_act(const Act& x, std::span<const MatmulJob> jobs) { matmuls(x.x, x.rows, jobs); }
+
+Act Backend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                         float eps) {
+  if (d) add(d, x, x, rows * n);
   rmsnorm(x, w, y, rows, n, eps);
+  return Act::of(y, rows, n);
+}
+
+Act Backend::gated_delta_net_act(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                 float* conv_state, float* ssm_state, float* out) {
+  gated_delta_net(s, p, in, conv_state, ssm_state, out);
+  return Act::of(out, in.n_tokens, s.value_dim());
 }
 
 void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
@@ -56,26 +69,27 @@ void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float*
   rope(k, pos, n_tokens, n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode);
 }
 
-void Backend::moe_ffn_add(const MoeFfn& m, const float* x, int64_t n, float* y) {
-  const int64_t E = m.n_embd;
+void Backend::moe_ffn_add(const MoeFfn& m, const Act& x, float* y) {
+  const int64_t E = m.n_embd, n = x.rows;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* t = ar.take<float>(n * E);
-  moe_ffn(m, x, n, t);
-  if (m.shared_up) add_shared_expert(m, x, n, t);
+  moe_ffn(m, x.x, n, t);
+  if (m.shared_up) add_shared_expert(m, x, t);
   add(t, y, y, n * E);
   ar.release(mark);
 }
 
-void Backend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
-                                      int64_t n, const float* next_w) {
-  add_rmsnorm(d, x, w, cur, n, m.n_embd, m.rms_eps);
-  moe_ffn_add(m, cur, n, x);
-  if (next_w) rmsnorm(x, next_w, cur, n, m.n_embd, m.rms_eps);
+Act Backend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                     int64_t n, const float* next_w, const PartialSum* d_parts) {
+  if (d_parts) decode_fusions()->sum_parts(*d_parts);  // only a backend with DecodeFusions makes parts
+  const Act c = add_rmsnorm(d, x, w, cur, n, m.n_embd, m.rms_eps);
+  moe_ffn_add(m, c, x);
+  return next_w ? rmsnorm_act(x, next_w, cur, n, m.n_embd, m.rms_eps) : Act{};
 }
 
-void Backend::add_shared_expert(const MoeFfn& m, const float* x, int64_t n, float* out) {
-  const int64_t E = m.n_embd, Fs = m.n_ff_shared;
+void Backend::add_shared_expert(const MoeFfn& m, const Act& x, float* out) {
+  const int64_t E = m.n_embd, Fs = m.n_ff_shared, n = x.rows;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* gate = ar.take<float>(n * Fs);
@@ -86,7 +100,7 @@ void Backend::add_shared_expert(const MoeFfn& m, const float* x, int64_t n, floa
   gate_vec.ne[0] = E;
   gate_vec.ne[1] = 1;
   const MatmulJob jobs[] = {{&m.shared_gate, gate}, {&m.shared_up, up}, {&gate_vec, sh_g}};
-  matmuls(x, n, jobs);
+  matmuls(x, jobs);
   swiglu(gate, up, gate, n * Fs);
   matmul(m.shared_down, gate, n, sh_out);
   add_sigmoid_scaled(out, sh_out, sh_g, n, E);

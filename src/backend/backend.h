@@ -14,6 +14,7 @@
 #include "backend/capabilities.h"
 #include "backend/experts.h"
 #include "backend/gated_delta_net.h"
+#include "backend/act.h"
 #include "backend/op_types.h"
 #include "backend/tensor.h"
 
@@ -70,16 +71,25 @@ class Backend {
     int64_t ldy = 0;
   };
   virtual void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs);
+  // The same products of rows an op returned (Act: x.rows rows of x.x), reading the form of them that op
+  // wrote where it wrote one (see Act). The default: the plain products of x.x.
+  void matmul(const Weight& w, const Act& x, float* y, int64_t ldy = 0) { matmul_act(w, x, y, ldy); }
+  void matmuls(const Act& x, std::span<const MatmulJob> jobs) { matmuls_act(x, jobs); }
   // y = x / rms(x) * w per row of n; w may be null; y may alias x.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   // x: rows of n_heads * head_dim per token at position pos[t] (pos in this backend's memory).
   virtual void rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                     int64_t n_rot, float freq_base, float freq_scale, RopeMode mode) = 0;
   // Fused forms of the above, for backends that gain from one launch (the defaults call the plain ops):
-  // x += d, then y = rmsnorm(x) * w (the residual add before a norm); and the per-head q/k norms (each only
-  // when its weights are given) followed by RoPE of q and of k.
-  virtual void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
-                           float eps);
+  // x += d (when d is given), then y = rmsnorm(x) * w (the residual add before a norm), returning y for the
+  // products that read it next (an Act; the default: y alone); and the per-head q/k norms (each only when
+  // its weights are given) followed by RoPE of q and of k.
+  virtual Act add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                          float eps);
+  // rmsnorm whose y the products read next: add_rmsnorm without d.
+  Act rmsnorm_act(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+    return add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read
+  }
   virtual void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                             int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                             float freq_base, float freq_scale, RopeMode mode, float eps);
@@ -103,19 +113,26 @@ class Backend {
   // The routed-experts FFN of a MoE layer (router, top-k, experts, weighted sum): x [n][n_embd] -> out.
   virtual void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) = 0;
   // The layer's whole MoE FFN added to y (the residual): y += moe_ffn(x), plus sigmoid(x . g) * the shared
-  // expert's SwiGLU FFN of x when the layer has one (Qwen3.5). Default: moe_ffn into scratch, the shared
-  // expert added to it (add_shared_expert), then y = that + y.
-  virtual void moe_ffn_add(const MoeFfn& m, const float* x, int64_t n, float* y);
+  // expert's SwiGLU FFN of x when the layer has one (Qwen3.5); x: x.rows rows as an op returned them (its
+  // products read x's form). Default: moe_ffn into scratch, the shared expert added to it
+  // (add_shared_expert), then y = that + y.
+  virtual void moe_ffn_add(const MoeFfn& m, const Act& x, float* y);
   // A MoE layer's FFN half after its mixer: x += d; cur = rmsnorm(x) * w; x += the MoE FFN of cur (as
-  // moe_ffn_add); then, with next_w (the next layer's input norm), cur = rmsnorm(x) * next_w; norms with
-  // m.rms_eps. Default: add_rmsnorm, moe_ffn_add, rmsnorm. A backend may fuse them (CUDA, one decode token:
-  // the norm inside the router's blocks, d added in the experts' down product, the next norm in its last
-  // block; the same bits).
-  virtual void add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
-                                       int64_t n, const float* next_w);
+  // moe_ffn_add); then, with next_w (the next layer's input norm), cur = rmsnorm(x) * next_w, returned as
+  // the next layer's products' Act (without next_w: an empty Act); norms with m.rms_eps. d_parts: d is
+  // still the parts decode_attention_proj left (d == d_parts->out), added here. Default: sum_parts,
+  // add_rmsnorm, moe_ffn_add, rmsnorm. A backend may fuse them (CUDA, one decode token: the parts summed
+  // and the norm done inside the router's blocks, d added in the experts' down product, the next norm in
+  // its last block; the same bits).
+  virtual Act add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                      int64_t n, const float* next_w, const PartialSum* d_parts = nullptr);
   // One sequence through a Gated DeltaNet mixer (gated_delta_net.h), states in this backend's memory.
   virtual void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                float* conv_state, float* ssm_state, float* out) = 0;
+  // The same, returning out for the output projection: an Act with the form of out the backend wrote
+  // beside it (the default: gated_delta_net, out alone).
+  virtual Act gated_delta_net_act(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                  float* conv_state, float* ssm_state, float* out);
 
   // Optional capabilities (backend/capabilities.h), each offered by returning the interface (the default:
   // null, not offered). The model asks for a fused or recorded form by name where one is offered.
@@ -129,9 +146,13 @@ class Backend {
   // The CPU threads of the pass (a GPU backend runs host-resident experts on them).
   void set_host_pool(ThreadPool* p) { host_pool_ = p; }
  protected:
+  // matmul / matmuls of an Act (see above): a backend that makes Acts with a form reads it here.
+  virtual void matmul_act(const Weight& w, const Act& x, float* y, int64_t ldy);
+  virtual void matmuls_act(const Act& x, std::span<const MatmulJob> jobs);
+
   // out += sigmoid(x . g) * down(silu(x Wg^T) * (x Wu^T)) for the layer's shared expert, with this
-  // backend's plain ops (x: [n][n_embd]).
-  void add_shared_expert(const MoeFfn& m, const float* x, int64_t n, float* out);
+  // backend's plain ops (x: [x.rows][n_embd]).
+  void add_shared_expert(const MoeFfn& m, const Act& x, float* out);
 
   ThreadPool* host_pool_ = nullptr;
   // Derived destructors call this first: the arena frees through the derived class's dealloc.

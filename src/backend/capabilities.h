@@ -3,8 +3,10 @@
 // or recorded form by name and falls back to the plain ops where it is not offered or declined.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "backend/act.h"
 #include "backend/op_types.h"
 #include "backend/tensor.h"
 
@@ -52,12 +54,17 @@ struct DecodeAttention {
 // Fused forms of a decode step (one token per sequence): CUDA.
 class DecodeFusions {
  public:
-  // The step's attention (DecodeAttention); false when the backend has no kernel for it (nothing done).
-  virtual bool decode_attention(const DecodeAttention&) = 0;
+  // The step's attention (DecodeAttention), returning out for its output projection (an Act, with the
+  // form of out the backend wrote beside it); nothing when the backend has no kernel for it (nothing done).
+  virtual std::optional<Act> decode_attention(const DecodeAttention&) = 0;
   // decode_attention, then its output projection proj = out . wo (what matmul(wo, out, n_seq, proj) gives,
-  // summed in another order; out itself is left unspecified) in one call where the backend fuses the two;
-  // false where it does not, with nothing done.
-  virtual bool decode_attention_proj(const DecodeAttention&, const Weight& wo, float* proj) = 0;
+  // summed in another order; out itself is left unspecified) in one call where the backend fuses the two,
+  // leaving proj as parts: the caller hands the PartialSum to the op that reads proj next
+  // (add_rmsnorm_moe_ffn_add) or calls sum_parts. Nothing where it does not fuse them, with nothing done.
+  virtual std::optional<PartialSum> decode_attention_proj(const DecodeAttention&, const Weight& wo,
+                                                          float* proj) = 0;
+  // p.out = the sum of p's parts.
+  virtual void sum_parts(const PartialSum& p) = 0;
   // Which form of decode_attention this backend records for a step whose deepest token is at max_pos
   // (CUDA: one pass per KV head when the keys are few, split with a combine otherwise). Part of a decode
   // graph's key, since a recording keeps the form it was made with.

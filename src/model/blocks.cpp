@@ -189,11 +189,12 @@ void Exec::output_logits(std::vector<float>& logits) {
     arena().release(mark);
     return;
   }
+  Act cur;
   if (n_out == n_) {  // every row (decode): no gather
-    b.rmsnorm(a_->x, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+    cur = b.rmsnorm_act(a_->x, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
   } else {
     b.gather_rows(a_->x, out_rows_, E, a_->cur);
-    b.rmsnorm(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
+    cur = b.rmsnorm_act(a_->cur, w.output_norm.f32(), a_->cur, n_out, E, c.rms_eps);
   }
   if (args_.hidden) {  // embeddings: the normed rows themselves, no head
     logits.clear();
@@ -203,11 +204,11 @@ void Exec::output_logits(std::vector<float>& logits) {
   }
   const Weight& head = w.output ? w.output : w.tok_embd;
   if (b.is_host()) {
-    b.matmul(head, a_->cur, n_out, logits.data());
+    b.matmul(head, cur, logits.data());
   } else {
     const size_t mark = arena().mark();
     float* y = arena().take<float>(n_out * c.n_vocab);
-    b.matmul(head, a_->cur, n_out, y);
+    b.matmul(head, cur, y);
     if (graph_open_) {
       graph_open_ = false;
       b.pass_graphs()->end_graph();
@@ -226,8 +227,9 @@ AttentionLayerParams default_attention_params(const ModelConfig& c) {
           .sliding_window = 0};
 }
 
-bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const QkPrep* prep, const AttentionGate* gate, const Weight* wo) {
+Act attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                    const QkPrep* prep, const AttentionGate* gate, const Weight* wo,
+                    std::optional<PartialSum>* parts) {
   const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim, D = c.head_dim;
   Backend& b = ex.b();
   Activations& a = ex.a();
@@ -261,10 +263,14 @@ bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
                                      .gate = fuse ? gate->qg + D : nullptr,
                                      .gate_stride = fuse ? 2 * D : 0,
                                      .q_stride = fuse ? 2 * D : 0};
-    if (wo && !gate && fusions->decode_attention_proj(d, *wo, a.out)) return true;
-    if (fusions->decode_attention(d)) {
-      if (gate && !fuse) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
-      return false;
+    if (wo && parts && !gate) {
+      *parts = fusions->decode_attention_proj(d, *wo, a.out);
+      if (*parts) return {};
+    }
+    if (const std::optional<Act> att = fusions->decode_attention(d)) {
+      if (!gate || fuse) return *att;
+      b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);  // a.att written again: its form is gone
+      return Act::of(a.att, ex.n(), q_dim);
     }
     if (fuse) split_gate();  // the backend declined (and applied nothing): the path below reads a.q
   }
@@ -294,17 +300,17 @@ bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_
     row += g.n_tokens;
   }
   if (gate) b.mul_sigmoid(a.att, gate->gate, ex.n() * q_dim);
-  return false;
+  return Act::of(a.att, ex.n(), q_dim);
 }
 
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex) {
+                    Exec& ex, const Act& cur, std::optional<PartialSum>* parts) {
   const int64_t n = ex.n();
   const int64_t D = c.head_dim, q_dim = c.n_head * D, kv_dim = c.n_head_kv * D;
   Backend& b = ex.b();
   Activations& a = ex.a();
   const Backend::MatmulJob qkv[] = {{&lw.wq, a.q}, {&lw.wk, a.k}, {&lw.wv, a.v}};
-  b.matmuls(a.cur, n, qkv);
+  b.matmuls(cur, qkv);
   if (lw.bq) b.add_bias(a.q, lw.bq.f32(), n, q_dim);
   if (lw.bk) b.add_bias(a.k, lw.bk.f32(), n, kv_dim);
   if (lw.bv) b.add_bias(a.v, lw.bv.f32(), n, kv_dim);
@@ -320,11 +326,16 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
     b.qk_norm_rope(a.q, a.k, prep.q_norm, prep.k_norm, a.pos, n, c.n_head, c.n_head_kv, D, c.n_rot, p.rope_base,
                    p.rope_scale, p.rope_mode, c.rms_eps);
     b.scale(a.q, p.q_scale, n * q_dim);
-    attend_segments(c, p, il, ex);
-  } else {
-    if (attend_segments(c, p, il, ex, &prep, nullptr, &lw.wo)) return;
+    b.matmul(lw.wo, attend_segments(c, p, il, ex), a.out);
+    return;
   }
-  b.matmul(lw.wo, a.att, n, a.out);
+  std::optional<PartialSum> proj;
+  const Act att = attend_segments(c, p, il, ex, &prep, nullptr, &lw.wo, &proj);
+  if (!proj) return b.matmul(lw.wo, att, a.out);
+  if (parts)
+    *parts = proj;  // the caller hands them on
+  else
+    b.decode_fusions()->sum_parts(*proj);  // a.out whole now
 }
 
 }  // namespace xpert

@@ -5,6 +5,7 @@
 // knows which device runs it.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -87,9 +88,13 @@ class Exec {
   std::vector<char> upload_;  // on(): the host side of the batch's one upload
 };
 
-// a.cur [n][n_embd] (already normalized) -> a.out [n][n_embd]. Stores this batch's K/V in the cache.
+// cur (a.cur [n][n_embd], already normalized, as the norm returned it) -> a.out [n][n_embd]. Stores this
+// batch's K/V in the cache. With parts, a decode step's output projection may stay in the attention's
+// launch (DecodeFusions::decode_attention_proj): *parts is then set (its out = a.out), and the caller hands
+// it to the op that reads a.out next (add_rmsnorm_moe_ffn_add); otherwise (and without parts) a.out is
+// whole on return.
 void self_attention(const ModelConfig& c, const LayerWeights& lw, const AttentionLayerParams& p, int64_t il,
-                    Exec& ex);
+                    Exec& ex, const Act& cur, std::optional<PartialSum>* parts = nullptr);
 
 // For each segment: store k/v rows at its positions in layer il's cache and attend q over it; a.att out.
 // With prep, q and k (a.q, a.k) get their norms and RoPE first (a GPU folds them into its decode step).
@@ -101,10 +106,11 @@ struct AttentionGate {
 };
 // With gate, a.att is also multiplied by sigmoid(gate): a GPU that fuses it (fuses_attention_gate) reads
 // q and the gate from qg where they lie; otherwise they are deinterleaved first (q into a.q).
-// With wo (and no gate), a decode step's attention may also apply wo into a.out
-// (DecodeFusions::decode_attention_proj): true when it did, and the caller's matmul is then done.
-bool attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
-                     const QkPrep* prep = nullptr, const AttentionGate* gate = nullptr,
-                     const Weight* wo = nullptr);
+// Returns a.att as the output projection's input (an Act). With wo and parts (no gate), a decode step's
+// attention may also apply wo into a.out (DecodeFusions::decode_attention_proj): *parts is then set, the
+// caller's matmul is done and the returned Act is empty.
+Act attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
+                    const QkPrep* prep = nullptr, const AttentionGate* gate = nullptr, const Weight* wo = nullptr,
+                    std::optional<PartialSum>* parts = nullptr);
 
 }  // namespace xpert

@@ -80,14 +80,13 @@ class Gemma3 : public Model {
                              .q_scale = c.q_scale,
                              .kq_scale = 1.0f,
                              .sliding_window = swa ? c.sliding_window : 0};
-      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      self_attention(c, l, p, il, ex);
+      self_attention(c, l, p, il, ex, b.rmsnorm_act(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps));
       b.rmsnorm(a.out, l.attn_post_norm.f32(), a.out, n, E, c.rms_eps);
       b.add(a.out, a.x, a.x, n * E);  // x = sa_out
 
-      b.rmsnorm(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
-      b.matmul(l.ffn_gate, a.cur, n, a.ff_gate);
-      b.matmul(l.ffn_up, a.cur, n, a.ff_up);
+      const Act cur = b.rmsnorm_act(a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
+      b.matmul(l.ffn_gate, cur, a.ff_gate);
+      b.matmul(l.ffn_up, cur, a.ff_up);
       b.geglu(a.ff_gate, a.ff_up, a.ff_gate, n * F);
       b.matmul(l.ffn_down, a.ff_gate, n, a.out);
       b.rmsnorm(a.out, l.ffn_post_norm.f32(), a.out, n, E, c.rms_eps);

@@ -54,11 +54,11 @@ class LlamaDense : public Model {
       if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
-      b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      self_attention(c, l, p, il, ex);
-      b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);  // x += attention; cur = norm(x)
+      self_attention(c, l, p, il, ex, b.rmsnorm_act(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps));
+      // x += attention; cur = norm(x)
+      const Act cur = b.add_rmsnorm(a.out, a.x, l.ffn_norm.f32(), a.cur, n, E, c.rms_eps);
       const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
-      b.matmuls(a.cur, n, gate_up);
+      b.matmuls(cur, gate_up);
       b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * F);
       b.matmul(l.ffn_down, a.ff_gate, n, a.out);
       b.add(a.out, a.x, a.x, n * E);

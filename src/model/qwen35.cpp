@@ -150,28 +150,27 @@ class Qwen35 : public Model {
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
     begin_recurrent(ex);
-    bool normed = false;  // the previous layer left this one's cur = norm(x)
+    Act cur;  // this layer's cur = norm(x) when the previous layer left it
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
-      if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      normed = false;
+      if (!cur.x) cur = b.rmsnorm_act(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
       if (c.layer_recurrent[il])
-        delta_net_layer(l, il, ex);
+        delta_net_layer(l, il, ex, cur);
       else
-        gated_attention(l, il, ex);
+        gated_attention(l, il, ex, cur);
       if (moe_) {  // x += mixer; cur = norm(x); x += routed experts + gated shared expert; then the next
                    // layer's cur = norm(x)
         const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
-        b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.attn_post_norm.f32(), a.cur, n, next_w);
-        normed = next_w != nullptr;
+        cur = b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.attn_post_norm.f32(), a.cur, n, next_w);
         continue;
       }
-      b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps);  // x += mixer; cur = norm(x)
-      dense_ffn(l, ex);
+      // x += mixer; cur = norm(x)
+      dense_ffn(l, ex, b.add_rmsnorm(a.out, a.x, l.attn_post_norm.f32(), a.cur, n, E, c.rms_eps));
       b.add(a.out, a.x, a.x, n * E);
+      cur = {};
     }
     ex.output_logits(logits);
     for (const BatchSegment& g : ex.segments()) args.state->set_n_pos(g.seq, g.pos0 + g.n_tokens);
@@ -246,8 +245,8 @@ class Qwen35 : public Model {
       if (g.pos0 == 0) st->reset(g.seq);
   }
 
-  // a.cur [n][n_embd] -> a.out [n][n_embd], each segment through its own slot's state.
-  void delta_net_layer(const LayerWeights& l, int64_t il, Exec& ex) const {
+  // cur (a.cur [n][n_embd]) -> a.out [n][n_embd], each segment through its own slot's state.
+  void delta_net_layer(const LayerWeights& l, int64_t il, Exec& ex, const Act& cur) const {
     const int64_t n = ex.n();
     RecurrentState& st = *ex.args().state;
     const GdnShape gs = st.shape();
@@ -263,28 +262,30 @@ class Qwen35 : public Model {
     float* y = ar.take<float>(n * VD);
     const Backend::MatmulJob proj[] = {
         {&l.ssm_qkv, qkv}, {&l.ssm_gate, z}, {&l.ssm_alpha, alpha}, {&l.ssm_beta, beta}};
-    b.matmuls(a.cur, n, proj);
+    b.matmuls(cur, proj);
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
                            .norm = l.ssm_norm.f32()};
     int64_t row = 0;
+    Act out = Act::of(y, n, VD);  // one segment: as its gated delta net returned it
     for (const BatchSegment& g : ex.segments()) {
       const GdnLayerInputs in{.qkv = qkv + row * CD,
                               .z = z + row * VD,
                               .alpha = alpha + row * Hv,
                               .beta = beta + row * Hv,
                               .n_tokens = g.n_tokens};
-      b.gated_delta_net(gs, p, in, st.conv(il, g.seq), st.ssm(il, g.seq), y + row * VD);
+      const Act seg = b.gated_delta_net_act(gs, p, in, st.conv(il, g.seq), st.ssm(il, g.seq), y + row * VD);
+      if (ex.segments().size() == 1) out = seg;
       row += g.n_tokens;
     }
-    b.matmul(l.ssm_out, y, n, a.out);
+    b.matmul(l.ssm_out, out, a.out);
     ar.release(mark);
   }
 
   // Full attention with QK-norm, partial NeoX RoPE, and the output gated by sigmoid(gate), where q and
   // gate come interleaved per head from one projection.
-  void gated_attention(const LayerWeights& l, int64_t il, Exec& ex) const {
+  void gated_attention(const LayerWeights& l, int64_t il, Exec& ex, const Act& cur) const {
     const ModelConfig& c = config_;
     const int64_t n = ex.n();
     const int64_t D = c.head_dim, q_dim = c.n_head * D;
@@ -295,7 +296,7 @@ class Qwen35 : public Model {
     float* qg = ar.take<float>(n * 2 * q_dim);
     float* gate = ar.take<float>(n * q_dim);
     const Backend::MatmulJob qkv[] = {{&l.wq, qg}, {&l.wk, a.k}, {&l.wv, a.v}};
-    b.matmuls(a.cur, n, qkv);
+    b.matmuls(cur, qkv);
     const QkPrep prep{.q_norm = l.q_norm.f32(),
                                .k_norm = l.k_norm.f32(),
                                .pos = a.pos,
@@ -306,19 +307,18 @@ class Qwen35 : public Model {
                                .eps = c.rms_eps};
     const AttentionLayerParams p = default_attention_params(c);
     const AttentionGate g{.qg = qg, .gate = gate};
-    attend_segments(c, p, il, ex, &prep, &g);
-    b.matmul(l.wo, a.att, n, a.out);
+    b.matmul(l.wo, attend_segments(c, p, il, ex, &prep, &g), a.out);
     ar.release(mark);
   }
 
-  // a.cur [n][n_embd] -> a.out: the dense SwiGLU FFN.
-  void dense_ffn(const LayerWeights& l, Exec& ex) const {
+  // cur (a.cur [n][n_embd]) -> a.out: the dense SwiGLU FFN.
+  void dense_ffn(const LayerWeights& l, Exec& ex, const Act& cur) const {
     const ModelConfig& c = config_;
     const int64_t n = ex.n();
     Backend& b = ex.b();
     Activations& a = ex.a();
     const Backend::MatmulJob gate_up[] = {{&l.ffn_gate, a.ff_gate}, {&l.ffn_up, a.ff_up}};
-    b.matmuls(a.cur, n, gate_up);
+    b.matmuls(cur, gate_up);
     b.swiglu(a.ff_gate, a.ff_up, a.ff_gate, n * c.n_ff);
     b.matmul(l.ffn_down, a.ff_gate, n, a.out);
   }

@@ -61,18 +61,19 @@ class Qwen3Moe : public Model {
     Exec ex(*this, args, pool);
     const int64_t n = ex.n(), E = c.n_embd;
     const AttentionLayerParams p = default_attention_params(c);
-    bool normed = false;  // the previous layer left this one's cur = norm(x)
+    Act cur;  // this layer's cur = norm(x) when the previous layer left it
     for (int64_t il = 0; il < c.n_layer; ++il) {
       Backend& b = ex.enter(il);
       if (ex.replaying()) break;  // the recorded graph runs the layers
       Activations& a = ex.a();
       const LayerWeights& l = layer(il);
-      if (!normed) b.rmsnorm(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
-      self_attention(c, l, p, il, ex);
+      if (!cur.x) cur = b.rmsnorm_act(a.x, l.attn_norm.f32(), a.cur, n, E, c.rms_eps);
+      std::optional<PartialSum> parts;  // a.out still as the attention's parts
+      self_attention(c, l, p, il, ex, cur, &parts);
       // x += attention; cur = norm(x); x += experts(cur), maybe fused; then the next layer's cur = norm(x)
       const float* next_w = ex.next_layer_here(il) ? layer(il + 1).attn_norm.f32() : nullptr;
-      b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.ffn_norm.f32(), a.cur, n, next_w);
-      normed = next_w != nullptr;
+      cur = b.add_rmsnorm_moe_ffn_add(ex.moe(l, il), a.out, a.x, l.ffn_norm.f32(), a.cur, n, next_w,
+                                      parts ? &*parts : nullptr);
     }
     ex.output_logits(logits);
   }

@@ -72,14 +72,12 @@ void* CudaBackend::alloc(size_t bytes) {
 void CudaBackend::dealloc(void* p) { cudaFree(p); }
 
 void CudaBackend::zero(void* p, size_t bytes) {
-  touch();
   XPERT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s()));
 }
 
 // Small copies (a decode step's ids and x) pass through a pinned ring outside graph recordings: one DMA
 // the driver need not stage from pageable memory.
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
-  touch();
   if (bytes <= cuda::PinnedRing::kMaxCopy && !capturing_ && !graph_pass_) {
     void* staged = up_ring_.take(bytes, s());
     std::memcpy(staged, src, bytes);
@@ -89,7 +87,6 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::upload_weight(void* dst, const Weight& w) {
-  touch();
   cuda::upload_weights(dst, w.data, w.n_bytes, w.type, w.ne[0], w.ne[1], s());
 }
 
@@ -111,7 +108,6 @@ void CudaBackend::unpin_host(void* p) {
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
-  settle();
   const auto t0 = std::chrono::steady_clock::now();
   XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s()));
   synchronize();
@@ -119,12 +115,10 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
-  touch();
   if (dst != src) XPERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s()));
 }
 
 void CudaBackend::synchronize() {
-  settle();
   XPERT_CUDA_CHECK(cudaStreamSynchronize(s()));
   check_host_error();
 }
@@ -136,13 +130,7 @@ size_t CudaBackend::free_memory() const {
 }
 
 void CudaBackend::matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) {
-  settle();
   const int64_t k = w.ne[0], n = w.ne[1];
-  if (const cuda::Activations* a = prepared(x, m, k, w.type)) {
-    cuda::matmul_prepared(w.type, w.data, n, *a, y, ldy ? ldy : n, s());
-    if (overlaps(y, (size_t)(m * (ldy ? ldy : n)), x)) prepared_ = {};
-    return;
-  }
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const size_t ws = cuda::matmul_workspace_bytes(w.type, m, k);
@@ -151,23 +139,41 @@ void CudaBackend::matmul(const Weight& w, const float* x, int64_t m, float* y, i
   ar.release(mark);
 }
 
-// The jobs share one conversion of x per activation form (prefill: q, k and v convert x to f16 once);
-// at decode sizes the jobs of one weight type also share one launch.
+// x's form (Act) where it has one and the weight's products read it.
+void CudaBackend::matmul_act(const Weight& w, const Act& x, float* y, int64_t ldy) {
+  const int64_t n = w.ne[1];
+  if (const cuda::Activations* a = prepared(x, w.ne[0], w.type))
+    return cuda::matmul_prepared(w.type, w.data, n, *a, y, ldy ? ldy : n, s());
+  matmul(w, x.x, x.rows, y, ldy);
+}
+
 void CudaBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
-  settle();
-  const int64_t k = jobs.empty() ? 0 : jobs[0].w->ne[0];
+  matmuls_act(Act::of(x, m, jobs.empty() ? 0 : jobs[0].w->ne[0]), jobs);
+}
+
+// The jobs share one conversion of x per activation form (prefill: q, k and v convert x to f16 once; at
+// decode sizes x's form where it has one); at decode sizes the jobs of one weight type also share one
+// launch.
+void CudaBackend::matmuls_act(const Act& xa, std::span<const MatmulJob> jobs) {
+  const float* x = xa.x;
+  const int64_t m = xa.rows, k = jobs.empty() ? 0 : jobs[0].w->ne[0];
   bool batched = true;  // an output over x would change what a later conversion reads
   for (const MatmulJob& j : jobs)
     batched = batched && j.w->ne[0] == k && !overlaps(j.y, (size_t)(m * (j.ldy ? j.ldy : j.w->ne[1])), x);
-  if (!batched) {
-    for (const MatmulJob& j : jobs) matmul(*j.w, x, m, j.y, j.ldy);
+  if (!batched) {  // one by one; once an output has written over x, its form no longer holds
+    bool whole = true;
+    for (const MatmulJob& j : jobs) {
+      if (whole) matmul_act(*j.w, xa, j.y, j.ldy);
+      else matmul(*j.w, x, m, j.y, j.ldy);
+      whole = whole && !overlaps(j.y, (size_t)(m * (j.ldy ? j.ldy : j.w->ne[1])), x);
+    }
     return;
   }
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   std::vector<cuda::Activations> converted;
   auto activations = [&](DType t) {
-    if (const cuda::Activations* p = prepared(x, m, k, t)) return *p;
+    if (const cuda::Activations* p = prepared(xa, k, t)) return *p;
     const cuda::ActFormat f = cuda::activation_format(t, m);
     for (const cuda::Activations& a : converted)
       if (a.format == f) return a;
@@ -212,78 +218,66 @@ void CudaBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> 
 }
 
 void CudaBackend::rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  add_rmsnorm(nullptr, const_cast<float*>(x), w, y, rows, n, eps);  // without d, x is only read
+  cuda::rmsnorm(x, w, y, rows, n, eps, s());
 }
 
-// A decode-sized norm also writes its output's q8_1 activations, which the products that read it next
-// take instead of converting again (see prepared()).
-void CudaBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
-                              float eps) {
-  touch();
-  const cuda::Activations* act = prepare_slot(y, rows, n);
+// A decode-sized norm also writes its output's q8_1 activations, the form of the Act it returns, which the
+// products it is handed to take instead of converting again.
+Act CudaBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                             float eps) {
+  const cuda::Activations* act = y ? prepare_slot(rows, n) : nullptr;
   int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
   auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
   cuda::add_rmsnorm_q8(d, x, n, w, y, n, rows, n, eps, q, ds, s());
-  if (act) prepared_.x = y;
+  return formed(y, rows, n, act);
 }
 
 void CudaBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm,
                                const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
                                int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale,
                                RopeMode mode, float eps) {
-  touch();
   cuda::qk_norm_rope(q, k, q_norm, k_norm, q_norm != nullptr, k_norm != nullptr, pos, n_tokens, n_head,
                      n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode, eps, s());
 }
 
 void CudaBackend::rope(float* x, const int32_t* pos, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, float freq_base, float freq_scale, RopeMode mode) {
-  touch();
   cuda::rope(x, pos, n_tokens, n_heads, head_dim, n_rot, freq_base, freq_scale, mode, s());
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, float* y, int64_t n) {
-  touch();
   cuda::swiglu(gate, up, y, n, s());
 }
 
 void CudaBackend::geglu(const float* gate, const float* up, float* y, int64_t n) {
-  touch();
   cuda::geglu(gate, up, y, n, s());
 }
 
 void CudaBackend::add(const float* a, const float* b, float* y, int64_t n) {
-  touch();
   cuda::add(a, b, y, n, s());
 }
 
 void CudaBackend::scale(float* x, float v, int64_t n) {
-  touch();
   cuda::scale(x, v, n, s());
 }
 
 void CudaBackend::add_bias(float* x, const float* bias, int64_t rows, int64_t n) {
-  touch();
   cuda::add_bias(x, bias, rows, n, s());
 }
 
 void CudaBackend::mul_sigmoid(float* x, const float* gate, int64_t n) {
-  touch();
   cuda::mul_sigmoid(x, gate, n, s());
 }
 
 void CudaBackend::add_sigmoid_scaled(float* y, const float* v, const float* g, int64_t rows, int64_t n) {
-  touch();
   cuda::add_sigmoid_scaled(y, v, g, rows, n, s());
 }
 
 void CudaBackend::deinterleave(const float* src, int64_t rows, int64_t width, float* a, float* b) {
-  touch();
   cuda::deinterleave(src, rows, width, a, b, s());
 }
 
 void CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int64_t width, float* y) {
-  touch();
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   int64_t* idx = ar.take<int64_t>((int64_t)rows.size());
@@ -299,13 +293,11 @@ void CudaBackend::gather_rows(const float* x, std::span<const int64_t> rows, int
 }
 
 void CudaBackend::store_kv(const float* x, void* dst, int64_t n, DType type) {
-  touch();
   if (type == DType::F16) return cuda::store_f16(x, static_cast<uint16_t*>(dst), n, s());
   cuda::store_kv(x, n / 32, 32, type, dst, 0, nullptr, nullptr, s());  // n / 32 contiguous blocks
 }
 
 void CudaBackend::attention(const AttentionArgs& a) {
-  touch();
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const size_t ws = cuda::attention_workspace_bytes(a);
@@ -315,26 +307,31 @@ void CudaBackend::attention(const AttentionArgs& a) {
 
 void CudaBackend::gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
                                   float* conv_state, float* ssm_state, float* out) {
-  touch();
+  gated_delta_net_act(gs, p, in, conv_state, ssm_state, out);
+}
+
+Act CudaBackend::gated_delta_net_act(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                     float* conv_state, float* ssm_state, float* out) {
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
   // At decode sizes the gated norm also writes out's q8_1 activations, for the output projection.
   const cuda::Activations* act =
-      gs.head_v_dim % 32 == 0 ? prepare_slot(out, in.n_tokens, gs.value_dim()) : nullptr;
+      gs.head_v_dim % 32 == 0 && out ? prepare_slot(in.n_tokens, gs.value_dim()) : nullptr;
   int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
   auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
   cuda::gated_delta_net(gs, p, in, conv_state, ssm_state, out, ws ? ar.take_bytes(ws) : nullptr, s(),
                         DeltaRuleForm::automatic, q, ds);
   ar.release(mark);
-  if (act) prepared_.x = out;
+  return formed(out, in.n_tokens, gs.value_dim(), act);
 }
 
-// Room in prep_buf_ for the q8_1 activations of rows x k (decode sizes, k % 32 == 0): describes them
-// in prepared_.act (prepared_.x stays null until the producer is launched), or null without room. The
-// buffer grows outside a capture only; graphs recorded with the old one are dropped.
-const cuda::Activations* CudaBackend::prepare_slot(const float* x, int64_t rows, int64_t k) {
-  if (rows > cuda::kDecodeMaxRows || k % 32 != 0 || !x) return nullptr;
+// Room in prep_buf_ for the q8_1 activations of rows x k (decode sizes, k % 32 == 0), which the caller's
+// launch writes: described in prep_act_ under a new serial (the earlier Acts' forms are stale from here),
+// or null without room. The buffer grows outside a capture only; graphs recorded with the old one are
+// dropped.
+const cuda::Activations* CudaBackend::prepare_slot(int64_t rows, int64_t k) {
+  if (rows > cuda::kDecodeMaxRows || k % 32 != 0) return nullptr;
   const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, rows, k);
   if (prep_buf_.size() < qb) {
     if (capturing_) return nullptr;
@@ -344,13 +341,13 @@ const cuda::Activations* CudaBackend::prepare_slot(const float* x, int64_t rows,
   }
   auto* q = static_cast<int8_t*>(prep_buf_.data());
   auto* ds = reinterpret_cast<float2*>(q + cuda::Workspace::round((size_t)(rows * k)));
-  prepared_ = {.x = nullptr,
-               .act = {.format = cuda::ActFormat::q8_1,
-                       .data = q,
-                       .aux = reinterpret_cast<const float*>(ds),
-                       .m = rows,
-                       .k = k}};
-  return &prepared_.act;
+  ++prep_serial_;
+  prep_act_ = {.format = cuda::ActFormat::q8_1,
+               .data = q,
+               .aux = reinterpret_cast<const float*>(ds),
+               .m = rows,
+               .k = k};
+  return &prep_act_;
 }
 
 }  // namespace xpert::cuda_impl

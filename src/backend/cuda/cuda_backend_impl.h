@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -101,12 +102,16 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   void synchronize() override;
   size_t free_memory() const override;
 
-  // cuda_backend.cpp: the plain ops.
+  // cuda_backend.cpp: the plain ops, and the ops that write an Act's form (q8_1 at decode sizes) and read it.
+  using Backend::matmul;
+  using Backend::matmuls;
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override;
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
+  void matmul_act(const Weight& w, const Act& x, float* y, int64_t ldy) override;
+  void matmuls_act(const Act& x, std::span<const MatmulJob> jobs) override;
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
-  void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
-                   float eps) override;
+  Act add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                  float eps) override;
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                     int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                     float freq_base, float freq_scale, RopeMode mode, float eps) override;
@@ -127,57 +132,48 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   // cuda_decode.cpp
   bool fuses_attention_gate() const override;
   int decode_attention_form(int32_t max_pos) const override;
-  bool decode_attention(const DecodeAttention& d) override;
-  bool decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) override;
-  bool attend_decode(const DecodeAttention& d, const Weight* wo, float* proj);
+  std::optional<Act> decode_attention(const DecodeAttention& d) override;
+  std::optional<PartialSum> decode_attention_proj(const DecodeAttention& d, const Weight& wo,
+                                                  float* proj) override;
+  void sum_parts(const PartialSum& p) override;
+  bool attend_decode(const DecodeAttention& d, const Weight* wo, float* proj, Act* out);
 
   // cuda_moe.cpp
   void moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out) override;
-  void moe_ffn_add(const MoeFfn& ffn, const float* x, int64_t n, float* y) override;
+  void moe_ffn_add(const MoeFfn& ffn, const Act& x, float* y) override;
   bool whole_moe_here(const MoeFfn& ffn, int64_t n);
-  void add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x, const float* w, float* cur,
-                               int64_t n, const float* next_w) override;
+  Act add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x, const float* w, float* cur,
+                              int64_t n, const float* next_w, const PartialSum* d_parts) override;
   bool shared_slot(const MoeFfn& ffn, int64_t n);
-  void moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, bool accumulate, bool shared,
+  void moe(const MoeFfn& ffn, const Act& xa, float* out, bool accumulate, bool shared,
            const cuda::RouterNorm* nm = nullptr, const float* residual = nullptr,
            const cuda::MoeNormOut& norm_out = {});
 
   // cuda_backend.cpp
   void gated_delta_net(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;
+  Act gated_delta_net_act(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
+                          float* conv_state, float* ssm_state, float* out) override;
 
  private:
-  // The q8_1 activations of the last decode-sized norm output (prep_buf_), valid until any op other than
-  // a product that reads it writes memory: every other op calls touch(). Products of `x` with m rows of
-  // k and a weight type whose decode form is q8_1 take them instead of converting x again.
-  struct Prepared {
-    const float* x = nullptr;
-    cuda::Activations act;
-  };
-  void touch() {
-    settle();
-    prepared_ = {};
-  }
-  // The sum decode_attention_proj left owed: its parts in parts_buf_, out = their sum (cuda::sum_parts).
-  // Every op but the router that takes them (add_rmsnorm_moe_ffn_add) settles it first: touch() and the ops
-  // that do not touch.
-  struct OwedSum {
-    float* out = nullptr;
-    int n_parts = 0;
-    int64_t n = 0;
-  };
-  void settle() {
-    if (!owed_.out) return;
-    const OwedSum o = std::exchange(owed_, {});
-    cuda::sum_parts(static_cast<const float*>(parts_buf_.data()), o.n_parts, o.n, o.out, s());
-  }
+  // An Act's form here: the q8_1 activations of a decode-sized output (prep_buf_, prep_act_), written by the
+  // op that returns the Act (a norm, the decode attention, the gated delta net, the MoE router and the
+  // next norm in its down product) and read by the products the forward hands the Act to. One at a time:
+  // each prepare_slot makes the earlier Acts' forms stale (prep_serial_), and a product given a stale
+  // one converts x itself.
   // cuda_backend.cpp
-  const cuda::Activations* prepare_slot(const float* x, int64_t rows, int64_t k);
-  const cuda::Activations* prepared(const float* x, int64_t m, int64_t k, DType w_type) const {
-    if (!prepared_.x || prepared_.x != x || prepared_.act.m != m || prepared_.act.k != k) return nullptr;
-    if (!cuda::matmul_supported(w_type) || cuda::activation_format(w_type, m) != cuda::ActFormat::q8_1)
+  const cuda::Activations* prepare_slot(int64_t rows, int64_t k);
+  Act formed(const float* y, int64_t rows, int64_t k, const cuda::Activations* act) const {
+    return {.x = y, .rows = rows, .k = k, .form = act, .serial = act ? prep_serial_ : 0};
+  }
+  // x's form, when it is still prep_buf_'s and products of k-long rows of a w_type weight read q8_1.
+  const cuda::Activations* prepared(const Act& x, int64_t k, DType w_type) const {
+    if (!x.form || x.form != &prep_act_ || x.serial != prep_serial_ || prep_act_.m != x.rows ||
+        prep_act_.k != k)
       return nullptr;
-    return &prepared_.act;
+    if (!cuda::matmul_supported(w_type) || cuda::activation_format(w_type, x.rows) != cuda::ActFormat::q8_1)
+      return nullptr;
+    return &prep_act_;
   }
   static bool overlaps(const float* y, size_t n, const float* x) { return x >= y && x < y + n; }
 
@@ -212,8 +208,7 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
     std::string why_not;  // when not fused: what the kernels refused
   };
   const ExpertTables& experts(const MoeFfn& ffn);
-  void moe_unfused(const MoeFfn& ffn, const float* x, int64_t n, const int32_t* ids_d, const float* weights_d,
-                   float* out);
+  void moe_unfused(const MoeFfn& ffn, const Act& xa, const int32_t* ids_d, const float* weights_d, float* out);
 
   // cuda_graphs.cpp
   struct Graph {
@@ -281,12 +276,12 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
   cuda::HostPins pins_;
   DeviceBuffer stream_buf_;
   cuda::DeviceBuffer layout_stage_;  // a host expert matrix on its way into the device layout
-  Prepared prepared_;
   DeviceBuffer prep_buf_;
+  cuda::Activations prep_act_;  // what prep_buf_ holds (prepare_slot)
+  uint64_t prep_serial_ = 0;
   DeviceBuffer router_done_;  // moe_router's block counter
   DeviceBuffer norm_done_;    // the down product's block counter for the next norm (MoeNormOut)
-  DeviceBuffer parts_buf_;    // decode_attention_proj's parts
-  OwedSum owed_;
+  DeviceBuffer parts_buf_;    // decode_attention_proj's parts (PartialSum::parts)
 };
 
 }  // namespace xpert::cuda_impl

@@ -13,7 +13,7 @@
 namespace xpert::cuda_impl {
 
 // One launch stores k/v (after d.prep's norms and RoPE, for an f16 cache), then the split attention;
-// its combine step also writes the q8_1 activations the output projection takes (prepared()).
+// its combine step also writes the q8_1 activations the output projection takes (the returned Act's form).
 // Qwen3.5's q and output gate read where the projection leaves them interleaved, the combine applying the
 // gate as it writes: no deinterleave or mul_sigmoid launch, no q8_1 conversion of its own for the output
 // projection (+2 % tg on qwen3.5, docs/PERF.md).
@@ -25,29 +25,40 @@ int CudaBackend::decode_attention_form(int32_t max_pos) const {
   return max_pos >= 0 && max_pos < kOneBlockMaxKeys ? 1 : 0;
 }
 
-bool CudaBackend::decode_attention(const DecodeAttention& d) { return attend_decode(d, nullptr, nullptr); }
+std::optional<Act> CudaBackend::decode_attention(const DecodeAttention& d) {
+  Act out;
+  if (!attend_decode(d, nullptr, nullptr, &out)) return std::nullopt;
+  return out;
+}
 
 // The attention and its output projection as one launch (cuda::DecodeAttentionArgs::Proj) where it fits:
-// proj then owes the sum of its head groups' parts (owed_), which the router adds itself when the layer's
-// FFN is add_rmsnorm_moe_ffn_add's fused form, and settle() otherwise.
-bool CudaBackend::decode_attention_proj(const DecodeAttention& d, const Weight& wo, float* proj) {
+// proj is then the sum of its head groups' parts, which the router adds itself when the forward hands
+// them to add_rmsnorm_moe_ffn_add's fused form, and sum_parts otherwise.
+std::optional<PartialSum> CudaBackend::decode_attention_proj(const DecodeAttention& d, const Weight& wo,
+                                                             float* proj) {
   // The cheap checks, before the parts' buffer is made; cuda::attention_decode_proj_fits decides.
   if (!d.prep || d.n_seq != 1 || d.gate || wo.type != DType::Q4_K || wo.ne[0] != d.n_head * d.head_dim ||
       decode_attention_form(d.max_pos) != 1)
-    return false;
+    return std::nullopt;
   const size_t need = (size_t)(cuda::attention_decode_proj_parts(d.n_head) * wo.ne[1]) * sizeof(float);
   if (parts_buf_.size() < need) {
-    if (capturing_) return false;
+    if (capturing_) return std::nullopt;
     stale_graphs_ = true;
     synchronize();
     parts_buf_ = DeviceBuffer(*this, need);
   }
-  return attend_decode(d, &wo, proj);
+  if (!attend_decode(d, &wo, proj, nullptr)) return std::nullopt;
+  return PartialSum{.out = proj,
+                    .parts = static_cast<const float*>(parts_buf_.data()),
+                    .n_parts = (int)cuda::attention_decode_proj_parts(d.n_head),
+                    .n = wo.ne[1]};
 }
 
-// decode_attention; with wo, the fused projection into proj, or false (nothing done) where it does not fit.
-bool CudaBackend::attend_decode(const DecodeAttention& d, const Weight* wo, float* proj) {
-  touch();
+void CudaBackend::sum_parts(const PartialSum& p) { cuda::sum_parts(p.parts, p.n_parts, p.n, p.out, s()); }
+
+// decode_attention (out: d.out as its Act); with wo, the fused projection into proj, or false (nothing
+// done) where it does not fit.
+bool CudaBackend::attend_decode(const DecodeAttention& d, const Weight* wo, float* proj, Act* out) {
   if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
     no_graphs_ = true;  // the per-sequence kernels bake positions in: no graphs for this model
     return false;
@@ -109,11 +120,10 @@ bool CudaBackend::attend_decode(const DecodeAttention& d, const Weight* wo, floa
     a.proj = &pj;
     if (!cuda::attention_decode_proj_fits(a)) return false;
     cuda::attention_decode(a, nullptr, s());
-    owed_ = {.out = proj, .n_parts = (int)cuda::attention_decode_proj_parts(d.n_head), .n = wo->ne[1]};
     return true;
   }
   const int64_t out_k = d.n_head * d.head_dim;
-  const cuda::Activations* out_act = prepare_slot(d.out, d.n_seq, out_k);
+  const cuda::Activations* out_act = d.out ? prepare_slot(d.n_seq, out_k) : nullptr;
   if (out_act) {
     a.out_q = static_cast<int8_t*>(const_cast<void*>(out_act->data));
     a.out_ds = reinterpret_cast<float2*>(const_cast<float*>(out_act->aux));
@@ -123,7 +133,7 @@ bool CudaBackend::attend_decode(const DecodeAttention& d, const Weight* wo, floa
   const size_t ws = cuda::attention_decode_workspace_bytes(a);
   cuda::attention_decode(a, ws ? ar.take_bytes(ws) : nullptr, s());
   ar.release(mark);
-  if (out_act) prepared_.x = d.out;  // valid once the launch is in the stream
+  *out = formed(d.out, d.n_seq, out_k, out_act);
   return true;
 }
 

@@ -40,7 +40,6 @@ bool CudaBackend::begin_graph(const std::string& key) {
 }
 
 void CudaBackend::end_graph() {
-  settle();
   graph_pass_ = false;
   if (replay_pending_) {
     replay_pending_ = false;

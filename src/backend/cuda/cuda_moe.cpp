@@ -18,16 +18,16 @@
 namespace xpert::cuda_impl {
 
 void CudaBackend::moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* out) {
-  moe(ffn, x, n, out, false, false);
+  moe(ffn, Act::of(x, n, ffn.n_embd), out, false, false);
 }
 
 // The experts' down product adds into y itself (the same sum as an add after it) when every expert of
 // the layer is here, the shared expert (Qwen3.5) riding along as one more slot at decode sizes
 // (shared_slot); split layers and the rest take the default (the host part or the shared expert added
 // separately).
-void CudaBackend::moe_ffn_add(const MoeFfn& ffn, const float* x, int64_t n, float* y) {
-  if (!whole_moe_here(ffn, n)) return Backend::moe_ffn_add(ffn, x, n, y);
-  moe(ffn, x, n, y, true, (bool)ffn.shared_up);
+void CudaBackend::moe_ffn_add(const MoeFfn& ffn, const Act& x, float* y) {
+  if (!whole_moe_here(ffn, x.rows)) return Backend::moe_ffn_add(ffn, x, y);
+  moe(ffn, x, y, true, (bool)ffn.shared_up);
 }
 
 // The layer's experts, and its shared expert if it has one, all run in this backend's MoE kernels.
@@ -43,28 +43,24 @@ bool CudaBackend::whole_moe_here(const MoeFfn& ffn, int64_t n) {
 // 551.2).
 //
 // With next_w, the next layer's input norm of x is the down product's last block (MoeNormOut): it
-// writes cur and cur's q8_1 into the same slot, which the next layer's q/k/v products take (prepared()).
+// writes cur and cur's q8_1 into the same slot: the returned Act, which the next layer's q/k/v products take.
 // Without it, the norm's own launch after the experts. Leaving that launch out entirely (a
 // probe with wrong output) measured qwen3-30b-a3b's tg128 7.5 % faster, qwen3.5-35b-a3b's 3.6 %; doing
 // it in every CTA of the q/k/v products (XPERT_NORM_IN_QKV, 2026-12-01, since removed) 11 % and 21 %
 // slower: ~1,280 CTAs each normalizing x for 4 rows of work. XPERT_NORM_IN_ROUTER and
 // XPERT_NORM_AFTER_DOWN, the switches that turned both off, are gone (docs/PERF.md, 2026-12-03).
-void CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x, const float* w,
-                                          float* cur, int64_t n, const float* next_w) {
+Act CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, float* x, const float* w,
+                                         float* cur, int64_t n, const float* next_w, const PartialSum* d_parts) {
   const int64_t E = ffn.n_embd;
   const cuda::MoeRouting routing{.n_expert = ffn.n_expert, .k = ffn.n_used};
   const bool fits = cuda::long_row_norm_fits(n, E) && whole_moe_here(ffn, n) &&
                     cuda::moe_router_fusable(ffn.router.type, n, E, routing);
-  if (!fits) return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w);
-  // d still owed as decode_attention_proj's parts: the router adds them (and writes d) itself.
-  const bool take = owed_.out == d && owed_.n == E && owed_.n_parts <= cuda::kMaxRouterParts;
-  const OwedSum owed = take ? std::exchange(owed_, {}) : OwedSum{};
-  touch();
-  const cuda::Activations* act = prepare_slot(cur, n, E);  // where the router writes cur's q8_1
-  if (!act) {
-    if (take) owed_ = owed;  // settled by the path below
-    return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w);
-  }
+  if (!fits) return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w, d_parts);
+  // d still as decode_attention_proj's parts: the router adds them (and writes d) itself.
+  const bool take = d_parts && d_parts->out == d && d_parts->n == E && d_parts->n_parts <= cuda::kMaxRouterParts;
+  if (d_parts && !take) sum_parts(*d_parts);
+  const cuda::Activations* act = prepare_slot(n, E);  // where the router writes cur's q8_1
+  if (!act) return Backend::add_rmsnorm_moe_ffn_add(ffn, d, x, w, cur, n, next_w, take ? d_parts : nullptr);
   auto* q = static_cast<int8_t*>(const_cast<void*>(act->data));
   auto* ds = reinterpret_cast<float2*>(const_cast<float*>(act->aux));
   const cuda::RouterNorm nm{.res = x,
@@ -74,8 +70,8 @@ void CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, flo
                             .y = cur,
                             .q = q,
                             .ds = ds,
-                            .parts = take ? static_cast<const float*>(parts_buf_.data()) : nullptr,
-                            .n_parts = owed.n_parts};
+                            .parts = take ? d_parts->parts : nullptr,
+                            .n_parts = take ? d_parts->n_parts : 0};
   cuda::MoeNormOut no;
   if (next_w) {  // fits: long_row_norm_fits, as for the router's norm
     if (!norm_done_.data()) {
@@ -89,7 +85,8 @@ void CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, flo
           .ds = ds,
           .done = static_cast<unsigned*>(norm_done_.data())};
   }
-  moe(ffn, cur, n, x, true, (bool)ffn.shared_up, &nm, d, no);
+  moe(ffn, formed(cur, n, E, act), x, true, (bool)ffn.shared_up, &nm, d, no);
+  return next_w ? formed(cur, n, E, act) : Act{};
 }
 
 // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and
@@ -103,9 +100,10 @@ bool CudaBackend::shared_slot(const MoeFfn& ffn, int64_t n) {
 
 // nm: the router normalizes x itself and residual is added by the down product (add_rmsnorm_moe_ffn_add,
 // which checks that the fused router and the decode experts take this layer).
-void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, bool accumulate, bool shared,
+void CudaBackend::moe(const MoeFfn& ffn, const Act& xa, float* out, bool accumulate, bool shared,
                       const cuda::RouterNorm* nm, const float* residual, const cuda::MoeNormOut& norm_out) {
-  settle();  // it does not touch: x may be prepared activations
+  const float* x = xa.x;  // with nm, the router writes x and its form (xa's) first
+  const int64_t n = xa.rows;
   const int64_t X = ffn.n_expert, k = ffn.n_used, slots = k + (shared ? 1 : 0);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
@@ -127,9 +125,8 @@ void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, 
                      weights, static_cast<unsigned*>(router_done_.data()), s(),
                      shared ? static_cast<const float*>(ffn.shared_gate_inp.data) : nullptr,
                      cuda::RouteForm::automatic, nm);
-    if (nm) prepared_.x = nm->y;
   } else {
-    matmul(ffn.router, x, n, logits, X);
+    matmul(ffn.router, xa, logits, X);
     cuda::moe_route(logits, n, routing, ids, weights, s());
   }
   const ExpertTables& t = experts(ffn);
@@ -141,13 +138,13 @@ void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, 
   if (!t.fused) {
     if (ffn.split) fail("this layer's experts cannot be split between the GPU and the host: {}", t.why_not);
     no_graphs_ = true;  // the unfused path reads the routing back to the host
-    moe_unfused(ffn, x, n, ids, weights, out);
+    moe_unfused(ffn, xa, ids, weights, out);
     ar.release(mark);
     return;
   }
   const cuda::MoeExperts& e = t.e;
   const size_t ws = cuda::moe_workspace_bytes(e, n, slots);
-  const cuda::Activations* xq = prepared(x, n, ffn.n_embd, e.gate_type);
+  const cuda::Activations* xq = prepared(xa, ffn.n_embd, e.gate_type);
   cuda::moe_experts(e,
                     {.x = x,
                      .n_tokens = n,
@@ -162,7 +159,6 @@ void CudaBackend::moe(const MoeFfn& ffn, const float* x, int64_t n, float* out, 
                      .norm_out = norm_out},
                     ws ? ar.take_bytes(ws) : nullptr, ws, s());
   ar.release(mark);
-  if (overlaps(out, (size_t)(n * ffn.n_embd), x)) prepared_ = {};
 }
 
 // The device tables of a layer's expert pointers, made on first use (all experts resident, or the
@@ -224,9 +220,10 @@ const CudaBackend::ExpertTables& CudaBackend::experts(const MoeFfn& ffn) {
 
 // Experts the fused kernels do not take: token by token, slot by slot, with the plain matmul (the
 // routing is read back to the host). Slow, but any weight type works; real checkpoints use the fused path.
-void CudaBackend::moe_unfused(const MoeFfn& ffn, const float* x, int64_t n, const int32_t* ids_d,
-                              const float* weights_d, float* out) {
-  const int64_t k = ffn.n_used, E = ffn.n_embd, F = ffn.n_ff;
+void CudaBackend::moe_unfused(const MoeFfn& ffn, const Act& xa, const int32_t* ids_d, const float* weights_d,
+                              float* out) {
+  const float* x = xa.x;
+  const int64_t n = xa.rows, k = ffn.n_used, E = ffn.n_embd, F = ffn.n_ff;
   std::vector<int32_t> ids(n * k);
   std::vector<float> w(n * k);
   copy_to_host(ids.data(), ids_d, ids.size() * sizeof(int32_t));
@@ -239,8 +236,9 @@ void CudaBackend::moe_unfused(const MoeFfn& ffn, const float* x, int64_t n, cons
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = ids[t * k + j];
-      matmul(expert_matrix(ffn.gate, e), x + t * E, 1, gate, 0);
-      matmul(expert_matrix(ffn.up, e), x + t * E, 1, up, 0);
+      const Act xt = n == 1 ? xa : Act::of(x + t * E, 1, E);  // one token: x's form
+      matmul(expert_matrix(ffn.gate, e), xt, gate, 0);
+      matmul(expert_matrix(ffn.up, e), xt, up, 0);
       cuda::swiglu(gate, up, gate, F, s());
       matmul(expert_matrix(ffn.down, e), gate, 1, y, 0);
       cuda::scale(y, w[t * k + j], E, s());
