@@ -289,15 +289,18 @@ class OpenclBackend final : public Backend, public DecodeFusions {
 
   // Fused forms (fused_ops.cpp); XPERT_OPENCL_FUSED=0 turns them off (the plain ops, for comparison).
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
-  void add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
+  Act add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                     int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                     float freq_base, float freq_scale, RopeMode mode, float eps) override;
-  void add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
-                               const float* next_w) override;
+  Act add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
+                              const float* next_w, const PartialSum* d_parts) override;
   DecodeFusions* decode_fusions() override { return fused_ ? this : nullptr; }
-  bool decode_attention(const DecodeAttention& d) override;
-  bool decode_attention_proj(const DecodeAttention&, const Weight&, float*) override { return false; }
+  std::optional<Act> decode_attention(const DecodeAttention& d) override;
+  std::optional<PartialSum> decode_attention_proj(const DecodeAttention&, const Weight&, float*) override {
+    return std::nullopt;  // so no parts to sum either
+  }
+  void sum_parts(const PartialSum& p) override;
   int decode_attention_form(int32_t) const override { return 0; }
   bool fuses_attention_gate() const override { return false; }
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,

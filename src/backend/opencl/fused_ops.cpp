@@ -61,12 +61,19 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
   ar.release(mark);
 }
 
-void OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
-                                float eps) {
-  if (!fused_) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);
-  if (rows <= 0) return;
-  launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr), y,
-         (cl_int)n, eps, nullptr, (cl_int)-1);
+Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                               float eps) {
+  if (!fused_ || !d) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // without d: the plain rmsnorm
+  if (rows > 0)
+    launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr),
+           y, (cl_int)n, eps, nullptr, (cl_int)-1);
+  return Act::of(y, rows, n);
+}
+
+// decode_attention_proj never leaves parts here; summed with the plain ops all the same.
+void OpenclBackend::sum_parts(const PartialSum& p) {
+  copy(p.out, p.parts, p.n * sizeof(float));
+  for (int j = 1; j < p.n_parts; ++j) add(p.parts + j * p.n, p.out, p.out, p.n);
 }
 
 void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
@@ -84,12 +91,12 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
 }
 
 // Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
-bool OpenclBackend::decode_attention(const DecodeAttention& d) {
+std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.gate || d.q_stride || d.head_dim > kAttMaxD ||
       d.n_head_kv <= 0 || d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
-    return false;
+    return std::nullopt;
   const QkPrep* p = d.prep;
-  if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return false;
+  if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return std::nullopt;
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
   const cl_long slot_halves = d.slot_stride / 2;
@@ -101,20 +108,20 @@ bool OpenclBackend::decode_attention(const DecodeAttention& d) {
   launch(program(attention_, kAttentionSource, "").kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq},
          {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
          (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
-  return true;
+  return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
 // A decode-sized batch of a MoE layer wholly on the device, without a shared expert: seven launches from the
 // residual add to the next layer's norm, no host round trip (routing as moe_small_batch, not counted in the
 // routing statistics). Everything else takes the plain ops.
-void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
-                                            int64_t n, const float* next_w) {
+Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                           int64_t n, const float* next_w, const PartialSum* d_parts) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && S <= kCounters && !m.split && !m.exec && m.uniform_seed == 0 &&
                        !m.shared_up && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
                        weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
                        F % block_elems(m.down.type) == 0;
-  if (!fusable) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w);
+  if (!fusable || d_parts) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w, d_parts);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const int mode = round_mode(m.gate.type);
@@ -145,6 +152,7 @@ void OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, flo
          (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur);
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
+  return next_w ? Act::of(cur, n, E) : Act{};
 }
 
 }  // namespace xpert::opencl
