@@ -23,11 +23,18 @@ void CudaBackend::moe_ffn(const MoeFfn& ffn, const float* x, int64_t n, float* o
 
 // The experts' down product adds into y itself (the same sum as an add after it) when every expert of
 // the layer is here, the shared expert (Qwen3.5) riding along as one more slot at decode sizes
-// (shared_slot); split layers and the rest take the default (the host part or the shared expert added
-// separately).
+// (shared_slot); split layers and the rest take the default's steps (the host part or the shared expert
+// added separately), x's form reaching the experts and the shared expert.
 void CudaBackend::moe_ffn_add(const MoeFfn& ffn, const Act& x, float* y) {
-  if (!whole_moe_here(ffn, x.rows)) return Backend::moe_ffn_add(ffn, x, y);
-  moe(ffn, x, y, true, (bool)ffn.shared_up);
+  if (whole_moe_here(ffn, x.rows)) return moe(ffn, x, y, true, (bool)ffn.shared_up);
+  const int64_t E = ffn.n_embd, n = x.rows;
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  float* t = ar.take<float>(n * E);
+  moe(ffn, x, t, false, false);
+  if (ffn.shared_up) add_shared_expert(ffn, x, t);
+  add(t, y, y, n * E);
+  ar.release(mark);
 }
 
 // The layer's experts, and its shared expert if it has one, all run in this backend's MoE kernels.
