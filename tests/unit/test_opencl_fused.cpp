@@ -198,6 +198,7 @@ struct DecodeCase {
   std::vector<int32_t> slots, pos;
   bool norms;
   RopeMode mode;
+  int32_t window = 0;  // sliding window (Gemma 3's local layers), 0: none
 };
 class OpenCLFusedDecodeAttention : public ::testing::TestWithParam<DecodeCase> {};
 
@@ -233,7 +234,7 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     th.cpu.store_kv(v.data() + s * kv_row, vs + pos[s] * kv_row, kv_row, DType::F16);
     th.cpu.attention({.q = q.data() + s * H * D, .k = ks, .v = vs, .out = ref.data() + s * H * D, .pos = &pos[s],
                       .n_tokens = 1, .n_head = H, .n_head_kv = Hk, .head_dim = D, .n_kv = pos[s] + 1,
-                      .kq_scale = kq_scale});
+                      .kq_scale = kq_scale, .sliding_window = c.window});
   }
   DecodeFusions* f = dev.decode_fusions();
   ASSERT_NE(f, nullptr);
@@ -245,7 +246,7 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                                    .slots = ptr<int32_t>(dslots), .pos = ptr<int32_t>(dpos),
                                    .max_pos = *std::max_element(pos.begin(), pos.end()),
                                    .out = ptr<float>(dout), .n_seq = S, .n_head = H, .n_head_kv = Hk,
-                                   .head_dim = D, .n_ctx = n_ctx, .kq_scale = kq_scale, .sliding_window = 0,
+                                   .head_dim = D, .n_ctx = n_ctx, .kq_scale = kq_scale, .sliding_window = c.window,
                                    .k_type = DType::F16, .v_type = DType::F16, .prep = &prep}));
   EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);
   // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
@@ -259,7 +260,8 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, OpenCLFusedDecodeAttention,
     ::testing::Values(DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
                       DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},      // tiny_llama
-                      DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal}));  // partial rotary
+                      DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},  // partial rotary
+                      DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32}));  // window
 
 // The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next norm(x).
 class OpenCLFusedMoe : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
