@@ -487,6 +487,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
   static constexpr int64_t kCounters = 4096;
+  static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   cl_int* counters_ = nullptr;
   std::map<cl_kernel, std::unordered_map<std::string, Kernel>> arg_sets_;
 

@@ -1,9 +1,10 @@
 // The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
-// costs microseconds of host time, so a decode step is counted in launches: per MoE layer of qwen3moe,
-// 13 (qkv: rounding + one gemv over the three matrices; q/k norms, RoPE and the k/v store: one; attention:
-// one; wo: two; the residual add, the FFN norm and its rounding: one; router gemv, top-k: two; gate/up with
-// SwiGLU: one; rounding; down with the weighted combine and the residual add: one; the next layer's norm:
-// one) instead of 29 with the plain ops, and none of them waits for the device.
+// costs microseconds of host time (NVIDIA's: ~13), so a decode step is counted in launches: per MoE layer of
+// qwen3moe, 10 (qkv: rounding + one gemv over the three matrices; q/k norms, RoPE and the k/v store: one;
+// attention: one; wo: rounding + gemv; the residual add, the FFN norm and its rounding: one; the router's
+// product with the top-k in its last groups: one; gate/up with SwiGLU, the last group of each slot rounding
+// its row: one; down with the weighted combine and the residual add, the last group of each token writing
+// the next layer's norm: one) instead of 29 with the plain ops, and none of them waits for the host.
 #include "backend/opencl/backend_impl.h"
 
 namespace xpert::opencl {
@@ -129,14 +130,22 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   launch(ops("add_rmsnorm_round"), {(size_t)n * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr), cur,
          (cl_int)E, m.rms_eps, curq, (cl_int)mode);
   float* logits_d = ar.take<float>(n * X);
-  matmul(m.router, cur, n, logits_d, X);
   int32_t* row_slot_d = ar.take<int32_t>(S);
   int32_t* slot_row_d = ar.take<int32_t>(S);
   float* weights_d = ar.take<float>(S);
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
-         rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  if (tails_ && round_mode(m.router.type) < 0 && weight_macro(m.router.type) && X <= kRouteMax) {
+    // The router's product and the routing in one launch (the last group of each token routes it).
+    launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
+           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), cur, (cl_int)E, logits_d,
+           (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d,
+           tasks_d, counters_);
+  } else {
+    matmul(m.router, cur, n, logits_d, X);
+    launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
+           (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  }
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
   // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.

@@ -10,6 +10,7 @@
 //   empty_kernel(16)    nothing (with 1 or 16 arguments): what one enqueue costs (XPERT_OPENCL_PROBE).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
+//   moe_router_route    the router's logits, then (the token's last group) its top-k routing.
 //   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
 //                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the sums
 //                       are reduced.
@@ -215,6 +216,26 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
   const int r = *flag;
   mem_fence(CLK_GLOBAL_MEM_FENCE);
   return r;
+}
+
+// Group (e, t): logits[t][e] = router row e . x[t]; token t's last group then routes it (route_token,
+// kClCommonSource), every group taking the routing's barriers.
+kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* x, int k,
+                             global float* logits, int n_expert, int n_used, int norm, float scale,
+                             global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
+                             volatile global int* counters) {
+  local float buf[MV_WG];
+  local int flag;
+  local float p[ROUTE_MAX];
+  local float bv[MV_WG];
+  local int bi[MV_WG];
+  const int e = get_group_id(0);
+  const long t = get_group_id(1);
+  const float s = mv_sum(mv_partial(w + (ulong)e * row_bytes, x + t * k, k), buf);
+  if (get_local_id(0) == 0) logits[t * n_expert + e] = s;
+  const int last = last_group(counters + t, n_expert, &flag);
+  route_token(logits + t * n_expert, n_expert, n_used, norm, scale, (int)t, last, row_slot, slot_row, weights, tasks,
+              MV_WG, p, bv, bi);
 }
 
 // Group (f, s): slot s (token s / n_used) of expert tasks[2s + 1]; h[s][f] = silu(g) * u. With mode >= 0, the

@@ -117,6 +117,86 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
 ROUND_BLOCK_GROUP(round_block_group, )
 ROUND_BLOCK_GROUP(round_block_group_v, volatile)
 #pragma OPENCL FP_CONTRACT ON
+// MoE routing of token t on the device (decode-sized batches), by the wg work-items of a group: softmax over
+// the router's logits l, the k most probable experts (ties: the lower index first) with their probabilities
+// renormalised (the sum clamped to f16's smallest normal, as llama.cpp) and scaled, as cpu::route_top_k
+// computes them (its softmax sums in double: weights within a few ulps). Each slot is its own grouped row,
+// so the tables of moe_gather / gemv tasks / moe_combine are written here: row_slot[s] = slot_row[s] = s,
+// tasks[s] = (s, expert). active 0: only the barriers (see round_block_group). n_expert <= ROUTE_MAX;
+// p: ROUTE_MAX, bv / bi: wg entries of local memory. l is volatile: it may hold other groups' results.
+#define ROUTE_MAX 4096
+void route_token(volatile global const float* l, int n_expert, int k, int norm, float scale, int t, int active,
+                 global int* row_slot, global int* slot_row, global float* weights, global int* tasks, int wg,
+                 local float* p, local float* bv, local int* bi) {
+  const int lid = get_local_id(0);
+  float mx = -INFINITY;
+  if (active)
+    for (int e = lid; e < n_expert; e += wg) mx = fmax(mx, l[e]);
+  bv[lid] = mx;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = wg / 2; s > 0; s >>= 1) {
+    if (lid < s) bv[lid] = fmax(bv[lid], bv[lid + s]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  mx = bv[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float sum = 0.0f;
+  if (active)
+    for (int e = lid; e < n_expert; e += wg) {
+      const float v = exp(l[e] - mx);
+      p[e] = v;
+      sum += v;
+    }
+  bv[lid] = sum;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = wg / 2; s > 0; s >>= 1) {
+    if (lid < s) bv[lid] += bv[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inv = 1.0f / bv[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (active)
+    for (int e = lid; e < n_expert; e += wg) p[e] *= inv;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // k rounds of a (probability, lower index) argmax over the experts not yet taken.
+  float wsum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float best = -1.0f;
+    int be = n_expert;
+    if (active)
+      for (int e = lid; e < n_expert; e += wg)
+        if (p[e] > best) best = p[e], be = e;  // ascending e: a tie keeps the lower index
+    bv[lid] = best;
+    bi[lid] = be;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = wg / 2; s > 0; s >>= 1) {
+      if (lid < s && (bv[lid + s] > bv[lid] || (bv[lid + s] == bv[lid] && bi[lid + s] < bi[lid])))
+        bv[lid] = bv[lid + s], bi[lid] = bi[lid + s];
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    best = bv[0];
+    be = bi[0];
+    wsum += best;
+    if (lid == 0 && active) {
+      const int s = t * k + j;
+      row_slot[s] = s;
+      slot_row[s] = s;
+      tasks[2 * s] = s;
+      tasks[2 * s + 1] = be;
+      weights[s] = best;
+      p[be] = -2.0f;  // taken
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (!active) return;
+  const float d = norm ? fmax(wsum, 6.103515625e-5f) : 1.0f;
+  for (int j = lid; j < k; j += wg) {
+    float w = weights[t * k + j];
+    if (norm) w /= d;
+    if (scale != 0.0f && scale != 1.0f) w *= scale;
+    weights[t * k + j] = w;
+  }
+}
 )CLC";
 
 inline constexpr std::string_view kOpsSource = R"CLC(
@@ -236,72 +316,17 @@ kernel void round_blocks(global const float* x, int k, global float* y, int mode
   round_block_group(x + r * k, y + r * k, mode, get_group_id(0), RED_WG, 1, rv, ri);
 }
 
-// MoE routing on the device for decode-sized batches, one work-group of RED_WG per token: softmax over the
-// router's logits, the k most probable experts (ties: the lower index first) with their probabilities
-// renormalised (the sum clamped to f16's smallest normal, as llama.cpp) and scaled, as cpu::route_top_k
-// computes them (its softmax sums in double: weights within a few ulps). Each slot is its own grouped row, so
-// the tables of moe_gather / gemv tasks / moe_combine are written here: row_slot[s] = slot_row[s] = s,
-// tasks[s] = (s, expert). n_expert <= ROUTE_MAX.
-#define ROUTE_MAX 4096
+// MoE routing on the device for decode-sized batches, one work-group of RED_WG per token (route_token,
+// kClCommonSource).
 kernel void moe_route_slots(global const float* logits, int n_expert, int k, int norm, float scale,
                             global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
                             int n_tokens) {
   local float p[ROUTE_MAX];
   local float bv[RED_WG];
   local int bi[RED_WG];
-  const int t = get_group_id(0), lid = get_local_id(0);
-  global const float* l = logits + (long)t * n_expert;
-  float mx = -INFINITY;
-  for (int e = lid; e < n_expert; e += RED_WG) mx = fmax(mx, l[e]);
-  bv[lid] = mx;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = RED_WG / 2; s > 0; s >>= 1) {
-    if (lid < s) bv[lid] = fmax(bv[lid], bv[lid + s]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  mx = bv[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float sum = 0.0f;
-  for (int e = lid; e < n_expert; e += RED_WG) sum += exp(l[e] - mx);
-  const float inv = 1.0f / wg_sum(sum, bv);
-  for (int e = lid; e < n_expert; e += RED_WG) p[e] = exp(l[e] - mx) * inv;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  // k rounds of a (probability, lower index) argmax over the experts not yet taken.
-  float wsum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    float best = -1.0f;
-    int be = n_expert;
-    for (int e = lid; e < n_expert; e += RED_WG)
-      if (p[e] > best) best = p[e], be = e;  // ascending e: a tie keeps the lower index
-    bv[lid] = best;
-    bi[lid] = be;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = RED_WG / 2; s > 0; s >>= 1) {
-      if (lid < s && (bv[lid + s] > bv[lid] || (bv[lid + s] == bv[lid] && bi[lid + s] < bi[lid])))
-        bv[lid] = bv[lid + s], bi[lid] = bi[lid + s];
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    best = bv[0];
-    be = bi[0];
-    wsum += best;
-    if (lid == 0) {
-      const int s = t * k + j;
-      row_slot[s] = s;
-      slot_row[s] = s;
-      tasks[2 * s] = s;
-      tasks[2 * s + 1] = be;
-      weights[s] = best;
-      p[be] = -2.0f;  // taken
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float d = norm ? fmax(wsum, 6.103515625e-5f) : 1.0f;
-  for (int j = lid; j < k; j += RED_WG) {
-    float w = weights[t * k + j];
-    if (norm) w /= d;
-    if (scale != 0.0f && scale != 1.0f) w *= scale;
-    weights[t * k + j] = w;
-  }
+  const int t = get_group_id(0);
+  route_token(logits + (long)t * n_expert, n_expert, k, norm, scale, t, 1, row_slot, slot_row, weights, tasks, RED_WG,
+              p, bv, bi);
 }
 
 // MoE: grouped row g holds the token of slot row_slot[g] (slot = t * k + j).
