@@ -1,8 +1,8 @@
 // The whole-model OpenCL backend's fused forms (backend/opencl/fused_ops.cpp) against the CPU's plain ops, on
-// random data of Qwen3-30B-A3B's shapes (n_embd 2048, 32 / 4 heads of 128, K-quant rows): the residual add with
-// the norm, the q/k/v products in one launch, q/k norms with RoPE, the decode attention over slots with the
-// k/v store, and the MoE FFN half of a decode step (norm, router, top-k, gate/up + SwiGLU, down + combine +
-// residual, the next norm). CI runs it on PoCL; without an OpenCL device it skips.
+// random data of Qwen3-30B-A3B's shapes (n_embd 2048, 32 / 4 heads of 128, K-quant rows): the residual add
+// with the norm, the q/k/v products in one launch, q/k norms with RoPE, the decode attention over slots with
+// the k/v store, and the MoE FFN half of a decode step (norm, router, top-k, gate/up + SwiGLU, down + combine
+// + residual, the next norm). CI runs it on PoCL; without an OpenCL device it skips.
 #include <gtest/gtest.h>
 
 #ifdef XPERT_HAVE_OPENCL
@@ -130,7 +130,8 @@ TEST(OpenCLFused, AddRmsnormMatchesCpu) {
   const int64_t rows = 3, n = 2048;
   std::vector<float> x = random_vec(rows * n, rng);
   const std::vector<float> d = random_vec(rows * n, rng), w = random_vec(n, rng);
-  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dy(dev, x.size() * sizeof(float));
+  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w),
+               dy(dev, x.size() * sizeof(float));
   std::vector<float> y(x.size());
   th.cpu.add_rmsnorm(d.data(), x.data(), w.data(), y.data(), rows, n, 1e-6f);
   dev.add_rmsnorm(ptr<float>(dd), ptr<float>(dx), ptr<float>(dw), ptr<float>(dy), rows, n, 1e-6f);
@@ -151,10 +152,11 @@ TEST_P(OpenCLFusedQkNormRope, MatchesCpu) {
   const std::vector<int32_t> pos = {0, 5, 300, 4095};
   DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dqn = upload(dev, qn), dkn = upload(dev, kn),
                dp = upload(dev, pos);
-  th.cpu.qk_norm_rope(q.data(), k.data(), norms ? qn.data() : nullptr, norms ? kn.data() : nullptr, pos.data(), T,
-                      H, Hk, D, n_rot, 1e6f, 1.0f, mode, 1e-6f);
+  th.cpu.qk_norm_rope(q.data(), k.data(), norms ? qn.data() : nullptr, norms ? kn.data() : nullptr,
+                      pos.data(), T, H, Hk, D, n_rot, 1e6f, 1.0f, mode, 1e-6f);
   dev.qk_norm_rope(ptr<float>(dq), ptr<float>(dk), norms ? ptr<float>(dqn) : nullptr,
-                   norms ? ptr<float>(dkn) : nullptr, ptr<int32_t>(dp), T, H, Hk, D, n_rot, 1e6f, 1.0f, mode, 1e-6f);
+                   norms ? ptr<float>(dkn) : nullptr, ptr<int32_t>(dp), T, H, Hk, D, n_rot, 1e6f, 1.0f, mode,
+                   1e-6f);
   EXPECT_LT(rel_err(download<float>(dev, dq, q.size()), q), 2e-5f);
   EXPECT_LT(rel_err(download<float>(dev, dk, k.size()), k), 2e-5f);
 }
@@ -172,27 +174,28 @@ TEST(OpenCLFused, MatmulsMatchCpu) {
   std::mt19937 rng(41);
   const int64_t E = 2048;
   for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16})
-  for (Backend* b : {device(), device_gpu_width()}) {
-    Backend& dev = *b;
-    RandomWeight wq(dev, t, E, 4096, 1, rng), wk(dev, t, E, 512, 1, rng), wv(dev, t, E, 512, 1, rng);
-    for (int64_t m : {1, 3}) {
-      const std::vector<float> x = random_vec(m * E, rng);
-      DeviceBuffer dx = upload(dev, x), dq(dev, m * 4096 * 4), dk(dev, m * 512 * 4), dv(dev, m * 512 * 4);
-      const Backend::MatmulJob jobs[] = {
-          {&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}, {&wv.dev, ptr<float>(dv)}};
-      dev.matmuls(ptr<float>(dx), m, jobs);
-      for (auto [w, buf, n] : {std::tuple{&wq, &dq, 4096}, {&wk, &dk, 512}, {&wv, &dv, 512}}) {
-        std::vector<float> ref(m * n);
-        th.cpu.matmul(w->host, x.data(), m, ref.data(), 0);
-        EXPECT_LT(rel_err(download<float>(dev, *buf, ref.size()), ref), 1e-4f) << dtype_name(t) << " m=" << m;
+    for (Backend* b : {device(), device_gpu_width()}) {
+      Backend& dev = *b;
+      RandomWeight wq(dev, t, E, 4096, 1, rng), wk(dev, t, E, 512, 1, rng), wv(dev, t, E, 512, 1, rng);
+      for (int64_t m : {1, 3}) {
+        const std::vector<float> x = random_vec(m * E, rng);
+        DeviceBuffer dx = upload(dev, x), dq(dev, m * 4096 * 4), dk(dev, m * 512 * 4), dv(dev, m * 512 * 4);
+        const Backend::MatmulJob jobs[] = {
+            {&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}, {&wv.dev, ptr<float>(dv)}};
+        dev.matmuls(ptr<float>(dx), m, jobs);
+        for (auto [w, buf, n] : {std::tuple{&wq, &dq, 4096}, {&wk, &dk, 512}, {&wv, &dv, 512}}) {
+          std::vector<float> ref(m * n);
+          th.cpu.matmul(w->host, x.data(), m, ref.data(), 0);
+          EXPECT_LT(rel_err(download<float>(dev, *buf, ref.size()), ref), 1e-4f)
+              << dtype_name(t) << " m=" << m;
+        }
       }
     }
-  }
 }
 
-// Three sequences of a decode step, in slots 2, 0, 1 at depths 5, 70 (two key tiles) and 200 (four): q/k norms,
-// NeoX RoPE, the k/v rows stored as f16 at each position of each slot, and each sequence's attention over its
-// slot, against the CPU's qk_norm_rope, store_kv and attention.
+// Three sequences of a decode step, in slots 2, 0, 1 at depths 5, 70 (two key tiles) and 200 (four): q/k
+// norms, NeoX RoPE, the k/v rows stored as f16 at each position of each slot, and each sequence's attention
+// over its slot, against the CPU's qk_norm_rope, store_kv and attention.
 struct DecodeCase {
   int64_t n_head, n_head_kv, head_dim, n_rot, n_ctx;
   std::vector<int32_t> slots, pos;
@@ -219,12 +222,12 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     vc[i] = f32_to_f16(std::normal_distribution<float>()(rng));
   }
   DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dqn = upload(dev, qn),
-               dkn = upload(dev, kn), dkc = upload(dev, kc), dvc = upload(dev, vc), dslots = upload(dev, slots),
-               dpos = upload(dev, pos), dout(dev, q.size() * sizeof(float));
+               dkn = upload(dev, kn), dkc = upload(dev, kc), dvc = upload(dev, vc),
+               dslots = upload(dev, slots), dpos = upload(dev, pos), dout(dev, q.size() * sizeof(float));
   const float kq_scale = 1.0f / std::sqrt((float)D);
   // The CPU: one sequence at a time.
-  th.cpu.qk_norm_rope(q.data(), k.data(), c.norms ? qn.data() : nullptr, c.norms ? kn.data() : nullptr, pos.data(),
-                      S, H, Hk, D, c.n_rot, 1e6f, 1.0f, c.mode, 1e-6f);
+  th.cpu.qk_norm_rope(q.data(), k.data(), c.norms ? qn.data() : nullptr, c.norms ? kn.data() : nullptr,
+                      pos.data(), S, H, Hk, D, c.n_rot, 1e6f, 1.0f, c.mode, 1e-6f);
   std::vector<float> ref(q.size());
   const size_t slot_elems = n_ctx * kv_row;
   for (int64_t s = 0; s < S; ++s) {
@@ -232,22 +235,48 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     uint16_t* vs = vc.data() + slots[s] * slot_elems;
     th.cpu.store_kv(k.data() + s * kv_row, ks + pos[s] * kv_row, kv_row, DType::F16);
     th.cpu.store_kv(v.data() + s * kv_row, vs + pos[s] * kv_row, kv_row, DType::F16);
-    th.cpu.attention({.q = q.data() + s * H * D, .k = ks, .v = vs, .out = ref.data() + s * H * D, .pos = &pos[s],
-                      .n_tokens = 1, .n_head = H, .n_head_kv = Hk, .head_dim = D, .n_kv = pos[s] + 1,
-                      .kq_scale = kq_scale, .sliding_window = c.window});
+    th.cpu.attention({.q = q.data() + s * H * D,
+                      .k = ks,
+                      .v = vs,
+                      .out = ref.data() + s * H * D,
+                      .pos = &pos[s],
+                      .n_tokens = 1,
+                      .n_head = H,
+                      .n_head_kv = Hk,
+                      .head_dim = D,
+                      .n_kv = pos[s] + 1,
+                      .kq_scale = kq_scale,
+                      .sliding_window = c.window});
   }
   DecodeFusions* f = dev.decode_fusions();
   ASSERT_NE(f, nullptr);
-  const QkPrep prep{.q_norm = c.norms ? ptr<float>(dqn) : nullptr, .k_norm = c.norms ? ptr<float>(dkn) : nullptr,
-                    .pos = ptr<int32_t>(dpos), .n_rot = c.n_rot, .freq_base = 1e6f, .mode = c.mode, .eps = 1e-6f};
-  ASSERT_TRUE(f->decode_attention({.q = ptr<float>(dq), .k = ptr<float>(dk), .v = ptr<float>(dv),
-                                   .k_cache = dkc.data(), .v_cache = dvc.data(),
+  const QkPrep prep{.q_norm = c.norms ? ptr<float>(dqn) : nullptr,
+                    .k_norm = c.norms ? ptr<float>(dkn) : nullptr,
+                    .pos = ptr<int32_t>(dpos),
+                    .n_rot = c.n_rot,
+                    .freq_base = 1e6f,
+                    .mode = c.mode,
+                    .eps = 1e-6f};
+  ASSERT_TRUE(f->decode_attention({.q = ptr<float>(dq),
+                                   .k = ptr<float>(dk),
+                                   .v = ptr<float>(dv),
+                                   .k_cache = dkc.data(),
+                                   .v_cache = dvc.data(),
                                    .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
-                                   .slots = ptr<int32_t>(dslots), .pos = ptr<int32_t>(dpos),
+                                   .slots = ptr<int32_t>(dslots),
+                                   .pos = ptr<int32_t>(dpos),
                                    .max_pos = *std::max_element(pos.begin(), pos.end()),
-                                   .out = ptr<float>(dout), .n_seq = S, .n_head = H, .n_head_kv = Hk,
-                                   .head_dim = D, .n_ctx = n_ctx, .kq_scale = kq_scale, .sliding_window = c.window,
-                                   .k_type = DType::F16, .v_type = DType::F16, .prep = &prep}));
+                                   .out = ptr<float>(dout),
+                                   .n_seq = S,
+                                   .n_head = H,
+                                   .n_head_kv = Hk,
+                                   .head_dim = D,
+                                   .n_ctx = n_ctx,
+                                   .kq_scale = kq_scale,
+                                   .sliding_window = c.window,
+                                   .k_type = DType::F16,
+                                   .v_type = DType::F16,
+                                   .prep = &prep}));
   EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);
   // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
   const std::vector<uint16_t> got_k = download<uint16_t>(dev, dkc, kc.size()),
@@ -258,12 +287,14 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, OpenCLFusedDecodeAttention,
-    ::testing::Values(DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
-                      DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},      // tiny_llama
-                      DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},  // partial rotary
-                      DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32}));  // window
+    ::testing::Values(
+        DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
+        DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},                // tiny_llama
+        DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},           // partial rotary
+        DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32}));  // window
 
-// The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next norm(x).
+// The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next
+// norm(x).
 class OpenCLFusedMoe : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
 
 TEST_P(OpenCLFusedMoe, MatchesCpu) {
@@ -282,7 +313,9 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   auto& made = layers[type];
   if (made.empty()) {
     std::mt19937 wrng(59);
-    for (auto [t, k, rows] : {std::tuple{DType::F32, E, X}, {type, E, F}, {type, E, F},
+    for (auto [t, k, rows] : {std::tuple{DType::F32, E, X},
+                              {type, E, F},
+                              {type, E, F},
                               {type == DType::Q4_K ? DType::Q6_K : type, F, E}})
       made.push_back(std::make_unique<RandomWeight>(b, t, k, rows, t == DType::F32 ? 1 : X, wrng));
   }
@@ -290,13 +323,14 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   LayerWeights host, lw;
   host.ffn_gate_inp = router.host, host.ffn_gate_exps = gate.host, host.ffn_up_exps = up.host;
   host.ffn_down_exps = down.host;
-  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev, lw.ffn_down_exps = down.dev;
+  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev,
+  lw.ffn_down_exps = down.dev;
   std::vector<float> x = random_vec(n * E, rng), cur(n * E);
   const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng), next_w = random_vec(E, rng);
   DeviceBuffer dx = upload(b, x), dd = upload(b, d), dw = upload(b, w), dnw = upload(b, next_w),
                dcur(b, cur.size() * sizeof(float));
-  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(), n,
-                                 next_w.data());
+  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(),
+                                 n, next_w.data());
   b.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
                             ptr<float>(dcur), n, ptr<float>(dnw));
   // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
@@ -325,12 +359,14 @@ TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
   LayerWeights host, lw;
   host.ffn_gate_inp = router.host, host.ffn_gate_exps = gate.host, host.ffn_up_exps = up.host;
   host.ffn_down_exps = down.host;
-  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev, lw.ffn_down_exps = down.dev;
+  lw.ffn_gate_inp = router.dev, lw.ffn_gate_exps = gate.dev, lw.ffn_up_exps = up.dev,
+  lw.ffn_down_exps = down.dev;
   std::vector<float> x = random_vec(n * E, rng), cur(n * E);
   const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng);
-  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w), dcur(dev, cur.size() * sizeof(float));
-  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(), n,
-                                 nullptr);
+  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w),
+               dcur(dev, cur.size() * sizeof(float));
+  th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(),
+                                 n, nullptr);
   dev.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
                               ptr<float>(dcur), n, nullptr);
   EXPECT_LT(rel_err(download<float>(dev, dx, x.size()), x), 2e-3f);
@@ -338,8 +374,8 @@ TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
-                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0, DType::F16), ::testing::Values(1, 3),
-                                            ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0, DType::F16),
+                                            ::testing::Values(1, 3), ::testing::Bool()));
 
 // Launches keep a kernel object per argument set (XPERT_OPENCL_ARG_CACHE): alternating arguments must each
 // reach their own launch.

@@ -345,7 +345,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
-    return program(matmul_[t], kMatmulSource, fmt::format("-D{} -DMV_WG={}{}", macro, mv_wg_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"), kFusedMatmulSource);
+    return program(matmul_[t], kMatmulSource,
+                   fmt::format("-D{} -DMV_WG={}{}", macro, mv_wg_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"),
+                   kFusedMatmulSource);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
@@ -488,6 +490,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   bool tails_ = true;
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
+  static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h
   cl_int* counters_ = nullptr;
   std::map<cl_kernel, std::unordered_map<std::string, Kernel>> arg_sets_;
 

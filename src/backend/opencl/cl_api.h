@@ -21,8 +21,8 @@ namespace xpert::opencl {
   X(clEnqueueUnmapMemObject) X(clEnqueueFillBuffer) X(clEnqueueCopyBuffer) X(clCreateProgramWithSource)     \
   X(clCreateProgramWithBinary) X(clBuildProgram) X(clGetProgramInfo) X(clGetProgramBuildInfo)               \
   X(clReleaseProgram) X(clCreateKernel) X(clReleaseKernel) X(clSetKernelArg) X(clEnqueueNDRangeKernel)      \
-  X(clGetKernelWorkGroupInfo) X(clGetKernelInfo) X(clFinish) X(clFlush) X(clWaitForEvents) X(clRetainEvent) X(clReleaseEvent)  \
-  X(clGetEventInfo) X(clGetEventProfilingInfo)                                                             \
+  X(clGetKernelWorkGroupInfo) X(clFinish) X(clFlush) X(clWaitForEvents) X(clRetainEvent) X(clReleaseEvent)  \
+  X(clGetEventInfo) X(clGetEventProfilingInfo) X(clGetKernelInfo)                                           \
   X(clSVMAlloc) X(clSVMFree) X(clSetKernelArgSVMPointer) X(clEnqueueSVMMemcpy) X(clEnqueueSVMMemFill)
 // clang-format on
 

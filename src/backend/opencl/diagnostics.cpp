@@ -38,11 +38,12 @@ void OpenclBackend::probe_launches() {
     synchronize();
   }
   const double round_trip = us(t0, clock::now()) / 200;
-  fmt::print(stderr,
-             "{}: an empty kernel: {:.2f} us of host time per enqueue, {:.2f} us each when 2000 run back to back; "
-             "with 16 arguments set before each: {:.2f} / {:.2f} us; enqueued and waited for one at a time: {:.2f} "
-             "us\n",
-             name(), e1, b1, e16, b16, round_trip);
+  fmt::print(
+      stderr,
+      "{}: an empty kernel: {:.2f} us of host time per enqueue, {:.2f} us each when 2000 run back to back; "
+      "with 16 arguments set before each: {:.2f} / {:.2f} us; enqueued and waited for one at a time: {:.2f} "
+      "us\n",
+      name(), e1, b1, e16, b16, round_trip);
   arg_sets_.erase(k16);
 }
 
@@ -68,11 +69,12 @@ std::string OpenclBackend::kernel_label(cl_kernel k) {
   cl_program prog = nullptr;
   char opts[256] = {0};
   if (api().clGetKernelInfo(k, CL_KERNEL_PROGRAM, sizeof prog, &prog, nullptr) == CL_SUCCESS &&
-      api().clGetProgramBuildInfo(prog, info_.device, CL_PROGRAM_BUILD_OPTIONS, sizeof opts - 1, opts, nullptr) ==
-          CL_SUCCESS) {
+      api().clGetProgramBuildInfo(prog, info_.device, CL_PROGRAM_BUILD_OPTIONS, sizeof opts - 1, opts,
+                                  nullptr) == CL_SUCCESS) {
     const std::string o = opts;
     if (const size_t p = o.find("-DWT_"); p != std::string::npos)
-      label += " " + o.substr(p + 5, o.find(' ', p) == std::string::npos ? std::string::npos : o.find(' ', p) - p - 5);
+      label += " " + o.substr(p + 5, o.find(' ', p) == std::string::npos ? std::string::npos
+                                                                         : o.find(' ', p) - p - 5);
   }
   return labels_[k] = label;
 }
@@ -80,7 +82,8 @@ std::string OpenclBackend::kernel_label(cl_kernel k) {
 void OpenclBackend::harvest_profile() {
   for (auto& [k, ev] : pending_) {
     cl_ulong t0 = 0, t1 = 0;
-    if (api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, nullptr) == CL_SUCCESS &&
+    if (api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, nullptr) ==
+            CL_SUCCESS &&
         api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, nullptr) == CL_SUCCESS) {
       auto& [n, ns] = profile_ns_[kernel_label(k)];
       ++n;
@@ -94,13 +97,16 @@ void OpenclBackend::harvest_profile() {
 void OpenclBackend::log_stats() {
   const char* e = std::getenv("XPERT_OPENCL_STATS");
   if (e && std::string(e) == "1")
-    fmt::print(stderr,
-               "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
-               "enqueues, {} blocking (the read included)\n",
-               name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
+    fmt::print(
+        stderr,
+        "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
+        "enqueues, {} blocking (the read included)\n",
+        name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
   if (!profile_ || profile_ns_.empty()) return;
-  std::vector<std::pair<std::string, std::pair<uint64_t, double>>> rows(profile_ns_.begin(), profile_ns_.end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::vector<std::pair<std::string, std::pair<uint64_t, double>>> rows(profile_ns_.begin(),
+                                                                        profile_ns_.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   double total = 0;
   for (const auto& r : rows) total += r.second.second;
   fmt::print(stderr, "{}: device time per kernel over {} reads to the host ({:.1f} ms in all)\n", name(),

@@ -57,8 +57,8 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     ldy[i] = (cl_int)(jobs[i].ldy ? jobs[i].ldy : jobs[i].w->ne[1]);
   }
   launch(matmul_program(t).kernel("gemv_multi"), {(size_t)(n[0] + n[1] + n[2]) * mv_wg_, (size_t)m},
-         {(size_t)mv_wg_, 1}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1], y[2], ldy[0],
-         ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k);
+         {(size_t)mv_wg_, 1}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1], y[2],
+         ldy[0], ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k);
   ar.release(mark);
 }
 
@@ -66,8 +66,8 @@ Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* 
                                float eps) {
   if (!fused_ || !d) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // without d: the plain rmsnorm
   if (rows > 0)
-    launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr),
-           y, (cl_int)n, eps, nullptr, (cl_int)-1);
+    launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w,
+           (cl_int)(w != nullptr), y, (cl_int)n, eps, nullptr, (cl_int)-1);
   return Act::of(y, rows, n);
 }
 
@@ -77,18 +77,19 @@ void OpenclBackend::sum_parts(const PartialSum& p) {
   for (int j = 1; j < p.n_parts; ++j) add(p.parts + j * p.n, p.out, p.out, p.n);
 }
 
-void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
-                                 int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
-                                 float freq_base, float freq_scale, RopeMode mode, float eps) {
+void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm,
+                                 const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
+                                 int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale,
+                                 RopeMode mode, float eps) {
   if (!fused_ || head_dim > kAttMaxD || n_rot > head_dim || n_rot % 2)
-    return Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot, freq_base,
-                                 freq_scale, mode, eps);
+    return Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot,
+                                 freq_base, freq_scale, mode, eps);
   if (n_tokens <= 0) return;
   const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
-  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
-         nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
-         (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
-         (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
+  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q,
+         k, nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos,
+         (cl_int)n_head, (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale,
+         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
 }
 
 // Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
@@ -101,34 +102,37 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
   const cl_long slot_halves = d.slot_stride / 2;
-  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq}, {kRedWg, 1},
-         d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
-         (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)n_rot,
-         theta_scale, p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f,
-         (cl_int)1, d.k_cache, d.v_cache, d.slots, slot_halves);
-  launch(program(attention_, kAttentionSource, "").kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq},
-         {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
-         (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq},
+         {kRedWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm),
+         p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
+         (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
+         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
+         d.slots, slot_halves);
+  launch(program(attention_, kAttentionSource, "").kernel("attention"),
+         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
+         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
+         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
 // A decode-sized batch of a MoE layer wholly on the device, without a shared expert: seven launches from the
 // residual add to the next layer's norm, no host round trip (routing as moe_small_batch, not counted in the
 // routing statistics). Everything else takes the plain ops.
-Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
-                                           int64_t n, const float* next_w, const PartialSum* d_parts) {
+Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w,
+                                           float* cur, int64_t n, const float* next_w,
+                                           const PartialSum* d_parts) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
-  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && S <= kCounters && !m.split && !m.exec && m.uniform_seed == 0 &&
-                       !m.shared_up && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
-                       weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
-                       F % block_elems(m.down.type) == 0;
+  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && S <= kCounters && K <= kMoeMaxUsed &&
+                       !m.split && !m.exec && m.uniform_seed == 0 && !m.shared_up &&
+                       m.gate.type == m.up.type && weight_macro(m.gate.type) && weight_macro(m.down.type) &&
+                       E % block_elems(m.gate.type) == 0 && F % block_elems(m.down.type) == 0;
   if (!fusable || d_parts) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w, d_parts);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const int mode = round_mode(m.gate.type);
   float* curq = mode >= 0 ? ar.take<float>(n * E) : cur;
-  launch(ops("add_rmsnorm_round"), {(size_t)n * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr), cur,
-         (cl_int)E, m.rms_eps, curq, (cl_int)mode);
+  launch(ops("add_rmsnorm_round"), {(size_t)n * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr),
+         cur, (cl_int)E, m.rms_eps, curq, (cl_int)mode);
   float* logits_d = ar.take<float>(n * X);
   int32_t* row_slot_d = ar.take<int32_t>(S);
   int32_t* slot_row_d = ar.take<int32_t>(S);
@@ -138,9 +142,9 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   if (tails_ && round_mode(m.router.type) < 0 && weight_macro(m.router.type) && X <= kRouteMax) {
     // The router's product and the routing in one launch (the last group of each token routes it).
     launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
-           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), cur, (cl_int)E, logits_d,
-           (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d,
-           tasks_d, counters_);
+           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), cur, (cl_int)E,
+           logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d,
+           weights_d, tasks_d, counters_);
   } else {
     matmul(m.router, cur, n, logits_d, X);
     launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
@@ -151,14 +155,14 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.
   const int down_mode = round_mode(m.down.type);
   float* hq = down_mode >= 0 && tails_ ? ar.take<float>(S * F) : h;
-  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {(size_t)F * mv_wg_, (size_t)S}, {(size_t)mv_wg_, 1},
-         m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E,
-         h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
+  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {(size_t)F * mv_wg_, (size_t)S},
+         {(size_t)mv_wg_, 1}, m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d,
+         (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
   const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, S, F);
   const bool norm_tail = next_w && tails_;
-  launch(matmul_program(m.down.type).kernel("moe_down_add"), {(size_t)E * mv_wg_, (size_t)n}, {(size_t)mv_wg_, 1},
-         m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d, (cl_int)K, down_in,
-         (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur);
+  launch(matmul_program(m.down.type).kernel("moe_down_add"), {(size_t)E * mv_wg_, (size_t)n},
+         {(size_t)mv_wg_, 1}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d,
+         (cl_int)K, down_in, (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur);
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
   return next_w ? Act::of(cur, n, E) : Act{};

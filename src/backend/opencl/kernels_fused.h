@@ -105,6 +105,7 @@ kernel void empty_kernel16(global float* a, global float* b, global float* c, gl
 )CLC";
 
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
+#define MOE_MAX_USED 16
 // This work-item's part of row . xr (k values). Q4_K and Q6_K rows with 32 work-items (a GPU's width): the
 // group walks the row a 256-weight block at a time, each work-item 8 weights of it, so consecutive work-items
 // read consecutive quant bytes and activations (coalesced; L1 serves each load in one pass). Otherwise
@@ -218,6 +219,18 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
   return r;
 }
 
+// Sums over the MV_WG work-items of n values at once (v: n rows of MV_WG in local memory, each summed as
+// mv_sum sums it, so the same bits), in one pass of barriers; v[j * MV_WG] holds row j's sum afterwards.
+void mv_sum_rows(local float* v, int n) {
+  const int lid = get_local_id(0);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = MV_WG / 2; s > 0; s >>= 1) {
+    if (lid < s)
+      for (int j = 0; j < n; ++j) v[j * MV_WG + lid] += v[j * MV_WG + lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+
 // Group (e, t): logits[t][e] = router row e . x[t]; token t's last group then routes it (route_token,
 // kClCommonSource), every group taking the routing's barriers.
 kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* x, int k,
@@ -243,14 +256,16 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
 kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
                         global const int* tasks, int n_used, global const float* x, int k, global float* h,
                         int n_ff, volatile global int* counters, int mode, global float* hq) {
-  local float buf[MV_WG];
+  local float buf[2 * MV_WG];
   local int flag;
   const int f = get_group_id(0), s = get_group_id(1), lid = get_local_id(0);
   const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
   global const float* xr = x + (long)(s / n_used) * k;
-  const float g = mv_sum(mv_partial(gate + off, xr, k), buf);
-  const float u = mv_sum(mv_partial(up + off, xr, k), buf);
-  if (lid == 0) h[(long)s * n_ff + f] = silu_f(g) * u;
+  // Both products' loads in flight before one reduction of the two sums.
+  buf[lid] = mv_partial(gate + off, xr, k);
+  buf[MV_WG + lid] = mv_partial(up + off, xr, k);
+  mv_sum_rows(buf, 2);
+  if (lid == 0) h[(long)s * n_ff + f] = silu_f(buf[0]) * buf[MV_WG];
   // Every group counts and takes the rounding's barriers (PoCL wants no barrier skipped, even on a branch a
   // whole group takes); the slot's last group rounds.
   const int last = last_group(counters + s, n_ff, &flag);
@@ -269,18 +284,23 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, int width, volatile global int* counters, int has_norm,
                          global const float* norm_w, float eps, global float* cur) {
-  local float buf[MV_WG];
+  local float buf[MOE_MAX_USED * MV_WG];
   local int flag;
   const int f = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
-  float acc = 0.0f;
+  // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
+  // order (as moe_combine).
   for (int j = 0; j < n_used; ++j) {
     const long s = t * n_used + j;
     const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
-    const float dot = mv_sum(mv_partial(down + off, h + s * k, k), buf);
-    acc += weights[s] * dot;
+    buf[j * MV_WG + lid] = mv_partial(down + off, h + s * k, k);
   }
-  if (lid == 0) y[t * width + f] = acc + y[t * width + f];
+  mv_sum_rows(buf, n_used);
+  if (lid == 0) {
+    float acc = 0.0f;
+    for (int j = 0; j < n_used; ++j) acc += weights[t * n_used + j] * buf[j * MV_WG];
+    y[t * width + f] = acc + y[t * width + f];
+  }
   const int last = last_group(counters + t, width, &flag) && has_norm;
   // Every group takes the reduction's barriers; only the last one has anything to sum.
   volatile global const float* yr = y + t * width;

@@ -146,7 +146,8 @@ void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, 
   float* weights_d = ar.take<float>(S);
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
+  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
+         (cl_int)rp.norm_weights,
          rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   float* xg = ar.take<float>(S * E);
   float* gate = ar.take<float>(S * F);
