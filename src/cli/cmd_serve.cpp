@@ -77,9 +77,9 @@ Command add_serve(CLI::App& app) {
       ->check(CLI::Range((size_t)1024, (size_t)1 << 30));
   app.add_option("--alias", o->alias, "the model id /v1/models lists and responses report (default: the file stem)");
   app.add_flag("--batch-invariant,!--no-batch-invariant", o->batch_invariant,
-               "CPU: compute every row with the same kernels whatever it is batched with, so a request with a "
-               "seed gives the same text whatever the other traffic and the state cache (default on; off: "
-               "faster prefill on AVX-512 from the VNNI panels and AMX tiles, decode unchanged)");
+               "CPU: every row's result has the same bits whatever it is batched with, so a request with a "
+               "seed gives the same text whatever the other traffic and the state cache (default on; the CPU "
+               "kernels hold it by construction, so off changes no kernel)");
   app.add_flag("--strict-model", o->http.strict_model,
                "a request naming another model than the served one (or its aliases) is a 404 (default: served "
                "by the one model)");
