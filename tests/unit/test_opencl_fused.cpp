@@ -392,6 +392,28 @@ TEST(OpenCLFused, RepeatedLaunchesKeepTheirArguments) {
   EXPECT_EQ(download<float>(dev, db, 4), (std::vector<float>{33.75f, 67.5f, 3.75f, 5.0f}));
 }
 
+// Argument sets that come again get kernel objects of their own (made the second time), and more of them
+// than the backend keeps (XPERT_OPENCL_ARG_SETS, here 8; 1,024 by default) are dropped and made again: every
+// launch still runs with its own arguments. (Making an object costs ~80 ms on PoCL: few of them here.)
+TEST(OpenCLFused, ManyArgumentSetsOfOneKernel) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  setenv("XPERT_OPENCL_ARG_SETS", "8", 1);
+  auto b = make_opencl_backend(0);
+  unsetenv("XPERT_OPENCL_ARG_SETS");
+  const int n = 12;
+  std::vector<float> ref(n, 1.0f);
+  DeviceBuffer buf = upload(*b, ref);
+  for (int round = 0; round < 2; ++round)
+    for (int i = 1; i <= n; ++i)
+      for (int twice = 0; twice < 2; ++twice) {  // each set's object made at once; the ninth drops the eight
+        const float f = i % 2 ? 2.0f : 0.5f;     // powers of two: exact
+        b->scale(ptr<float>(buf), f, i);
+        for (int j = 0; j < i; ++j) ref[j] *= f;
+      }
+  EXPECT_EQ(download<float>(*b, buf, n), ref);
+}
+
 // A probe of the launch cost that logs and leaves the backend working.
 TEST(OpenCLFused, LaunchProbeRuns) {
   DEVICE_OR_SKIP();

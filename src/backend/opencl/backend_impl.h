@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #include "backend/cpu/moe.h"
 #include "backend/experts.h"
@@ -120,6 +121,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     }
     if (const char* e = std::getenv("XPERT_OPENCL_WIDE")) wide_loads_ = std::string(e) != "0";
     if (const char* e = std::getenv("XPERT_OPENCL_ARG_CACHE")) arg_cache_ = std::string(e) != "0";
+    if (const char* e = std::getenv("XPERT_OPENCL_ARG_SETS")) max_arg_sets_ = std::max(1, std::atoi(e));
     if (const char* e = std::getenv("XPERT_OPENCL_TAIL")) tails_ = std::string(e) != "0";
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
@@ -388,22 +390,37 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   template <typename T>
   requires std::is_arithmetic_v<T>
   void key_arg(std::string& key, T v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  // A kernel object of k's function whose arguments already hold these values (made and set on first use),
-  // so a decode step that repeats the last one's launches sets no argument (XPERT_OPENCL_ARG_CACHE=0: off);
-  // null once k has kMaxArgSets of them (the caller then sets k's arguments).
-  static constexpr size_t kMaxArgSets = 4096;
+  // A kernel object of k's function whose arguments already hold these values, so a decode step that repeats
+  // the last one's launches sets no argument (XPERT_OPENCL_ARG_CACHE=0: off). Made when an argument set comes
+  // a second time (making one costs ~80 ms on PoCL: a prefill of a new length would pay it at every launch);
+  // null the first time (the caller then sets k's arguments). k's objects are dropped when they reach
+  // max_arg_sets_ (a decode step's few hundred come back at once; XPERT_OPENCL_ARG_SETS, default 1024).
+  struct ArgSets {
+    std::unordered_map<std::string, Kernel> made;
+    std::unordered_set<std::string> seen;  // once, not yet made
+  };
   template <typename... A>
   cl_kernel with_args(cl_kernel k, const A&... args) {
     thread_local std::string key;
     key.clear();
     (key_arg(key, args), ...);
-    auto& sets = arg_sets_[k];
-    if (auto it = sets.find(key); it != sets.end()) return it->second.get();
-    if (sets.size() >= kMaxArgSets) return nullptr;
+    ArgSets& sets = arg_sets_[k];
+    if (auto it = sets.made.find(key); it != sets.made.end()) return it->second.get();
+    if (sets.seen.size() >= max_arg_sets_) sets.seen.clear();
+    if (sets.seen.insert(key).second) return nullptr;  // the first time
+    sets.seen.erase(key);
+    if (sets.made.size() >= max_arg_sets_) {
+      if (profile_) {  // the pending events name these objects
+        synchronize();
+        harvest_profile();
+      }
+      for (auto& [unused, inst] : sets.made) labels_.erase(inst.get());
+      sets.made.clear();  // enqueued commands keep what they use (OpenCL retains it)
+    }
     Kernel inst = clone_kernel(k);
     cl_uint i = 0;
     (set_arg(inst.get(), i++, args), ...);
-    return sets.emplace(key, std::move(inst)).first->second.get();
+    return sets.made.emplace(key, std::move(inst)).first->second.get();
   }
   Kernel clone_kernel(cl_kernel k);  // diagnostics.cpp
   template <typename... A>
@@ -492,7 +509,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h
   cl_int* counters_ = nullptr;
-  std::map<cl_kernel, std::unordered_map<std::string, Kernel>> arg_sets_;
+  std::map<cl_kernel, ArgSets> arg_sets_;
+  size_t max_arg_sets_ = 1024;
 
   int index_;
   DeviceInfo info_;
