@@ -671,12 +671,16 @@ int64_t Engine::step(std::vector<Slot*>& active) {
     to_sample.push_back({&s, std::span<const float>(logits_.get().data() + i * V, V)});
     ++n_generated;
   }
-  // Each slot's sampler (and grammar) is its own: the picks run in parallel (64 greedy picks over a 152k
-  // vocabulary are ~5 ms on one core); what they emit goes out in slot order, on this thread.
+  // Each slot's sampler is its own: the picks of slots without a grammar run in parallel (64 greedy picks
+  // over a 152k vocabulary are ~5 ms on one core); a grammar's picks stay on this thread (grammar sampling in
+  // parallel made ConstrainedTest fail now and then). What they emit goes out in slot order, on this thread.
   std::vector<Pick> picks(to_sample.size());
   pool_.parallel_for((int64_t)to_sample.size(), [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) picks[j] = pick(*to_sample[j].first, to_sample[j].second);
+    for (int64_t j = b; j < e; ++j)
+      if (!to_sample[j].first->grammar) picks[j] = pick(*to_sample[j].first, to_sample[j].second);
   });
+  for (size_t j = 0; j < to_sample.size(); ++j)
+    if (to_sample[j].first->grammar) picks[j] = pick(*to_sample[j].first, to_sample[j].second);
   for (size_t j = 0; j < to_sample.size(); ++j) emit(*to_sample[j].first, picks[j], to_sample[j].second);
   std::lock_guard lk(mu_);
   recent_.emplace_back(t1, n_generated);
