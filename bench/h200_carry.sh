@@ -12,10 +12,10 @@
 #                                       # llama-batched-bench, PRESETS (default qwen3-30b-a3b), NPL 1,4,16,64
 #   bench/h200_carry.sh ocl [PRESET]    # the whole model through NVIDIA's OpenCL (opencl:1) against xpert's CUDA
 #                                       # backend on the same file: pp512 / tg128 of each (timeout OCL_TIMEOUT
-#                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_PROBE), enqueues per
-#                                       # step, tg32 with the plain ops and kernels of before (XPERT_OPENCL_FUSED=0
+#                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_OPTS probe), enqueues per
+#                                       # step, tg32 with the plain ops and kernels of before (XPERT_OPENCL_OPTS fused=0
 #                                       # ...) and under each of OCL_VARIANTS, device time per kernel
-#                                       # (XPERT_OPENCL_PROFILE)
+#                                       # (XPERT_OPENCL_OPTS profile)
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -156,17 +156,17 @@ case "${1:-}" in
       timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device cuda:0 2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|rror' ||
         echo "(rc ${PIPESTATUS[0]})"
       echo "## opencl:1"
-      XPERT_OPENCL_PROBE=1 XPERT_OPENCL_STATS=1 timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device opencl:1 \
+      XPERT_OPENCL_OPTS=probe:stats timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device opencl:1 \
         2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|empty kernel|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
-      # The plain ops with the kernels and launches of before (none of the switches of opencl/backend_impl.h),
-      # then each of OCL_VARIANTS (environment settings, one variant's separated by commas).
-      for v in XPERT_OPENCL_FUSED=0,XPERT_OPENCL_ARG_CACHE=0,XPERT_OPENCL_WIDE=0 ${OCL_VARIANTS:-}; do
-        echo "## opencl:1, $v"
-        env ${v//,/ } XPERT_OPENCL_STATS=1 timeout "$t" "$X" bench -m "$f" -p 0 -n 32 -r 1 --device opencl:1 2>&1 |
+      # The plain ops with the kernels and launches of before (XPERT_OPENCL_OPTS, opencl/switches.h), then
+      # each of OCL_VARIANTS (XPERT_OPENCL_OPTS values separated by spaces, e.g. "tail=0 wide=0:mv_wg=16").
+      for v in fused=0:arg_cache=0:wide=0 ${OCL_VARIANTS:-}; do
+        echo "## opencl:1, XPERT_OPENCL_OPTS=$v"
+        XPERT_OPENCL_OPTS=$v:stats timeout "$t" "$X" bench -m "$f" -p 0 -n 32 -r 1 --device opencl:1 2>&1 |
           grep -E '\| *tg|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
       done
       echo "## opencl:1, device time per kernel (tg16)"
-      XPERT_OPENCL_PROFILE=1 timeout "$t" "$X" bench -m "$f" -p 0 -n 16 -r 1 --device opencl:1 2>&1 |
+      XPERT_OPENCL_OPTS=profile timeout "$t" "$X" bench -m "$f" -p 0 -n 16 -r 1 --device opencl:1 2>&1 |
         grep -E -A24 'device time per kernel|rror' || echo "(rc ${PIPESTATUS[0]})"
     } 2>&1 | tee "$OUT/ocl.md"
     ;;

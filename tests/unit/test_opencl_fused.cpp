@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
+#include "backend/opencl/switches.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
@@ -36,14 +37,14 @@ Backend* device() {
   }();
   return b.get();
 }
-// The same device with a GPU's 32 work-items per matrix row (XPERT_OPENCL_MV_WG), so PoCL runs the kernels
+// The same device with a GPU's 32 work-items per matrix row (XPERT_OPENCL_OPTS mv_wg), so PoCL runs the kernels
 // a GPU runs (the K-quant rows walked a block at a time).
 Backend* device_gpu_width() {
   static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
     if (!device()) return nullptr;
-    setenv("XPERT_OPENCL_MV_WG", "32", 1);
+    setenv("XPERT_OPENCL_OPTS", "mv_wg=32", 1);
     auto d = make_opencl_backend(0);
-    unsetenv("XPERT_OPENCL_MV_WG");
+    unsetenv("XPERT_OPENCL_OPTS");
     return d;
   }();
   return b.get();
@@ -377,7 +378,7 @@ INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
                          ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q8_0, DType::F16),
                                             ::testing::Values(1, 3), ::testing::Bool()));
 
-// Launches keep a kernel object per argument set (XPERT_OPENCL_ARG_CACHE): alternating arguments must each
+// Launches keep a kernel object per argument set (XPERT_OPENCL_OPTS arg_cache): alternating arguments must each
 // reach their own launch.
 TEST(OpenCLFused, RepeatedLaunchesKeepTheirArguments) {
   DEVICE_OR_SKIP();
@@ -393,14 +394,14 @@ TEST(OpenCLFused, RepeatedLaunchesKeepTheirArguments) {
 }
 
 // Argument sets that come again get kernel objects of their own (made the second time), and more of them
-// than the backend keeps (XPERT_OPENCL_ARG_SETS, here 8; 1,024 by default) are dropped and made again: every
+// than the backend keeps (XPERT_OPENCL_OPTS arg_sets, here 8; 1,024 by default) are dropped and made again: every
 // launch still runs with its own arguments. (Making an object costs ~80 ms on PoCL: few of them here.)
 TEST(OpenCLFused, ManyArgumentSetsOfOneKernel) {
   DEVICE_OR_SKIP();
   (void)dev;
-  setenv("XPERT_OPENCL_ARG_SETS", "8", 1);
+  setenv("XPERT_OPENCL_OPTS", "arg_sets=8", 1);
   auto b = make_opencl_backend(0);
-  unsetenv("XPERT_OPENCL_ARG_SETS");
+  unsetenv("XPERT_OPENCL_OPTS");
   const int n = 12;
   std::vector<float> ref(n, 1.0f);
   DeviceBuffer buf = upload(*b, ref);
@@ -418,9 +419,9 @@ TEST(OpenCLFused, ManyArgumentSetsOfOneKernel) {
 TEST(OpenCLFused, LaunchProbeRuns) {
   DEVICE_OR_SKIP();
   (void)dev;
-  setenv("XPERT_OPENCL_PROBE", "1", 1);
+  setenv("XPERT_OPENCL_OPTS", "probe", 1);
   auto b = make_opencl_backend(0);
-  unsetenv("XPERT_OPENCL_PROBE");
+  unsetenv("XPERT_OPENCL_OPTS");
   const std::vector<float> v = {1, 2, 3};
   DeviceBuffer buf = upload(*b, v);
   b->scale(ptr<float>(buf), 2.0f, 3);
@@ -428,6 +429,40 @@ TEST(OpenCLFused, LaunchProbeRuns) {
 }
 
 }  // namespace
+// XPERT_OPENCL_OPTS: items by commas or colons, bare names switch on; a bad item stops with its name.
+TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
+  auto with = [](const char* v) {
+    setenv("XPERT_OPENCL_OPTS", v, 1);
+    opencl::Switches s;
+    try {
+      s = opencl::read_switches();
+    } catch (...) {
+      unsetenv("XPERT_OPENCL_OPTS");
+      throw;
+    }
+    unsetenv("XPERT_OPENCL_OPTS");
+    return s;
+  };
+  const opencl::Switches d = with("");
+  EXPECT_TRUE(d.fused && d.tail && d.arg_cache && d.wide);
+  EXPECT_FALSE(d.probe || d.stats || d.profile);
+  EXPECT_EQ(d.arg_sets, 1024);
+  EXPECT_EQ(d.mv_wg, 0);
+  const opencl::Switches s = with("fused=0:tail=0,arg_cache=0:wide=0,mv_wg=16:arg_sets=8,probe:stats,profile=1");
+  EXPECT_FALSE(s.fused || s.tail || s.arg_cache || s.wide);
+  EXPECT_TRUE(s.probe && s.stats && s.profile);
+  EXPECT_EQ(s.mv_wg, 16);
+  EXPECT_EQ(s.arg_sets, 8);
+  for (const char* bad : {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x"}) {
+    try {
+      with(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("XPERT_OPENCL_OPTS"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace xpert
 
 #else

@@ -21,6 +21,7 @@
 #include "backend/opencl/kernels_gdn.h"
 #include "backend/opencl/kernels_matmul.h"
 #include "backend/opencl/kernels_fused.h"
+#include "backend/opencl/switches.h"
 #include "backend/opencl/kernels_ops.h"
 #include "backend/opencl/program_cache.h"
 #include "base/error.h"
@@ -103,32 +104,26 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     const cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)info_.platform, 0};
     ctx_ = Context(api().clCreateContext(props, 1, &info_.device, nullptr, nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateContext", __FILE__, __LINE__);
-    const char* prof = std::getenv("XPERT_OPENCL_PROFILE");
-    profile_ = prof && std::string(prof) == "1";
+    const Switches sw = read_switches();
+    profile_ = sw.profile;
+    stats_on_ = sw.stats;
     const cl_queue_properties qprops[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
     queue_ = Queue(
         api().clCreateCommandQueueWithProperties(ctx_.get(), info_.device, profile_ ? qprops : nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateCommandQueueWithProperties", __FILE__, __LINE__);
     // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
     mv_wg_ = info_.is_cpu() ? 4 : 32;
-    // Switches for measuring kernel variants side by side (bench/h200_carry.sh ocl): the matrix-vector
-    // work-group width (a power of two, 2..256) and the narrow (byte) loads of K-quant blocks.
-    if (const char* e = std::getenv("XPERT_OPENCL_MV_WG")) {
-      const int v = std::atoi(e);
-      if (v < 2 || v > 256 || (v & (v - 1)))
-        fail("XPERT_OPENCL_MV_WG={}: expected a power of two from 2 to 256", e);
-      mv_wg_ = v;
-    }
-    if (const char* e = std::getenv("XPERT_OPENCL_WIDE")) wide_loads_ = std::string(e) != "0";
-    if (const char* e = std::getenv("XPERT_OPENCL_ARG_CACHE")) arg_cache_ = std::string(e) != "0";
-    if (const char* e = std::getenv("XPERT_OPENCL_ARG_SETS")) max_arg_sets_ = std::max(1, std::atoi(e));
-    if (const char* e = std::getenv("XPERT_OPENCL_TAIL")) tails_ = std::string(e) != "0";
+    // Switches for measuring kernel variants side by side (XPERT_OPENCL_OPTS, switches.h).
+    if (sw.mv_wg) mv_wg_ = sw.mv_wg;
+    wide_loads_ = sw.wide;
+    arg_cache_ = sw.arg_cache;
+    max_arg_sets_ = sw.arg_sets;
+    tails_ = sw.tail;
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
     zero(counters_, kCounters * sizeof(cl_int));
-    const char* fused = std::getenv("XPERT_OPENCL_FUSED");
-    fused_ = !(fused && std::string(fused) == "0");
-    if (const char* probe = std::getenv("XPERT_OPENCL_PROBE"); probe && std::string(probe) == "1") probe_launches();
+    fused_ = sw.fused;
+    if (sw.probe) probe_launches();
   }
 
   ~OpenclBackend() override {
@@ -289,7 +284,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
 
-  // Fused forms (fused_ops.cpp); XPERT_OPENCL_FUSED=0 turns them off (the plain ops, for comparison).
+  // Fused forms (fused_ops.cpp); XPERT_OPENCL_OPTS=fused=0 turns them off (the plain ops, for comparison).
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
   Act add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
@@ -391,10 +386,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   requires std::is_arithmetic_v<T>
   void key_arg(std::string& key, T v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
   // A kernel object of k's function whose arguments already hold these values, so a decode step that repeats
-  // the last one's launches sets no argument (XPERT_OPENCL_ARG_CACHE=0: off). Made when an argument set comes
+  // the last one's launches sets no argument (XPERT_OPENCL_OPTS arg_cache=0: off). Made when an argument set comes
   // a second time (making one costs ~80 ms on PoCL: a prefill of a new length would pay it at every launch);
   // null the first time (the caller then sets k's arguments). k's objects are dropped when they reach
-  // max_arg_sets_ (a decode step's few hundred come back at once; XPERT_OPENCL_ARG_SETS, default 1024).
+  // max_arg_sets_ (a decode step's few hundred come back at once; XPERT_OPENCL_OPTS arg_sets, default 1024).
   struct ArgSets {
     std::unordered_map<std::string, Kernel> made;
     std::unordered_set<std::string> seen;  // once, not yet made
@@ -477,18 +472,19 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // The activation rounding mode of kernels_ops.h's round_unit for weights of type t (-1: none), and the
   // unit it rounds by.
   static int round_mode(DType t, int64_t* unit = nullptr);
-  void probe_launches();  // XPERT_OPENCL_PROBE=1: what an enqueue costs here, logged
-  void log_stats();       // XPERT_OPENCL_STATS=1: enqueues and blocking calls per step, logged at the end
-  // XPERT_OPENCL_PROFILE=1: every launch's device time, summed per kernel (and weight type) at each read to
+  void probe_launches();  // XPERT_OPENCL_OPTS probe: what an enqueue costs here, logged
+  void log_stats();       // XPERT_OPENCL_OPTS stats: enqueues and blocking calls per step, logged at the end
+  // XPERT_OPENCL_OPTS profile: every launch's device time, summed per kernel (and weight type) at each read to
   // the host, logged at the end.
   void harvest_profile();
   std::string kernel_label(cl_kernel k);
   bool profile_ = false;
+  bool stats_on_ = false;  // XPERT_OPENCL_OPTS stats: log_stats prints the enqueue counts
   std::vector<std::pair<cl_kernel, cl_event>> pending_;
   std::map<cl_kernel, std::string> labels_;
   std::map<std::string, std::pair<uint64_t, double>> profile_ns_;  // label -> (launches, device ns)
 
-  // Commands issued (XPERT_OPENCL_STATS): all of them, and those between the last two reads to the host (a
+  // Commands issued (XPERT_OPENCL_OPTS stats): all of them, and those between the last two reads to the host (a
   // decode step's, from logits read to logits read).
   struct Stats {
     uint64_t enqueues = 0, blocking = 0, reads = 0;
@@ -502,7 +498,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   bool fused_ = true;
   bool wide_loads_ = true;
   bool arg_cache_ = true;
-  // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_TAIL=0:
+  // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
   static constexpr int64_t kCounters = 4096;

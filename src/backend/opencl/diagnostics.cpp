@@ -1,6 +1,6 @@
 // What the whole-model OpenCL backend can say about its own speed (environment switches, off by default):
-// XPERT_OPENCL_PROBE=1 (what an enqueue costs), XPERT_OPENCL_STATS=1 (enqueues and blocking calls per decode
-// step), XPERT_OPENCL_PROFILE=1 (device time per kernel and weight type, from profiling events).
+// XPERT_OPENCL_OPTS (switches.h) probe (what an enqueue costs), stats (enqueues and blocking calls per decode
+// step), profile (device time per kernel and weight type, from profiling events).
 #include <algorithm>
 #include <chrono>
 
@@ -95,8 +95,7 @@ void OpenclBackend::harvest_profile() {
 }
 
 void OpenclBackend::log_stats() {
-  const char* e = std::getenv("XPERT_OPENCL_STATS");
-  if (e && std::string(e) == "1")
+  if (stats_on_)
     fmt::print(
         stderr,
         "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "

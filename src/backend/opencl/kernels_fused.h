@@ -7,7 +7,7 @@
 //   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
 //                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
 //                       of its slot (a decode step's store_kv).
-//   empty_kernel(16)    nothing (with 1 or 16 arguments): what one enqueue costs (XPERT_OPENCL_PROBE).
+//   empty_kernel(16)    nothing (with 1 or 16 arguments): what one enqueue costs (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
 //   moe_router_route    the router's logits, then (the token's last group) its top-k routing.

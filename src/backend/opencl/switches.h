@@ -1,0 +1,27 @@
+// XPERT_OPENCL_OPTS: the OpenCL backend's measurement switches in one environment variable, a list of
+// items separated by commas or colons (read when a backend is made), e.g. `fused=0:arg_cache=0:wide=0`:
+//   fused=0      the plain ops instead of the fused decode forms (fused_ops.cpp)
+//   tail=0       the MoE decode kernels' last work-groups neither route, round nor write the next norm
+//   arg_cache=0  kernel arguments set before every launch (no kernel object per repeated argument set)
+//   arg_sets=N   kernel objects kept per kernel (default 1024)
+//   wide=0       K-quant blocks read a byte at a time, no block-at-a-time Q4_K / Q6_K matvec
+//   mv_wg=N      work-items per matrix row in the matvecs (a power of two, 2..256; default 32 on a GPU,
+//                4 on a CPU device)
+//   probe        log what an enqueue costs (at start)
+//   stats        log enqueues and blocking calls per decode step (at exit)
+//   profile      log device time per kernel from profiling events (at exit)
+// An unknown item or a bad value stops with a message naming it.
+#pragma once
+
+namespace xpert::opencl {
+
+struct Switches {
+  bool fused = true, tail = true, arg_cache = true, wide = true;
+  int arg_sets = 1024;
+  int mv_wg = 0;  // 0: the device's default
+  bool probe = false, stats = false, profile = false;
+};
+
+Switches read_switches();
+
+}  // namespace xpert::opencl
