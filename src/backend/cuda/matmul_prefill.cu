@@ -12,6 +12,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 
@@ -290,6 +291,7 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   if (tiles == 0 || col_tiles == 0) return;
   gemm_kernel<T, kDual, BM><<<grid, kThreads, kSmem, stream>>>(a);
   XPERT_CUDA_CHECK_LAUNCH();
+  trace_launch(gemm_kernel<T, kDual, BM>, stream);
 }
 
 }  // namespace

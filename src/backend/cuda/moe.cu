@@ -447,6 +447,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   group_kernel<<<1, 1024, 2 * e.n_expert * sizeof(int), stream>>>(
       run.ids, rows, (int)e.n_expert, e.gate, e.up, e.down, b.offsets, b.tiles, b.row_slot, b.slot_row, bm);
   XPERT_CUDA_CHECK_LAUNCH();
+  detail::trace_launch(group_kernel, stream);
   detail::launch_convert_16(false, run.x, D, n, D, b.x16, b.xscale, nullptr, stream);
 
   detail::GemmArgs g;
@@ -486,6 +487,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   const dim3 grid((unsigned)((D + 255) / 256), (unsigned)n);
   combine_kernel<<<grid, 256, 0, stream>>>(b.yg, b.slot_row, run.weights, (int)k, D, run.out, run.accumulate);
   XPERT_CUDA_CHECK_LAUNCH();
+  detail::trace_launch(combine_kernel, stream);
 }
 
 }  // namespace xpert::cuda

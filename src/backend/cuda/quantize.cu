@@ -87,6 +87,7 @@ void launch_convert_16(bool bf16, const float* x, int64_t ldx, int64_t m, int64_
   else
     convert_16_kernel<false><<<(unsigned)m, 256, 0, stream>>>(x, ldx, k, o, scale, rows_dev);
   XPERT_CUDA_CHECK_LAUNCH();
+  trace_launch(bf16 ? convert_16_kernel<true> : convert_16_kernel<false>, stream);
 }
 
 }  // namespace xpert::cuda::detail
