@@ -15,6 +15,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
+#include "opencl_test_util.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "base/thread_pool.h"
@@ -27,58 +28,7 @@ namespace xpert {
 namespace {
 using namespace xpert::cpu;  // the reference kernels
 
-// One backend for the whole suite (its programs are built once); null when the machine has no device.
-Backend* device() {
-  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
-    try {
-      if (opencl::list_devices().empty()) return nullptr;
-      return make_opencl_backend(0);
-    } catch (const Error&) {
-      return nullptr;
-    }
-  }();
-  return b.get();
-}
-
-#define DEVICE_OR_SKIP()                                    \
-  Backend* dev_ = device();                                 \
-  if (!dev_) GTEST_SKIP() << "no OpenCL device with SVM"; \
-  Backend& dev = *dev_;
-
-std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// Device memory holding a copy of host data.
-template <typename T>
-DeviceBuffer upload(Backend& b, const std::vector<T>& v) {
-  DeviceBuffer buf(b, std::max<size_t>(v.size() * sizeof(T), 1));
-  b.copy_from_host(buf.data(), v.data(), v.size() * sizeof(T));
-  return buf;
-}
-template <typename T>
-std::vector<T> download(Backend& b, const DeviceBuffer& buf, size_t n) {
-  std::vector<T> v(n);
-  b.copy_to_host(v.data(), buf.data(), n * sizeof(T));
-  return v;
-}
-template <typename T>
-T* ptr(const DeviceBuffer& b) {
-  return static_cast<T*>(b.data());
-}
-
-// max |a - b| / max(max |b|, floor)
-float rel_err(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-6f) {
-  float worst = 0, scale = floor;
-  for (size_t i = 0; i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return worst / scale;
-}
+using namespace cltest;  // device(), DEVICE_OR_SKIP, random data, upload / download
 
 struct Threads {
   ThreadPool pool{2};

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
+#include "opencl_test_util.h"
 #include "backend/opencl/switches.h"
 #include "base/error.h"
 #include "base/half.h"
@@ -26,23 +27,14 @@
 namespace xpert {
 namespace {
 
-Backend* device() {
-  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
-    try {
-      if (opencl::list_devices().empty()) return nullptr;
-      return make_opencl_backend(0);
-    } catch (const Error&) {
-      return nullptr;
-    }
-  }();
-  return b.get();
-}
-// The same device with a GPU's 32 work-items per matrix row (XPERT_OPENCL_OPTS mv_wg), so PoCL runs the kernels
-// a GPU runs (the K-quant rows walked a block at a time).
+using namespace cltest;  // device(), DEVICE_OR_SKIP, random data, upload / download
+
+// The same device with a GPU's 32 work-items per matrix row and 4 rows a work-group (XPERT_OPENCL_OPTS mv_wg,
+// mv_r), so PoCL runs the kernels a GPU runs (the K-quant rows walked a block at a time).
 Backend* device_gpu_width() {
   static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
     if (!device()) return nullptr;
-    setenv("XPERT_OPENCL_OPTS", "mv_wg=32", 1);
+    setenv("XPERT_OPENCL_OPTS", "mv_wg=32:mv_r=4", 1);
     auto d = make_opencl_backend(0);
     unsetenv("XPERT_OPENCL_OPTS");
     return d;
@@ -50,42 +42,6 @@ Backend* device_gpu_width() {
   return b.get();
 }
 
-#define DEVICE_OR_SKIP()                                  \
-  Backend* dev_ = device();                               \
-  if (!dev_) GTEST_SKIP() << "no OpenCL device with SVM"; \
-  Backend& dev = *dev_;
-
-std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-template <typename T>
-DeviceBuffer upload(Backend& b, const std::vector<T>& v) {
-  DeviceBuffer buf(b, std::max<size_t>(v.size() * sizeof(T), 1));
-  b.copy_from_host(buf.data(), v.data(), v.size() * sizeof(T));
-  return buf;
-}
-template <typename T>
-std::vector<T> download(Backend& b, const DeviceBuffer& buf, size_t n) {
-  std::vector<T> v(n);
-  b.copy_to_host(v.data(), buf.data(), n * sizeof(T));
-  return v;
-}
-template <typename T>
-T* ptr(const DeviceBuffer& b) {
-  return static_cast<T*>(b.data());
-}
-// max |a - b| / max(max |b|, floor)
-float rel_err(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-6f) {
-  float worst = 0, scale = floor;
-  for (size_t i = 0; i < b.size(); ++i) {
-    worst = std::max(worst, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return worst / scale;
-}
 std::vector<float> widen(const std::vector<uint16_t>& h) {
   std::vector<float> f(h.size());
   for (size_t i = 0; i < h.size(); ++i) f[i] = ::xpert::f16_to_f32(h[i]);
@@ -124,20 +80,23 @@ struct RandomWeight {
   }
 };
 
+// Rows held in registers by a 256-wide group (n % 4 == 0, n <= 8192), and the RED_WG form for the others.
 TEST(OpenCLFused, AddRmsnormMatchesCpu) {
   DEVICE_OR_SKIP();
   Threads th;
   std::mt19937 rng(31);
-  const int64_t rows = 3, n = 2048;
-  std::vector<float> x = random_vec(rows * n, rng);
-  const std::vector<float> d = random_vec(rows * n, rng), w = random_vec(n, rng);
-  DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w),
-               dy(dev, x.size() * sizeof(float));
-  std::vector<float> y(x.size());
-  th.cpu.add_rmsnorm(d.data(), x.data(), w.data(), y.data(), rows, n, 1e-6f);
-  dev.add_rmsnorm(ptr<float>(dd), ptr<float>(dx), ptr<float>(dw), ptr<float>(dy), rows, n, 1e-6f);
-  EXPECT_EQ(download<float>(dev, dx, x.size()), x);  // the residual: one add, the same bits
-  EXPECT_LT(rel_err(download<float>(dev, dy, y.size()), y), 2e-6f);
+  for (const int64_t n : {2048, 64, 1030, 8448}) {
+    const int64_t rows = 3;
+    std::vector<float> x = random_vec(rows * n, rng);
+    const std::vector<float> d = random_vec(rows * n, rng), w = random_vec(n, rng);
+    DeviceBuffer dx = upload(dev, x), dd = upload(dev, d), dw = upload(dev, w),
+                 dy(dev, x.size() * sizeof(float));
+    std::vector<float> y(x.size());
+    th.cpu.add_rmsnorm(d.data(), x.data(), w.data(), y.data(), rows, n, 1e-6f);
+    dev.add_rmsnorm(ptr<float>(dd), ptr<float>(dx), ptr<float>(dw), ptr<float>(dy), rows, n, 1e-6f);
+    EXPECT_EQ(download<float>(dev, dx, x.size()), x) << n;  // the residual: one add, the same bits
+    EXPECT_LT(rel_err(download<float>(dev, dy, y.size()), y), 2e-6f) << n;
+  }
 }
 
 class OpenCLFusedQkNormRope : public ::testing::TestWithParam<std::tuple<RopeMode, int, bool>> {};
@@ -330,13 +289,38 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng), next_w = random_vec(E, rng);
   DeviceBuffer dx = upload(b, x), dd = upload(b, d), dw = upload(b, w), dnw = upload(b, next_w),
                dcur(b, cur.size() * sizeof(float));
+  // The next layer's two products on cur (a q/k/v-like matmuls): one before the layer, so the layer's last
+  // kernel knows their rounding and rounds cur for them (no rounding launch after it).
+  static std::map<DType, std::unique_ptr<RandomWeight>> next_made;
+  if (!next_made[type]) {
+    std::mt19937 wrng(61);
+    next_made[type] = std::make_unique<RandomWeight>(b, type, E, 256, 2, wrng);
+  }
+  RandomWeight nxt(*next_made[type], b);
+  Weight w0 = nxt.dev, w1 = nxt.dev;
+  w0.ne[2] = w1.ne[2] = 1;
+  w1.data = static_cast<uint8_t*>(nxt.buf.data()) + nxt.bytes.size() / 2;
+  DeviceBuffer dy0(b, n * 256 * 4), dy1(b, n * 256 * 4), dcur2(b, cur.size() * sizeof(float));
+  const Backend::MatmulJob jobs[] = {{&w0, ptr<float>(dy0)}, {&w1, ptr<float>(dy1)}};
+  b.matmuls(ptr<float>(dd), n, jobs);
   th.cpu.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, host, 0, nullptr), d.data(), x.data(), w.data(), cur.data(),
                                  n, next_w.data());
   b.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
                             ptr<float>(dcur), n, ptr<float>(dnw));
+  b.matmuls(ptr<float>(dcur), n, jobs);  // cur as the layer's last kernel rounded it
+  const std::vector<float> y_pre = download<float>(b, dy0, n * 256);
   // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4).
   EXPECT_LT(rel_err(download<float>(b, dx, x.size()), x), 2e-3f) << "n=" << n;
   EXPECT_LT(rel_err(download<float>(b, dcur, cur.size()), cur), 2e-3f) << "n=" << n;
+  std::vector<float> ref(n * 256);
+  Weight h0 = nxt.host;
+  h0.ne[2] = 1;
+  th.cpu.matmul(h0, cur.data(), n, ref.data(), 0);
+  EXPECT_LT(rel_err(y_pre, ref), 2e-3f) << "n=" << n;
+  // The same product of a copy of cur (rounded by its own launch): the same bits.
+  b.copy(ptr<float>(dcur2), ptr<float>(dcur), cur.size() * sizeof(float));
+  b.matmuls(ptr<float>(dcur2), n, jobs);
+  EXPECT_EQ(download<float>(b, dy0, n * 256), y_pre) << "n=" << n;
 }
 
 // Qwen3-30B-A3B's routing (128 experts, top-8) on small Q8_0 experts, with exact ties: the router rows of

@@ -34,6 +34,7 @@ namespace xpert::opencl {
 
 // Must match the kernel sources.
 constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
+constexpr int kNormWg = 256, kNormJ = 8;  // NORM_WG, NORM_J, kernels_fused.h
 constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
 constexpr int kAttWg = 64, kAttMaxD = 512;  // kernels_attention.h
@@ -115,6 +116,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     mv_wg_ = info_.is_cpu() ? 4 : 32;
     // Switches for measuring kernel variants side by side (XPERT_OPENCL_OPTS, switches.h).
     if (sw.mv_wg) mv_wg_ = sw.mv_wg;
+    // Matrix rows per work-group of the fused matvecs (MV_R): a GPU keeps 4 rows of 32 in a group.
+    mv_r_ = sw.mv_r ? sw.mv_r : info_.is_cpu() ? 1 : 4;
+    while (mv_r_ > 1 && (size_t)(mv_wg_ * mv_r_) > info_.max_work_group_size) mv_r_ /= 2;
     wide_loads_ = sw.wide;
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
@@ -136,6 +140,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (queue_) api().clFinish(queue_.get());
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
     if (counters_) api().clSVMFree(ctx_.get(), counters_);
+    if (preq_) api().clSVMFree(ctx_.get(), preq_);
     arg_sets_.clear();
     programs_.clear();
   }
@@ -172,13 +177,14 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
   void zero(void* p, size_t bytes) override {
     if (!bytes) return;
+    pre_ = {};
     const cl_uchar z = 0;
     ++stats_.enqueues;
     XP_CL(clEnqueueSVMMemFill, q(), p, &z, 1, bytes, 0, nullptr, nullptr);
   }
   // Blocking: the source may be a temporary of the caller.
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
-    if (bytes) stats_.blocking++, stats_.enqueues++;
+    if (bytes) stats_.blocking++, stats_.enqueues++, pre_ = {};
     if (bytes) XP_CL(clEnqueueSVMMemcpy, q(), CL_TRUE, dst, src, bytes, 0, nullptr, nullptr);
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
@@ -188,7 +194,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (profile_) harvest_profile();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes && dst != src) ++stats_.enqueues;
+    if (bytes && dst != src) ++stats_.enqueues, pre_ = {};
     if (bytes && dst != src) XP_CL(clEnqueueSVMMemcpy, q(), CL_FALSE, dst, src, bytes, 0, nullptr, nullptr);
   }
   void synchronize() override {
@@ -343,7 +349,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
     return program(matmul_[t], kMatmulSource,
-                   fmt::format("-D{} -DMV_WG={}{}", macro, mv_wg_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"),
+                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}", macro, mv_wg_, mv_r_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"),
                    kFusedMatmulSource);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
@@ -353,6 +359,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     const int mode = round_mode(t, &unit);
     if (mode < 0) return x;
     check_row(t, k);
+    if (pre_.x == x && pre_.rows == m && pre_.k == k && pre_.mode == mode) return pre_.q;
     float* xq = scratch().take<float>(m * k);
     if (mode <= 1)  // a block per work-group
       launch(ops("round_blocks"), {(size_t)(k / unit) * kRedWg, (size_t)m}, {kRedWg, 1}, x, (cl_int)k, xq,
@@ -432,6 +439,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
     ++stats_.enqueues;
+    pre_ = {};  // any launch may write the rounded row's source
     cl_event ev = nullptr;
     XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
           nullptr, profile_ ? &ev : nullptr);
@@ -457,9 +465,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // y[r] = x[r] . w^T for m rows (x: m rows of k), one work-group per (feature, row): gemv_multi with one matrix.
   void gemv_rows(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, int64_t ldy) {
     check_row(t, k);
-    launch(matmul_program(t).kernel("gemv_multi"), {(size_t)n * mv_wg_, (size_t)m}, {(size_t)mv_wg_, 1}, w, w, w,
-           (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x,
-           (cl_int)k, (cl_int)k);
+    launch(matmul_program(t).kernel("gemv_multi"), {groups(n, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
+           {(size_t)mv_wg_, (size_t)mv_r_}, w, w, w, (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y,
+           (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k, (cl_int)n);
   }
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
@@ -472,6 +480,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // The activation rounding mode of kernels_ops.h's round_unit for weights of type t (-1: none), and the
   // unit it rounds by.
   static int round_mode(DType t, int64_t* unit = nullptr);
+  // add_rmsnorm_round (kernels_fused.h) over rows of n: the register-resident form where the row fits.
+  void add_rmsnorm_round(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+                         float* yq, int mode);
   void probe_launches();  // XPERT_OPENCL_OPTS probe: what an enqueue costs here, logged
   void log_stats();       // XPERT_OPENCL_OPTS stats: enqueues and blocking calls per step, logged at the end
   // XPERT_OPENCL_OPTS profile: every launch's device time, summed per kernel (and weight type) at each read to
@@ -514,6 +525,26 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   Queue queue_;
   DeltaRuleForm gdn_form_;
   int mv_wg_ = 32;
+  int mv_r_ = 4;  // MV_R, kernels_fused.h
+  // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
+  // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
+  struct Prerounded {
+    const float* x = nullptr;
+    float* q = nullptr;
+    int64_t rows = 0, k = 0;
+    int mode = -1;
+  } pre_;
+  int preround_mode_ = -1;  // the rounding of the last matmuls() (a layer's q/k/v)
+  float* preq_ = nullptr;
+  int64_t preq_cap_ = 0;
+  float* preround_buffer(int64_t n) {
+    if (n > preq_cap_) {
+      dealloc(preq_);
+      preq_ = static_cast<float*>(alloc(n * sizeof(float)));
+      preq_cap_ = n;
+    }
+    return preq_;
+  }
   void* dummy_ = nullptr;
   std::map<void*, size_t> sizes_;
   size_t allocated_ = 0;

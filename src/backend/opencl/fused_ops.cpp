@@ -56,19 +56,30 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     n[i] = (cl_int)jobs[i].w->ne[1];
     ldy[i] = (cl_int)(jobs[i].ldy ? jobs[i].ldy : jobs[i].w->ne[1]);
   }
-  launch(matmul_program(t).kernel("gemv_multi"), {(size_t)(n[0] + n[1] + n[2]) * mv_wg_, (size_t)m},
-         {(size_t)mv_wg_, 1}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1], y[2],
-         ldy[0], ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k);
+  preround_mode_ = round_mode(t);  // what the MoE layer's last kernel rounds the next layer's input for
+  const cl_int n_total = n[0] + n[1] + n[2];
+  launch(matmul_program(t).kernel("gemv_multi"), {groups(n_total, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1],
+         y[2], ldy[0], ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k, n_total);
   ar.release(mark);
 }
 
 Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                                float eps) {
   if (!fused_ || !d) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // without d: the plain rmsnorm
-  if (rows > 0)
-    launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)1, x, w,
-           (cl_int)(w != nullptr), y, (cl_int)n, eps, nullptr, (cl_int)-1);
+  add_rmsnorm_round(d, x, w, y, rows, n, eps, nullptr, -1);
   return Act::of(y, rows, n);
+}
+
+void OpenclBackend::add_rmsnorm_round(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
+                                      float eps, float* yq, int mode) {
+  if (rows <= 0) return;
+  if (n % 4 == 0 && n <= 4 * kNormJ * kNormWg)
+    launch(ops("add_rmsnorm_round4"), {(size_t)rows * kNormWg}, {kNormWg}, d, (cl_int)(d != nullptr), x, w,
+           (cl_int)(w != nullptr), y, (cl_int)n, eps, yq, (cl_int)mode);
+  else
+    launch(ops("add_rmsnorm_round"), {(size_t)rows * kRedWg}, {kRedWg}, d, (cl_int)(d != nullptr), x, w,
+           (cl_int)(w != nullptr), y, (cl_int)n, eps, yq, (cl_int)mode);
 }
 
 // decode_attention_proj never leaves parts here; summed with the plain ops all the same.
@@ -131,8 +142,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   const size_t mark = ar.mark();
   const int mode = round_mode(m.gate.type);
   float* curq = mode >= 0 ? ar.take<float>(n * E) : cur;
-  launch(ops("add_rmsnorm_round"), {(size_t)n * kRedWg}, {kRedWg}, d, (cl_int)1, x, w, (cl_int)(w != nullptr),
-         cur, (cl_int)E, m.rms_eps, curq, (cl_int)mode);
+  add_rmsnorm_round(d, x, w, cur, n, E, m.rms_eps, curq, mode);
   float* logits_d = ar.take<float>(n * X);
   int32_t* row_slot_d = ar.take<int32_t>(S);
   int32_t* slot_row_d = ar.take<int32_t>(S);
@@ -155,14 +165,20 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.
   const int down_mode = round_mode(m.down.type);
   float* hq = down_mode >= 0 && tails_ ? ar.take<float>(S * F) : h;
-  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {(size_t)F * mv_wg_, (size_t)S},
-         {(size_t)mv_wg_, 1}, m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d,
+  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {groups(F, mv_r_) * mv_wg_, (size_t)(S * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d,
          (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
   const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, S, F);
   const bool norm_tail = next_w && tails_;
-  launch(matmul_program(m.down.type).kernel("moe_down_add"), {(size_t)E * mv_wg_, (size_t)n},
-         {(size_t)mv_wg_, 1}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d,
-         (cl_int)K, down_in, (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur);
+  // The next norm rounded for the next layer's q/k/v product too (its weights' type as the last matmuls
+  // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
+  const int next_mode = norm_tail && (preround_mode_ == 0 || preround_mode_ == 1) ? preround_mode_ : -1;
+  float* next_q = next_mode >= 0 ? preround_buffer(n * E) : nullptr;
+  launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
+         weights_d, (cl_int)K, down_in, (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps,
+         cur, (cl_int)next_mode, next_q);
+  if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
   return next_w ? Act::of(cur, n, E) : Act{};

@@ -51,6 +51,107 @@ kernel void add_rmsnorm_round(global const float* d, int has_d, global float* x,
   for (int b = 0; b < blocks; ++b) round_block_group(yr, yq + r * n, mode, b, RED_WG, 1, rv, ri);
 }
 
+// add_rmsnorm_round for rows of n % 4 == 0, n <= 4 * NORM_J * NORM_WG: one work-group of NORM_WG per row, the
+// row in registers (16-byte loads, every load of a work-item in flight at once), the rounding's block maxima
+// by segmented reductions in local memory (a block of B values: B / 4 consecutive work-items), so no
+// work-item walks the row serially (the RED_WG kernel above took ~32 us for one row of 2048 on an H200).
+#define NORM_WG 256
+#define NORM_J 8
+#pragma OPENCL FP_CONTRACT OFF
+kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1)))
+void add_rmsnorm_round4(global const float* d, int has_d, global float* x, global const float* w, int has_w,
+                        global float* y, int n, float eps, global float* yq, int mode) {
+  local float buf[NORM_WG];
+  const long r = get_group_id(0);
+  const int lid = get_local_id(0), n4 = n / 4;
+  global float* xr = x + r * n;
+  global float* yr = y + r * n;
+  global float* qr = yq + r * n;
+  global const float* dr = d + r * n;
+  float4 v[NORM_J];
+  for (int j = 0; j < NORM_J; ++j) {
+    const int i = lid + j * NORM_WG;
+    v[j] = i < n4 ? vload4(i, xr) : (float4)(0.0f);
+  }
+  if (has_d)
+    for (int j = 0; j < NORM_J; ++j) {
+      const int i = lid + j * NORM_WG;
+      if (i < n4) {
+        v[j] = vload4(i, dr) + v[j];
+        vstore4(v[j], i, xr);
+      }
+    }
+  float s = 0.0f;
+  for (int j = 0; j < NORM_J; ++j) s += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  buf[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = NORM_WG / 2; h > 0; h >>= 1) {
+    if (lid < h) buf[lid] += buf[lid + h];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float scale = 1.0f / sqrt(buf[0] / (float)n + eps);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const int jn = (n4 + NORM_WG - 1) / NORM_WG;  // the same for every work-item
+  // The rounding's block maxima (mode 0: blocks of 32, 8 work-items; mode 1: of 256, 64 work-items): each
+  // work-item's signed value of largest magnitude (its first occurrence) into bv / bi, then one segmented
+  // reduction over all of them (no barrier inside a loop over the row: PoCL miscompiled that form).
+  local float bv[NORM_J * NORM_WG];
+  local int bi[NORM_J * NORM_WG];
+  const int seg = mode == 0 ? 8 : 64, blk = mode == 0 || mode == 1;
+  for (int j = 0; j < jn; ++j) {
+    const int i = lid + j * NORM_WG;
+    if (i >= n4) {
+      bv[j * NORM_WG + lid] = 0.0f;
+      bi[j * NORM_WG + lid] = 0x7fffffff;
+      continue;
+    }
+    float4 yv = v[j] * scale;
+    if (has_w) yv = yv * vload4(i, w);
+    vstore4(yv, i, yr);
+    if (mode >= 2)
+      vstore4((float4)(round_elem(yv.x, mode), round_elem(yv.y, mode), round_elem(yv.z, mode),
+                       round_elem(yv.w, mode)), i, qr);
+    float best = yv.x;
+    int at = 4 * i;
+    if (fabs(yv.y) > fabs(best)) best = yv.y, at = 4 * i + 1;
+    if (fabs(yv.z) > fabs(best)) best = yv.z, at = 4 * i + 2;
+    if (fabs(yv.w) > fabs(best)) best = yv.w, at = 4 * i + 3;
+    bv[j * NORM_WG + lid] = best;
+    bi[j * NORM_WG + lid] = at;
+  }
+  if (!blk) return;  // the same for the whole group
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = seg / 2; h > 0; h >>= 1) {
+    if ((lid & (seg - 1)) < h)
+      for (int j = 0; j < jn; ++j) {
+        const int a = j * NORM_WG + lid, b = a + h;
+        const float fa = fabs(bv[a]), fb = fabs(bv[b]);
+        if (fb > fa || (fb == fa && bi[b] < bi[a])) bv[a] = bv[b], bi[a] = bi[b];
+      }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (int j = 0; j < jn; ++j) {
+    const int i = lid + j * NORM_WG;
+    if (i >= n4) break;
+    float4 yv = v[j] * scale;
+    if (has_w) yv = yv * vload4(i, w);
+    const float mx = bv[j * NORM_WG + (lid & ~(seg - 1))], amax = fabs(mx);
+    float4 q;
+    if (mode == 0) {
+      const float dd = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;
+      q = (float4)(rint(yv.x * id) * dd, rint(yv.y * id) * dd, rint(yv.z * id) * dd, rint(yv.w * id) * dd);
+    } else if (amax == 0.0f) {
+      q = (float4)(0.0f);
+    } else {
+      const float iscale = -127.f / mx, dd = 1.0f / iscale;
+      q = (float4)(min(127.0f, rint(iscale * yv.x)) * dd, min(127.0f, rint(iscale * yv.y)) * dd,
+                   min(127.0f, rint(iscale * yv.z)) * dd, min(127.0f, rint(iscale * yv.w)) * dd);
+    }
+    vstore4(q, i, qr);
+  }
+}
+#pragma OPENCL FP_CONTRACT ON
+
 // Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
 // Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
 // as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
@@ -154,6 +255,19 @@ float mv_partial(global const uchar* row, global const float* xr, int k) {
 #endif
   return acc;
 }
+#elif !defined(NO_WIDE_LOADS) && defined(WT_F32)
+// f32 rows (the router's): 16-byte loads, consecutive work-items on consecutive ones.
+float mv_partial(global const uchar* row, global const float* xr, int k) {
+  const int lid = get_local_id(0), k4 = k / 4;
+  global const float* wr = (global const float*)row;
+  float acc = 0.0f;
+  for (int i = lid; i < k4; i += MV_WG) {
+    const float4 a = vload4(i, wr), b = vload4(i, xr);
+    acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+  }
+  for (int i = 4 * k4 + lid; i < k; i += MV_WG) acc += wr[i] * xr[i];
+  return acc;
+}
 #else
 float mv_partial(global const uchar* row, global const float* xr, int k) {
   const int lid = get_local_id(0), chunks = (k + 31) / 32;
@@ -184,12 +298,18 @@ float mv_sum(float v, local float* buf) {
   return r;
 }
 
-// Group (f, r): feature f of the concatenation [n0 | n1 | n2] of three matrices' outputs, activation row r.
+// Work-groups of MV_WG x MV_R: MV_R matrix rows a group (local id 1 picks the row), so a GPU's SM holds
+// enough work-items for its loads to be in flight (NVIDIA allows 32 groups an SM: groups of one warp left
+// half of it idle).
+// Group (g, r), row l: feature f = g * MV_R + l of the concatenation [n0 | n1 | n2] of three matrices' outputs
+// (n_total of them), activation row r.
 kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2, ulong row_bytes,
                        int n0, int n1, global float* y0, global float* y1, global float* y2, int ldy0, int ldy1,
-                       int ldy2, global const float* x, int ldx, int k) {
-  local float buf[MV_WG];
-  int f = get_group_id(0);
+                       int ldy2, global const float* x, int ldx, int k, int n_total) {
+  local float buf_all[MV_WG * MV_R];
+  local float* buf = buf_all + get_local_id(1) * MV_WG;
+  int f = get_group_id(0) * MV_R + get_local_id(1);
+  const bool on = f < n_total;
   const long r = get_group_id(1);
   global const uchar* w = w0;
   global float* y = y0;
@@ -199,15 +319,17 @@ kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global co
   } else if (f >= n0) {
     f -= n0, w = w1, y = y1, ldy = ldy1;
   }
-  const float s = mv_sum(mv_partial(w + (ulong)f * row_bytes, x + r * ldx, k), buf);
-  if (get_local_id(0) == 0) y[r * ldy + f] = s;
+  const float s = mv_sum(on ? mv_partial(w + (ulong)f * row_bytes, x + r * ldx, k) : 0.0f, buf);
+  if (on && get_local_id(0) == 0) y[r * ldy + f] = s;
 }
 
-// The last of `total` work-groups to pass here (after lid 0 wrote the group's results) gets 1, the others 0,
-// every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the others'
-// results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
+// The last of `total` work-groups to pass here (after its work-items wrote the group's results) gets 1, the
+// others 0, every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the
+// others' results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
 int last_group(volatile global int* cnt, int total, local int* flag) {
-  if (get_local_id(0) == 0) {
+  mem_fence(CLK_GLOBAL_MEM_FENCE);  // each writer's results before the group's count
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     const int last = atomic_inc(cnt) == total - 1;
     if (last) atomic_xchg(cnt, 0);
@@ -251,69 +373,120 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
               MV_WG, p, bv, bi);
 }
 
-// Group (f, s): slot s (token s / n_used) of expert tasks[2s + 1]; h[s][f] = silu(g) * u. With mode >= 0, the
-// slot's last group rounds its row into hq for the down product (round_unit), so no launch does it.
+// Sum of v over the n work-items of a 2-D group (MV_WG x MV_R, flat index lid; every one gets it); buf: n floats.
+float grp_sum(float v, local float* buf, int lid, int n) {
+  buf[lid] = v;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = n / 2; s > 0; s >>= 1) {
+    if (lid < s) buf[lid] += buf[lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float r = buf[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
+}
+
+// Group (g, s), row l: feature f = g * MV_R + l of slot s (token s / n_used) of expert tasks[2s + 1];
+// h[s][f] = silu(g) * u. With mode >= 0, the slot's last group rounds its row into hq for the down product
+// (round_unit; its MV_R rows a block each at a time), so no launch does it.
 kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
                         global const int* tasks, int n_used, global const float* x, int k, global float* h,
                         int n_ff, volatile global int* counters, int mode, global float* hq) {
-  local float buf[2 * MV_WG];
+  local float buf_all[2 * MV_WG * MV_R];
   local int flag;
-  const int f = get_group_id(0), s = get_group_id(1), lid = get_local_id(0);
-  const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
+  const int ly = get_local_id(1), f = get_group_id(0) * MV_R + ly, s = get_group_id(1), lid = get_local_id(0);
+  local float* buf = buf_all + ly * 2 * MV_WG;
+  const bool on = f < n_ff;
+  const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
   global const float* xr = x + (long)(s / n_used) * k;
   // Both products' loads in flight before one reduction of the two sums.
-  buf[lid] = mv_partial(gate + off, xr, k);
-  buf[MV_WG + lid] = mv_partial(up + off, xr, k);
+  buf[lid] = on ? mv_partial(gate + off, xr, k) : 0.0f;
+  buf[MV_WG + lid] = on ? mv_partial(up + off, xr, k) : 0.0f;
   mv_sum_rows(buf, 2);
-  if (lid == 0) h[(long)s * n_ff + f] = silu_f(buf[0]) * buf[MV_WG];
+  if (on && lid == 0) h[(long)s * n_ff + f] = silu_f(buf[0]) * buf[MV_WG];
   // Every group counts and takes the rounding's barriers (PoCL wants no barrier skipped, even on a branch a
   // whole group takes); the slot's last group rounds.
-  const int last = last_group(counters + s, n_ff, &flag);
+  const int last = last_group(counters + s, get_num_groups(0), &flag);
   volatile global const float* hr = h + (long)s * n_ff;
-  if (mode >= 2 && last)
-    for (int i = lid; i < n_ff; i += MV_WG) hq[(long)s * n_ff + i] = round_elem(hr[i], mode);
-  local float rv[MV_WG];
-  local int ri[MV_WG];
+  global float* qr = hq + (long)s * n_ff;
+  if (mode >= 2 && last) {
+    const int fl = ly * MV_WG + lid;
+    for (int i0 = fl; i0 < n_ff; i0 += 8 * MV_WG * MV_R) {  // 8 loads in flight a work-item
+      float v[8];
+      for (int u = 0; u < 8; ++u) v[u] = i0 + u * MV_WG * MV_R < n_ff ? hr[i0 + u * MV_WG * MV_R] : 0.0f;
+      for (int u = 0; u < 8; ++u)
+        if (i0 + u * MV_WG * MV_R < n_ff) qr[i0 + u * MV_WG * MV_R] = round_elem(v[u], mode);
+    }
+  }
+  local float rv_all[MV_WG * MV_R];
+  local int ri_all[MV_WG * MV_R];
   const int blocks = mode == 0 || mode == 1 ? round_units(n_ff, mode) : 0;
-  for (int b = 0; b < blocks; ++b) round_block_group_v(hr, hq + (long)s * n_ff, mode, b, MV_WG, last, rv, ri);
+  for (int b0 = 0; b0 < blocks; b0 += MV_R)
+    round_block_group_v(hr, qr, mode, b0 + ly, MV_WG, last && b0 + ly < blocks, rv_all + ly * MV_WG,
+                        ri_all + ly * MV_WG);
 }
 
-// Group (f, t): y[t][f] += sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1].
-// With has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm).
+// Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += sum over token t's slots s of weights[s] *
+// (h[s] . down_e[f]), e = tasks[2s + 1]. With has_norm, token t's last group then writes cur[t] =
+// rmsnorm(y[t]) * norm_w (the next layer's norm), its MV_WG * MV_R work-items over the row, and with
+// next_mode >= 0 also curq[t] = cur[t] rounded for the next matmul (round_unit), so no launch does it.
 kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, int width, volatile global int* counters, int has_norm,
-                         global const float* norm_w, float eps, global float* cur) {
-  local float buf[MOE_MAX_USED * MV_WG];
+                         global const float* norm_w, float eps, global float* cur, int next_mode,
+                         global float* curq) {
+  local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
   local int flag;
-  const int f = get_group_id(0), lid = get_local_id(0);
+  const int ly = get_local_id(1), lid = get_local_id(0), f = get_group_id(0) * MV_R + ly;
+  local float* buf = buf_all + ly * MOE_MAX_USED * MV_WG;
+  const bool on = f < width;
   const long t = get_group_id(1);
   // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
   // order (as moe_combine).
   for (int j = 0; j < n_used; ++j) {
     const long s = t * n_used + j;
-    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)f * row_bytes;
-    buf[j * MV_WG + lid] = mv_partial(down + off, h + s * k, k);
+    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
+    buf[j * MV_WG + lid] = on ? mv_partial(down + off, h + s * k, k) : 0.0f;
   }
   mv_sum_rows(buf, n_used);
-  if (lid == 0) {
+  if (on && lid == 0) {
     float acc = 0.0f;
     for (int j = 0; j < n_used; ++j) acc += weights[t * n_used + j] * buf[j * MV_WG];
     y[t * width + f] = acc + y[t * width + f];
   }
-  const int last = last_group(counters + t, width, &flag) && has_norm;
-  // Every group takes the reduction's barriers; only the last one has anything to sum.
+  const int last = last_group(counters + t, get_num_groups(0), &flag) && has_norm;
+  // Every group takes the reduction's barriers; only the last one has anything to sum. 8 loads in flight a
+  // work-item (volatile loads one at a time would each wait a full trip to L2).
+  const int fl = ly * MV_WG + lid, G = MV_WG * MV_R;
   volatile global const float* yr = y + t * width;
   float sq = 0.0f;
   if (last)
-    for (int i = lid; i < width; i += MV_WG) {
-      const float v = yr[i];
-      sq += v * v;
+    for (int i0 = fl; i0 < width; i0 += 8 * G) {
+      float v[8];
+      for (int u = 0; u < 8; ++u) v[u] = i0 + u * G < width ? yr[i0 + u * G] : 0.0f;
+      for (int u = 0; u < 8; ++u) sq += v[u] * v[u];
     }
-  sq = mv_sum(sq, buf);
-  if (!last) return;
+  sq = grp_sum(sq, buf_all, fl, G);
   const float scale = 1.0f / sqrt(sq / (float)width + eps);
-  for (int i = lid; i < width; i += MV_WG) cur[t * width + i] = (yr[i] * scale) * norm_w[i];
+  global float* cr = cur + t * width;
+  if (last)
+    for (int i0 = fl; i0 < width; i0 += 8 * G) {
+      float v[8];
+      for (int u = 0; u < 8; ++u) v[u] = i0 + u * G < width ? yr[i0 + u * G] : 0.0f;
+      for (int u = 0; u < 8; ++u)
+        if (i0 + u * G < width) cr[i0 + u * G] = (v[u] * scale) * norm_w[i0 + u * G];
+    }
+  if (next_mode < 0) return;  // the same for every group
+  barrier(CLK_GLOBAL_MEM_FENCE);  // the group's writes of cur[t] seen by the whole group
+  global float* qr = curq + t * width;
+  if (next_mode >= 2 && last)
+    for (int i = fl; i < width; i += G) qr[i] = round_elem(cr[i], next_mode);
+  // Every group takes the rounding's barriers; the last one rounds, its MV_R rows a block each at a time.
+  local int ri_all[MV_WG * MV_R];
+  const int blocks = next_mode <= 1 ? round_units(width, next_mode) : 0;
+  for (int b0 = 0; b0 < blocks; b0 += MV_R)
+    round_block_group(cr, qr, next_mode, b0 + ly, MV_WG, last && b0 + ly < blocks, buf_all + ly * MV_WG,
+                      ri_all + ly * MV_WG);
 }
 )CLC";
 

@@ -80,7 +80,8 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
 // wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
 // value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep
-// every barrier on every group). QUAL: volatile where xr holds other groups' results.
+// every barrier on every group). QUAL: volatile where xr holds other groups' results. Loads go 8 at a time
+// (volatile loads are not batched by the compiler: one at a time, each would wait its trip to L2).
 #define ROUND_BLOCK_GROUP(NAME, QUAL)                                                                         \
   void NAME(QUAL global const float* xr, global float* yr, int mode, int b, int wg, int active, local float* rv, \
             local int* ri) {                                                                                  \
@@ -88,9 +89,11 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
     float best = 0.0f;                                                                                        \
     int bi = len;                                                                                             \
     if (active)                                                                                               \
-      for (int i = lid; i < len; i += wg) {                                                                   \
-        const float a = fabs(xr[i0 + i]);                                                                     \
-        if (a > best) best = a, bi = i;                                                                       \
+      for (int i = lid; i < len; i += 8 * wg) {                                                               \
+        float v[8];                                                                                           \
+        for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? fabs(xr[i0 + i + u * wg]) : 0.0f;             \
+        for (int u = 0; u < 8; ++u)                                                                           \
+          if (v[u] > best) best = v[u], bi = i + u * wg;                                                      \
       }                                                                                                       \
     rv[lid] = best;                                                                                           \
     ri[lid] = bi;                                                                                             \
@@ -104,14 +107,24 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
     const int idx = ri[0];                                                                                    \
     barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
     if (!active) return;                                                                                      \
-    if (mode == 0) {                                                                                          \
-      const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;                       \
-      for (int i = lid; i < len; i += wg) yr[i0 + i] = rint(xr[i0 + i] * id) * d;                            \
-    } else if (amax == 0.0f) {                                                                                \
-      for (int i = lid; i < len; i += wg) yr[i0 + i] = 0.0f;                                                  \
-    } else {                                                                                                  \
-      const float iscale = -127.f / xr[i0 + idx], d = 1.0f / iscale;                                          \
-      for (int i = lid; i < len; i += wg) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;            \
+    const float mx = amax == 0.0f ? 0.0f : xr[i0 + idx];                                                     \
+    for (int i = lid; i < len; i += 8 * wg) {                                                                 \
+      float v[8];                                                                                             \
+      for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? xr[i0 + i + u * wg] : 0.0f;                      \
+      for (int u = 0; u < 8; ++u) {                                                                           \
+        if (i + u * wg >= len) break;                                                                         \
+        float q;                                                                                              \
+        if (mode == 0) {                                                                                      \
+          const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;                   \
+          q = rint(v[u] * id) * d;                                                                            \
+        } else if (amax == 0.0f) {                                                                            \
+          q = 0.0f;                                                                                           \
+        } else {                                                                                              \
+          const float iscale = -127.f / mx, d = 1.0f / iscale;                                                \
+          q = min(127.0f, rint(iscale * v[u])) * d;                                                           \
+        }                                                                                                     \
+        yr[i0 + i + u * wg] = q;                                                                              \
+      }                                                                                                       \
     }                                                                                                         \
   }
 ROUND_BLOCK_GROUP(round_block_group, )

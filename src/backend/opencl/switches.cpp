@@ -57,9 +57,12 @@ Switches read_switches() {
       s.mv_wg = int_value(key, v, 2, 256);
       if (s.mv_wg & (s.mv_wg - 1))
         fail("XPERT_OPENCL_OPTS: mv_wg={}: expected a power of two from 2 to 256", v);
+    } else if (key == "mv_r") {
+      s.mv_r = int_value(key, v, 1, 16);
+      if (s.mv_r & (s.mv_r - 1)) fail("XPERT_OPENCL_OPTS: mv_r={}: expected 1, 2, 4, 8 or 16", v);
     } else {
       fail(
-          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, probe, "
+          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, probe, "
           "stats, "
           "profile)",
           item);

@@ -7,6 +7,8 @@
 //   wide=0       K-quant blocks read a byte at a time, no block-at-a-time Q4_K / Q6_K matvec
 //   mv_wg=N      work-items per matrix row in the matvecs (a power of two, 2..256; default 32 on a GPU,
 //                4 on a CPU device)
+//   mv_r=N       matrix rows per work-group of the fused matvecs (1, 2, 4, 8 or 16; default 4 on a GPU, 1 on
+//                a CPU device)
 //   probe        log what an enqueue costs (at start)
 //   stats        log enqueues and blocking calls per decode step (at exit)
 //   profile      log device time per kernel from profiling events (at exit)
@@ -19,6 +21,7 @@ struct Switches {
   bool fused = true, tail = true, arg_cache = true, wide = true;
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
+  int mv_r = 0;   // 0: the device's default
   bool probe = false, stats = false, profile = false;
 };
 

@@ -1,0 +1,72 @@
+// What the OpenCL backend's op tests share (test_opencl_backend.cpp, test_opencl_fused.cpp): one device for
+// the whole test binary (its programs built once), DEVICE_OR_SKIP for machines without one, random data, and
+// copies to and from device memory. Only where XPERT_HAVE_OPENCL is defined.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/opencl/discovery.h"
+#include "backend/opencl/opencl_backend.h"
+#include "base/error.h"
+
+namespace xpert::cltest {
+
+// OpenCL device 0 as a whole-model backend; null when the machine has none (or none with SVM).
+inline Backend* device() {
+  static std::shared_ptr<Backend> b = []() -> std::shared_ptr<Backend> {
+    try {
+      if (opencl::list_devices().empty()) return nullptr;
+      return make_opencl_backend(0);
+    } catch (const Error&) {
+      return nullptr;
+    }
+  }();
+  return b.get();
+}
+
+inline std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Device memory holding a copy of host data.
+template <typename T>
+DeviceBuffer upload(Backend& b, const std::vector<T>& v) {
+  DeviceBuffer buf(b, std::max<size_t>(v.size() * sizeof(T), 1));
+  b.copy_from_host(buf.data(), v.data(), v.size() * sizeof(T));
+  return buf;
+}
+template <typename T>
+std::vector<T> download(Backend& b, const DeviceBuffer& buf, size_t n) {
+  std::vector<T> v(n);
+  b.copy_to_host(v.data(), buf.data(), n * sizeof(T));
+  return v;
+}
+template <typename T>
+T* ptr(const DeviceBuffer& b) {
+  return static_cast<T*>(b.data());
+}
+
+// max |a - b| / max(max |b|, floor)
+inline float rel_err(const std::vector<float>& a, const std::vector<float>& b, float floor = 1e-6f) {
+  float worst = 0, scale = floor;
+  for (size_t i = 0; i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return worst / scale;
+}
+
+}  // namespace xpert::cltest
+
+// In a test body: dev, the device (a Backend&), or the test skips.
+#define DEVICE_OR_SKIP()                                  \
+  Backend* dev_ = ::xpert::cltest::device();              \
+  if (!dev_) GTEST_SKIP() << "no OpenCL device with SVM"; \
+  Backend& dev = *dev_;
