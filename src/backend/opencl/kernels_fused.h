@@ -98,7 +98,8 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
   local float bv[NORM_J * NORM_WG];
   local int bi[NORM_J * NORM_WG];
   const int seg = mode == 0 ? 8 : 64, blk = mode == 0 || mode == 1;
-  for (int j = 0; j < jn; ++j) {
+  // Loops over v run to the constant NORM_J (unrolled: v stays in registers, not in stack memory).
+  for (int j = 0; j < NORM_J; ++j) {
     const int i = lid + j * NORM_WG;
     if (i >= n4) {
       bv[j * NORM_WG + lid] = 0.0f;
@@ -130,7 +131,7 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
       }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  for (int j = 0; j < jn; ++j) {
+  for (int j = 0; j < NORM_J; ++j) {
     const int i = lid + j * NORM_WG;
     if (i >= n4) break;
     float4 yv = v[j] * scale;
@@ -212,48 +213,65 @@ inline constexpr std::string_view kFusedMatmulSource = R"CLC(
 // read consecutive quant bytes and activations (coalesced; L1 serves each load in one pass). Otherwise
 // (PoCL's 4 work-items, other types): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
 #if MV_WG == 32 && !defined(NO_WIDE_LOADS) && (defined(WT_Q4_K) || defined(WT_Q6_K))
-float mv_partial(global const uchar* row, global const float* xr, int k) {
-  const int lid = get_local_id(0), nb = k / 256;
-  float acc = 0.0f;
+#define MV_BLOCKWISE 1
+// Block sb's part (this work-item's 8 weights of it).
+float mv_block(global const uchar* row, global const float* xr, int sb, int lid) {
 #if defined(WT_Q4_K)
   // Work-item lid: bytes 4 (lid % 8) .. +3 of quant group c = lid / 8: low nibbles are weights of sub-block 2c,
   // high nibbles of sub-block 2c + 1.
   const int c = lid / 8, b4 = (lid % 8) * 4;
-  for (int sb = 0; sb < nb; ++sb) {
-    global const uchar* blk = row + sb * 144;
-    const uint q = *(global const uint*)(blk + 16 + 32 * c + b4);
-    float sc0, mn0, sc1, mn1;
-    scale_min_k4(2 * c, blk + 4, &sc0, &mn0);
-    scale_min_k4(2 * c + 1, blk + 4, &sc1, &mn1);
-    const float d = ld_f16(blk), dm = ld_f16(blk + 2);
-    const float d0 = d * sc0, m0 = dm * mn0, d1 = d * sc1, m1 = dm * mn1;
-    const float4 xa = vload4(0, xr + sb * 256 + 64 * c + b4), xb = vload4(0, xr + sb * 256 + 64 * c + 32 + b4);
-    acc += (d0 * (int)(q & 0xF) - m0) * xa.x + (d0 * (int)((q >> 8) & 0xF) - m0) * xa.y +
-           (d0 * (int)((q >> 16) & 0xF) - m0) * xa.z + (d0 * (int)((q >> 24) & 0xF) - m0) * xa.w;
-    acc += (d1 * (int)((q >> 4) & 0xF) - m1) * xb.x + (d1 * (int)((q >> 12) & 0xF) - m1) * xb.y +
-           (d1 * (int)((q >> 20) & 0xF) - m1) * xb.z + (d1 * (int)((q >> 28) & 0xF) - m1) * xb.w;
-  }
+  global const uchar* blk = row + sb * 144;
+  const uint q = *(global const uint*)(blk + 16 + 32 * c + b4);
+  float sc0, mn0, sc1, mn1;
+  scale_min_k4(2 * c, blk + 4, &sc0, &mn0);
+  scale_min_k4(2 * c + 1, blk + 4, &sc1, &mn1);
+  const float d = ld_f16(blk), dm = ld_f16(blk + 2);
+  const float d0 = d * sc0, m0 = dm * mn0, d1 = d * sc1, m1 = dm * mn1;
+  const float4 xa = vload4(0, xr + sb * 256 + 64 * c + b4), xb = vload4(0, xr + sb * 256 + 64 * c + 32 + b4);
+  return (d0 * (int)(q & 0xF) - m0) * xa.x + (d0 * (int)((q >> 8) & 0xF) - m0) * xa.y +
+         (d0 * (int)((q >> 16) & 0xF) - m0) * xa.z + (d0 * (int)((q >> 24) & 0xF) - m0) * xa.w +
+         ((d1 * (int)((q >> 4) & 0xF) - m1) * xb.x + (d1 * (int)((q >> 12) & 0xF) - m1) * xb.y +
+          (d1 * (int)((q >> 20) & 0xF) - m1) * xb.z + (d1 * (int)((q >> 28) & 0xF) - m1) * xb.w);
 #else
   // Work-item lid: half c = lid / 16 of the block, positions 2 (lid % 16) and +1 of each of its 4 quarters.
   const int c = lid / 16, l2 = (lid % 16) * 2;
-  for (int sb = 0; sb < nb; ++sb) {
-    global const uchar* blk = row + sb * 210;
-    const uint qa = *(global const ushort*)(blk + 64 * c + l2), qb = *(global const ushort*)(blk + 64 * c + 32 + l2);
-    const uint qh = *(global const ushort*)(blk + 128 + 32 * c + l2);
-    global const char* sc = (global const char*)(blk + 192) + 8 * c + l2 / 16;
-    const float d = ld_f16(blk + 208);
-    global const float* xq = xr + sb * 256 + 128 * c + l2;
-    for (int g = 0; g < 4; ++g) {
-      const uint lo = (g & 1 ? qb : qa) >> (g >= 2 ? 4 : 0), hi = qh >> (2 * g);
-      const int q0 = (int)((lo & 0xF) | ((hi & 3) << 4)) - 32;
-      const int q1 = (int)(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) - 32;
-      const float dg = d * sc[2 * g];
-      const float2 xv = vload2(0, xq + 32 * g);
-      acc += dg * q0 * xv.x + dg * q1 * xv.y;
-    }
+  global const uchar* blk = row + sb * 210;
+  const uint qa = *(global const ushort*)(blk + 64 * c + l2), qb = *(global const ushort*)(blk + 64 * c + 32 + l2);
+  const uint qh = *(global const ushort*)(blk + 128 + 32 * c + l2);
+  global const char* sc = (global const char*)(blk + 192) + 8 * c + l2 / 16;
+  const float d = ld_f16(blk + 208);
+  global const float* xq = xr + sb * 256 + 128 * c + l2;
+  float acc = 0.0f;
+  for (int g = 0; g < 4; ++g) {
+    const uint lo = (g & 1 ? qb : qa) >> (g >= 2 ? 4 : 0), hi = qh >> (2 * g);
+    const int q0 = (int)((lo & 0xF) | ((hi & 3) << 4)) - 32;
+    const int q1 = (int)(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) - 32;
+    const float dg = d * sc[2 * g];
+    const float2 xv = vload2(0, xq + 32 * g);
+    acc += dg * q0 * xv.x + dg * q1 * xv.y;
   }
-#endif
   return acc;
+#endif
+}
+// The block loop unrolled, so several blocks' loads are in flight at once (one block at a time waited a
+// trip to memory per block: ~30 us for a MoE kernel on an H200).
+float mv_partial(global const uchar* row, global const float* xr, int k) {
+  const int lid = get_local_id(0), nb = k / 256;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int sb = 0; sb < nb; ++sb) acc += mv_block(row, xr, sb, lid);
+  return acc;
+}
+// Two rows on the same activations (gate and up), their loads interleaved.
+float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const float* xr, int k) {
+  const int lid = get_local_id(0), nb = k / 256;
+  float a = 0.0f, b = 0.0f;
+#pragma unroll 2
+  for (int sb = 0; sb < nb; ++sb) {
+    a += mv_block(ra, xr, sb, lid);
+    b += mv_block(rb, xr, sb, lid);
+  }
+  return (float2)(a, b);
 }
 #elif !defined(NO_WIDE_LOADS) && defined(WT_F32)
 // f32 rows (the router's): 16-byte loads, consecutive work-items on consecutive ones.
@@ -261,6 +279,7 @@ float mv_partial(global const uchar* row, global const float* xr, int k) {
   const int lid = get_local_id(0), k4 = k / 4;
   global const float* wr = (global const float*)row;
   float acc = 0.0f;
+#pragma unroll 8
   for (int i = lid; i < k4; i += MV_WG) {
     const float4 a = vload4(i, wr), b = vload4(i, xr);
     acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -281,6 +300,11 @@ float mv_partial(global const uchar* row, global const float* xr, int k) {
     acc += s;
   }
   return acc;
+}
+#endif
+#ifndef MV_BLOCKWISE
+float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const float* xr, int k) {
+  return (float2)(mv_partial(ra, xr, k), mv_partial(rb, xr, k));
 }
 #endif
 
@@ -400,8 +424,9 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
   const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
   global const float* xr = x + (long)(s / n_used) * k;
   // Both products' loads in flight before one reduction of the two sums.
-  buf[lid] = on ? mv_partial(gate + off, xr, k) : 0.0f;
-  buf[MV_WG + lid] = on ? mv_partial(up + off, xr, k) : 0.0f;
+  const float2 gu = on ? mv_partial2(gate + off, up + off, xr, k) : (float2)(0.0f);
+  buf[lid] = gu.x;
+  buf[MV_WG + lid] = gu.y;
   mv_sum_rows(buf, 2);
   if (on && lid == 0) h[(long)s * n_ff + f] = silu_f(buf[0]) * buf[MV_WG];
   // Every group counts and takes the rounding's barriers (PoCL wants no barrier skipped, even on a branch a
@@ -443,6 +468,7 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
   const long t = get_group_id(1);
   // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
   // order (as moe_combine).
+#pragma unroll 8
   for (int j = 0; j < n_used; ++j) {
     const long s = t * n_used + j;
     const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
