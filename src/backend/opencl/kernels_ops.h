@@ -129,6 +129,82 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
   }
 ROUND_BLOCK_GROUP(round_block_group, )
 ROUND_BLOCK_GROUP(round_block_group_v, volatile)
+// A row of n values (other groups' results: volatile) rounded as round_unit rounds it, modes 0 and 1, by the
+// wg work-items of a group at once: 16-byte loads, 4 in flight a work-item, each float4's value of largest
+// magnitude into bv / bi (n / 4 entries of local memory each), then one segmented reduction over all the
+// blocks (log2 of a block's float4s in barriers), then the values again, rounded into yr. n % 32 == 0
+// (mode 0) or n % 256 == 0 (mode 1). active 0: only the barriers.
+void round_row_group(volatile global const float* xr, global float* yr, int n, int mode, int active, int lid,
+                     int wg, local float* bv, local int* bi) {
+  const int n4 = n / 4, seg = mode == 0 ? 8 : 64;
+  volatile global const float4* x4 = (volatile global const float4*)xr;
+  if (active)
+    for (int i0 = lid; i0 < n4; i0 += 4 * wg) {
+      float4 v[4];
+      for (int u = 0; u < 4; ++u) v[u] = i0 + u * wg < n4 ? x4[i0 + u * wg] : (float4)(0.0f);
+      for (int u = 0; u < 4; ++u) {
+        const int i = i0 + u * wg;
+        if (i >= n4) break;
+        float best = v[u].x;
+        int at = 4 * i;
+        if (fabs(v[u].y) > fabs(best)) best = v[u].y, at = 4 * i + 1;
+        if (fabs(v[u].z) > fabs(best)) best = v[u].z, at = 4 * i + 2;
+        if (fabs(v[u].w) > fabs(best)) best = v[u].w, at = 4 * i + 3;
+        bv[i] = best;
+        bi[i] = at;
+      }
+    }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int h = seg / 2; h > 0; h >>= 1) {
+    if (active)
+      for (int i = lid; i < n4; i += wg)
+        if ((i & (seg - 1)) < h) {
+          const float fa = fabs(bv[i]), fb = fabs(bv[i + h]);
+          if (fb > fa || (fb == fa && bi[i + h] < bi[i])) bv[i] = bv[i + h], bi[i] = bi[i + h];
+        }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (!active) return;
+  for (int i0 = lid; i0 < n4; i0 += 4 * wg) {
+    float4 v[4];
+    for (int u = 0; u < 4; ++u) v[u] = i0 + u * wg < n4 ? x4[i0 + u * wg] : (float4)(0.0f);
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * wg;
+      if (i >= n4) break;
+      const float mx = bv[i & ~(seg - 1)], amax = fabs(mx);
+      float4 q;
+      if (mode == 0) {
+        const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;
+        q = (float4)(rint(v[u].x * id) * d, rint(v[u].y * id) * d, rint(v[u].z * id) * d, rint(v[u].w * id) * d);
+      } else if (amax == 0.0f) {
+        q = (float4)(0.0f);
+      } else {
+        const float iscale = -127.f / mx, d = 1.0f / iscale;
+        q = (float4)(min(127.0f, rint(iscale * v[u].x)) * d, min(127.0f, rint(iscale * v[u].y)) * d,
+                     min(127.0f, rint(iscale * v[u].z)) * d, min(127.0f, rint(iscale * v[u].w)) * d);
+      }
+      vstore4(q, i, yr);
+    }
+  }
+}
+// The last of `total` work-groups to pass here (after its work-items wrote the group's results) gets 1, the
+// others 0, every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the
+// others' results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
+int last_group(volatile global int* cnt, int total, local int* flag) {
+  mem_fence(CLK_GLOBAL_MEM_FENCE);  // each writer's results before the group's count
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    const int last = atomic_inc(cnt) == total - 1;
+    if (last) atomic_xchg(cnt, 0);
+    *flag = last;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  const int r = *flag;
+  mem_fence(CLK_GLOBAL_MEM_FENCE);
+  return r;
+}
+
 #pragma OPENCL FP_CONTRACT ON
 // MoE routing of token t on the device (decode-sized batches), by the wg work-items of a group: softmax over
 // the router's logits l, the k most probable experts (ties: the lower index first) with their probabilities
