@@ -18,6 +18,7 @@ detail::GemmArgs gemm_args(DType w_type, const Activations& a) {
   g.x = a.data;
   g.x_scale = a.aux;
   g.m = a.m;
+  if (a.m <= detail::kGemmSmallMaxRows) g.bm = detail::kGemmSmallBM;
   return g;
 }
 }  // namespace

@@ -26,6 +26,7 @@ constexpr int64_t kDecodeMaxRows = 8;  // a decode step's rows: a norm may hand 
 // tensor-core GEMM ran a handful of 64-row tiles (n / 128 CTAs: 16-32 on 132 SMs). H200, qwen3-30b-a3b synth,
 // `xpert bench --parallel 16,32 -p 128 -n 64 --routing uniform` S_TG: 1,128 -> 1,374 t/s at 16 streams
 // (with the MoE's decode path up to 16 tokens), 1,452 -> 1,564 at 32 (2026-12-04).
+// At 64 streams the matrix-vector kernels up to 64 rows lost (S_TG 1,508 against 1,584, 2026-12-04).
 constexpr int64_t kMatvecMaxRows = 32;
 
 enum class ActFormat { q8_1, f16, bf16, f32 };

@@ -12,6 +12,15 @@ namespace xpert::cuda::detail {
 // Prefill tile of the tensor-core product: output rows (X rows) x W rows per CTA.
 constexpr int kGemmBM = 64;
 constexpr int kGemmBN = 64;
+// Tiles of 32 rows where a product has few rows (33..kGemmSmallMaxRows) or a grouped product few rows an
+// expert (at most kGemmSmallGroupRows on average): twice the CTAs for a dense product whose one or two
+// 64-row tiles left most SMs idle, half the mma and X tile work for expert groups of a few rows. H200,
+// qwen3-30b-a3b synth, `xpert bench --parallel 64 -p 128 -n 64 --routing uniform` S_TG 1,913 -> 2,241 t/s
+// in one call (2026-12-04: the grouped gate/up GEMM 238 us a layer at 32 rows); at 512 tokens x top 8 of
+// 128 experts (32 rows an expert) 32-row tiles had measured slower.
+constexpr int kGemmSmallBM = 32;
+constexpr int64_t kGemmSmallMaxRows = 128;
+constexpr int64_t kGemmSmallGroupRows = 16;
 
 // Y = X W^T on tensor cores, optionally two products at once (dual: y = silu(X W0^T) * (X W1^T)), over
 // one matrix or over groups of rows that each use their own matrix (grouped experts).
@@ -33,6 +42,7 @@ struct GemmArgs {
   const int32_t* group_tiles = nullptr;  // grouped: [n_groups + 1] first tile of each group
   int32_t n_groups = 0;
   int64_t max_tiles = 0;  // grouped: grid bound (tiles past group_tiles[n_groups] exit)
+  int32_t bm = kGemmBM;   // X rows per CTA: kGemmBM or kGemmSmallBM
   // Ungrouped and not dual: n_outs (1..kMaxOuts) matrices of one type and k over the same X in one launch;
   // column tiles [outs[j-1].tile_end, outs[j].tile_end) are matrix j's (w0 / n / y / ldy unused). q, k and
   // v of a prefill fill one grid: alone, k and v (512 rows) ran 64 blocks on 132 SMs.

@@ -70,7 +70,9 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return u;
 }
 
-// BM: X rows per CTA (kGemmBM; the kernel also builds with 32, measured slower for expert groups).
+// BM: X rows per CTA (kGemmBM, or kGemmSmallBM for products of few rows: matmul_kernels.h). Loading W two
+// k steps ahead instead of one (168 registers, three CTAs an SM instead of four) measured slower at 32 rows:
+// 64 streams S_TG 2,065 against 2,170 (H200, 2026-12-04).
 template <DType T, bool kDual, int BM>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   constexpr bool kBf16 = T == DType::BF16;
@@ -303,21 +305,29 @@ void gemm_init() {
       if constexpr (T != DType::F32) {
         set_smem_limit_now<T, false, kGemmBM>();
         set_smem_limit_now<T, true, kGemmBM>();
+        set_smem_limit_now<T, false, kGemmSmallBM>();
+        set_smem_limit_now<T, true, kGemmSmallBM>();
       }
     });
 }
 
 void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream) {
-  XPERT_CU_ASSERT(a.k % 32 == 0);
+  XPERT_CU_ASSERT(a.k % 32 == 0 && (a.bm == kGemmSmallBM || a.bm == kGemmBM));
   XPERT_CU_ASSERT(a.n_outs == 0 || (!dual && !a.group_tiles && a.n_outs <= GemmArgs::kMaxOuts));
   const bool ok = dev::dispatch_type(w_type, [&]<DType T>() {
     if constexpr (T == DType::F32) {
       fail_cat("CUDA matmul: F32 weights have no tensor-core path");
     } else {
-      if (dual)
+      if (a.bm == kGemmSmallBM) {
+        if (dual)
+          launch<T, true, kGemmSmallBM>(a, stream);
+        else
+          launch<T, false, kGemmSmallBM>(a, stream);
+      } else if (dual) {
         launch<T, true, kGemmBM>(a, stream);
-      else
+      } else {
         launch<T, false, kGemmBM>(a, stream);
+      }
     }
   });
   if (!ok) fail_cat("CUDA matmul: weight type ", dtype_name(w_type), " is not supported");

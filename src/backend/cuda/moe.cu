@@ -441,9 +441,8 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
 
   const GroupedBufs b = carve_grouped(ws, e, n, k);
   const int64_t rows = n * k;
-  // Tiles of 64 rows even when experts get fewer (32-row tiles dequantize each weight tile for half as many
-  // rows: measured slower at 512 tokens x top 8 over 128 experts, 734 vs 617 us per layer).
-  const int bm = detail::kGemmBM;
+  // Tiles of 64 rows, or 32 where the experts get few rows each (matmul_kernels.h: kGemmSmallGroupRows).
+  const int bm = rows <= detail::kGemmSmallGroupRows * e.n_expert ? detail::kGemmSmallBM : detail::kGemmBM;
   group_kernel<<<1, 1024, 2 * e.n_expert * sizeof(int), stream>>>(
       run.ids, rows, (int)e.n_expert, e.gate, e.up, e.down, b.offsets, b.tiles, b.row_slot, b.slot_row, bm);
   XPERT_CUDA_CHECK_LAUNCH();
@@ -466,6 +465,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   g.group_tiles = b.tiles;
   g.n_groups = (int32_t)e.n_expert;
   g.max_tiles = (rows + bm - 1) / bm + std::min<int64_t>(e.n_expert, rows);
+  g.bm = bm;
   detail::launch_gemm(e.gate_type, true, g, stream);
 
   detail::launch_convert_16(false, b.h, F, rows, F, b.h16, b.hscale, b.offsets + e.n_expert, stream);

@@ -27,6 +27,9 @@ constexpr int64_t kMoeDecodeMaxTokens = 8;  // the router launch that also route
 // of 128 experts hold one or two rows each. H200, qwen3-30b-a3b synth, `xpert bench --parallel 16,32,64
 // -p 128 -n 64 --routing uniform` S_TG against the bound of 8: 704 -> 1,128 t/s at 16 streams, 1,130 ->
 // 1,453 at 32; at 64 the decode kernels lost (1,785 against 1,984 grouped) (2026-12-04).
+// Between the two, decode dots over tiles of up to 8 rows of one expert (each weight chunk read once and
+// multiplied with all of the tile's q8_1 rows, M accumulators a lane) lost to the grouped GEMMs at 64 tokens:
+// S_TG 1,560 (8 rows a tile) and 1,837 (4) against 1,913, and to the decode kernels at 16-32 (2026-12-04).
 constexpr int64_t kMoeDecodePathMaxTokens = 32;
 
 struct MoeRouting {
