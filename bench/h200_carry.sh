@@ -10,6 +10,8 @@
 #   bench/h200_carry.sh tier            # three tiers (CUDA + an OpenCL expert device + CPU) against CUDA + CPU
 #   bench/h200_carry.sh batch           # many users: xpert bench --parallel (routing model, uniform) vs
 #                                       # llama-batched-bench, PRESETS (default qwen3-30b-a3b), NPL 1,4,16,64
+#   bench/h200_carry.sh hbatch          # many users, every expert on the host: xpert --num-gpu-experts 0 vs
+#                                       # llama-batched-bench --n-cpu-moe 48, 1 and 16 streams
 #   bench/h200_carry.sh ocl [PRESET]    # the whole model through NVIDIA's OpenCL (opencl:1) against xpert's CUDA
 #                                       # backend on the same file: pp512 / tg128 of each (timeout OCL_TIMEOUT
 #                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_OPTS probe), enqueues per
@@ -143,6 +145,21 @@ case "${1:-}" in
       done
     } 2>&1 | tee "$OUT/batch.md"
     ;;
+  hbatch)  # many users with every expert on the host: xpert --num-gpu-experts 0 (routing uniform, model) vs
+           # llama-batched-bench --n-cpu-moe 48, qwen3-30b-a3b, 1 and 16 streams of 128 + 32 tokens
+    B=$W/lcpb/bin/llama-batched-bench
+    f=$(synth qwen3-30b-a3b | tail -1)
+    {
+      for routing in uniform model; do
+        echo "## xpert --num-gpu-experts 0 --routing $routing"
+        timeout "${BATCH_TIMEOUT:-240}" "$X" bench -m "$f" --parallel 1,16 -p 128 -n 32 --num-gpu-experts 0 \
+          --routing $routing 2>&1 | grep -E '\||error' || echo "(rc ${PIPESTATUS[0]})"
+      done
+      echo "## llama.cpp --n-cpu-moe 48"
+      [[ -x $B ]] && timeout "${BATCH_TIMEOUT:-240}" "$B" -m "$f" -ngl 99 --n-cpu-moe 48 -npp 128 -ntg 32 -npl 1,16 \
+        -c 4608 -b 2048 -ub 512 2>&1 | grep -E '^\|' || echo "(no llama-batched-bench)"
+    } 2>&1 | tee "$OUT/hbatch.md"
+    ;;
   ocl)
     f=$(synth "${2:-qwen3-30b-a3b}" | tail -1)
     icd=$W/icd
@@ -272,7 +289,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|batch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|batch|hbatch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac
