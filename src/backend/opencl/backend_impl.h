@@ -284,7 +284,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     launch(program(attention_, kAttentionSource, "").kernel("attention"),
            {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
            (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale,
-           (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)-1, nullptr, counters_);
+           (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -360,7 +360,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (mode < 0) return x;
     check_row(t, k);
     if (pre_.x == x && pre_.rows == m && pre_.k == k && pre_.mode == mode) return pre_.q;
-    if (x == att_out_) att_round_mode_ = mode;  // the next decode attention rounds its output so
     float* xq = scratch().take<float>(m * k);
     if (mode <= 1)  // a block per work-group
       launch(ops("round_blocks"), {(size_t)(k / unit) * kRedWg, (size_t)m}, {kRedWg, 1}, x, (cl_int)k, xq,
@@ -516,7 +515,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h
-  static constexpr int64_t kAttRoundMax4 = 2048;  // ATT_ROUND_MAX4, kernels_attention.h
   cl_int* counters_ = nullptr;
   std::map<cl_kernel, ArgSets> arg_sets_;
   size_t max_arg_sets_ = 1024;
@@ -537,9 +535,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     int mode = -1;
   } pre_;
   int preround_mode_ = -1;  // the rounding of the last matmuls() (a layer's q/k/v)
-  // The last decode attention's output, and the rounding a matmul then asked of it (the output projection's).
-  const float* att_out_ = nullptr;
-  int att_round_mode_ = -1;
   float* preq_ = nullptr;
   int64_t preq_cap_ = 0;
   float* preround_buffer(int64_t n) {

@@ -119,21 +119,11 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
          (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
          (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
          d.slots, slot_halves);
-  // The output rounded for the output projection by the last group of each token (the rounding that
-  // projection asked of the last step's output: att_round_mode_), so its rounding launch is skipped.
-  const int64_t W = d.n_head * d.head_dim;
-  int qmode = att_round_mode_;
-  if (!tails_ || (qmode != 0 && qmode != 1) || W % (qmode == 0 ? 32 : 256) || W / 4 > kAttRoundMax4 ||
-      d.n_seq > kCounters)
-    qmode = -1;
-  float* outq = qmode >= 0 ? preround_buffer(d.n_seq * W) : nullptr;
   launch(program(attention_, kAttentionSource, "").kernel("attention"),
          {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
          (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
-         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves, (cl_int)qmode, outq, counters_);
-  att_out_ = d.out;
-  if (qmode >= 0) pre_ = {d.out, outq, d.n_seq, W, qmode};
-  return Act::of(d.out, d.n_seq, W);
+         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+  return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
 // A decode-sized batch of a MoE layer wholly on the device, without a shared expert: seven launches from the

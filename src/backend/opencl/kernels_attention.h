@@ -40,14 +40,9 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   return dot * kq_scale;
 }
 
-// With qmode >= 0 (a decode step), token t's last group then rounds the token's output row into outq for
-// the output projection (round_row_group, modes 0 and 1; n_head * d % the block and <= 4 * ATT_ROUND_MAX4),
-// so no launch does it.
-#define ATT_ROUND_MAX4 2048
 kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
-                      int window, global const int* slots, int use_slots, long slot_stride, int qmode,
-                      global float* outq, volatile global int* counters) {
+                      int window, global const int* slots, int use_slots, long slot_stride) {
   local float qs[ATT_MAXD];
   local float ps[ATT_WG];
   const int h = get_group_id(0), lid = get_local_id(0);
@@ -106,12 +101,6 @@ kernel void attention(global const float* q, global const half* kc, global const
     const int dd = lid + a * ATT_WG;
     if (dd < d) o[dd] = acc[a];
   }
-  if (qmode < 0) return;  // the same for every group
-  local int flag;
-  local float rbv[ATT_ROUND_MAX4];
-  local int rbi[ATT_ROUND_MAX4];
-  const int last = last_group(counters + t, n_head, &flag);
-  round_row_group(out + t * n_head * d, outq + t * n_head * d, n_head * d, qmode, last, lid, ATT_WG, rbv, rbi);
 }
 )CLC";
 
