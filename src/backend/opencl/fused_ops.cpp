@@ -1,6 +1,7 @@
 // The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
-// costs microseconds of host time (NVIDIA's: ~13), so a decode step is counted in launches: per MoE layer of
-// qwen3moe, 10 (qkv: rounding + one gemv over the three matrices; q/k norms, RoPE and the k/v store: one;
+// costs microseconds of host time (NVIDIA's: ~11), so a decode step is counted in launches: per MoE layer of
+// qwen3moe, 9 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
+// q/k norms, RoPE and the k/v store: one;
 // attention: one; wo: rounding + gemv; the residual add, the FFN norm and its rounding: one; the router's
 // product with the top-k in its last groups: one; gate/up with SwiGLU, the last group of each slot rounding
 // its row: one; down with the weighted combine and the residual add, the last group of each token writing
