@@ -432,12 +432,16 @@ TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
   EXPECT_FALSE(d.probe || d.stats || d.profile);
   EXPECT_EQ(d.arg_sets, 1024);
   EXPECT_EQ(d.mv_wg, 0);
-  const opencl::Switches s = with("fused=0:tail=0,arg_cache=0:wide=0,mv_wg=16:arg_sets=8,probe:stats,profile=1");
+  EXPECT_EQ(d.mv_r, 0);
+  const opencl::Switches s =
+      with("fused=0:tail=0,arg_cache=0:wide=0,mv_wg=16:arg_sets=8,probe:stats,profile=1,mv_r=8");
   EXPECT_FALSE(s.fused || s.tail || s.arg_cache || s.wide);
   EXPECT_TRUE(s.probe && s.stats && s.profile);
   EXPECT_EQ(s.mv_wg, 16);
   EXPECT_EQ(s.arg_sets, 8);
-  for (const char* bad : {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x"}) {
+  EXPECT_EQ(s.mv_r, 8);
+  for (const char* bad :
+       {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x", "mv_r=3", "mv_r=32"}) {
     try {
       with(bad);
       ADD_FAILURE() << bad << " was accepted";
