@@ -34,9 +34,9 @@ void print_cuda() {
     return;
   }
   for (const cuda::DeviceInfo& d : devs)
-    fmt::print("{:<10}{} (compute {}.{}, {} SMs), {:.1f} GiB ({:.1f} GiB free), L2 {} MiB\n",
+    fmt::print("{:<10}{} (compute {}.{}, {} SMs), {:.1f} GiB ({:.1f} GiB free), L2 {} MiB, PCI {}\n",
                fmt::format("cuda:{}", d.index), d.name, d.cc_major, d.cc_minor, d.sm_count,
-               d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0, d.l2_bytes >> 20);
+               d.total_bytes / 1073741824.0, d.free_bytes / 1073741824.0, d.l2_bytes >> 20, d.pci_bus_id);
 }
 #else
 void print_cuda() { fmt::print("cuda      not built into this binary (no CUDA compiler at build time)\n"); }
@@ -48,7 +48,8 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.1f} GiB", bytes / 10737
 void print_opencl_device(const opencl::DeviceInfo& d) {
   const char* indent = "          ";
   const auto yes_no = [](bool b) { return b ? "yes" : "no"; };
-  fmt::print("{:<10}{} ({})\n", fmt::format("opencl:{}", d.index), d.name, d.type_name());
+  fmt::print("{:<10}{} ({}{})\n", fmt::format("opencl:{}", d.index), d.name, d.type_name(),
+             d.pci_bus_id.empty() ? "" : ", PCI " + d.pci_bus_id);
   fmt::print("{}platform  {} ({})\n", indent, d.platform_name, d.platform_version);
   fmt::print("{}driver    {}; {}; {}\n", indent, d.driver_version, d.device_version, d.opencl_c_version);
   std::string usm = d.intel_usm ? fmt::format(", Intel USM host allocations {}", d.usm_host_caps ? "yes" : "no") : "";

@@ -20,6 +20,7 @@
 #endif
 #include "backend/opencl/opencl_backend.h"
 #ifdef XPERT_HAVE_OPENCL
+#include "backend/opencl/discovery.h"
 #include "backend/opencl/expert_executor.h"
 #else
 namespace xpert {
@@ -117,9 +118,31 @@ ExpertDevices check_expert_devices(const PlacementOptions& o) {
   return d;
 }
 
+#ifdef XPERT_HAVE_OPENCL
+// "cuda:N (PCI ...)" when OpenCL device `ocl` is the CUDA GPU that runs some of m's layers (the same PCI
+// address), else "". Its experts would then take turns on that GPU with the layers' kernels: a rate measured
+// with the GPU idle (executor_share.h) does not see that. (H200, qwen3-30b-a3b: NVIDIA's OpenCL beside CUDA +
+// CPU took a 0.71 share and decoded 34.9 t/s where CUDA + CPU alone did 55.3, 2026-12-03.)
+std::string gpu_of_layers(const Model& m, const PlacementOptions& o, int ocl) {
+#ifdef XPERT_HAS_CUDA
+  bool layers = false;
+  for (int64_t il = 0; il < m.config().n_layer && !layers; ++il) layers = m.layer_device(il) != nullptr;
+  const std::optional<DeviceId> dev = layers ? gpu_of(o) : std::nullopt;
+  if (!dev || dev->kind != DeviceKind::cuda) return "";
+  const std::string pci = opencl::device_info(ocl).pci_bus_id;
+  for (const cuda::DeviceInfo& g : cuda::list_devices())
+    if (g.index == dev->index && !pci.empty() && g.pci_bus_id == pci) return fmt::format("{} (PCI {})", dev->str(), pci);
+#else
+  (void)m, (void)o, (void)ocl;
+#endif
+  return "";
+}
+#endif
+
 // The OpenCL expert device of --expert-device, when there is one and the model has experts on the host: the
 // host experts of every MoE layer (host layers and split GPU layers) go to it, shared with the CPU when both
-// are named. After offload.
+// are named. After offload. With the CPU beside it and no --expert-share, a device that is the GPU of the
+// layers is left out (gpu_of_layers).
 void attach_expert_device(Model& m, const PlacementOptions& o) {
   const ExpertDevices d = check_expert_devices(o);
 #ifdef XPERT_HAVE_OPENCL
@@ -129,6 +152,17 @@ void attach_expert_device(Model& m, const PlacementOptions& o) {
   for (int64_t il = 0; il < c.n_layer && first < 0; ++il)
     if (m.host_weights().layers[il].ffn_gate_exps && (!m.layer_device(il) || m.expert_split(il))) first = il;
   if (first < 0) return;  // every expert is on the GPU
+  if (const std::string same = gpu_of_layers(m, o, d.opencl); !same.empty()) {
+    if (d.cpu && o.expert_share.empty()) {
+      log::info("host experts on the CPU alone: opencl:{} is {}, the GPU that runs the layers, where its experts "
+                "would take turns with them (--expert-share gives it a share anyway)",
+                d.opencl, same);
+      return;
+    }
+    log::warn("--expert-device opencl:{} is {}, the GPU that runs the layers: its experts take turns with them "
+              "there (--expert-device cpu may be faster)",
+              d.opencl, same);
+  }
   std::shared_ptr<ExpertExecutor> exec = opencl::make_expert_executor(d.opencl);
   ExecutorShare share;  // the device alone
   std::string why = "the device alone";

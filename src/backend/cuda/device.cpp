@@ -1,5 +1,7 @@
 #include "backend/cuda/device.h"
 
+#include <fmt/format.h>
+
 #include <cstdint>
 
 #include "backend/cuda/check.h"
@@ -30,6 +32,7 @@ std::vector<DeviceInfo> list_devices() {
     d.total_bytes = p.totalGlobalMem;
     d.l2_bytes = (size_t)p.l2CacheSize;
     d.smem_per_block_optin = p.sharedMemPerBlockOptin;
+    d.pci_bus_id = fmt::format("{:04x}:{:02x}:{:02x}.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
       d.free_bytes = free_b;

@@ -39,6 +39,7 @@ struct DeviceInfo {
   size_t total_bytes = 0, free_bytes = 0;
   size_t l2_bytes = 0;
   size_t smem_per_block_optin = 0;  // shared memory a kernel may opt into
+  std::string pci_bus_id;           // "dddd:bb:dd.f", lower-case hex (opencl::DeviceInfo's form)
 };
 
 // Every CUDA device the driver shows; empty (never an error) when there is no driver or no device.

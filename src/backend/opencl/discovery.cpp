@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
@@ -53,6 +55,26 @@ bool has_extension(const std::string& list, const char* name) {
   return false;
 }
 
+// cl_nv_device_attribute_query's PCI fields (not in Khronos' headers); the slot id packs device << 3 |
+// function.
+constexpr cl_device_info kPciBusIdNv = 0x4008, kPciSlotIdNv = 0x4009, kPciDomainIdNv = 0x400A;
+
+std::string pci_bus_id(cl_device_id d, const std::string& ext) {
+  if (has_extension(ext, "cl_khr_pci_bus_info")) {
+    cl_device_pci_bus_info_khr b{};
+    if (query(d, CL_DEVICE_PCI_BUS_INFO_KHR, sizeof b, &b))
+      return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", b.pci_domain, b.pci_bus, b.pci_device, b.pci_function);
+  }
+  if (has_extension(ext, "cl_nv_device_attribute_query")) {
+    cl_uint bus = 0, slot = 0, domain = 0;
+    if (query(d, kPciBusIdNv, sizeof bus, &bus) && query(d, kPciSlotIdNv, sizeof slot, &slot)) {
+      query(d, kPciDomainIdNv, sizeof domain, &domain);  // older drivers: domain 0
+      return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", domain, bus, slot >> 3, slot & 7);
+    }
+  }
+  return "";
+}
+
 DeviceInfo describe(int index, cl_platform_id p, cl_device_id d) {
   DeviceInfo i;
   i.index = index;
@@ -99,6 +121,7 @@ DeviceInfo describe(int index, cl_platform_id p, cl_device_id d) {
   } else if (has_extension(ext, "cl_amd_device_attribute_query")) {
     if (cl_uint w = device_value<cl_uint>(d, CL_DEVICE_WAVEFRONT_WIDTH_AMD)) i.sub_group_sizes = {w};
   }
+  i.pci_bus_id = pci_bus_id(d, ext);
   return i;
 }
 

@@ -29,6 +29,10 @@ struct DeviceInfo {
   bool intel_subgroups = false, intel_required_subgroup_size = false, khr_subgroups = false;
   bool intel_usm = false, intel_subgroup_mma = false;
   std::string extensions;
+  // "dddd:bb:dd.f" (lower-case hex) from cl_khr_pci_bus_info or NVIDIA's cl_nv_device_attribute_query; ""
+  // where the device names none (PoCL, most CPUs): with cuda::DeviceInfo::pci_bus_id, whether an OpenCL
+  // device is a GPU that CUDA also drives.
+  std::string pci_bus_id;
 
   bool is_gpu() const { return (type & CL_DEVICE_TYPE_GPU) != 0; }
   bool is_cpu() const { return (type & CL_DEVICE_TYPE_CPU) != 0; }
