@@ -4,6 +4,7 @@
 # libraries it needs (fmt, cpp-httplib, pcre2, ssl/crypto, brotli) into .devbin/ and .devbin/lib, and
 # carry .devbin plus .lcp/ (llama.cpp's source from llama-cpp-python, trimmed). Steps:
 #   bench/h200_carry.sh llama           # build llama.cpp's llama-bench and llama-batched-bench with CUDA, native (~4 min on 16 cores)
+#   bench/h200_carry.sh tests           # the CUDA tests, the OpenCL unit tests on NVIDIA's OpenCL alone, AMX (see the mode)
 #   bench/h200_carry.sh cuda            # the whole model on the GPU: xpert vs llama.cpp, both synth presets
 #                                       # (xpert's first run with its bandwidth roofline lines)
 #   bench/h200_carry.sh het             # experts on the host: xpert vs llama.cpp --n-cpu-moe, qwen3-30b-a3b
@@ -75,6 +76,24 @@ case "${1:-}" in
     echo "llama.cpp build rc=$?"
     ;;
   unpack) ls -l .devbin "$L" ;;
+  tests)  # every GPU-machine test carried in .devbin: xpert_cuda_tests (TESTS, a gtest filter, default all), the
+          # OpenCL unit tests of xpert_tests on NVIDIA's OpenCL alone (an ICD folder naming only its driver, so
+          # opencl:0 is the GPU, not PoCL), test_matmul_amx on the host's AMX. Carry the unit tests with
+          # `h200_prepare.sh devbin build-dev xpert_tests=build-dev/tests/xpert_tests
+          # test_matmul_amx=build-dev/tests/test_matmul_amx`.
+    {
+      [[ -x .devbin/xpert_cuda_tests ]] && .devbin/xpert_cuda_tests --gtest_filter="${TESTS:-*}" 2>&1 |
+        grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is|expected'
+      if [[ -x .devbin/xpert_tests ]]; then
+        icd=$W/icd-nvidia
+        mkdir -p "$icd" && rm -f "$icd"/* && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 >"$icd/nvidia.icd"
+        OCL_ICD_VENDORS=$icd OCL_ICD_FILENAMES=/usr/local/nvidia/lib64/libnvidia-opencl.so.1 XDG_CACHE_HOME=$W/cache \
+          bash -c '"$0" devices 2>&1 | grep "^opencl"; .devbin/xpert_tests --gtest_filter="*OpenCL*" 2>&1' "$X" |
+          grep -E '^opencl|^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is'
+      fi
+      [[ -x .devbin/test_matmul_amx ]] && .devbin/test_matmul_amx 2>&1 | grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure'
+    } 2>&1 | tee "$OUT/tests.md"
+    ;;
   pack)
     (cd "$W/lcpb" && tar -cf - bin/llama-bench bin/llama-batched-bench bin/*.so* | xz -T16 -6 | split -b 15M - "$OUT/lcpbin.txz.")
     ls -l "$OUT"/lcpbin.txz.*
@@ -289,7 +308,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|cuda|het|tier|batch|hbatch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|tests|cuda|het|tier|batch|hbatch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac

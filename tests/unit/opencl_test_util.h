@@ -1,6 +1,6 @@
-// What the OpenCL backend's op tests share (test_opencl_backend.cpp, test_opencl_fused.cpp): one device for
-// the whole test binary (its programs built once), DEVICE_OR_SKIP for machines without one, random data, and
-// copies to and from device memory. Only where XPERT_HAVE_OPENCL is defined.
+// What the OpenCL tests share (test_opencl_backend.cpp, test_opencl_fused.cpp, the model tests): whether there
+// is a device, one device for the whole test binary (its programs built once), DEVICE_OR_SKIP for machines
+// without one, random data, and copies to and from device memory. Only where XPERT_HAVE_OPENCL is defined.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -14,6 +14,15 @@
 #include "base/error.h"
 
 namespace xpert::cltest {
+
+// Whether the machine shows an OpenCL device (false, not an exception, without a loader or a platform).
+inline bool have_device() {
+  try {
+    return !opencl::list_devices().empty();
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 // OpenCL device 0 as a whole-model backend; null when the machine has none (or none with SVM).
 inline Backend* device() {

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "model_outputs.h"
+#include "opencl_test_util.h"
 #include "model/kv_cache.h"
 #include "model/recurrent_state.h"
 #include "test_data.h"
@@ -32,14 +33,6 @@ namespace {
 // an expert's output, and near-ties in the routing amplify it (NVIDIA's OpenCL, whose division and exp
 // round differently from the CPU's, shows 2.7e-2 on tiny_qwen35moe with all 12 greedy tokens equal).
 constexpr float kLogitTol = 2e-2f, kLogitTolMoe = 5e-2f;
-
-bool have_device() {
-  try {
-    return !opencl::list_devices().empty();
-  } catch (const Error&) {
-    return false;
-  }
-}
 
 void compare(const std::string& what, const Outputs& a, const Outputs& b, int64_t V, float tol) {
   ASSERT_EQ(a.prefill.size(), b.prefill.size());
@@ -56,7 +49,7 @@ void compare(const std::string& what, const Outputs& a, const Outputs& b, int64_
 class OpenCLBackendModel : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(OpenCLBackendModel, MatchesCpu) {
-  if (!have_device()) GTEST_SKIP() << "no OpenCL device";
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
   auto [file, fraction] = GetParam();
   std::unique_ptr<TempFile> synth;
   if (file.rfind("synth:", 0) == 0) {  // a synth preset, written by this case's process

@@ -18,6 +18,7 @@
 #ifdef XPERT_HAVE_OPENCL
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/expert_executor.h"
+#include "opencl_test_util.h"
 #endif
 
 namespace xpert {
@@ -65,7 +66,7 @@ std::string tiny_moe_file(const std::string& preset = "tiny-qwen3moe") {
 }
 
 TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
-  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
   const std::string file = tiny_moe_file();
   auto cpu = Model::load(file);
   auto dev = Model::load(file);
@@ -76,7 +77,7 @@ TEST(OpenCLModel, ExpertsOnTheDeviceMatchTheCpu) {
 // --expert-device opencl:0,cpu: each batch's experts shared between the device and the CPU's threads (for
 // prefill and decode alike here; the phases' shares differ in the measured plan).
 TEST(OpenCLModel, ExpertsSharedWithTheCpuMatchTheCpu) {
-  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
   for (const char* preset : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
     const std::string file = tiny_moe_file(preset);
     auto cpu = Model::load(file);
@@ -93,7 +94,7 @@ TEST(OpenCLModel, ExpertsSharedWithTheCpuMatchTheCpu) {
 // --expert-device opencl:0 loads it): the device alone and shared with the CPU, against the CPU's native
 // experts.
 TEST(OpenCLModel, NativeGptqExpertsMatchTheCpu) {
-  if (opencl::list_devices().empty()) GTEST_SKIP() << "no OpenCL device";
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
   const char* e = std::getenv("XPERT_SOURCE_DIR");
   const std::string dir = std::string(e ? e : XPERT_SOURCE_DIR) + "/tests/reference/fixtures/hf_qwen35moe_gptq";
   auto cpu = Model::load(dir, {.native_gptq_experts = true});
