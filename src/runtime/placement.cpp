@@ -125,13 +125,13 @@ ExpertDevices check_expert_devices(const PlacementOptions& o) {
 // CPU took a 0.71 share and decoded 34.9 t/s where CUDA + CPU alone did 55.3, 2026-12-03.)
 std::string gpu_of_layers(const Model& m, const PlacementOptions& o, int ocl) {
 #ifdef XPERT_HAS_CUDA
-  bool layers = false;
-  for (int64_t il = 0; il < m.config().n_layer && !layers; ++il) layers = m.layer_device(il) != nullptr;
-  const std::optional<DeviceId> dev = layers ? gpu_of(o) : std::nullopt;
+  if (!m.layer_device(m.config().n_layer - 1)) return "";  // no layer on a GPU (offload takes the last N)
+  const std::optional<DeviceId> dev = gpu_of(o);
   if (!dev || dev->kind != DeviceKind::cuda) return "";
   const std::string pci = opencl::device_info(ocl).pci_bus_id;
+  if (pci.empty()) return "";
   for (const cuda::DeviceInfo& g : cuda::list_devices())
-    if (g.index == dev->index && !pci.empty() && g.pci_bus_id == pci) return fmt::format("{} (PCI {})", dev->str(), pci);
+    if (g.index == dev->index && g.pci_bus_id == pci) return fmt::format("{} (PCI {})", dev->str(), pci);
 #else
   (void)m, (void)o, (void)ocl;
 #endif

@@ -60,19 +60,20 @@ bool has_extension(const std::string& list, const char* name) {
 constexpr cl_device_info kPciBusIdNv = 0x4008, kPciSlotIdNv = 0x4009, kPciDomainIdNv = 0x400A;
 
 std::string pci_bus_id(cl_device_id d, const std::string& ext) {
+  cl_device_pci_bus_info_khr b{};
   if (has_extension(ext, "cl_khr_pci_bus_info")) {
-    cl_device_pci_bus_info_khr b{};
-    if (query(d, CL_DEVICE_PCI_BUS_INFO_KHR, sizeof b, &b))
-      return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", b.pci_domain, b.pci_bus, b.pci_device, b.pci_function);
+    if (!query(d, CL_DEVICE_PCI_BUS_INFO_KHR, sizeof b, &b)) return "";
+  } else if (has_extension(ext, "cl_nv_device_attribute_query")) {
+    cl_uint slot = 0;
+    if (!query(d, kPciBusIdNv, sizeof b.pci_bus, &b.pci_bus) || !query(d, kPciSlotIdNv, sizeof slot, &slot))
+      return "";
+    query(d, kPciDomainIdNv, sizeof b.pci_domain, &b.pci_domain);  // older drivers: domain 0
+    b.pci_device = slot >> 3;
+    b.pci_function = slot & 7;
+  } else {
+    return "";
   }
-  if (has_extension(ext, "cl_nv_device_attribute_query")) {
-    cl_uint bus = 0, slot = 0, domain = 0;
-    if (query(d, kPciBusIdNv, sizeof bus, &bus) && query(d, kPciSlotIdNv, sizeof slot, &slot)) {
-      query(d, kPciDomainIdNv, sizeof domain, &domain);  // older drivers: domain 0
-      return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", domain, bus, slot >> 3, slot & 7);
-    }
-  }
-  return "";
+  return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", b.pci_domain, b.pci_bus, b.pci_device, b.pci_function);
 }
 
 DeviceInfo describe(int index, cl_platform_id p, cl_device_id d) {

@@ -309,18 +309,7 @@ float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const 
 #endif
 
 // Sum of v over the MV_WG work-items (every one gets it); buf: MV_WG floats.
-float mv_sum(float v, local float* buf) {
-  const int lid = get_local_id(0);
-  buf[lid] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = MV_WG / 2; s > 0; s >>= 1) {
-    if (lid < s) buf[lid] += buf[lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float r = buf[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
-}
+float mv_sum(float v, local float* buf) { return grp_sum(v, buf, get_local_id(0), MV_WG); }
 
 // Work-groups of MV_WG x MV_R: MV_R matrix rows a group (local id 1 picks the row), so a GPU's SM holds
 // enough work-items for its loads to be in flight (NVIDIA allows 32 groups an SM: groups of one warp left
@@ -395,19 +384,6 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
   const int last = last_group(counters + t, n_expert, &flag);
   route_token(logits + t * n_expert, n_expert, n_used, norm, scale, (int)t, last, row_slot, slot_row, weights, tasks,
               MV_WG, p, bv, bi);
-}
-
-// Sum of v over the n work-items of a 2-D group (MV_WG x MV_R, flat index lid; every one gets it); buf: n floats.
-float grp_sum(float v, local float* buf, int lid, int n) {
-  buf[lid] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = n / 2; s > 0; s >>= 1) {
-    if (lid < s) buf[lid] += buf[lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const float r = buf[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
 }
 
 // Group (g, s), row l: feature f = g * MV_R + l of slot s (token s / n_used) of expert tasks[2s + 1];

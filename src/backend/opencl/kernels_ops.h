@@ -20,12 +20,12 @@ float round_f16(float x) {
   return vload_half(0, (const half*)&h);
 }
 
-// Sum of v over the RED_WG work-items of the group (every work-item gets it); buf: RED_WG floats.
-float wg_sum(float v, local float* buf) {
-  const int lid = get_local_id(0);
+// Sum of v over n work-items of the group (n a power of two, lid the caller's flat index; every one gets it);
+// buf: n floats.
+float grp_sum(float v, local float* buf, int lid, int n) {
   buf[lid] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = RED_WG / 2; s > 0; s >>= 1) {
+  for (int s = n / 2; s > 0; s >>= 1) {
     if (lid < s) buf[lid] += buf[lid + s];
     barrier(CLK_LOCAL_MEM_FENCE);
   }
@@ -33,6 +33,9 @@ float wg_sum(float v, local float* buf) {
   barrier(CLK_LOCAL_MEM_FENCE);
   return r;
 }
+
+// Sum of v over the RED_WG work-items of the group (every work-item gets it); buf: RED_WG floats.
+float wg_sum(float v, local float* buf) { return grp_sum(v, buf, get_local_id(0), RED_WG); }
 
 float silu_f(float x) { return x / (1.0f + exp(-x)); }
 float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
