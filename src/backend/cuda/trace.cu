@@ -60,15 +60,20 @@ std::string kernel_name(const void* fn) {
   return s.size() > 90 ? s.substr(0, 90) : s;
 }
 
+// XPERT_TRACE's value: 1 counts gaps between stamps up to 200 us as the kernel's; a larger number is that
+// limit in us (for steps whose kernels run longer, e.g. many streams). Longer gaps are the host's.
+double trace_max_gap_us() {
+  static const double us = [] {
+    const char* e = std::getenv("XPERT_TRACE");
+    const int v = e ? std::atoi(e) : 0;
+    return v <= 0 ? 0.0 : v == 1 ? 200.0 : (double)v;
+  }();
+  return us;
+}
+
 }  // namespace
 
-bool trace_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("XPERT_TRACE");
-    return e && std::string(e) == "1";
-  }();
-  return on;
-}
+bool trace_enabled() { return trace_max_gap_us() > 0; }
 
 void trace_after(const void* kernel, cudaStream_t stream) {
   int dev = 0, tag = 0;
@@ -119,7 +124,7 @@ void trace_dump() {
     double total = 0;
     for (unsigned i = 1; i < n; ++i) {
       const double us = (double)(t[i] - t[i - 1]) * 1e-3;
-      if (us < 0 || us > 200) continue;  // host gaps between steps, or a clock step
+      if (us < 0 || us > trace_max_gap_us()) continue;  // host gaps between steps, or a clock step
       sum[tag[i]] += us;
       cnt[tag[i]] += 1;
       total += us;
