@@ -348,8 +348,12 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
+    // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
+    // or NVIDIA's rounds differ from round_blocks' by an ulp.
     return program(matmul_[t], kMatmulSource,
-                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}", macro, mv_wg_, mv_r_, wide_loads_ ? "" : " -DNO_WIDE_LOADS"),
+                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
+                               wide_loads_ ? "" : " -DNO_WIDE_LOADS",
+                               info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
                    kFusedMatmulSource);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
