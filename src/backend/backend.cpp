@@ -60,6 +60,22 @@ Act Backend::gated_delta_net_act(const GdnShape& s, const GdnLayerParams& p, con
   return Act::of(out, in.n_tokens, s.value_dim());
 }
 
+Act Backend::gated_delta_net_rows(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                  std::span<const GdnSlotState> states, float* out) {
+  const int64_t CD = s.conv_dim(), VD = s.value_dim(), Hv = s.n_v_heads;
+  if ((int64_t)states.size() != in.n_tokens)
+    fail("gated_delta_net_rows: {} rows but {} states", in.n_tokens, states.size());
+  for (int64_t r = 0; r < in.n_tokens; ++r) {
+    const GdnLayerInputs row{.qkv = in.qkv + r * CD,
+                             .z = in.z + r * VD,
+                             .alpha = in.alpha + r * Hv,
+                             .beta = in.beta + r * Hv,
+                             .n_tokens = 1};
+    gated_delta_net(s, p, row, states[r].conv, states[r].ssm, out + r * VD);
+  }
+  return Act::of(out, in.n_tokens, VD);
+}
+
 void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                            int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                            float freq_base, float freq_scale, RopeMode mode, float eps) {

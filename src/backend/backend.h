@@ -133,6 +133,11 @@ class Backend {
   // beside it (the default: gated_delta_net, out alone).
   virtual Act gated_delta_net_act(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                   float* conv_state, float* ssm_state, float* out);
+  // in.n_tokens sequences of one decode token each (many streams): row r of in.* and out is sequence r's,
+  // its states states[r]. The default: gated_delta_net row by row (a backend may take them all at once,
+  // the same bits as row by row); returns out as an Act of all rows.
+  virtual Act gated_delta_net_rows(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                   std::span<const GdnSlotState> states, float* out);
 
   // Optional capabilities (backend/capabilities.h), each offered by returning the interface (the default:
   // null, not offered). The model asks for a fused or recorded form by name where one is offered.

@@ -54,6 +54,12 @@ struct GdnLayerInputs {
   const float* beta;   // [T][n_v_heads]  x W_beta (ssm_beta)
   int64_t n_tokens;
 };
+// One sequence's recurrent states for a layer (Backend::gated_delta_net_rows): conv [d_conv-1][conv_dim],
+// ssm [n_v_heads][head_k_dim][head_v_dim].
+struct GdnSlotState {
+  float* conv;
+  float* ssm;
+};
 struct GdnLayerParams {
   const float* conv1d;   // [conv_dim][d_conv]
   const float* dt_bias;  // [n_v_heads]

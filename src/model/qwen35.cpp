@@ -4,6 +4,7 @@
 // sigmoid output gate. Each layer: x += mixer(rmsnorm(x)); x += ffn(rmsnorm(x)); the FFN is SwiGLU
 // (qwen35) or routed experts plus a sigmoid-gated shared expert (qwen35moe). The two variants differ
 // only in the FFN, which is data here. Tensor names, shapes and keys are llama.cpp's.
+#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
@@ -267,16 +268,29 @@ class Qwen35 : public Model {
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
                            .norm = l.ssm_norm.f32()};
+    const std::vector<BatchSegment>& segs = ex.segments();
+    const bool rows = segs.size() > 1 && std::all_of(segs.begin(), segs.end(), [](const BatchSegment& g) {
+      return g.n_tokens == 1;
+    });
+    if (rows) {  // a decode step of many streams: every sequence's token at once
+      std::vector<GdnSlotState> states;
+      states.reserve(segs.size());
+      for (const BatchSegment& g : segs) states.push_back({st.conv(il, g.seq), st.ssm(il, g.seq)});
+      const GdnLayerInputs in{.qkv = qkv, .z = z, .alpha = alpha, .beta = beta, .n_tokens = n};
+      b.matmul(l.ssm_out, b.gated_delta_net_rows(gs, p, in, states, y), a.out);
+      ar.release(mark);
+      return;
+    }
     int64_t row = 0;
     Act out = Act::of(y, n, VD);  // one segment: as its gated delta net returned it
-    for (const BatchSegment& g : ex.segments()) {
+    for (const BatchSegment& g : segs) {
       const GdnLayerInputs in{.qkv = qkv + row * CD,
                               .z = z + row * VD,
                               .alpha = alpha + row * Hv,
                               .beta = beta + row * Hv,
                               .n_tokens = g.n_tokens};
       const Act seg = b.gated_delta_net_act(gs, p, in, st.conv(il, g.seq), st.ssm(il, g.seq), y + row * VD);
-      if (ex.segments().size() == 1) out = seg;
+      if (segs.size() == 1) out = seg;
       row += g.n_tokens;
     }
     b.matmul(l.ssm_out, out, a.out);

@@ -161,6 +161,59 @@ TEST(CudaGdn, GatedNormWritesItsQ8_1) {
   EXPECT_EQ(g, r);
 }
 
+// Many streams' decode step: gated_delta_net_rows over sequences whose states lie in shuffled slots gives each
+// row the bits (output, its q8_1, both states) of gated_delta_net on that row alone. 70 rows: two launches of
+// kGdnRowsPerLaunch and the rest; head_v_dim 256 does not fold the gated norm in (row by row).
+TEST(CudaGdn, RowsMatchEachRowAlone) {
+  XPERT_OPS_REQUIRE_GPU();
+  for (const auto& [s, n] :
+       {std::pair{kQwen35, (int64_t)70}, std::pair{kQwen35, (int64_t)3},
+        std::pair{GdnShape{.d_conv = 4, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 64, .head_v_dim = 256},
+                  (int64_t)5}}) {
+    const int64_t CD = s.conv_dim(), VD = s.value_dim(), Hv = s.n_v_heads;
+    const int64_t slot = s.conv_state_size() + s.ssm_state_size(), n_slots = n + 3;
+    const auto qkv = randn(n * CD, 31), z = randn(n * VD, 32), alpha = randn(n * Hv, 33, 4.0f),
+               beta = randn(n * Hv, 34), w = randn(CD * s.d_conv, 35, 0.5f), dt = randn(Hv, 36, 4.0f),
+               a = randn(Hv, 37), norm = randn(s.head_v_dim, 38), st0 = randn(n_slots * slot, 39, 0.3f);
+    Dev<float> dqkv(qkv), dz(z), dalpha(alpha), dbeta(beta), dw(w), ddt(dt), da(a), dnorm(norm);
+    Dev<float> st_rows(st0), st_alone(st0), out_rows(n * VD), out_alone(n * VD);
+    const size_t qb = cuda::activation_bytes(cuda::ActFormat::q8_1, n, VD);
+    Dev<uint8_t> q_rows(qb), q_alone(qb);
+    const size_t q_off = cuda::Workspace::round((size_t)(n * VD));
+    const auto q_of = [&](Dev<uint8_t>& d) { return reinterpret_cast<int8_t*>(d.get()); };
+    const auto ds_of = [&](Dev<uint8_t>& d) { return reinterpret_cast<float2*>(d.get() + q_off); };
+    Dev<uint8_t> ws(cuda::gated_delta_net_workspace_bytes(s, n));
+    const GdnLayerParams p{.conv1d = dw.get(), .dt_bias = ddt.get(), .a = da.get(), .norm = dnorm.get()};
+    std::vector<int64_t> slot_of(n);  // row r's slot: (7 r + 2) mod n_slots, all different
+    for (int64_t r = 0; r < n; ++r) slot_of[r] = (7 * r + 2) % n_slots;
+    std::vector<GdnSlotState> states;
+    for (int64_t r = 0; r < n; ++r) {
+      float* base = st_rows.get() + slot_of[r] * slot;
+      states.push_back({base, base + s.conv_state_size()});
+    }
+    const GdnLayerInputs in{
+        .qkv = dqkv.get(), .z = dz.get(), .alpha = dalpha.get(), .beta = dbeta.get(), .n_tokens = n};
+    cuda::gated_delta_net_rows(s, p, in, states, out_rows.get(), ws.get(), nullptr, q_of(q_rows), ds_of(q_rows));
+    for (int64_t r = 0; r < n; ++r) {
+      const GdnLayerInputs row{.qkv = dqkv.get() + r * CD,
+                               .z = dz.get() + r * VD,
+                               .alpha = dalpha.get() + r * Hv,
+                               .beta = dbeta.get() + r * Hv,
+                               .n_tokens = 1};
+      float* base = st_alone.get() + slot_of[r] * slot;
+      cuda::gated_delta_net(s, p, row, base, base + s.conv_state_size(), out_alone.get() + r * VD, ws.get(),
+                            nullptr, DeltaRuleForm::automatic, q_of(q_alone) + r * VD, ds_of(q_alone) + r * VD / 32);
+    }
+    const std::string what = std::to_string(n) + " rows, head_v_dim " + std::to_string(s.head_v_dim);
+    EXPECT_EQ(out_rows.download(), out_alone.download()) << what;
+    EXPECT_EQ(st_rows.download(), st_alone.download()) << what << ": states";
+    std::vector<uint8_t> qr = q_rows.download(), qa = q_alone.download();
+    const size_t used = q_off + (size_t)(n * VD / 32) * sizeof(float2);
+    qr.resize(used), qa.resize(used);
+    EXPECT_EQ(qr, qa) << what << ": q8_1";
+  }
+}
+
 class CudaDeltaRule : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(CudaDeltaRule, FormsMatchCpuAndEachOther) {

@@ -326,6 +326,19 @@ Act CudaBackend::gated_delta_net_act(const GdnShape& gs, const GdnLayerParams& p
   return formed(out, in.n_tokens, gs.value_dim(), act);
 }
 
+Act CudaBackend::gated_delta_net_rows(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                      std::span<const GdnSlotState> states, float* out) {
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
+  const cuda::Activations* act = gs.head_v_dim % 32 == 0 ? prepare_slot(in.n_tokens, gs.value_dim()) : nullptr;
+  int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
+  auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
+  cuda::gated_delta_net_rows(gs, p, in, states, out, ws ? ar.take_bytes(ws) : nullptr, s(), q, ds);
+  ar.release(mark);
+  return formed(out, in.n_tokens, gs.value_dim(), act);
+}
+
 // Room in prep_buf_ for the q8_1 activations of rows x k (decode sizes, k % 32 == 0), which the caller's
 // launch writes: described in prep_act_ under a new serial (the earlier Acts' forms are stale from here),
 // or null without room. The buffer grows outside a capture only; graphs recorded with the old one are

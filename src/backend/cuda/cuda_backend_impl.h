@@ -154,6 +154,8 @@ class CudaBackend final : public Backend, public DecodeFusions, public PassGraph
                        float* conv_state, float* ssm_state, float* out) override;
   Act gated_delta_net_act(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
                           float* conv_state, float* ssm_state, float* out) override;
+  Act gated_delta_net_rows(const GdnShape& gs, const GdnLayerParams& p, const GdnLayerInputs& in,
+                           std::span<const GdnSlotState> states, float* out) override;
 
  private:
   // An Act's form here: the q8_1 activations of a decode-sized output (prep_buf_, prep_act_), written by the

@@ -101,6 +101,12 @@ struct PreludeParams {
   int K, Hk, Hv, dk, dv;
   float eps_n, inv_sqrt_n;
 };
+// gated_delta_net_rows: row r of a launch is one decode token of its own sequence, whose state is p[r]
+// (conv or ssm); n = 0: one sequence (the params' own state).
+struct RowStates {
+  float* p[kGdnRowsPerLaunch];
+  int n;
+};
 constexpr int kPreludeWarps = 4;
 constexpr int kPreludeMaxPer = 8;  // head dims up to 256
 constexpr int kPreludeMaxTaps = 8;
@@ -109,8 +115,15 @@ constexpr int kPreludeMaxTaps = 8;
 // this step writes them first) are loaded before the wait, all of them at once; after it only the new row x
 // (the product right before) is read. A loop that loads and then stores the state, which the compiler
 // cannot prove apart from the loads, would wait for each dimension's loads in turn.
+// With rows (gridDim.y of them), row blockIdx.y's token: its qkv, alpha, beta, out, g and beta rows, its state.
 template <int kPer>
-__global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(PreludeParams p) {
+__global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(PreludeParams p, RowStates rows) {
+  const int row = blockIdx.y;
+  if (rows.n) {
+    p.state = rows.p[row];
+    p.x += row * p.C, p.out += row * p.C;
+    p.alpha += row * p.Hv, p.beta_in += row * p.Hv, p.g += row * p.Hv, p.beta += row * p.Hv;
+  }
   const int lane = threadIdx.x % 32, r = blockIdx.x * kPreludeWarps + threadIdx.x / 32;
   const bool live = r < 2 * p.Hk + p.Hv;
   const bool is_v = r >= 2 * p.Hk;
@@ -247,7 +260,8 @@ constexpr int kMaxRowGroups = 8;  // head_k_dim <= 256
 constexpr int kMaxColGroups = 4;  // a block's columns, head_v_dim <= 128 with the fused norm
 constexpr int kMaxRecurrentThreads = 512;
 
-__global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(RecurrentParams p) {
+// With rows (gridDim.z of them): block z takes token z alone, with state rows.p[z].
+__global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(RecurrentParams p, RowStates rows) {
   __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
   __shared__ float red_kv[kMaxColGroups][kMaxRowGroups][32], red_o[kMaxColGroups][kMaxRowGroups][32];
   __shared__ float row_o[32 * kMaxColGroups];  // the head's output of a token (the fused norm)
@@ -255,7 +269,8 @@ __global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(Recu
   const int tid = (zc * R + y) * 32 + x;
   const int h = blockIdx.y, kh = h % p.Hk, j = (blockIdx.x * C + zc) * 32 + x;
   const bool col = j < p.dv;
-  float* S = p.state + (int64_t)h * p.dk * p.dv;
+  float* S = (rows.n ? rows.p[blockIdx.z] : p.state) + (int64_t)h * p.dk * p.dv;
+  const int64_t t_begin = rows.n ? blockIdx.z : 0, t_end = rows.n ? t_begin + 1 : p.n_tokens;
   if (!p.state_settled) pdl_begin();
   float s[32];
 #pragma unroll
@@ -266,7 +281,7 @@ __global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(Recu
   // A settled state (gated_delta_net: its last writer is at least two kernels back) is read before the
   // wait, so its 64 KB a head come in while the kernel before finishes. q, k, v and the gates come after.
   if (p.state_settled) pdl_begin();
-  for (int64_t t = 0; t < p.n_tokens; ++t) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
     const float* kt = p.k + t * p.qk_stride + (int64_t)kh * p.dk;
     const float* qt = p.q + t * p.qk_stride + (int64_t)kh * p.dk;
     for (int i = tid; i < 32 * R; i += 32 * R * C) {
@@ -383,9 +398,12 @@ bool gdn_decode_prelude_fusable(const GdnShape& s) {
          s.head_v_dim <= 32 * kPreludeMaxPer && s.d_conv >= 1 && s.d_conv <= kPreludeMaxTaps;
 }
 
-void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
-                        float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream) {
-  if (in.n_tokens != 1 || !gdn_decode_prelude_fusable(s))
+namespace {
+
+// gdn_decode_prelude of one sequence (rows.n = 0) or of rows.n one-token sequences at once.
+void launch_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                    float* conv_out, float* g, float* beta, const RowStates& rows, cudaStream_t stream) {
+  if ((rows.n == 0 && in.n_tokens != 1) || !gdn_decode_prelude_fusable(s))
     detail::fail_rt("cuda gdn_decode_prelude: one token of head dims that are multiples of 32 (up to ",
                     32 * kPreludeMaxPer, ") and up to ", kPreludeMaxTaps, " conv taps");
   PreludeParams q{.x = in.qkv,
@@ -406,17 +424,24 @@ void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLay
                   .dv = (int)s.head_v_dim,
                   .eps_n = s.eps / (float)s.head_k_dim,
                   .inv_sqrt_n = 1.0f / std::sqrt((float)s.head_k_dim)};
-  const int64_t rows = 2 * s.n_k_heads + s.n_v_heads;
-  const unsigned blocks = (unsigned)((rows + kPreludeWarps - 1) / kPreludeWarps);
+  const int64_t heads = 2 * s.n_k_heads + s.n_v_heads;
+  const dim3 blocks((unsigned)((heads + kPreludeWarps - 1) / kPreludeWarps), std::max(rows.n, 1));
   const int64_t hd = std::max(s.head_k_dim, s.head_v_dim);
   static_assert(kPreludeMaxPer == 8, "the instantiations below");
   if (hd <= 64)
-    launch_pdl(decode_prelude_kernel<2>, blocks, kPreludeWarps * 32, 0, stream, q);
+    launch_pdl(decode_prelude_kernel<2>, blocks, kPreludeWarps * 32, 0, stream, q, rows);
   else if (hd <= 128)
-    launch_pdl(decode_prelude_kernel<4>, blocks, kPreludeWarps * 32, 0, stream, q);
+    launch_pdl(decode_prelude_kernel<4>, blocks, kPreludeWarps * 32, 0, stream, q, rows);
   else
-    launch_pdl(decode_prelude_kernel<8>, blocks, kPreludeWarps * 32, 0, stream, q);
+    launch_pdl(decode_prelude_kernel<8>, blocks, kPreludeWarps * 32, 0, stream, q, rows);
   XPERT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gdn_decode_prelude(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                        float* conv_state, float* conv_out, float* g, float* beta, cudaStream_t stream) {
+  launch_prelude(s, p, in, conv_state, conv_out, g, beta, RowStates{}, stream);
 }
 
 bool gdn_recurrent_norm_fusable(const GdnShape& s) {
@@ -425,8 +450,11 @@ bool gdn_recurrent_norm_fusable(const GdnShape& s) {
          32 * R * C <= kMaxRecurrentThreads;
 }
 
-void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream, bool state_settled,
-                          const GatedNormArgs* norm) {
+namespace {
+
+// delta_rule_recurrent of one sequence (rows.n = 0) or of rows.n one-token sequences at once.
+void launch_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream, bool state_settled,
+                      const GatedNormArgs* norm, const RowStates& rows) {
   if (a.n_tokens <= 0) return;
   if (s.head_k_dim <= 0 || s.head_k_dim > 32 * kMaxRowGroups || s.head_v_dim <= 0 || s.n_k_heads <= 0 ||
       s.n_v_heads <= 0)
@@ -457,11 +485,20 @@ void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_
     if (norm->q && s.head_v_dim % 32 != 0)
       detail::fail_rt("cuda delta_rule: q8_1 output needs head_v_dim % 32");
     p.norm_w = norm->w, p.z = norm->z, p.out_q = norm->q, p.out_ds = norm->ds, p.eps = norm->eps;
-    launch_pdl(recurrent_kernel, dim3(1, (unsigned)s.n_v_heads), dim3(32, R, cols), 0, stream, p);
+    launch_pdl(recurrent_kernel, dim3(1, (unsigned)s.n_v_heads, std::max(rows.n, 1)), dim3(32, R, cols), 0,
+               stream, p, rows);
   } else {
-    launch_pdl(recurrent_kernel, dim3(cols, (unsigned)s.n_v_heads), dim3(32, R, 1), 0, stream, p);
+    launch_pdl(recurrent_kernel, dim3(cols, (unsigned)s.n_v_heads, std::max(rows.n, 1)), dim3(32, R, 1), 0,
+               stream, p, rows);
   }
   XPERT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void delta_rule_recurrent(const GdnShape& s, const DeltaRuleArgs& a, cudaStream_t stream, bool state_settled,
+                          const GatedNormArgs* norm) {
+  launch_recurrent(s, a, stream, state_settled, norm, RowStates{});
 }
 
 size_t gated_delta_net_workspace_bytes(const GdnShape& s, int64_t n_tokens) {
@@ -514,6 +551,57 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
     delta_rule_recurrent(s, a, stream, true);  // the prelude or the gates ran since the state's last writer
   }
   gated_rmsnorm_silu(out, in.z, p.norm, T * Hv, s.head_v_dim, s.eps, stream, out_q, out_ds);
+}
+
+void gated_delta_net_rows(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                          std::span<const GdnSlotState> states, float* out, void* workspace, cudaStream_t stream,
+                          int8_t* out_q, float2* out_ds) {
+  const int64_t n = in.n_tokens, CD = s.conv_dim(), Hv = s.n_v_heads, VD = s.value_dim();
+  if ((int64_t)states.size() != n) detail::fail_rt("cuda gated_delta_net_rows: ", n, " rows, ", states.size(), " states");
+  const auto row_in = [&](int64_t r, int64_t k) {
+    return GdnLayerInputs{.qkv = in.qkv + r * CD,
+                          .z = in.z + r * VD,
+                          .alpha = in.alpha + r * Hv,
+                          .beta = in.beta + r * Hv,
+                          .n_tokens = k};
+  };
+  if (!gdn_decode_prelude_fusable(s) || !gdn_recurrent_norm_fusable(s)) {  // row by row
+    for (int64_t r = 0; r < n; ++r)
+      gated_delta_net(s, p, row_in(r, 1), states[r].conv, states[r].ssm, out + r * VD, workspace, stream,
+                      DeltaRuleForm::recurrent, out_q ? out_q + r * VD : nullptr,
+                      out_q ? out_ds + r * VD / 32 : nullptr);
+    return;
+  }
+  char* ws = static_cast<char*>(workspace);
+  float* conv_out = reinterpret_cast<float*>(ws);
+  ws += detail::align_up((size_t)n * CD * sizeof(float), 256);
+  float* g = reinterpret_cast<float*>(ws);
+  ws += detail::align_up((size_t)n * Hv * sizeof(float), 256);
+  float* beta = reinterpret_cast<float*>(ws);
+  for (int64_t r0 = 0; r0 < n; r0 += kGdnRowsPerLaunch) {
+    const int64_t k = std::min<int64_t>(kGdnRowsPerLaunch, n - r0);
+    RowStates conv{}, ssm{};
+    conv.n = ssm.n = (int)k;
+    for (int64_t i = 0; i < k; ++i) conv.p[i] = states[r0 + i].conv, ssm.p[i] = states[r0 + i].ssm;
+    float* co = conv_out + r0 * CD;
+    launch_prelude(s, p, row_in(r0, k), nullptr, co, g + r0 * Hv, beta + r0 * Hv, conv, stream);
+    const DeltaRuleArgs a{.q = co,
+                          .k = co + s.key_dim(),
+                          .v = co + 2 * s.key_dim(),
+                          .g = g + r0 * Hv,
+                          .beta = beta + r0 * Hv,
+                          .state = nullptr,
+                          .out = out + r0 * VD,
+                          .n_tokens = k,
+                          .qk_stride = CD,
+                          .v_stride = CD};
+    const GatedNormArgs norm{.z = in.z + r0 * VD,
+                             .w = p.norm,
+                             .eps = s.eps,
+                             .q = out_q ? out_q + r0 * VD : nullptr,
+                             .ds = out_q ? out_ds + r0 * VD / 32 : nullptr};
+    launch_recurrent(s, a, stream, true, &norm, ssm);
+  }
 }
 
 }  // namespace xpert::cuda
