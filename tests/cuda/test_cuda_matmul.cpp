@@ -37,7 +37,8 @@ struct Shape {
 // Real projection shapes (qwen3-30b-a3b: n_embd 2048, n_ff_exp 768, 4096-wide q / attention output, 512
 // for k / v, the 151936-word output matrix), plus odd sizes: n not a multiple of any tile, m not a
 // multiple of 64, 9-32 rows (the matrix-vector kernels, several CTA rows), and k = 33 blocks (a
-// half-filled last tensor-core step) for the 32-element types.
+// half-filled last tensor-core step) for the 32-element types. 33-129 rows of the k = 2048 / 4096 shapes fill
+// few SMs: their k is split over a thread block cluster on sm_90 (matmul_prefill.cu k_split).
 const Shape kShapes[] = {
     {2048, 768, {1, 2, 7, 16, 64, 512}}, {768, 2048, {1, 2, 7, 32, 64, 512}},
     {4096, 512, {1, 2, 7, 33, 64, 128, 129, 512}}, {2048, 151936, {1, 2, 7, 64, 512}},

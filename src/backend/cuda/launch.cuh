@@ -83,8 +83,8 @@ void launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStr
 // A kernel launched with <<<>>> (no PDL) stamped like launch_pdl's under XPERT_TRACE, so the trace gives
 // it its own line instead of adding its time to the next stamped kernel.
 template <typename K>
-void trace_launch(K* kernel, cudaStream_t stream) {
-  if (trace_enabled()) trace_after(reinterpret_cast<const void*>(kernel), stream);
+void trace_launch(K* kernel, cudaStream_t stream, const char* kind = nullptr) {
+  if (trace_enabled()) trace_after(reinterpret_cast<const void*>(kernel), stream, kind);
 }
 }  // namespace detail
 

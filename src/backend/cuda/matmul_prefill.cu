@@ -8,6 +8,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/check.h"
@@ -15,6 +19,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
+#include "backend/cuda/ops_internal.h"
 
 namespace xpert::cuda::detail {
 namespace {
@@ -24,6 +29,7 @@ using dev::Deq;
 constexpr int BN = kGemmBN, BK = 64;
 constexpr int LDS = BK + 8;  // row stride in 16-bit elements: 144 bytes keeps ldmatrix free of bank conflicts
 constexpr int kThreads = 128;
+constexpr size_t smem_bytes_of(bool dual, int bm) { return (size_t)(2 * bm * LDS + 2 * (dual ? 2 : 1) * BN * LDS) * 2; }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
@@ -119,6 +125,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
   const int kg = (int)(p.k / 32), nk = (kg + 1) / 2;
+  // Split k (gridDim.z CTAs of one thread block cluster): this CTA's k steps [kt_begin, kt_end).
+  const int n_split = (int)gridDim.z;
+  const int kt_begin = (int)((int64_t)nk * blockIdx.z / n_split), kt_end = (int)((int64_t)nk * (blockIdx.z + 1) / n_split);
   const size_t rb = p.row_bytes;
 
   // X: XP of the tile's BM * 8 16-byte pieces per thread; their source rows are fixed for the whole loop.
@@ -217,15 +226,15 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     }
   };
 
-  load_x(0, 0);
+  load_x(0, kt_begin);
   cp_async_commit();
-  load_w(0);
-  store_w(0, 0);
+  load_w(kt_begin);
+  store_w(0, kt_begin);
   cp_async_wait_all();
   __syncthreads();
-  for (int kt = 0; kt < nk; ++kt) {
-    const int buf = kt & 1;
-    const bool more = kt + 1 < nk;
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    const int buf = (kt - kt_begin) & 1;
+    const bool more = kt + 1 < kt_end;
     if (more) {
       load_x(buf ^ 1, kt + 1);
       cp_async_commit();
@@ -235,6 +244,42 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     if (more) store_w(buf ^ 1, kt + 1);
     cp_async_wait_all();
     __syncthreads();
+  }
+
+  if (n_split > 1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    constexpr int E = NW * MT * 16;  // accumulators a thread
+    static_assert(E * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM), "partial sums fit the tiles' room");
+    float* part = reinterpret_cast<float*>(smem);  // the tiles are done with (the loop ends on a barrier)
+#pragma unroll
+    for (int q = 0; q < NW; ++q)
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid] = acc[q][i][j][e];
+    cluster.sync();
+    const unsigned rank = cluster.block_rank();
+    if (rank == 0)
+      for (int r = 1; r < n_split; ++r) {
+        const float* rp = cluster.map_shared_rank(part, r);
+#pragma unroll
+        for (int q = 0; q < NW; ++q)
+#pragma unroll
+          for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[q][i][j][e] += rp[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid];
+      }
+    cluster.sync();  // the others' shared memory stays until the first has read it
+    if (rank != 0) return;
+#else
+    __trap();  // split only on sm_90+ (launch)
+#endif
   }
 
   // Epilogue: fragment element e of (mt, nt) is row lane/4 (+8 for e >= 2), columns 2 (lane % 4) + e % 2.
@@ -266,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
 
 template <bool kDual, int BM>
 constexpr size_t smem_bytes() {
-  return (size_t)(2 * BM * LDS + 2 * (kDual ? 2 : 1) * BN * LDS) * 2;
+  return smem_bytes_of(kDual, BM);
 }
 
 // The dual kernel needs more than the default 48 KiB of shared memory: raise its limit once per device
@@ -282,6 +327,20 @@ void set_smem_limit() {
   (void)done;
 }
 
+// CTAs that split k between them (a cluster, sm_90+): a product of one matrix whose tiles fill few SMs (a
+// decode step's attention projections at 64 streams: 64 or 160 CTAs walking 32-64 k steps each, bound by
+// their loads' latency) takes up to 8, while the grid stays within 4 CTAs an SM and each keeps >= 4 steps.
+// H200, qwen3-30b-a3b, `xpert bench --parallel 64 -p 128 -n 64 --routing uniform`: S_TG 2,050 -> 2,231
+// (2026-12-04, one call). In the same call W's bytes prefetched into L2 4-8 k steps ahead (a bulk prefetch a
+// row and block) lost: 2,231 -> 2,101 with the split, 2,050 -> 1,939 without; removed.
+unsigned k_split(const GemmArgs& a, int64_t ctas) {
+  if (a.group_tiles || cc_major() < 9) return 1;
+  const int64_t nk = (a.k / 32 + 1) / 2, room = 4 * (int64_t)sm_count();
+  unsigned s = 1;
+  while (s < 8 && ctas * s * 2 <= room && nk / (s * 2) >= 4) s *= 2;
+  return s;
+}
+
 template <DType T, bool kDual, int BM>
 void launch(const GemmArgs& a, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<kDual, BM>();
@@ -291,9 +350,27 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   const dim3 grid((unsigned)tiles, (unsigned)col_tiles);
   XPERT_CU_ASSERT(grid.y <= 65535);
   if (tiles == 0 || col_tiles == 0) return;
-  gemm_kernel<T, kDual, BM><<<grid, kThreads, kSmem, stream>>>(a);
+  const unsigned split = k_split(a, tiles * col_tiles);
+  if (split == 1) {
+    gemm_kernel<T, kDual, BM><<<grid, kThreads, kSmem, stream>>>(a);
+  } else {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = split;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid.x, grid.y, split);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    XPERT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemm_kernel<T, kDual, BM>, a));
+  }
   XPERT_CUDA_CHECK_LAUNCH();
-  trace_launch(gemm_kernel<T, kDual, BM>, stream);
+  trace_launch(gemm_kernel<T, kDual, BM>, stream,
+               a.group_tiles ? "grouped" : a.n_outs > 1 ? "several outputs" : a.m <= 64 ? "m<=64" : nullptr);
 }
 
 }  // namespace

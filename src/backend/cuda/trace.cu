@@ -32,8 +32,9 @@ struct Trace {
 
 std::mutex mu;
 std::map<int, Trace> traces;       // by device
-std::vector<const void*> tag_fns;  // tag -> kernel
-std::map<const void*, int> fn_tags;
+using Tag = std::pair<const void*, const char*>;  // kernel, what kind of launch (a string literal or null)
+std::vector<Tag> tag_fns;                          // tag -> kernel
+std::map<Tag, int> fn_tags;
 
 __global__ void stamp_kernel(unsigned long long* t, int* tags, unsigned* count, int tag) {
   pdl_begin();
@@ -75,7 +76,7 @@ double trace_max_gap_us() {
 
 bool trace_enabled() { return trace_max_gap_us() > 0; }
 
-void trace_after(const void* kernel, cudaStream_t stream) {
+void trace_after(const void* kernel, cudaStream_t stream, const char* kind) {
   int dev = 0, tag = 0;
   XPERT_CUDA_CHECK(cudaGetDevice(&dev));
   Trace tr;
@@ -91,8 +92,8 @@ void trace_after(const void* kernel, cudaStream_t stream) {
       it = traces.emplace(dev, n).first;
     }
     tr = it->second;
-    auto [f, fresh] = fn_tags.emplace(kernel, (int)tag_fns.size());
-    if (fresh) tag_fns.push_back(kernel);
+    auto [f, fresh] = fn_tags.emplace(Tag{kernel, kind}, (int)tag_fns.size());
+    if (fresh) tag_fns.push_back({kernel, kind});
     tag = f->second;
   }
   cudaLaunchAttribute attr[1];
@@ -137,7 +138,7 @@ void trace_dump() {
     for (int k : order)
       if (cnt[k])
         std::fprintf(stderr, "%10.0f %9ld %8.2f %5.1f%%  %s\n", sum[k], cnt[k], sum[k] / (double)cnt[k],
-                     100.0 * sum[k] / total, kernel_name(tag_fns[k]).c_str());
+                     100.0 * sum[k] / total, (kernel_name(tag_fns[k].first) + (tag_fns[k].second ? std::string(" ") + tag_fns[k].second : "")).c_str());
     XPERT_CUDA_CHECK(cudaMemset(tr.count, 0, sizeof(unsigned)));
   }
 }

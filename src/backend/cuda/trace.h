@@ -7,7 +7,8 @@
 namespace xpert::cuda::detail {
 
 bool trace_enabled();
-void trace_after(const void* kernel, cudaStream_t stream);  // after a launch on `stream`
+// After a launch on `stream`; kind (a string literal, optional) tells launches of one kernel apart.
+void trace_after(const void* kernel, cudaStream_t stream, const char* kind = nullptr);
 void trace_dump();  // waits for the device; prints to stderr and starts over
 
 }  // namespace xpert::cuda::detail
