@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/gated_delta_net.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "model/blocks.h"
-#include "backend/gated_delta_net.h"
-#include "model/loader.h"
 #include "model/kv_cache.h"
+#include "model/loader.h"
 #include "model/recurrent_state.h"
 
 namespace xpert {
@@ -269,9 +269,8 @@ class Qwen35 : public Model {
                            .a = l.ssm_a.f32(),
                            .norm = l.ssm_norm.f32()};
     const std::vector<BatchSegment>& segs = ex.segments();
-    const bool rows = segs.size() > 1 && std::all_of(segs.begin(), segs.end(), [](const BatchSegment& g) {
-      return g.n_tokens == 1;
-    });
+    const bool rows = segs.size() > 1 && std::all_of(segs.begin(), segs.end(),
+                                                     [](const BatchSegment& g) { return g.n_tokens == 1; });
     if (rows) {  // a decode step of many streams: every sequence's token at once
       std::vector<GdnSlotState> states;
       states.reserve(segs.size());

@@ -161,9 +161,9 @@ TEST(CudaGdn, GatedNormWritesItsQ8_1) {
   EXPECT_EQ(g, r);
 }
 
-// Many streams' decode step: gated_delta_net_rows over sequences whose states lie in shuffled slots gives each
-// row the bits (output, its q8_1, both states) of gated_delta_net on that row alone. 70 rows: two launches of
-// kGdnRowsPerLaunch and the rest; head_v_dim 256 does not fold the gated norm in (row by row).
+// Many streams' decode step: gated_delta_net_rows over sequences whose states lie in shuffled slots gives
+// each row the bits (output, its q8_1, both states) of gated_delta_net on that row alone. 70 rows: two
+// launches of kGdnRowsPerLaunch and the rest; head_v_dim 256 does not fold the gated norm in (row by row).
 TEST(CudaGdn, RowsMatchEachRowAlone) {
   XPERT_OPS_REQUIRE_GPU();
   for (const auto& [s, n] :
@@ -193,7 +193,8 @@ TEST(CudaGdn, RowsMatchEachRowAlone) {
     }
     const GdnLayerInputs in{
         .qkv = dqkv.get(), .z = dz.get(), .alpha = dalpha.get(), .beta = dbeta.get(), .n_tokens = n};
-    cuda::gated_delta_net_rows(s, p, in, states, out_rows.get(), ws.get(), nullptr, q_of(q_rows), ds_of(q_rows));
+    cuda::gated_delta_net_rows(s, p, in, states, out_rows.get(), ws.get(), nullptr, q_of(q_rows),
+                               ds_of(q_rows));
     for (int64_t r = 0; r < n; ++r) {
       const GdnLayerInputs row{.qkv = dqkv.get() + r * CD,
                                .z = dz.get() + r * VD,
@@ -202,7 +203,8 @@ TEST(CudaGdn, RowsMatchEachRowAlone) {
                                .n_tokens = 1};
       float* base = st_alone.get() + slot_of[r] * slot;
       cuda::gated_delta_net(s, p, row, base, base + s.conv_state_size(), out_alone.get() + r * VD, ws.get(),
-                            nullptr, DeltaRuleForm::automatic, q_of(q_alone) + r * VD, ds_of(q_alone) + r * VD / 32);
+                            nullptr, DeltaRuleForm::automatic, q_of(q_alone) + r * VD,
+                            ds_of(q_alone) + r * VD / 32);
     }
     const std::string what = std::to_string(n) + " rows, head_v_dim " + std::to_string(s.head_v_dim);
     EXPECT_EQ(out_rows.download(), out_alone.download()) << what;

@@ -301,8 +301,9 @@ TEST_P(CudaManyStreams, BatchedDecodeEqualsEachAlone) {
   std::vector<Outputs> batched(kStreams);
   std::vector<int32_t> next(kStreams);
   for (int sq = 0; sq < kStreams; ++sq) {
-    gpu->forward({.tokens = prompts[sq], .pos0 = 0, .cache = &kv, .seq = sq, .all_logits = true, .state = st.get()},
-                 batched[sq].prefill, pool);
+    gpu->forward(
+        {.tokens = prompts[sq], .pos0 = 0, .cache = &kv, .seq = sq, .all_logits = true, .state = st.get()},
+        batched[sq].prefill, pool);
     next[sq] = argmax(batched[sq].prefill.data() + (prompts[sq].size() - 1) * V, V);
   }
   std::vector<float> logits;

@@ -331,7 +331,8 @@ Act CudaBackend::gated_delta_net_rows(const GdnShape& gs, const GdnLayerParams& 
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const size_t ws = cuda::gated_delta_net_workspace_bytes(gs, in.n_tokens);
-  const cuda::Activations* act = gs.head_v_dim % 32 == 0 ? prepare_slot(in.n_tokens, gs.value_dim()) : nullptr;
+  const cuda::Activations* act =
+      gs.head_v_dim % 32 == 0 ? prepare_slot(in.n_tokens, gs.value_dim()) : nullptr;
   int8_t* q = act ? static_cast<int8_t*>(const_cast<void*>(act->data)) : nullptr;
   auto* ds = act ? reinterpret_cast<float2*>(const_cast<float*>(act->aux)) : nullptr;
   cuda::gated_delta_net_rows(gs, p, in, states, out, ws ? ar.take_bytes(ws) : nullptr, s(), q, ds);

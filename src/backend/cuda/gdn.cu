@@ -115,7 +115,8 @@ constexpr int kPreludeMaxTaps = 8;
 // this step writes them first) are loaded before the wait, all of them at once; after it only the new row x
 // (the product right before) is read. A loop that loads and then stores the state, which the compiler
 // cannot prove apart from the loads, would wait for each dimension's loads in turn.
-// With rows (gridDim.y of them), row blockIdx.y's token: its qkv, alpha, beta, out, g and beta rows, its state.
+// With rows: block row blockIdx.y takes that row's token (its x, alpha, beta_in, out, g and beta rows) and
+// its own conv state.
 template <int kPer>
 __global__ void __launch_bounds__(kPreludeWarps * 32) decode_prelude_kernel(PreludeParams p, RowStates rows) {
   const int row = blockIdx.y;
@@ -261,7 +262,8 @@ constexpr int kMaxColGroups = 4;  // a block's columns, head_v_dim <= 128 with t
 constexpr int kMaxRecurrentThreads = 512;
 
 // With rows (gridDim.z of them): block z takes token z alone, with state rows.p[z].
-__global__ void __launch_bounds__(kMaxRecurrentThreads, 1) recurrent_kernel(RecurrentParams p, RowStates rows) {
+__global__ void __launch_bounds__(kMaxRecurrentThreads, 1)
+    recurrent_kernel(RecurrentParams p, RowStates rows) {
   __shared__ float ks[32 * kMaxRowGroups], qs[32 * kMaxRowGroups];
   __shared__ float red_kv[kMaxColGroups][kMaxRowGroups][32], red_o[kMaxColGroups][kMaxRowGroups][32];
   __shared__ float row_o[32 * kMaxColGroups];  // the head's output of a token (the fused norm)
@@ -554,10 +556,11 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
 }
 
 void gated_delta_net_rows(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
-                          std::span<const GdnSlotState> states, float* out, void* workspace, cudaStream_t stream,
-                          int8_t* out_q, float2* out_ds) {
+                          std::span<const GdnSlotState> states, float* out, void* workspace,
+                          cudaStream_t stream, int8_t* out_q, float2* out_ds) {
   const int64_t n = in.n_tokens, CD = s.conv_dim(), Hv = s.n_v_heads, VD = s.value_dim();
-  if ((int64_t)states.size() != n) detail::fail_rt("cuda gated_delta_net_rows: ", n, " rows, ", states.size(), " states");
+  if ((int64_t)states.size() != n)
+    detail::fail_rt("cuda gated_delta_net_rows: ", n, " rows, ", states.size(), " states");
   const auto row_in = [&](int64_t r, int64_t k) {
     return GdnLayerInputs{.qkv = in.qkv + r * CD,
                           .z = in.z + r * VD,

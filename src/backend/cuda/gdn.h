@@ -82,12 +82,12 @@ void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerI
                      float2* out_ds = nullptr);
 
 // gated_delta_net of in.n_tokens one-token sequences at once (decode of many streams): row r of in.* is a
-// token of the sequence whose states are states[r]; out [rows][value_dim] (and out_q's rows). The same bits as
-// gated_delta_net of each row alone; two launches per kGdnRowsPerLaunch rows where the prelude and the
+// token of the sequence whose states are states[r]; out [rows][value_dim] (and out_q's rows). The same bits
+// as gated_delta_net of each row alone; two launches per kGdnRowsPerLaunch rows where the prelude and the
 // gated norm fold in (gdn_decode_prelude_fusable, gdn_recurrent_norm_fusable), else row by row. Workspace:
 // gated_delta_net_workspace_bytes(s, rows).
 void gated_delta_net_rows(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
-                          std::span<const GdnSlotState> states, float* out, void* workspace, cudaStream_t stream,
-                          int8_t* out_q = nullptr, float2* out_ds = nullptr);
+                          std::span<const GdnSlotState> states, float* out, void* workspace,
+                          cudaStream_t stream, int8_t* out_q = nullptr, float2* out_ds = nullptr);
 
 }  // namespace xpert::cuda

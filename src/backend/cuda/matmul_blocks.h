@@ -68,7 +68,9 @@ __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp
 // qwen3-30b-a3b 64 streams S_TG 2,235 / 2,222 -> 2,353 / 2,274, their 8,192-token prefill step 15.3k /
 // 14.1k -> 17.1k / 17.8k t/s; qwen3.5-35b-a3b 64 streams 1,841 -> 1,946. (Predicted ~2x from the
 // conversions' issue time; the step is bound by more than them.)
-__device__ __forceinline__ float small_int_float(int q) { return __int_as_float(0x4B400000 + q) - 12582912.0f; }
+__device__ __forceinline__ float small_int_float(int q) {
+  return __int_as_float(0x4B400000 + q) - 12582912.0f;
+}
 
 // Bits 0..3 of `b` to bit 0 of bytes 0..3.
 __device__ __forceinline__ uint32_t spread4(uint32_t b) { return ((b & 0xF) * 0x00204081u) & 0x01010101u; }

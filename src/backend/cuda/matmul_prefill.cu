@@ -5,10 +5,9 @@
 // Dual mode multiplies one X tile by two matrices (gate and up) and writes silu(gate) * up.
 // Grouped mode maps each CTA to (group, row tile) through group_tiles: experts' row groups in one launch.
 // Multi-output mode (GemmArgs::outs) maps each column tile to one of up to 4 matrices over the same X.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
-#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,7 +28,9 @@ using dev::Deq;
 constexpr int BN = kGemmBN, BK = 64;
 constexpr int LDS = BK + 8;  // row stride in 16-bit elements: 144 bytes keeps ldmatrix free of bank conflicts
 constexpr int kThreads = 128;
-constexpr size_t smem_bytes_of(bool dual, int bm) { return (size_t)(2 * bm * LDS + 2 * (dual ? 2 : 1) * BN * LDS) * 2; }
+constexpr size_t smem_bytes_of(bool dual, int bm) {
+  return (size_t)(2 * bm * LDS + 2 * (dual ? 2 : 1) * BN * LDS) * 2;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   const int kg = (int)(p.k / 32), nk = (kg + 1) / 2;
   // Split k (gridDim.z CTAs of one thread block cluster): this CTA's k steps [kt_begin, kt_end).
   const int n_split = (int)gridDim.z;
-  const int kt_begin = (int)((int64_t)nk * blockIdx.z / n_split), kt_end = (int)((int64_t)nk * (blockIdx.z + 1) / n_split);
+  const int kt_begin = (int)((int64_t)nk * blockIdx.z / n_split),
+            kt_end = (int)((int64_t)nk * (blockIdx.z + 1) / n_split);
   const size_t rb = p.row_bytes;
 
   // X: XP of the tile's BM * 8 16-byte pieces per thread; their source rows are fixed for the whole loop.
@@ -246,12 +248,14 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     __syncthreads();
   }
 
-  if (n_split > 1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
+  if (n_split >
+      1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     constexpr int E = NW * MT * 16;  // accumulators a thread
-    static_assert(E * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM), "partial sums fit the tiles' room");
+    static_assert(E * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM),
+                  "partial sums fit the tiles' room");
     float* part = reinterpret_cast<float*>(smem);  // the tiles are done with (the loop ends on a barrier)
 #pragma unroll
     for (int q = 0; q < NW; ++q)
@@ -260,7 +264,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) part[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid] = acc[q][i][j][e];
+          for (int e = 0; e < 4; ++e)
+            part[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid] = acc[q][i][j][e];
     cluster.sync();
     const unsigned rank = cluster.block_rank();
     if (rank == 0)
@@ -273,7 +278,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[q][i][j][e] += rp[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid];
+              for (int e = 0; e < 4; ++e)
+                acc[q][i][j][e] += rp[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid];
       }
     cluster.sync();  // the others' shared memory stays until the first has read it
     if (rank != 0) return;
@@ -370,7 +376,10 @@ void launch(const GemmArgs& a, cudaStream_t stream) {
   }
   XPERT_CUDA_CHECK_LAUNCH();
   trace_launch(gemm_kernel<T, kDual, BM>, stream,
-               a.group_tiles ? "grouped" : a.n_outs > 1 ? "several outputs" : a.m <= 64 ? "m<=64" : nullptr);
+               a.group_tiles  ? "grouped"
+               : a.n_outs > 1 ? "several outputs"
+               : a.m <= 64    ? "m<=64"
+                              : nullptr);
 }
 
 }  // namespace

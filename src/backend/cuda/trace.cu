@@ -33,7 +33,7 @@ struct Trace {
 std::mutex mu;
 std::map<int, Trace> traces;       // by device
 using Tag = std::pair<const void*, const char*>;  // kernel, what kind of launch (a string literal or null)
-std::vector<Tag> tag_fns;                          // tag -> kernel
+std::vector<Tag> tag_fns;                         // tag -> kernel
 std::map<Tag, int> fn_tags;
 
 __global__ void stamp_kernel(unsigned long long* t, int* tags, unsigned* count, int tag) {
@@ -70,6 +70,10 @@ double trace_max_gap_us() {
     return v <= 0 ? 0.0 : v == 1 ? 200.0 : (double)v;
   }();
   return us;
+}
+
+std::string tag_name(const Tag& t) {
+  return t.second ? kernel_name(t.first) + " " + t.second : kernel_name(t.first);
 }
 
 }  // namespace
@@ -138,7 +142,7 @@ void trace_dump() {
     for (int k : order)
       if (cnt[k])
         std::fprintf(stderr, "%10.0f %9ld %8.2f %5.1f%%  %s\n", sum[k], cnt[k], sum[k] / (double)cnt[k],
-                     100.0 * sum[k] / total, (kernel_name(tag_fns[k].first) + (tag_fns[k].second ? std::string(" ") + tag_fns[k].second : "")).c_str());
+                     100.0 * sum[k] / total, tag_name(tag_fns[k]).c_str());
     XPERT_CUDA_CHECK(cudaMemset(tr.count, 0, sizeof(unsigned)));
   }
 }

@@ -350,11 +350,12 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            dtype_name(t));
     // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
     // or NVIDIA's rounds differ from round_blocks' by an ulp.
-    return program(matmul_[t], kMatmulSource,
-                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
-                               wide_loads_ ? "" : " -DNO_WIDE_LOADS",
-                               info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
-                   kFusedMatmulSource);
+    return program(
+        matmul_[t], kMatmulSource,
+        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
+                    wide_loads_ ? "" : " -DNO_WIDE_LOADS",
+                    info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
+        kFusedMatmulSource);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
