@@ -86,6 +86,10 @@ inline int64_t block_elems(DType t) {
   }
 }
 
+// prefill.cpp: the matmul and ops programs' appended sources (kernels_fused.h, then kernels_prefill.h).
+const std::string& prefill_matmul_source();
+const std::string& prefill_ops_source();
+
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
 class OpenclBackend final : public Backend, public DecodeFusions {
@@ -127,6 +131,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
     zero(counters_, kCounters * sizeof(cl_int));
     fused_ = sw.fused;
+    prefill_ = sw.prefill;
+    moe_bm_ = sw.moe_bm;
     if (sw.probe) probe_launches();
   }
 
@@ -289,6 +295,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
+  // A prefill-sized batch of a layer wholly on the device: routed, grouped and multiplied there (prefill.cpp).
+  bool moe_prefill_fits(const MoeFfn& m, int64_t n) const;
+  void moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
 
   // Fused forms (fused_ops.cpp); XPERT_OPENCL_OPTS=fused=0 turns them off (the plain ops, for comparison).
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
@@ -298,6 +307,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
                     float freq_base, float freq_scale, RopeMode mode, float eps) override;
   Act add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
                               const float* next_w, const PartialSum* d_parts) override;
+  uint64_t enqueue_count() const { return stats_.enqueues; }  // commands so far (tests count a path's)
   DecodeFusions* decode_fusions() override { return fused_ ? this : nullptr; }
   std::optional<Act> decode_attention(const DecodeAttention& d) override;
   std::optional<PartialSum> decode_attention_proj(const DecodeAttention&, const Weight&, float*) override {
@@ -339,7 +349,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
   cl_kernel ops(const char* kernel) {
     return program(ops_, kOpsSource,
-                   info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "", kFusedOpsSource)
+                   info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "",
+                   prefill_ops_source())
         .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) { return program(gdn_, kGdnSource, "").kernel(kernel); }
@@ -350,12 +361,11 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            dtype_name(t));
     // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
     // or NVIDIA's rounds differ from round_blocks' by an ulp.
-    return program(
-        matmul_[t], kMatmulSource,
-        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
-                    wide_loads_ ? "" : " -DNO_WIDE_LOADS",
-                    info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
-        kFusedMatmulSource);
+    return program(matmul_[t], kMatmulSource,
+                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
+                               wide_loads_ ? "" : " -DNO_WIDE_LOADS",
+                               info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
+                   prefill_matmul_source());
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
@@ -474,8 +484,15 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            {(size_t)mv_wg_, (size_t)mv_r_}, w, w, w, (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y,
            (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k, (cl_int)n);
   }
+  // prefill.cpp: 128 features x 64 rows per work-group, register-tiled (kernels_prefill.h).
+  void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
+                  int64_t ldy);
+  // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
+  // of local memory or 256 work-items a group) the earlier 64 x 32 tile.
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
+    if (prefill_ && info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256)
+      return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
     check_row(t, k);
     launch(matmul_program(t).kernel("gemm"), {groups(n, kTileN) * 16, groups(m, kTileM) * 16}, {16, 16}, w,
            (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
@@ -512,6 +529,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     }
   } stats_;
   bool fused_ = true;
+  bool prefill_ = true;  // XPERT_OPENCL_OPTS prefill=0: the earlier gemm and the host's MoE routing
+  int moe_bm_ = 32;      // XPERT_OPENCL_OPTS moe_bm: rows per grouped tile of moe_prefill (32 or 64)
   bool wide_loads_ = true;
   bool arg_cache_ = true;
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
@@ -520,6 +539,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h
+  static constexpr int64_t kGroupMaxExperts = 1024;  // GROUP_MAX_EXPERTS, kernels_prefill.h
   cl_int* counters_ = nullptr;
   std::map<cl_kernel, ArgSets> arg_sets_;
   size_t max_arg_sets_ = 1024;

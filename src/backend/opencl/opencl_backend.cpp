@@ -8,10 +8,10 @@ namespace xpert {
 namespace opencl {
 
 
-// Batches of fewer than kMoeGemmMinRows tokens of a layer wholly on the device route there
-// (moe_small_batch). Larger ones and split layers route on the host (the router logits are n x n_expert
-// floats), so the CPU's exact top-k and the routing statistics come for free; the rows are then grouped
-// by expert as the CPU groups them. Experts
+// Batches of a layer wholly on the device route there: fewer than kMoeGemmMinRows tokens in
+// moe_small_batch, more in moe_prefill (prefill.cpp; XPERT_OPENCL_OPTS prefill=0: here). Split layers and
+// uniform routing route on the host (the router logits are n x n_expert floats), so the CPU's exact top-k and
+// the routing statistics come for free; the rows are then grouped by expert as the CPU groups them. Experts
 // with many rows (prefill) run the tiled kernel on their contiguous rows; the rest run in one batched gemv
 // per matrix, each row with its own expert. Split layers (some experts on the host) run the host's share
 // on the host's threads and add it.
@@ -26,6 +26,11 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
     // to the batched gemv on its own anyway: route on the device and skip the two round trips. Like a
     // layer wholly on a CUDA GPU, its routing is not counted (m.stats).
     moe_small_batch(m, x, n, logits_d, out);
+    ar.release(mark);
+    return;
+  }
+  if (moe_prefill_fits(m, n)) {  // prefill: routed and grouped on the device too (prefill.cpp)
+    moe_prefill(m, x, n, logits_d, out);
     ar.release(mark);
     return;
   }

@@ -45,7 +45,12 @@ Switches read_switches() {
       s.arg_cache = off_value(key, v);
     else if (key == "wide")
       s.wide = off_value(key, v);
-    else if (key == "probe")
+    else if (key == "prefill")
+      s.prefill = off_value(key, v);
+    else if (key == "moe_bm") {
+      s.moe_bm = int_value(key, v, 32, 64);
+      if (s.moe_bm != 32 && s.moe_bm != 64) fail("XPERT_OPENCL_OPTS: moe_bm={}: expected 32 or 64", v);
+    } else if (key == "probe")
       s.probe = off_value(key, v);
     else if (key == "stats")
       s.stats = off_value(key, v);
@@ -62,7 +67,8 @@ Switches read_switches() {
       if (s.mv_r & (s.mv_r - 1)) fail("XPERT_OPENCL_OPTS: mv_r={}: expected 1, 2, 4, 8 or 16", v);
     } else {
       fail(
-          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, probe, "
+          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, prefill, "
+          "moe_bm, probe, "
           "stats, "
           "profile)",
           item);

@@ -9,6 +9,8 @@
 //                4 on a CPU device)
 //   mv_r=N       matrix rows per work-group of the fused matvecs (1, 2, 4, 8 or 16; default 4 on a GPU, 1 on
 //                a CPU device)
+//   prefill=0    the earlier prefill products: the 64 x 32 gemm and the MoE routed on the host (prefill.cpp)
+//   moe_bm=N     rows per tile of the grouped MoE prefill products (32 or 64; default 32)
 //   probe        log what an enqueue costs (at start)
 //   stats        log enqueues and blocking calls per decode step (at exit)
 //   profile      log device time per kernel from profiling events (at exit)
@@ -18,7 +20,8 @@
 namespace xpert::opencl {
 
 struct Switches {
-  bool fused = true, tail = true, arg_cache = true, wide = true;
+  bool fused = true, tail = true, arg_cache = true, wide = true, prefill = true;
+  int moe_bm = 32;
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default

@@ -1,0 +1,84 @@
+// The whole-model OpenCL backend's prefill products (kernels_prefill.h): the register-tiled dense GEMM, and a
+// MoE layer's batch routed and grouped on the device with one grouped GEMM for gate + up (SwiGLU fused) and one
+// for down: per layer, router product, routing, grouping, two activation roundings, gate/up, down and the
+// weighted combine (8 launches, none waiting for the host) instead of the host's routing and one product per
+// expert and matrix (~400 launches, two round trips). XPERT_OPENCL_OPTS prefill=0: the earlier kernels and
+// the host's routing (for comparison); moe_bm=32|64: rows per grouped tile (default 32).
+#include "backend/opencl/backend_impl.h"
+#include "backend/opencl/kernels_prefill.h"
+
+namespace xpert::opencl {
+
+const std::string& prefill_matmul_source() {
+  static const std::string s = [] {
+    std::string r(kFusedMatmulSource);
+    r += "\n#define PT_RM 4\n#define PT_SUF _m64\n";
+    r += kPrefillTileSource;
+    r += "\n#undef PT_RM\n#undef PT_SUF\n#define PT_RM 2\n#define PT_SUF _m32\n";
+    r += kPrefillTileSource;
+    r += "\n#undef PT_RM\n#undef PT_SUF\n";
+    return r;
+  }();
+  return s;
+}
+
+const std::string& prefill_ops_source() {
+  static const std::string s = std::string(kFusedOpsSource) + std::string(kPrefillOpsSource);
+  return s;
+}
+
+void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx,
+                               int64_t m, float* y, int64_t ldy) {
+  check_row(t, k);
+  // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
+  // projections, the router: few features).
+  const bool small = groups(n, 128) * groups(m, 64) < 2 * (size_t)std::max<uint32_t>(info_.compute_units, 1);
+  const int64_t bm = small ? 32 : 64;
+  launch(matmul_program(t).kernel(small ? "gemm_t_m32" : "gemm_t_m64"), {groups(n, 128) * 16, groups(m, bm) * 16},
+         {16, 16}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
+}
+
+bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
+  return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows && m.n_expert <= kGroupMaxExperts &&
+         m.gate.type == m.up.type && weight_macro(m.gate.type) && weight_macro(m.down.type) &&
+         m.n_embd % block_elems(m.gate.type) == 0 && m.n_ff % block_elems(m.down.type) == 0 &&
+         info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
+}
+
+void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out) {
+  const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
+  const int64_t bm = moe_bm_;
+  // Tiles: at most one partial tile per expert beside the full ones.
+  const int64_t max_tiles = S / bm + std::min(X, S);
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  int32_t* row_slot_d = ar.take<int32_t>(S);
+  int32_t* slot_row_d = ar.take<int32_t>(S);
+  float* weights_d = ar.take<float>(S);
+  int32_t* tasks_d = ar.take<int32_t>(2 * S);
+  int32_t* tiles_d = ar.take<int32_t>(4 * max_tiles);
+  int32_t* n_tiles_d = ar.take<int32_t>(1);
+  const RouterParams rp = m.router_params();
+  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
+         (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  const size_t wg = std::min<size_t>(256, info_.max_work_group_size);
+  launch(ops("moe_group"), {wg}, {wg}, tasks_d, (cl_int)S, (cl_int)X, (cl_int)bm, row_slot_d, slot_row_d, tiles_d,
+         n_tiles_d);
+  const char* sfx = bm == 64 ? "_m64" : "_m32";
+  const float* xq = rounded_activations(m.gate.type, x, n, E);
+  float* h = ar.take<float>(S * F);
+  const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
+  launch(matmul_program(m.gate.type).kernel(std::string("moe_gate_up_t") + sfx),
+         {groups(F, 64) * 16, (size_t)max_tiles * 16}, {16, 16}, m.gate.data, m.up.data, (cl_ulong)gate_row,
+         (cl_ulong)(gate_row * F), tiles_d, n_tiles_d, row_slot_d, (cl_int)K, xq, (cl_int)E, (cl_int)E, (cl_int)F,
+         h);
+  const float* hq = rounded_activations(m.down.type, h, S, F);
+  float* yg = ar.take<float>(S * E);
+  launch(matmul_program(m.down.type).kernel(std::string("moe_down_t") + sfx),
+         {groups(E, 128) * 16, (size_t)max_tiles * 16}, {16, 16}, m.down.data, (cl_ulong)down_row,
+         (cl_ulong)(down_row * E), tiles_d, n_tiles_d, hq, (cl_int)F, (cl_int)E, yg);
+  elementwise("moe_combine", n * E, yg, slot_row_d, weights_d, (cl_int)K, (cl_int)E, out, (cl_long)(n * E));
+  ar.release(mark);
+}
+
+}  // namespace xpert::opencl
