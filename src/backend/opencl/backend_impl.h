@@ -174,8 +174,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
   void dealloc(void* p) override {
     if (!p) return;
-    synchronize();  // clSVMFree does not wait for the commands that use p
-    api().clSVMFree(ctx_.get(), p);
+    // Freed in queue order, after the commands that use p, without the host waiting for them (clSVMFree
+    // would need a clFinish first: a pass that follows a larger one frees each of its scratch spills).
+    ++stats_.enqueues, pre_ = {};
+    XP_CL(clEnqueueSVMFree, q(), 1, &p, nullptr, nullptr, 0, nullptr, nullptr);
     if (auto it = sizes_.find(p); it != sizes_.end()) {
       allocated_ -= it->second;
       sizes_.erase(it);
