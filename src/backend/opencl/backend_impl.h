@@ -37,7 +37,7 @@ constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
 constexpr int kNormWg = 256, kNormJ = 8;  // NORM_WG, NORM_J, kernels_fused.h
 constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
-constexpr int kAttWg = 64, kAttMaxD = 512;  // kernels_attention.h
+constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
 // A matmul with more activation rows than this takes the tiled kernel.
@@ -289,6 +289,13 @@ class OpenclBackend final : public Backend, public DecodeFusions {
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
+    if (a.n_tokens > 1 && prefill_) {  // prefill: kAttQb tokens a work-group, each K / V row read once for them
+      launch(program(attention_, kAttentionSource, "").kernel("attention_block"),
+             {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
+             (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
+             a.kq_scale, (cl_int)a.sliding_window);
+      return;
+    }
     launch(program(attention_, kAttentionSource, "").kernel("attention"),
            {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
            (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale,

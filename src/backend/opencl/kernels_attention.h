@@ -102,6 +102,122 @@ kernel void attention(global const float* q, global const half* kc, global const
     if (dd < d) o[dd] = acc[a];
   }
 }
+
+// Prefill: ATT_QB consecutive tokens (t0 = ATT_QB * group 1, fewer at the batch's end) of head `group 0` per
+// work-group, without slots, so each key tile's K and V rows are read once for the block. Per query the sums
+// are attention's, in its order (the same bits where there is no sliding window): the scores summed one value
+// at a time; pass 1's running max and sum by work-item u alone over the tile's keys of query u; pass 2's
+// weights rounded to f16, each work-item adding its dims' V products key by key (weight 0 past a query's
+// last key).
+#define ATT_QB 8
+kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
+                            global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
+                            int d, int n_kv, float kq_scale, int window) {
+  local float qs[ATT_QB * ATT_MAXD];
+  local float ps[ATT_QB * ATT_WG];
+  local float stat[2 * ATT_QB];
+  const int h = get_group_id(0), lid = get_local_id(0);
+  const int t0 = get_group_id(1) * ATT_QB, nq = min(ATT_QB, n_tokens - t0);
+  const int hk = h / (n_head / n_head_kv);
+  const long kv_row = (long)n_head_kv * d;
+  for (int u = 0; u < ATT_QB; ++u)
+    for (int i = lid; i < d; i += ATT_WG)
+      qs[u * ATT_MAXD + i] = u < nq ? round_f16(q[((long)(t0 + u) * n_head + h) * d + i]) : 0.0f;
+  int lo[ATT_QB], hi[ATT_QB];
+  int blo = n_kv, bhi = -1;
+  for (int u = 0; u < ATT_QB; ++u) {
+    const int p = u < nq ? pos[t0 + u] : 0;
+    lo[u] = window > 0 ? max(0, p - window + 1) : 0;
+    hi[u] = u < nq ? min(p, n_kv - 1) : -1;
+    if (u < nq) blo = min(blo, lo[u]), bhi = max(bhi, hi[u]);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys).
+#define ATT_BLOCK_SCORES(j0)                                                              \
+  {                                                                                       \
+    const int j = (j0) + lid;                                                             \
+    float dot[ATT_QB];                                                                    \
+    for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f;                                       \
+    if (j <= bhi) {                                                                       \
+      global const half* kr = kc + j * kv_row + hk * d;                                   \
+      int i = 0;                                                                          \
+      for (; i + 32 <= d; i += 32) {                                                      \
+        float4 k4[8];                                                                     \
+        for (int w = 0; w < 8; ++w) k4[w] = vload_half4(0, kr + i + 4 * w);               \
+        for (int u = 0; u < ATT_QB; ++u) {                                                \
+          local const float* qu = qs + u * ATT_MAXD + i;                                  \
+          float s = dot[u];                                                               \
+          for (int w = 0; w < 8; ++w) {                                                   \
+            s += qu[4 * w] * k4[w].x;                                                     \
+            s += qu[4 * w + 1] * k4[w].y;                                                 \
+            s += qu[4 * w + 2] * k4[w].z;                                                 \
+            s += qu[4 * w + 3] * k4[w].w;                                                 \
+          }                                                                               \
+          dot[u] = s;                                                                     \
+        }                                                                                 \
+      }                                                                                   \
+      for (; i < d; ++i) {                                                                \
+        const float kv = vload_half(i, kr);                                               \
+        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_MAXD + i] * kv;             \
+      }                                                                                   \
+    }                                                                                     \
+    for (int u = 0; u < ATT_QB; ++u)                                                      \
+      ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;    \
+  }
+  // Pass 1: work-item u < nq keeps query u's running max and sum.
+  float mx = -INFINITY, l = 0.0f;
+  for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
+    ATT_BLOCK_SCORES(j0)
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < nq && j0 <= hi[lid] && j0 + ATT_WG > lo[lid]) {
+      const int u = lid, i0 = max(0, lo[u] - j0), nt = min(ATT_WG, hi[u] - j0 + 1);
+      float tmax = -INFINITY;
+      for (int i = i0; i < nt; ++i) tmax = max(tmax, ps[u * ATT_WG + i]);
+      const float mnew = max(mx, tmax);
+      float tsum = 0.0f;
+      for (int i = i0; i < nt; ++i) tsum += exp(ps[u * ATT_WG + i] - mnew);
+      l = l * exp(mx - mnew) + tsum;
+      mx = mnew;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid < ATT_QB) {
+    stat[lid] = mx;
+    stat[ATT_QB + lid] = l > 0.0f ? 1.0f / l : 0.0f;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // Pass 2.
+  float acc[ATT_QB][ATT_DPT];
+  for (int u = 0; u < ATT_QB; ++u)
+    for (int a = 0; a < ATT_DPT; ++a) acc[u][a] = 0.0f;
+  for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
+    ATT_BLOCK_SCORES(j0)
+    for (int u = 0; u < ATT_QB; ++u) {
+      const float s = ps[u * ATT_WG + lid];
+      ps[u * ATT_WG + lid] = s == -INFINITY ? 0.0f : round_f16(exp(s - stat[u]) * stat[ATT_QB + u]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int nt = min(ATT_WG, bhi - j0 + 1);
+    for (int a = 0; a < ATT_DPT; ++a) {
+      const int dd = lid + a * ATT_WG;
+      if (dd >= d) break;
+      global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
+      for (int i = 0; i < nt; ++i) {
+        const float v = vload_half(i * kv_row, vr);
+        for (int u = 0; u < ATT_QB; ++u) acc[u][a] += ps[u * ATT_WG + i] * v;
+      }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#undef ATT_BLOCK_SCORES
+  for (int u = 0; u < nq; ++u) {
+    global float* o = out + ((long)(t0 + u) * n_head + h) * d;
+    for (int a = 0; a < ATT_DPT; ++a) {
+      const int dd = lid + a * ATT_WG;
+      if (dd < d) o[dd] = acc[u][a];
+    }
+  }
+}
 )CLC";
 
 }  // namespace xpert::opencl
