@@ -28,75 +28,84 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_CAT(a, b) PT_CAT2(a, b)
 #define PT_NAME(n) PT_CAT(n, PT_SUF)
 
-// The tile's product over k: wa / wb are the rows of columns 0 and 64 (na / nb of them valid, the rest read
-// as 0); xr is this loader's activation row (work-items 128..255: row (tid - 128) % BM of the tile; null: a
-// row past the tile's end, read as 0).
-void PT_NAME(tile_mm)(global const uchar* wa, global const uchar* wb, ulong row_bytes, int na, int nb, int k,
-                      global const float* xr, local float* ws, local float* xs, float acc[8][PT_RM]) {
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = get_local_id(0), ty = get_local_id(1);
-  for (int j = 0; j < 8; ++j)
-    for (int r = 0; r < PT_RM; ++r) acc[j][r] = 0.0f;
-  const int chunks = (k + 31) / 32;
-  global const uchar* wrow = 0;
-  int wvalid = 0;
-  if (tid < 128) {
-    wrow = tid < 64 ? wa + (ulong)tid * row_bytes : wb + (ulong)(tid - 64) * row_bytes;
-    wvalid = tid < 64 ? tid < na : tid - 64 < nb;
+// The tile's product over k into acc[8][PT_RM] (declared by the kernel, so it stays in registers): wa / wb are
+// the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr is this loader's activation
+// row (work-items 128..255: row (tid - 128) % BM of the tile; null: a row past the tile's end, read as 0).
+// Work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a warp of
+// 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
+#define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
+  {                                                                                                           \
+    const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
+    const int tx_ = ((tid_ >> 5) & 3) * 4 + (tid_ & 3), ty_ = (tid_ >> 7) * 8 + ((tid_ >> 2) & 7);           \
+    for (int j_ = 0; j_ < 8; ++j_)                                                                            \
+      for (int r_ = 0; r_ < PT_RM; ++r_) acc[j_][r_] = 0.0f;                                                  \
+    const int chunks_ = ((k) + 31) / 32;                                                                      \
+    global const uchar* wrow_ = 0;                                                                            \
+    int wvalid_ = 0;                                                                                          \
+    if (tid_ < 128) {                                                                                         \
+      wrow_ = tid_ < 64 ? (wa) + (ulong)tid_ * (row_bytes) : (wb) + (ulong)(tid_ - 64) * (row_bytes);         \
+      wvalid_ = tid_ < 64 ? tid_ < (na) : tid_ - 64 < (nb);                                                   \
+    }                                                                                                         \
+    const int li_ = tid_ - 128, rm_ = li_ % PT_BM;                                                            \
+    for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
+      if (tid_ < 128) {                                                                                       \
+        float wv_[32];                                                                                        \
+        if (wvalid_) {                                                                                        \
+          dequant32(wrow_, j_, (k), wv_);                                                                     \
+        } else {                                                                                              \
+          for (int i_ = 0; i_ < 32; ++i_) wv_[i_] = 0.0f;                                                     \
+        }                                                                                                     \
+        for (int i_ = 0; i_ < 32; ++i_) (ws)[i_ * 128 + tid_] = wv_[i_];                                      \
+      } else {                                                                                                \
+        for (int it_ = 0; it_ < PT_RM; ++it_) {                                                               \
+          const int kq_ = li_ / PT_BM + it_ * (128 / PT_BM), kg_ = j_ * 32 + kq_ * 4;                         \
+          float4 v_ = (float4)(0.0f);                                                                         \
+          if (xr) {                                                                                           \
+            if (kg_ + 4 <= (k)) {                                                                             \
+              v_ = vload4(0, (xr) + kg_);                                                                     \
+            } else {                                                                                          \
+              v_.x = kg_ < (k) ? (xr)[kg_] : 0.0f;                                                            \
+              v_.y = kg_ + 1 < (k) ? (xr)[kg_ + 1] : 0.0f;                                                    \
+              v_.z = kg_ + 2 < (k) ? (xr)[kg_ + 2] : 0.0f;                                                    \
+            }                                                                                                 \
+          }                                                                                                   \
+          (xs)[(kq_ * 4 + 0) * PT_BM + rm_] = v_.x;                                                           \
+          (xs)[(kq_ * 4 + 1) * PT_BM + rm_] = v_.y;                                                           \
+          (xs)[(kq_ * 4 + 2) * PT_BM + rm_] = v_.z;                                                           \
+          (xs)[(kq_ * 4 + 3) * PT_BM + rm_] = v_.w;                                                           \
+        }                                                                                                     \
+      }                                                                                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+      _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
+        const float4 a0_ = vload4(0, (ws) + kk_ * 128 + 4 * tx_);                                             \
+        const float4 a1_ = vload4(0, (ws) + kk_ * 128 + 64 + 4 * tx_);                                        \
+        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
+        for (int r_ = 0; r_ < PT_RM; ++r_) {                                                                  \
+          acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
+          acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
+          acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
+          acc[3][r_] = fma(a0_.w, b_[r_], acc[3][r_]);                                                        \
+          acc[4][r_] = fma(a1_.x, b_[r_], acc[4][r_]);                                                        \
+          acc[5][r_] = fma(a1_.y, b_[r_], acc[5][r_]);                                                        \
+          acc[6][r_] = fma(a1_.z, b_[r_], acc[6][r_]);                                                        \
+          acc[7][r_] = fma(a1_.w, b_[r_], acc[7][r_]);                                                        \
+        }                                                                                                     \
+      }                                                                                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+    }                                                                                                         \
   }
-  const int li = tid - 128, rm = li % PT_BM;
-  for (int j = 0; j < chunks; ++j) {
-    if (tid < 128) {
-      float wv[32];
-      if (wvalid) {
-        dequant32(wrow, j, k, wv);
-      } else {
-        for (int i = 0; i < 32; ++i) wv[i] = 0.0f;
-      }
-      for (int i = 0; i < 32; ++i) ws[i * 128 + tid] = wv[i];
-    } else {
-      // BM rows x 8 float4 of k: this work-item's row rm, float4s li / BM + it * (128 / BM).
-      for (int it = 0; it < PT_RM; ++it) {
-        const int kq = li / PT_BM + it * (128 / PT_BM), kg = j * 32 + kq * 4;
-        float4 v = (float4)(0.0f);
-        if (xr) {
-          if (kg + 4 <= k) {
-            v = vload4(0, xr + kg);
-          } else {
-            v.x = kg < k ? xr[kg] : 0.0f;
-            v.y = kg + 1 < k ? xr[kg + 1] : 0.0f;
-            v.z = kg + 2 < k ? xr[kg + 2] : 0.0f;
-          }
-        }
-        xs[(kq * 4 + 0) * PT_BM + rm] = v.x;
-        xs[(kq * 4 + 1) * PT_BM + rm] = v.y;
-        xs[(kq * 4 + 2) * PT_BM + rm] = v.z;
-        xs[(kq * 4 + 3) * PT_BM + rm] = v.w;
-      }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 32; ++kk) {
-      const float4 a0 = vload4(0, ws + kk * 128 + 4 * tx), a1 = vload4(0, ws + kk * 128 + 64 + 4 * tx);
 #if PT_RM == 4
-      const float4 b4 = vload4(0, xs + kk * PT_BM + 4 * ty);
-      const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+#define PT_LOAD_B(p)                 \
+  const float4 b4_ = vload4(0, (p)); \
+  const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
 #else
-      const float2 b2 = vload2(0, xs + kk * PT_BM + 2 * ty);
-      const float b[2] = {b2.x, b2.y};
+#define PT_LOAD_B(p)                 \
+  const float2 b2_ = vload2(0, (p)); \
+  const float b_[2] = {b2_.x, b2_.y};
 #endif
-      for (int r = 0; r < PT_RM; ++r) {
-        acc[0][r] = fma(a0.x, b[r], acc[0][r]);
-        acc[1][r] = fma(a0.y, b[r], acc[1][r]);
-        acc[2][r] = fma(a0.z, b[r], acc[2][r]);
-        acc[3][r] = fma(a0.w, b[r], acc[3][r]);
-        acc[4][r] = fma(a1.x, b[r], acc[4][r]);
-        acc[5][r] = fma(a1.y, b[r], acc[5][r]);
-        acc[6][r] = fma(a1.z, b[r], acc[6][r]);
-        acc[7][r] = fma(a1.w, b[r], acc[7][r]);
-      }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-}
+// This work-item's tx / ty (as PT_TILE_MM maps them).
+#define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
+#define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
 
 // Work-group (i, j): features 128 i .., rows BM j ...
 kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
@@ -104,12 +113,12 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
   local float ws[32 * 128];
   local float xs[32 * PT_BM];
   const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = get_local_id(0), ty = get_local_id(1);
+  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   const int row = m0 + (tid - 128) % PT_BM;
   global const float* xr = tid >= 128 && row < m ? x + (long)row * ldx : 0;
   float acc[8][PT_RM];
-  PT_NAME(tile_mm)(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
-                   min(64, n_out - n0 - 64), k, xr, ws, xs, acc);
+  PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
+             min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
   for (int r = 0; r < PT_RM; ++r) {
     const int rr = m0 + PT_RM * ty + r;
     if (rr >= m) break;
@@ -132,13 +141,13 @@ kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar*
   if (t >= n_tiles[0]) return;  // the whole group: before any barrier
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int f0 = get_group_id(0) * 64;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = get_local_id(0), ty = get_local_id(1);
+  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   const int g = g0 + (tid - 128) % PT_BM;
   global const float* xr = tid >= 128 && g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
   float acc[8][PT_RM];
   const int nv = min(64, n_ff - f0);
-  PT_NAME(tile_mm)(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc);
+  PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc)
   for (int r = 0; r < PT_RM; ++r) {
     const int gg = g0 + PT_RM * ty + r;
     if (gg >= g1) break;
@@ -159,13 +168,13 @@ kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
   if (t >= n_tiles[0]) return;
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int n0 = get_group_id(0) * 128;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = get_local_id(0), ty = get_local_id(1);
+  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   const int g = g0 + (tid - 128) % PT_BM;
   global const float* xr = tid >= 128 && g < g1 ? hq + (long)g * k : 0;
   global const uchar* we = down + (ulong)e * expert_stride;
   float acc[8][PT_RM];
-  PT_NAME(tile_mm)(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 64) * row_bytes, row_bytes,
-                   min(64, n_out - n0), min(64, n_out - n0 - 64), k, xr, ws, xs, acc);
+  PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
+             min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
   for (int r = 0; r < PT_RM; ++r) {
     const int gg = g0 + PT_RM * ty + r;
     if (gg >= g1) break;
@@ -176,6 +185,10 @@ kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
   }
 }
 #undef PT_BM
+#undef PT_LOAD_B
+#undef PT_TILE_MM
+#undef PT_TX
+#undef PT_TY
 )CLC";
 
 inline constexpr std::string_view kPrefillOpsSource = R"CLC(
