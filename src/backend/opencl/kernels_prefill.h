@@ -22,6 +22,89 @@
 
 namespace xpert::opencl {
 
+// Once per matmul program, before the two instantiations of kPrefillTileSource: a chunk's bytes in registers
+// (pt_raw), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are in
+// flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
+// (dequant32). pt_deq gives dequant32's values.
+inline constexpr std::string_view kPrefillRawSource = R"CLC(
+float pt_h2f(uint bits) {
+  const ushort u = (ushort)bits;
+  return vload_half(0, (const half*)&u);
+}
+#if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
+#define PT_PREFETCH 1
+// Block bytes 0..15 (d, dmin, the 12 scale bytes) and the 32 quant bytes of the chunk's pair of sub-blocks.
+typedef struct {
+  uint h[4];
+  uint q[8];
+} pt_raw;
+pt_raw pt_load(global const uchar* row, int j) {
+  pt_raw r;
+  global const uint* b = (global const uint*)(row + (j / 8) * 144);
+  const int c = (j % 8) / 2;
+  for (int i = 0; i < 4; ++i) r.h[i] = b[i];
+  for (int i = 0; i < 8; ++i) r.q[i] = b[4 + 8 * c + i];
+  return r;
+}
+// Scale byte i (0..11) of the block (block byte 4 + i), without indexing a private array at run time.
+uint pt_sbyte(const pt_raw* r, int i) {
+  const uint w = i < 4 ? r->h[1] : i < 8 ? r->h[2] : r->h[3];
+  return (w >> (8 * (i & 3))) & 0xFF;
+}
+void pt_deq(const pt_raw* r, int j, float* w) {
+  const int s = j % 8, hi = s & 1;
+  float sc, mn;
+  if (s < 4) {
+    sc = pt_sbyte(r, s) & 63;
+    mn = pt_sbyte(r, s + 4) & 63;
+  } else {
+    sc = (pt_sbyte(r, s + 4) & 0xF) | ((pt_sbyte(r, s - 4) >> 6) << 4);
+    mn = (pt_sbyte(r, s + 4) >> 4) | ((pt_sbyte(r, s) >> 6) << 4);
+  }
+  const float d = pt_h2f(r->h[0]) * sc, m = pt_h2f(r->h[0] >> 16) * mn;
+  for (int l4 = 0; l4 < 8; ++l4) {
+    const uint v = hi ? r->q[l4] >> 4 : r->q[l4];
+    w[4 * l4 + 0] = d * (int)(v & 0xF) - m;
+    w[4 * l4 + 1] = d * (int)((v >> 8) & 0xF) - m;
+    w[4 * l4 + 2] = d * (int)((v >> 16) & 0xF) - m;
+    w[4 * l4 + 3] = d * (int)((v >> 24) & 0xF) - m;
+  }
+}
+#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS)
+#define PT_PREFETCH 1
+// The chunk's 16 + 16 two-quant words of ql / qh, its two scales and d.
+typedef struct {
+  ushort ql[16], qh[16];
+  ushort sc, d;
+} pt_raw;
+pt_raw pt_load(global const uchar* row, int j) {
+  pt_raw r;
+  global const uchar* b = row + (j / 8) * 210;
+  const int s = j % 8, c = s / 4, g = s % 4;
+  global const ushort* ql = (global const ushort*)(b + 64 * c + 32 * (g & 1));
+  global const ushort* qh = (global const ushort*)(b + 128 + 32 * c);
+  for (int i = 0; i < 16; ++i) r.ql[i] = ql[i];
+  for (int i = 0; i < 16; ++i) r.qh[i] = qh[i];
+  r.sc = *(global const ushort*)(b + 192 + 8 * c + 2 * g);
+  r.d = *(global const ushort*)(b + 208);
+  return r;
+}
+void pt_deq(const pt_raw* r, int j, float* w) {
+  const int g = (j % 8) % 4;
+  const float d = pt_h2f(r->d);
+  const float d0 = d * (char)(r->sc & 0xFF), d1 = d * (char)(r->sc >> 8);
+  const int lo_shift = g >= 2 ? 4 : 0, hi_shift = 2 * g;
+  for (int l2 = 0; l2 < 16; ++l2) {
+    const uint lv = (uint)r->ql[l2] >> lo_shift, hv = (uint)r->qh[l2] >> hi_shift;
+    const int q0 = (int)((lv & 0xF) | ((hv & 3) << 4)) - 32;
+    const int q1 = (int)(((lv >> 8) & 0xF) | (((hv >> 8) & 3) << 4)) - 32;
+    w[2 * l2] = (l2 < 8 ? d0 : d1) * q0;
+    w[2 * l2 + 1] = (l2 < 8 ? d0 : d1) * q1;
+  }
+}
+#endif
+)CLC";
+
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_BM (16 * PT_RM)
 #define PT_CAT2(a, b) a##b
@@ -47,35 +130,39 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
       wvalid_ = tid_ < 64 ? tid_ < (na) : tid_ - 64 < (nb);                                                   \
     }                                                                                                         \
     const int li_ = tid_ - 128, rm_ = li_ % PT_BM;                                                            \
+    PT_RAW_DECL                                                                                               \
+    float4 xv_[PT_RM];                                                                                        \
+    if (tid_ < 128) {                                                                                         \
+      PT_RAW_LOAD(0)                                                                                          \
+    } else {                                                                                                  \
+      PT_LOAD_X(xr, k, 0)                                                                                     \
+    }                                                                                                         \
     for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
       if (tid_ < 128) {                                                                                       \
         float wv_[32];                                                                                        \
         if (wvalid_) {                                                                                        \
-          dequant32(wrow_, j_, (k), wv_);                                                                     \
+          PT_DEQ(wrow_, j_, (k), wv_);                                                                        \
         } else {                                                                                              \
           for (int i_ = 0; i_ < 32; ++i_) wv_[i_] = 0.0f;                                                     \
         }                                                                                                     \
         for (int i_ = 0; i_ < 32; ++i_) (ws)[i_ * 128 + tid_] = wv_[i_];                                      \
       } else {                                                                                                \
         for (int it_ = 0; it_ < PT_RM; ++it_) {                                                               \
-          const int kq_ = li_ / PT_BM + it_ * (128 / PT_BM), kg_ = j_ * 32 + kq_ * 4;                         \
-          float4 v_ = (float4)(0.0f);                                                                         \
-          if (xr) {                                                                                           \
-            if (kg_ + 4 <= (k)) {                                                                             \
-              v_ = vload4(0, (xr) + kg_);                                                                     \
-            } else {                                                                                          \
-              v_.x = kg_ < (k) ? (xr)[kg_] : 0.0f;                                                            \
-              v_.y = kg_ + 1 < (k) ? (xr)[kg_ + 1] : 0.0f;                                                    \
-              v_.z = kg_ + 2 < (k) ? (xr)[kg_ + 2] : 0.0f;                                                    \
-            }                                                                                                 \
-          }                                                                                                   \
-          (xs)[(kq_ * 4 + 0) * PT_BM + rm_] = v_.x;                                                           \
-          (xs)[(kq_ * 4 + 1) * PT_BM + rm_] = v_.y;                                                           \
-          (xs)[(kq_ * 4 + 2) * PT_BM + rm_] = v_.z;                                                           \
-          (xs)[(kq_ * 4 + 3) * PT_BM + rm_] = v_.w;                                                           \
+          const int kq_ = li_ / PT_BM + it_ * (128 / PT_BM);                                                  \
+          (xs)[(kq_ * 4 + 0) * PT_BM + rm_] = xv_[it_].x;                                                     \
+          (xs)[(kq_ * 4 + 1) * PT_BM + rm_] = xv_[it_].y;                                                     \
+          (xs)[(kq_ * 4 + 2) * PT_BM + rm_] = xv_[it_].z;                                                     \
+          (xs)[(kq_ * 4 + 3) * PT_BM + rm_] = xv_[it_].w;                                                     \
         }                                                                                                     \
       }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+      if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                    \
+        if (tid_ < 128) {                                                                                     \
+          PT_RAW_LOAD(j_ + 1)                                                                                 \
+        } else {                                                                                              \
+          PT_LOAD_X(xr, k, j_ + 1)                                                                            \
+        }                                                                                                     \
+      }                                                                                                       \
       _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
         const float4 a0_ = vload4(0, (ws) + kk_ * 128 + 4 * tx_);                                             \
         const float4 a1_ = vload4(0, (ws) + kk_ * 128 + 64 + 4 * tx_);                                        \
@@ -102,6 +189,32 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_LOAD_B(p)                 \
   const float2 b2_ = vload2(0, (p)); \
   const float b_[2] = {b2_.x, b2_.y};
+#endif
+// This loader's PT_RM float4s of activation row xr for chunk jj (0 past k or without a row).
+#define PT_LOAD_X(xr, k, jj)                                              \
+  for (int it_ = 0; it_ < PT_RM; ++it_) {                                 \
+    const int kg_ = (jj) * 32 + (li_ / PT_BM + it_ * (128 / PT_BM)) * 4; \
+    float4 v_ = (float4)(0.0f);                                           \
+    if (xr) {                                                             \
+      if (kg_ + 4 <= (k)) {                                               \
+        v_ = vload4(0, (xr) + kg_);                                       \
+      } else {                                                            \
+        v_.x = kg_ < (k) ? (xr)[kg_] : 0.0f;                              \
+        v_.y = kg_ + 1 < (k) ? (xr)[kg_ + 1] : 0.0f;                      \
+        v_.z = kg_ + 2 < (k) ? (xr)[kg_ + 2] : 0.0f;                      \
+      }                                                                   \
+    }                                                                     \
+    xv_[it_] = v_;                                                        \
+  }
+#if defined(PT_PREFETCH)
+#define PT_RAW_DECL pt_raw raw_;
+#define PT_RAW_LOAD(jj) \
+  if (wvalid_) raw_ = pt_load(wrow_, (jj));
+#define PT_DEQ(row, jj, k, w) pt_deq(&raw_, (jj), (w))
+#else
+#define PT_RAW_DECL
+#define PT_RAW_LOAD(jj)
+#define PT_DEQ(row, jj, k, w) dequant32((row), (jj), (k), (w))
 #endif
 // This work-item's tx / ty (as PT_TILE_MM maps them).
 #define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
@@ -186,6 +299,10 @@ kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
 }
 #undef PT_BM
 #undef PT_LOAD_B
+#undef PT_LOAD_X
+#undef PT_RAW_DECL
+#undef PT_RAW_LOAD
+#undef PT_DEQ
 #undef PT_TILE_MM
 #undef PT_TX
 #undef PT_TY

@@ -12,6 +12,7 @@ namespace xpert::opencl {
 const std::string& prefill_matmul_source() {
   static const std::string s = [] {
     std::string r(kFusedMatmulSource);
+    r += kPrefillRawSource;
     r += "\n#define PT_RM 4\n#define PT_SUF _m64\n";
     r += kPrefillTileSource;
     r += "\n#undef PT_RM\n#undef PT_SUF\n#define PT_RM 2\n#define PT_SUF _m32\n";
