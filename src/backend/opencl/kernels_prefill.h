@@ -31,7 +31,7 @@ float pt_h2f(uint bits) {
   const ushort u = (ushort)bits;
   return vload_half(0, (const half*)&u);
 }
-#if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
+#if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS) && !defined(PT_NO_PREFETCH)
 #define PT_PREFETCH 1
 // Block bytes 0..15 (d, dmin, the 12 scale bytes) and the 32 quant bytes of the chunk's pair of sub-blocks.
 typedef struct {
@@ -70,7 +70,7 @@ void pt_deq(const pt_raw* r, int j, float* w) {
     w[4 * l4 + 3] = d * (int)((v >> 24) & 0xF) - m;
   }
 }
-#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS)
+#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS) && !defined(PT_NO_PREFETCH)
 #define PT_PREFETCH 1
 // The chunk's 16 + 16 two-quant words of ql / qh, its two scales and d.
 typedef struct {
@@ -119,7 +119,7 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
     const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
-    const int tx_ = ((tid_ >> 5) & 3) * 4 + (tid_ & 3), ty_ = (tid_ >> 7) * 8 + ((tid_ >> 2) & 7);           \
+    const int tx_ = PT_TX(tid_), ty_ = PT_TY(tid_);                                                           \
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
       for (int r_ = 0; r_ < PT_RM; ++r_) acc[j_][r_] = 0.0f;                                                  \
     const int chunks_ = ((k) + 31) / 32;                                                                      \
@@ -217,8 +217,14 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_DEQ(row, jj, k, w) dequant32((row), (jj), (k), (w))
 #endif
 // This work-item's tx / ty (as PT_TILE_MM maps them).
+// PT_ROW_MAP (XPERT_OPENCL_OPTS pt_map=0, for comparison): a warp spans 16 tx x 2 ty.
+#if defined(PT_ROW_MAP)
+#define PT_TX(tid) ((tid) & 15)
+#define PT_TY(tid) ((tid) >> 4)
+#else
 #define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
 #define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
+#endif
 
 // Work-group (i, j): features 128 i .., rows BM j ...
 kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
