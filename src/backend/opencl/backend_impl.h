@@ -500,11 +500,16 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
                   int64_t ldy);
   // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
-  // of local memory or 256 work-items a group) the earlier 64 x 32 tile.
+  // of local memory or 256 work-items a group) gemm_small, the earlier 64 x 32 tile (gemm_tiled takes it too
+  // for products of too few tiles to fill the device).
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
     if (prefill_ && info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256)
       return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
+    gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+  }
+  void gemm_small(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
+                  int64_t ldy) {
     check_row(t, k);
     launch(matmul_program(t).kernel("gemm"), {groups(n, kTileN) * 16, groups(m, kTileM) * 16}, {16, 16}, w,
            (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
