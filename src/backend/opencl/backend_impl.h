@@ -146,6 +146,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     log_stats();
     drop_scratch();
     if (queue_) api().clFinish(queue_.get());
+    for (auto& [bytes, p] : pool_) api().clSVMFree(ctx_.get(), p);  // the queue is idle: no XP_CL here
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
     if (counters_) api().clSVMFree(ctx_.get(), counters_);
     if (preq_) api().clSVMFree(ctx_.get(), preq_);
@@ -156,35 +157,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   std::string name() const override { return fmt::format("opencl:{} ({})", index_, info_.name); }
   DeviceKind kind() const override { return DeviceKind::opencl; }
 
-  void* alloc(size_t bytes) override {
-    bytes = std::max<size_t>(bytes, 1);
-    if (bytes > info_.max_alloc_bytes)
-      fail(
-          "{}: one allocation of {:.2f} GiB exceeds the device's limit of {:.2f} GiB "
-          "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
-          name(), bytes / double(1ull << 30), info_.max_alloc_bytes / double(1ull << 30));
-    void* p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
-    if (!p)
-      fail(
-          "out of memory on {}: {:.2f} GiB asked, {:.2f} GiB in use of {:.2f} GiB (offload fewer layers: "
-          "-ngl)",
-          name(), bytes / double(1ull << 30), allocated_ / double(1ull << 30),
-          info_.global_mem_bytes / double(1ull << 30));
-    sizes_[p] = bytes;
-    allocated_ += bytes;
-    return p;
-  }
-  void dealloc(void* p) override {
-    if (!p) return;
-    // Freed in queue order, after the commands that use p, without the host waiting for them (clSVMFree
-    // would need a clFinish first: a pass that follows a larger one frees each of its scratch spills).
-    ++stats_.enqueues, pre_ = {};
-    XP_CL(clEnqueueSVMFree, q(), 1, &p, nullptr, nullptr, 0, nullptr, nullptr);
-    if (auto it = sizes_.find(p); it != sizes_.end()) {
-      allocated_ -= it->second;
-      sizes_.erase(it);
-    }
-  }
+  // opencl_backend.cpp: SVM, freed blocks of up to kPoolMaxBlock kept for reuse (up to pool_cap()).
+  void* alloc(size_t bytes) override;
+  void dealloc(void* p) override;
   void zero(void* p, size_t bytes) override {
     if (!bytes) return;
     pre_ = {};
@@ -212,7 +187,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     XP_CL(clFinish, q());
   }
   size_t free_memory() const override {
-    return info_.global_mem_bytes > allocated_ ? info_.global_mem_bytes - allocated_ : 0;
+    const size_t used = allocated_ - pooled_bytes_;  // the pool is given back when an allocation needs it
+    return info_.global_mem_bytes > used ? info_.global_mem_bytes - used : 0;
   }
 
   void matmul(const Weight& w, const float* x, int64_t m, float* y, int64_t ldy) override {
@@ -591,6 +567,14 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void* dummy_ = nullptr;
   std::map<void*, size_t> sizes_;
   size_t allocated_ = 0;
+  // Freed blocks kept for reuse (size -> block): a pass that follows a larger one gives back each scratch
+  // spill of the larger one (hundreds in a prefill), and NVIDIA's OpenCL takes about a millisecond of host
+  // time to free one.
+  std::multimap<size_t, void*> pool_;
+  size_t pooled_bytes_ = 0;
+  static constexpr size_t kPoolMaxBlock = size_t(256) << 20;
+  size_t pool_cap() const { return std::min<size_t>(size_t(1) << 30, info_.global_mem_bytes / 16); }
+  void release_pool();
   std::unique_ptr<Prog> ops_, attention_, gdn_;
   std::map<DType, std::unique_ptr<Prog>> matmul_;
   std::vector<Prog*> programs_;

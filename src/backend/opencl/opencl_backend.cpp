@@ -7,6 +7,71 @@
 namespace xpert {
 namespace opencl {
 
+void* OpenclBackend::alloc(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  // A kept block of at least `bytes` and at most twice that.
+  if (auto it = pool_.lower_bound(bytes); it != pool_.end() && it->first <= 2 * bytes) {
+    void* p = it->second;
+    pooled_bytes_ -= it->first;
+    pool_.erase(it);
+    return p;
+  }
+  if (bytes > info_.max_alloc_bytes)
+    fail(
+        "{}: one allocation of {:.2f} GiB exceeds the device's limit of {:.2f} GiB "
+        "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+        name(), bytes / double(1ull << 30), info_.max_alloc_bytes / double(1ull << 30));
+  void* p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
+  if (!p && pooled_bytes_) {
+    release_pool();
+    p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
+  }
+  if (!p)
+    fail(
+        "out of memory on {}: {:.2f} GiB asked, {:.2f} GiB in use of {:.2f} GiB (offload fewer layers: "
+        "-ngl)",
+        name(), bytes / double(1ull << 30), allocated_ / double(1ull << 30),
+        info_.global_mem_bytes / double(1ull << 30));
+  sizes_[p] = bytes;
+  allocated_ += bytes;
+  return p;
+}
+
+// The commands on the (in-order) queue that use p finish before any later command that reuses it starts.
+void OpenclBackend::dealloc(void* p) {
+  if (!p) return;
+  pre_ = {};
+  auto it = sizes_.find(p);
+  const size_t bytes = it != sizes_.end() ? it->second : 0;
+  if (bytes && bytes <= kPoolMaxBlock && pooled_bytes_ + bytes <= pool_cap()) {
+    pool_.emplace(bytes, p);
+    pooled_bytes_ += bytes;
+    return;
+  }
+  // Freed in queue order, after the commands that use p, without the host waiting for them (clSVMFree
+  // would need a clFinish first).
+  ++stats_.enqueues;
+  XP_CL(clEnqueueSVMFree, q(), 1, &p, nullptr, nullptr, 0, nullptr, nullptr);
+  if (it != sizes_.end()) {
+    allocated_ -= bytes;
+    sizes_.erase(it);
+  }
+}
+
+void OpenclBackend::release_pool() {
+  if (pool_.empty()) return;
+  std::vector<void*> ptrs;
+  for (auto& [bytes, p] : pool_) {
+    ptrs.push_back(p);
+    allocated_ -= bytes;
+    sizes_.erase(p);
+  }
+  pool_.clear();
+  pooled_bytes_ = 0;
+  ++stats_.enqueues;
+  XP_CL(clEnqueueSVMFree, q(), (cl_uint)ptrs.size(), ptrs.data(), nullptr, nullptr, 0, nullptr, nullptr);
+}
+
 
 // Batches of a layer wholly on the device route there: fewer than kMoeGemmMinRows tokens in
 // moe_small_batch, more in moe_prefill (prefill.cpp; XPERT_OPENCL_OPTS prefill=0: here). Split layers and
