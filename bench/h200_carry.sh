@@ -18,7 +18,8 @@
 #                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_OPTS probe), enqueues per
 #                                       # step, tg32 with the plain ops and kernels of before (XPERT_OPENCL_OPTS fused=0
 #                                       # ...) and under each of OCL_VARIANTS, device time per kernel
-#                                       # (XPERT_OPENCL_OPTS profile)
+#                                       # (XPERT_OPENCL_OPTS profile); OCL_PREFILL=1: also pp512's device time per
+#                                       # kernel and pp512 with XPERT_OPENCL_OPTS=prefill=0 (the kernels of before)
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -204,6 +205,14 @@ case "${1:-}" in
       echo "## opencl:1, device time per kernel (tg16)"
       XPERT_OPENCL_OPTS=profile timeout "$t" "$X" bench -m "$f" -p 0 -n 16 -r 1 --device opencl:1 2>&1 |
         grep -E -A24 'device time per kernel|rror' || echo "(rc ${PIPESTATUS[0]})"
+      if [[ -n ${OCL_PREFILL:-} ]]; then  # the prefill: its kernels' device time, and the kernels of before
+        echo "## opencl:1, device time per kernel (pp512: the warm-up pass and the measured one)"
+        XPERT_OPENCL_OPTS=profile:stats timeout "$t" "$X" bench -m "$f" -p 512 -n 0 -r 1 --device opencl:1 2>&1 |
+          grep -E -A24 'device time per kernel|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
+        echo "## opencl:1, XPERT_OPENCL_OPTS=prefill=0 (host routing, a gemm per expert, per-token attention)"
+        XPERT_OPENCL_OPTS=prefill=0 timeout "$t" "$X" bench -m "$f" -p 512 -n 0 -r 1 --device opencl:1 2>&1 |
+          grep -E '\| *pp|rror' || echo "(rc ${PIPESTATUS[0]})"
+      fi
     } 2>&1 | tee "$OUT/ocl.md"
     ;;
   depth)
