@@ -2,8 +2,8 @@
 // data: the register-tiled GEMM against cpu::matmul_reference (rows and features that are not whole tiles), and
 // a MoE layer's prefill routed and grouped on the device (moe_route_slots, moe_group, the grouped gate/up +
 // SwiGLU and down products, the combine) against cpu::moe_ffn_reference, the CPU backend and the host-routed
-// path of before (XPERT_OPENCL_OPTS prefill=0), with 32- and 64-row tiles. CI runs it on PoCL; without an
-// OpenCL device it skips.
+// path of before (XPERT_OPENCL_OPTS prefill=0), with 32- and 64-row tiles; the backend's pool of freed blocks.
+// CI runs it on PoCL; without an OpenCL device it skips.
 #include <gtest/gtest.h>
 
 #ifdef XPERT_HAVE_OPENCL
@@ -76,6 +76,33 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          ::testing::Values(DType::F32, DType::Q8_0, DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// --- memory: freed blocks kept for reuse --------------------------------------------------------------------
+
+// A freed block comes back for an allocation of its size (or up to half smaller) without a driver call or a
+// command, and counts as free memory meanwhile.
+TEST(OpenCLMemory, FreedBlocksAreReused) {
+  Backend* d = device_with("");
+  if (!d) GTEST_SKIP() << "no OpenCL device with SVM";
+  auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
+  const size_t free0 = d->free_memory();
+  void* a = d->alloc(7 << 20);
+  EXPECT_EQ(d->free_memory(), free0 - (7 << 20));
+  const uint64_t e0 = ocl.enqueue_count();
+  d->dealloc(a);
+  EXPECT_EQ(ocl.enqueue_count(), e0) << "a pooled block is not freed on the queue";
+  EXPECT_EQ(d->free_memory(), free0);
+  void* b = d->alloc((7 << 20) - 4096);
+  EXPECT_EQ(b, a);
+  void* c = d->alloc(1 << 20);  // nothing pooled of that size: a new block
+  EXPECT_NE(c, a);
+  d->dealloc(b);
+  void* e = d->alloc(1 << 20);  // the 7 MiB block is more than twice as large: not taken
+  EXPECT_NE(e, b);
+  d->dealloc(c);
+  d->dealloc(e);
+  EXPECT_EQ(d->free_memory(), free0);
+}
 
 // --- prefill attention (attention_block: 8 tokens a work-group) ---------------------------------------------
 
