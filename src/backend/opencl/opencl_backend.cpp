@@ -24,6 +24,7 @@ void* OpenclBackend::alloc(size_t bytes) {
   void* p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
   if (!p && pooled_bytes_) {
     release_pool();
+    synchronize();  // the frees are enqueued: done before asking again
     p = api().clSVMAlloc(ctx_.get(), CL_MEM_READ_WRITE, bytes, 0);
   }
   if (!p)
