@@ -1,9 +1,9 @@
 // The whole-model OpenCL backend's prefill products (backend/opencl/prefill.cpp, kernels_prefill.h) on random
-// data: the register-tiled GEMM against cpu::matmul_reference (rows and features that are not whole tiles), and
-// a MoE layer's prefill routed and grouped on the device (moe_route_slots, moe_group, the grouped gate/up +
-// SwiGLU and down products, the combine) against cpu::moe_ffn_reference, the CPU backend and the host-routed
-// path of before (XPERT_OPENCL_OPTS prefill=0), with 32- and 64-row tiles; the backend's pool of freed blocks.
-// CI runs it on PoCL; without an OpenCL device it skips.
+// data: the register-tiled GEMM against cpu::matmul_reference (rows and features that are not whole tiles),
+// and a MoE layer's prefill routed and grouped on the device (moe_route_slots, moe_group, the grouped gate/up
+// + SwiGLU and down products, the combine) against cpu::moe_ffn_reference, the CPU backend and the
+// host-routed path of before (XPERT_OPENCL_OPTS prefill=0), with 32- and 64-row tiles; the backend's pool of
+// freed blocks. CI runs it on PoCL; without an OpenCL device it skips.
 #include <gtest/gtest.h>
 
 #ifdef XPERT_HAVE_OPENCL
@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          ::testing::Values(DType::F32, DType::Q8_0, DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-// --- memory: freed blocks kept for reuse --------------------------------------------------------------------
+// --- memory: freed blocks kept for reuse -------------------------------------------------------------------
 
 // A freed block comes back for an allocation of its size (or up to half smaller) without a driver call or a
 // command, and counts as free memory meanwhile.
@@ -104,7 +104,7 @@ TEST(OpenCLMemory, FreedBlocksAreReused) {
   EXPECT_EQ(d->free_memory(), free0);
 }
 
-// --- prefill attention (attention_block: 8 tokens a work-group) ---------------------------------------------
+// --- prefill attention (attention_block: 8 tokens a work-group) --------------------------------------------
 
 struct AttCase {
   int64_t n_tokens, pos0, n_head, n_head_kv, head_dim;
@@ -129,17 +129,35 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
   for (int64_t t = 0; t < c.n_tokens; ++t) pos[t] = (int32_t)(c.pos0 + t);
   const float kq_scale = 1.0f / std::sqrt((float)c.head_dim);
   std::vector<float> ref(q.size());
-  cpu.attention({.q = q.data(), .k = k.data(), .v = v.data(), .out = ref.data(), .pos = pos.data(),
-                 .n_tokens = c.n_tokens, .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
-                 .n_kv = n_kv, .kq_scale = kq_scale, .sliding_window = c.window});
+  cpu.attention({.q = q.data(),
+                 .k = k.data(),
+                 .v = v.data(),
+                 .out = ref.data(),
+                 .pos = pos.data(),
+                 .n_tokens = c.n_tokens,
+                 .n_head = c.n_head,
+                 .n_head_kv = c.n_head_kv,
+                 .head_dim = c.head_dim,
+                 .n_kv = n_kv,
+                 .kq_scale = kq_scale,
+                 .sliding_window = c.window});
   std::map<std::string, std::vector<float>> got;
   for (const std::string opts : {"", "prefill=0"}) {
     Backend& dev = *device_with(opts);
     DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dp = upload(dev, pos);
     DeviceBuffer dout(dev, q.size() * sizeof(float));
-    dev.attention({.q = ptr<float>(dq), .k = dk.data(), .v = dv.data(), .out = ptr<float>(dout),
-                   .pos = ptr<int32_t>(dp), .n_tokens = c.n_tokens, .n_head = c.n_head, .n_head_kv = c.n_head_kv,
-                   .head_dim = c.head_dim, .n_kv = n_kv, .kq_scale = kq_scale, .sliding_window = c.window});
+    dev.attention({.q = ptr<float>(dq),
+                   .k = dk.data(),
+                   .v = dv.data(),
+                   .out = ptr<float>(dout),
+                   .pos = ptr<int32_t>(dp),
+                   .n_tokens = c.n_tokens,
+                   .n_head = c.n_head,
+                   .n_head_kv = c.n_head_kv,
+                   .head_dim = c.head_dim,
+                   .n_kv = n_kv,
+                   .kq_scale = kq_scale,
+                   .sliding_window = c.window});
     got[opts] = download<float>(dev, dout, q.size());
     // Weights and q rounded to f16 as the CPU rounds them; a weight on a rounding boundary may flip (~3e-5).
     EXPECT_LT(rel_err(got[opts], ref), 2e-4f) << "XPERT_OPENCL_OPTS=" << opts;

@@ -270,9 +270,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~18 KiB of local memory).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 20 * 1024) {
       launch(program(attention_, kAttentionSource, "").kernel("attention_block"),
-             {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
-             (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
-             a.kq_scale, (cl_int)a.sliding_window);
+             {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,
+             a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim,
+             (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
     }
     launch(program(attention_, kAttentionSource, "").kernel("attention"),
@@ -283,7 +283,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
-  // A prefill-sized batch of a layer wholly on the device: routed, grouped and multiplied there (prefill.cpp).
+  // A prefill-sized batch of a layer wholly on the device: routed, grouped and multiplied there
+  // (prefill.cpp).
   bool moe_prefill_fits(const MoeFfn& m, int64_t n) const;
   void moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
 
@@ -349,12 +350,13 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            dtype_name(t));
     // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
     // or NVIDIA's rounds differ from round_blocks' by an ulp.
-    return program(matmul_[t], kMatmulSource,
-                   fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}{}", macro, mv_wg_, mv_r_,
-                               wide_loads_ ? "" : " -DNO_WIDE_LOADS", pt_prefetch_ ? "" : " -DPT_NO_PREFETCH",
-                               pt_map_ ? "" : " -DPT_ROW_MAP",
-                               info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
-                   prefill_matmul_source());
+    return program(
+        matmul_[t], kMatmulSource,
+        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}{}", macro, mv_wg_, mv_r_,
+                    wide_loads_ ? "" : " -DNO_WIDE_LOADS", pt_prefetch_ ? "" : " -DPT_NO_PREFETCH",
+                    pt_map_ ? "" : " -DPT_ROW_MAP",
+                    info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
+        prefill_matmul_source());
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
@@ -474,8 +476,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k, (cl_int)n);
   }
   // prefill.cpp: 128 features x 64 rows per work-group, register-tiled (kernels_prefill.h).
-  void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
-                  int64_t ldy);
+  void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
+                  float* y, int64_t ldy);
   // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
   // of local memory or 256 work-items a group) gemm_small, the earlier 64 x 32 tile (gemm_tiled takes it too
   // for products of too few tiles to fill the device).
@@ -485,8 +487,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
       return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
     gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   }
-  void gemm_small(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
-                  int64_t ldy) {
+  void gemm_small(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
+                  float* y, int64_t ldy) {
     check_row(t, k);
     launch(matmul_program(t).kernel("gemm"), {groups(n, kTileN) * 16, groups(m, kTileM) * 16}, {16, 16}, w,
            (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);

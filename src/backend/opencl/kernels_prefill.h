@@ -23,8 +23,8 @@
 namespace xpert::opencl {
 
 // Once per matmul program, before the two instantiations of kPrefillTileSource: a chunk's bytes in registers
-// (pt_raw), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are in
-// flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
+// (pt_raw), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are
+// in flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
 // (dequant32). pt_deq gives dequant32's values.
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
 float pt_h2f(uint bits) {

@@ -73,7 +73,6 @@ void OpenclBackend::release_pool() {
   XP_CL(clEnqueueSVMFree, q(), (cl_uint)ptrs.size(), ptrs.data(), nullptr, nullptr, 0, nullptr, nullptr);
 }
 
-
 // Batches of a layer wholly on the device route there: fewer than kMoeGemmMinRows tokens in
 // moe_small_batch, more in moe_prefill (prefill.cpp; XPERT_OPENCL_OPTS prefill=0: here). Split layers and
 // uniform routing route on the host (the router logits are n x n_expert floats), so the CPU's exact top-k and

@@ -1,6 +1,6 @@
 // The whole-model OpenCL backend's prefill products (kernels_prefill.h): the register-tiled dense GEMM, and a
-// MoE layer's batch routed and grouped on the device with one grouped GEMM for gate + up (SwiGLU fused) and one
-// for down: per layer, router product, routing, grouping, two activation roundings, gate/up, down and the
+// MoE layer's batch routed and grouped on the device with one grouped GEMM for gate + up (SwiGLU fused) and
+// one for down: per layer, router product, routing, grouping, two activation roundings, gate/up, down and the
 // weighted combine (8 launches, none waiting for the host) instead of the host's routing and one product per
 // expert and matrix (~100 launches on qwen3-30b-a3b at 512 tokens, two round trips). Like a layer wholly on a
 // CUDA GPU, the device's routing is not counted in the routing statistics (m.stats). XPERT_OPENCL_OPTS
@@ -39,20 +39,24 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   const bool small = groups(n, 128) * groups(m, 64) < 2 * units;
   const int64_t bm = small ? 32 : 64;
   // Fewer 32-row tiles than a fifth of the compute units (the router's 128 features of 512 rows on the
-  // H200's 132: 16): the earlier 64 x 32 tile's twice as many work-groups finish first (208 us against 351 there).
+  // H200's 132: 16): the earlier 64 x 32 tile's twice as many work-groups finish first (208 us against 351
+  // there).
   if (groups(n, 128) * groups(m, 32) * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  launch(matmul_program(t).kernel(small ? "gemm_t_m32" : "gemm_t_m64"), {groups(n, 128) * 16, groups(m, bm) * 16},
-         {16, 16}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
+  launch(matmul_program(t).kernel(small ? "gemm_t_m32" : "gemm_t_m64"),
+         {groups(n, 128) * 16, groups(m, bm) * 16}, {16, 16}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx,
+         (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
 }
 
 bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
-  return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows && m.n_expert <= kGroupMaxExperts &&
-         m.gate.type == m.up.type && weight_macro(m.gate.type) && weight_macro(m.down.type) &&
-         m.n_embd % block_elems(m.gate.type) == 0 && m.n_ff % block_elems(m.down.type) == 0 &&
-         info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
+  return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows &&
+         m.n_expert <= kGroupMaxExperts && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
+         weight_macro(m.down.type) && m.n_embd % block_elems(m.gate.type) == 0 &&
+         m.n_ff % block_elems(m.down.type) == 0 && info_.local_mem_bytes >= 24 * 1024 &&
+         info_.max_work_group_size >= 256;
 }
 
-void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out) {
+void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d,
+                                float* out) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   const int64_t bm = moe_bm_;
   // Tiles: at most one partial tile per expert beside the full ones.
@@ -69,16 +73,16 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
   launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
          (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   const size_t wg = std::min<size_t>(256, info_.max_work_group_size);
-  launch(ops("moe_group"), {wg}, {wg}, tasks_d, (cl_int)S, (cl_int)X, (cl_int)bm, row_slot_d, slot_row_d, tiles_d,
-         n_tiles_d);
+  launch(ops("moe_group"), {wg}, {wg}, tasks_d, (cl_int)S, (cl_int)X, (cl_int)bm, row_slot_d, slot_row_d,
+         tiles_d, n_tiles_d);
   const char* sfx = bm == 64 ? "_m64" : "_m32";
   const float* xq = rounded_activations(m.gate.type, x, n, E);
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
   launch(matmul_program(m.gate.type).kernel(std::string("moe_gate_up_t") + sfx),
          {groups(F, 64) * 16, (size_t)max_tiles * 16}, {16, 16}, m.gate.data, m.up.data, (cl_ulong)gate_row,
-         (cl_ulong)(gate_row * F), tiles_d, n_tiles_d, row_slot_d, (cl_int)K, xq, (cl_int)E, (cl_int)E, (cl_int)F,
-         h);
+         (cl_ulong)(gate_row * F), tiles_d, n_tiles_d, row_slot_d, (cl_int)K, xq, (cl_int)E, (cl_int)E,
+         (cl_int)F, h);
   const float* hq = rounded_activations(m.down.type, h, S, F);
   float* yg = ar.take<float>(S * E);
   launch(matmul_program(m.down.type).kernel(std::string("moe_down_t") + sfx),

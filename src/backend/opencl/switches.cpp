@@ -71,7 +71,8 @@ Switches read_switches() {
       if (s.mv_r & (s.mv_r - 1)) fail("XPERT_OPENCL_OPTS: mv_r={}: expected 1, 2, 4, 8 or 16", v);
     } else {
       fail(
-          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, prefill, "
+          "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
+          "prefill, "
           "moe_bm, pt_prefetch, pt_map, probe, "
           "stats, "
           "profile)",
