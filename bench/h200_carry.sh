@@ -84,13 +84,13 @@ case "${1:-}" in
           # test_matmul_amx=build-dev/tests/test_matmul_amx`.
     {
       [[ -x .devbin/xpert_cuda_tests ]] && .devbin/xpert_cuda_tests --gtest_filter="${TESTS:-*}" 2>&1 |
-        grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is|expected'
+        grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is|[Ee]xpected|actual'
       if [[ -x .devbin/xpert_tests ]]; then
         icd=$W/icd-nvidia
         mkdir -p "$icd" && rm -f "$icd"/* && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 >"$icd/nvidia.icd"
         OCL_ICD_VENDORS=$icd OCL_ICD_FILENAMES=/usr/local/nvidia/lib64/libnvidia-opencl.so.1 XDG_CACHE_HOME=$W/cache \
           bash -c '"$0" devices 2>&1 | grep "^opencl"; .devbin/xpert_tests --gtest_filter="*OpenCL*" 2>&1' "$X" |
-          grep -E '^opencl|^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is'
+          grep -E '^opencl|^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is|Expected|actual'
       fi
       [[ -x .devbin/test_matmul_amx ]] && .devbin/test_matmul_amx 2>&1 | grep -E '^\[  (PASSED|FAILED|SKIPPED) |Failure'
     } 2>&1 | tee "$OUT/tests.md"
