@@ -204,7 +204,9 @@ TEST(CudaMatmulPrepared, SameAsOneCall) {
 
 // Several matrices over one X in one launch (q, k and v): each output is the bits of its own product, at
 // decode sizes (one matvec grid) and past them (one tensor-core grid; sizes that leave partial tiles, row
-// strides above n, more matrices than one launch takes).
+// strides above n, more matrices than one launch takes). The tensor-core grid may split k by its size
+// (matmul_prefill.cu k_split), so a product alone and in a shared grid can differ in rounding; at k = 1024
+// both split by 4 here (each CTA keeps >= 4 k steps), the same bits.
 TEST(CudaMatmulPrepared, MultiIsEachAlone) {
   XPERT_REQUIRE_GPU();
   cuda::Stream stream;

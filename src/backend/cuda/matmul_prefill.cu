@@ -336,6 +336,7 @@ void set_smem_limit() {
 // CTAs that split k between them (a cluster, sm_90+): a product of one matrix whose tiles fill few SMs (a
 // decode step's attention projections at 64 streams: 64 or 160 CTAs walking 32-64 k steps each, bound by
 // their loads' latency) takes up to 8, while the grid stays within 4 CTAs an SM and each keeps >= 4 steps.
+// The split follows the grid, so one product alone and in a multi-output grid may be summed in other orders.
 // H200, qwen3-30b-a3b, `xpert bench --parallel 64 -p 128 -n 64 --routing uniform`: S_TG 2,050 -> 2,231
 // (2026-12-04, one call). In the same call W's bytes prefetched into L2 4-8 k steps ahead (a bulk prefetch a
 // row and block) lost: 2,231 -> 2,101 with the split, 2,050 -> 1,939 without; removed.
