@@ -25,7 +25,8 @@
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
 #                                       # -n 0 -r 1`: the warm-up pass and the measured one)
 #   bench/h200_carry.sh trace [PRESETS] # each decode kernel's mean time inside the graph (XPERT_TRACE=1,
-#                                       # tg64; default both presets), with the untraced tg64 beside it
+#                                       # tg64; default both presets), with the untraced tg64 beside it;
+#                                       # STREAMS=N: at N streams (XPERT_TRACE=3000, --parallel N)
 #   bench/h200_carry.sh floor           # bench_cuda_floor (carried in .devbin): the launch, barrier and
 #                                       # dependent-read floors, a dependent round trip, a norm's chain
 #   bench/h200_carry.sh kstat [PRESETS] # ncu's speed-of-light, occupancy and warp-state sections of the
@@ -257,9 +258,14 @@ case "${1:-}" in
       tail -3 "$OUT/ksrc.err"
     echo "ksrc: $(wc -l <"$OUT/ksrc.csv") lines"
     ;;
-  trace)
+  trace)  # STREAMS=N: N streams of a 16-token prompt, 32 tokens each (xpert bench --parallel N), gaps up to 3 ms
     for preset in ${2:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
       f=$(synth "$preset" | tail -1)
+      if [[ -n ${STREAMS:-} ]]; then
+        echo "## $preset, $STREAMS streams"
+        XPERT_TRACE=3000 "$X" bench -m "$f" --parallel "$STREAMS" -p 16 -n 32 2>&1 | grep -E -A30 'XPERT_TRACE|^\| +16'
+        continue
+      fi
       echo "## $preset: $("$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 | grep -E '\| *tg' | awk -F'|' '{print $(NF-1)}') t/s untraced"
       XPERT_TRACE=1 "$X" bench -m "$f" -p 0 -n 64 -r 1 2>&1 | grep -A40 XPERT_TRACE | grep -v '^|'
     done 2>&1 | tee "$OUT/trace.md"
