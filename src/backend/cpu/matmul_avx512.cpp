@@ -225,6 +225,9 @@ XP_INLINE void load_f16_pairs(const uint8_t* p, __m128i row_offsets, __m128& fir
 template <int R>
 constexpr int kGroupRows = R < 4 ? R : 4;
 
+// X rows up to which the Q4_K kernel runs its decode form over a few rows at once instead of the tiles.
+constexpr int64_t kRowsMax = 7;
+
 template <int R>
 void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
   constexpr size_t kBytes = 144;
@@ -288,8 +291,91 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   for (int g = 0; g < R / G; ++g) store_lanes<G>(acc[g], y + G * g);
 }
 
+// gemv_q4_k_512<4> for MR X rows at once: each weight block of the 4 rows is loaded and unpacked once for
+// the MR rows (the 256-bit tiles that took 2-7 rows cost about a decode step per row on a 2-core Xeon).
+// Per X row the same integer totals and float steps as gemv_q4_k_512: the same bits.
+template <int MR>
+void gemv_q4_k_512_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y, int64_t ldy) {
+  constexpr size_t kBytes = 144;
+  constexpr int R = 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
+                pick57 = scale_pick(5, 7);
+  __m128 acc[MR];
+  for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
+  const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
+  const int64_t nb = k / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i a02[MR], a13[MR], a46[MR], a57[MR];
+    __m256i bsums[MR];
+    for (int c = 0; c < MR; ++c) {
+      const int8_t* a = x.qs(c) + 256 * b;
+      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64),
+                    a2 = _mm512_loadu_si512(a + 128), a3 = _mm512_loadu_si512(a + 192);
+      a02[c] = _mm512_shuffle_i64x2(a0, a1, 0x44), a13[c] = _mm512_shuffle_i64x2(a0, a1, 0xEE);
+      a46[c] = _mm512_shuffle_i64x2(a2, a3, 0x44), a57[c] = _mm512_shuffle_i64x2(a2, a3, 0xEE);
+      bsums[c] = load256(x.sums(c) + 32 * b);
+    }
+    __m256i sumi[MR][R], summ[MR][R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
+      prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
+      uint64_t sc8, m8;
+      unpack_scales_k4_words(blk + 4, sc8, m8);
+      const __m512i scv = _mm512_broadcastq_epi64(_mm_cvtsi64_si128((long long)sc8));
+      const __m512i sc02 = _mm512_shuffle_epi8(scv, pick02), sc13 = _mm512_shuffle_epi8(scv, pick13),
+                    sc46 = _mm512_shuffle_epi8(scv, pick46), sc57 = _mm512_shuffle_epi8(scv, pick57);
+      const __m512i raw0 = _mm512_loadu_si512(blk + 16), raw1 = _mm512_loadu_si512(blk + 80);
+      const __m512i lo0 = _mm512_and_si512(raw0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
+      const __m512i lo1 = _mm512_and_si512(raw1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
+      const __m128i mv = _mm_cvtsi64_si128((long long)m8);
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+#pragma GCC unroll 4
+      for (int c = 0; c < MR; ++c) {
+        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lo0, a02[c]), sc02);
+        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(hi0, a13[c]), sc13);
+        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46[c]), sc46);
+        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57[c]), sc57);
+        const __m512i s01 = _mm512_add_epi32(s0, s1);
+        sumi[c][r] = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
+        summ[c][r] = _mm256_madd_epi16(bsums[c], m16);
+      }
+    }
+    __m128 d, dmin;
+    load_f16_pairs<R>(w + b * kBytes, row_offsets, d, dmin);
+    for (int c = 0; c < MR; ++c) {
+      const __m128 da = _mm_set1_ps(x.d(c)[b]);
+      acc[c] = k_block_step(acc[c], row_totals<R>(sumi[c]), d, da);
+      acc[c] = k_block_step_min(acc[c], row_totals<R>(summ[c]), dmin, da);
+    }
+  }
+  for (int c = 0; c < MR; ++c) store_lanes<R>(acc[c], y + c * ldy);
+}
+
 void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                  const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
+  if (n_x >= 2 && n_x <= kRowsMax) {  // a few X rows: the decode kernel over 2-3 of them at once
+    for (int64_t i = 0; i < n_x;) {
+      const int64_t left = n_x - i, mr = left == 4 ? 2 : left < 3 ? left : 3;
+      const XRows xr{x + i * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
+      float* yi = y + i * ldy;
+      int64_t j = 0;
+      for (; j + 4 <= n_w; j += 4) {
+        const uint8_t* wj = w + j * w_row_bytes;
+        if (mr == 3) gemv_q4_k_512_rows<3>(k, wj, w_row_bytes, xr, yi + j, ldy);
+        else if (mr == 2) gemv_q4_k_512_rows<2>(k, wj, w_row_bytes, xr, yi + j, ldy);
+        else gemv_q4_k_512<4>(k, wj, w_row_bytes, xr, yi + j);
+      }
+      for (; j < n_w; ++j)
+        for (int64_t c = 0; c < mr; ++c) {
+          const XRows xc{x + (i + c) * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
+          gemv_q4_k_512<1>(k, w + j * w_row_bytes, w_row_bytes, xc, y + (i + c) * ldy + j);
+        }
+      i += mr;
+    }
+    return;
+  }
   if (n_x != 1) return run_tiles<Q45KTile<false>::T>(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
   int64_t j = 0;
