@@ -225,6 +225,49 @@ XP_INLINE void load_f16_pairs(const uint8_t* p, __m128i row_offsets, __m128& fir
 template <int R>
 constexpr int kGroupRows = R < 4 ? R : 4;
 
+// One Q4_K block of a weight row ready for the products: its levels' nibbles (sub-blocks 2c / 2c+2 in lo,
+// 2c+1 / 2c+3 in hi), its scales spread over int16 lanes per pair of sub-blocks, its mins as int16.
+struct Q4kBlock {
+  __m512i lo0, hi0, lo1, hi1, sc02, sc13, sc46, sc57;
+  __m256i m16;
+};
+XP_INLINE Q4kBlock load_q4k_block(const uint8_t* blk) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  uint64_t sc8, m8;
+  unpack_scales_k4_words(blk + 4, sc8, m8);
+  const __m512i scv = _mm512_broadcastq_epi64(_mm_cvtsi64_si128((long long)sc8));
+  const __m512i raw0 = _mm512_loadu_si512(blk + 16), raw1 = _mm512_loadu_si512(blk + 80);
+  const __m128i mv = _mm_cvtsi64_si128((long long)m8);
+  return {_mm512_and_si512(raw0, m4),
+          _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4),
+          _mm512_and_si512(raw1, m4),
+          _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4),
+          _mm512_shuffle_epi8(scv, scale_pick(0, 2)),
+          _mm512_shuffle_epi8(scv, scale_pick(1, 3)),
+          _mm512_shuffle_epi8(scv, scale_pick(4, 6)),
+          _mm512_shuffle_epi8(scv, scale_pick(5, 7)),
+          _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv))};
+}
+// The block's activations in its levels' order (one X row): a02, a13, a46, a57.
+struct Q4kActs {
+  __m512i a02, a13, a46, a57;
+};
+XP_INLINE Q4kActs load_q4k_acts(const int8_t* a) {
+  const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64), a2 = _mm512_loadu_si512(a + 128),
+                a3 = _mm512_loadu_si512(a + 192);
+  return {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE), _mm512_shuffle_i64x2(a2, a3, 0x44),
+          _mm512_shuffle_i64x2(a2, a3, 0xEE)};
+}
+// sum sc * maddubs(q, a) of the block against one X row, as 8 int32 lanes.
+XP_INLINE __m256i q4k_block_sumi(const Q4kBlock& w, const Q4kActs& a) {
+  __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.lo0, a.a02), w.sc02);
+  __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.hi0, a.a13), w.sc13);
+  s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(w.lo1, a.a46), w.sc46);
+  s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(w.hi1, a.a57), w.sc57);
+  const __m512i s01 = _mm512_add_epi32(s0, s1);
+  return _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
+}
+
 // X rows up to which the Q4_K kernel runs its decode form over a few rows at once instead of the tiles
 // (from 8 rows on the VNNI panels take the product). 2-core Xeon, the default model, pp M t/s tiles ->
 // rows: M = 2 21.8 -> 38.6, 4 30.3 -> 45.0 (2026-12-04). Taking 8-15 rows from the panels too measured
@@ -237,9 +280,6 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   const int8_t* xq = x.qs(0);
   const float* xd = x.d(0);
   const uint8_t* xs = x.sums(0);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
-                pick57 = scale_pick(5, 7);
   constexpr int G = kGroupRows<R>;
   static_assert(R % G == 0);
   __m128 acc[R / G];
@@ -248,11 +288,7 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
     // Shared by the R rows: the activations in the levels' order, the 16 bsums, da.
-    const int8_t* a = xq + 256 * b;
-    const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64), a2 = _mm512_loadu_si512(a + 128),
-                  a3 = _mm512_loadu_si512(a + 192);
-    const __m512i a02 = _mm512_shuffle_i64x2(a0, a1, 0x44), a13 = _mm512_shuffle_i64x2(a0, a1, 0xEE);
-    const __m512i a46 = _mm512_shuffle_i64x2(a2, a3, 0x44), a57 = _mm512_shuffle_i64x2(a2, a3, 0xEE);
+    const Q4kActs acts = load_q4k_acts(xq + 256 * b);
     const __m256i bsums = load256(xs + 32 * b);
     const __m128 da = _mm_set1_ps(xd[b]);
     __m256i sumi[R], summ[R];
@@ -265,22 +301,9 @@ void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
       // One tile ahead, to L2 (measured on the MoE experts, `bench_matmul 1 moe`: 2 or 4 tiles ahead, or
       // to L1, were no faster; none was 10-15 % slower).
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
-      uint64_t sc8, m8;
-      unpack_scales_k4_words(blk + 4, sc8, m8);
-      const __m512i scv = _mm512_broadcastq_epi64(_mm_cvtsi64_si128((long long)sc8));
-      const __m512i raw0 = _mm512_loadu_si512(blk + 16), raw1 = _mm512_loadu_si512(blk + 80);
-      const __m512i lo0 = _mm512_and_si512(raw0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
-      const __m512i lo1 = _mm512_and_si512(raw1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
-      __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lo0, a02),
-                                       _mm512_shuffle_epi8(scv, pick02));
-      __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(hi0, a13),
-                                       _mm512_shuffle_epi8(scv, pick13));
-      s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46), _mm512_shuffle_epi8(scv, pick46));
-      s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57), _mm512_shuffle_epi8(scv, pick57));
-      const __m512i s01 = _mm512_add_epi32(s0, s1);
-      sumi[r] = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
-      const __m128i mv = _mm_cvtsi64_si128((long long)m8);
-      summ[r] = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv)));
+      const Q4kBlock wb = load_q4k_block(blk);
+      sumi[r] = q4k_block_sumi(wb, acts);
+      summ[r] = _mm256_madd_epi16(bsums, wb.m16);
     }
     // The block's integer totals per row, then the shared float steps for G rows at a time: the bits of
     // tile_q45_k and of the panels, whatever the batch.
@@ -301,22 +324,15 @@ template <int MR>
 void gemv_q4_k_512_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y, int64_t ldy) {
   constexpr size_t kBytes = 144;
   constexpr int R = 4;
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i pick02 = scale_pick(0, 2), pick13 = scale_pick(1, 3), pick46 = scale_pick(4, 6),
-                pick57 = scale_pick(5, 7);
   __m128 acc[MR];
   for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
   const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i a02[MR], a13[MR], a46[MR], a57[MR];
+    Q4kActs acts[MR];
     __m256i bsums[MR];
     for (int c = 0; c < MR; ++c) {
-      const int8_t* a = x.qs(c) + 256 * b;
-      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64),
-                    a2 = _mm512_loadu_si512(a + 128), a3 = _mm512_loadu_si512(a + 192);
-      a02[c] = _mm512_shuffle_i64x2(a0, a1, 0x44), a13[c] = _mm512_shuffle_i64x2(a0, a1, 0xEE);
-      a46[c] = _mm512_shuffle_i64x2(a2, a3, 0x44), a57[c] = _mm512_shuffle_i64x2(a2, a3, 0xEE);
+      acts[c] = load_q4k_acts(x.qs(c) + 256 * b);
       bsums[c] = load256(x.sums(c) + 32 * b);
     }
     __m256i sumi[MR][R], summ[MR][R];
@@ -324,25 +340,11 @@ void gemv_q4_k_512_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, const X
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
-      uint64_t sc8, m8;
-      unpack_scales_k4_words(blk + 4, sc8, m8);
-      const __m512i scv = _mm512_broadcastq_epi64(_mm_cvtsi64_si128((long long)sc8));
-      const __m512i sc02 = _mm512_shuffle_epi8(scv, pick02), sc13 = _mm512_shuffle_epi8(scv, pick13),
-                    sc46 = _mm512_shuffle_epi8(scv, pick46), sc57 = _mm512_shuffle_epi8(scv, pick57);
-      const __m512i raw0 = _mm512_loadu_si512(blk + 16), raw1 = _mm512_loadu_si512(blk + 80);
-      const __m512i lo0 = _mm512_and_si512(raw0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(raw0, 4), m4);
-      const __m512i lo1 = _mm512_and_si512(raw1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(raw1, 4), m4);
-      const __m128i mv = _mm_cvtsi64_si128((long long)m8);
-      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+      const Q4kBlock wb = load_q4k_block(blk);
 #pragma GCC unroll 4
       for (int c = 0; c < MR; ++c) {
-        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lo0, a02[c]), sc02);
-        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(hi0, a13[c]), sc13);
-        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(lo1, a46[c]), sc46);
-        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(hi1, a57[c]), sc57);
-        const __m512i s01 = _mm512_add_epi32(s0, s1);
-        sumi[c][r] = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
-        summ[c][r] = _mm256_madd_epi16(bsums[c], m16);
+        sumi[c][r] = q4k_block_sumi(wb, acts[c]);
+        summ[c][r] = _mm256_madd_epi16(bsums[c], wb.m16);
       }
     }
     __m128 d, dmin;

@@ -248,38 +248,30 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     __syncthreads();
   }
 
-  if (n_split >
-      1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
+  if (n_split > 1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    constexpr int E = NW * MT * 16;  // accumulators a thread
-    static_assert(E * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM),
+    static_assert(NW * MT * 16 * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM),
                   "partial sums fit the tiles' room");
     float* part = reinterpret_cast<float*>(smem);  // the tiles are done with (the loop ends on a barrier)
+    auto each_acc = [&](auto f) {  // f(accumulator, its slot in a CTA's partial sums)
 #pragma unroll
-    for (int q = 0; q < NW; ++q)
+      for (int q = 0; q < NW; ++q)
 #pragma unroll
-      for (int i = 0; i < MT; ++i)
+        for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            part[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid] = acc[q][i][j][e];
+            for (int e = 0; e < 4; ++e) f(acc[q][i][j][e], (((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid);
+    };
+    each_acc([&](float& a, int at) { part[at] = a; });
     cluster.sync();
     const unsigned rank = cluster.block_rank();
     if (rank == 0)
       for (int r = 1; r < n_split; ++r) {
         const float* rp = cluster.map_shared_rank(part, r);
-#pragma unroll
-        for (int q = 0; q < NW; ++q)
-#pragma unroll
-          for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                acc[q][i][j][e] += rp[(((q * MT + i) * 4 + j) * 4 + e) * kThreads + tid];
+        each_acc([&](float& a, int at) { a += rp[at]; });
       }
     cluster.sync();  // the others' shared memory stays until the first has read it
     if (rank != 0) return;

@@ -283,6 +283,12 @@ class OpenclBackend final : public Backend, public DecodeFusions {
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
   void moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
+  // n tokens' top-k routed on the device (moe_route_slots) into scratch the caller releases.
+  struct DeviceRouting {
+    int32_t *row_slot, *slot_row, *tasks;
+    float* weights;
+  };
+  DeviceRouting route_on_device(const MoeFfn& m, int64_t n, const float* logits_d);
   // A prefill-sized batch of a layer wholly on the device: routed, grouped and multiplied there
   // (prefill.cpp).
   bool moe_prefill_fits(const MoeFfn& m, int64_t n) const;

@@ -205,20 +205,29 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
   ar.release(mark);
 }
 
+OpenclBackend::DeviceRouting OpenclBackend::route_on_device(const MoeFfn& m, int64_t n, const float* logits_d) {
+  const int64_t S = n * m.n_used;
+  Arena& ar = scratch();
+  DeviceRouting r;
+  r.row_slot = ar.take<int32_t>(S);
+  r.slot_row = ar.take<int32_t>(S);
+  r.weights = ar.take<float>(S);
+  r.tasks = ar.take<int32_t>(2 * S);
+  const RouterParams rp = m.router_params();
+  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)m.n_expert, (cl_int)m.n_used,
+         (cl_int)rp.norm_weights, rp.weights_scale, r.row_slot, r.slot_row, r.weights, r.tasks, (cl_int)n);
+  return r;
+}
+
 // A decode-sized batch of a layer wholly on the device, routed by moe_route_slots: no host round trip.
 void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, const float* logits_d,
                                     float* out) {
-  const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
+  const int64_t K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  int32_t* row_slot_d = ar.take<int32_t>(S);
-  int32_t* slot_row_d = ar.take<int32_t>(S);
-  float* weights_d = ar.take<float>(S);
-  int32_t* tasks_d = ar.take<int32_t>(2 * S);
-  const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
-         (cl_int)rp.norm_weights,
-         rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
+  const DeviceRouting rt = route_on_device(m, n, logits_d);
+  int32_t *row_slot_d = rt.row_slot, *slot_row_d = rt.slot_row, *tasks_d = rt.tasks;
+  float* weights_d = rt.weights;
   float* xg = ar.take<float>(S * E);
   float* gate = ar.take<float>(S * F);
   float* up = ar.take<float>(S * F);

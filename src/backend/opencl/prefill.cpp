@@ -63,15 +63,11 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
   const int64_t max_tiles = S / bm + std::min(X, S);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  int32_t* row_slot_d = ar.take<int32_t>(S);
-  int32_t* slot_row_d = ar.take<int32_t>(S);
-  float* weights_d = ar.take<float>(S);
-  int32_t* tasks_d = ar.take<int32_t>(2 * S);
+  const DeviceRouting rt = route_on_device(m, n, logits_d);
+  int32_t *row_slot_d = rt.row_slot, *slot_row_d = rt.slot_row, *tasks_d = rt.tasks;
+  float* weights_d = rt.weights;
   int32_t* tiles_d = ar.take<int32_t>(4 * max_tiles);
   int32_t* n_tiles_d = ar.take<int32_t>(1);
-  const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
-         (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   const size_t wg = std::min<size_t>(256, info_.max_work_group_size);
   launch(ops("moe_group"), {wg}, {wg}, tasks_d, (cl_int)S, (cl_int)X, (cl_int)bm, row_slot_d, slot_row_d,
          tiles_d, n_tiles_d);
