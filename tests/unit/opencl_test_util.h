@@ -12,6 +12,7 @@
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
 #include "base/error.h"
+#include "base/half.h"
 
 namespace xpert::cltest {
 
@@ -43,6 +44,42 @@ inline std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale =
   for (float& x : v) x = d(rng);
   return v;
 }
+
+// An attention case (n_tokens at pos0 after a prefix, heads, sliding window) and its random inputs: q, an f16
+// cache of n_kv rows (as the CPU rounds it), the positions; args() over pointers to them (host or device).
+struct AttCase {
+  int64_t n_tokens, pos0, n_head, n_head_kv, head_dim;
+  int32_t window;
+};
+struct AttInputs {
+  AttCase c;
+  int64_t n_kv;
+  std::vector<float> q;
+  std::vector<uint16_t> k, v;
+  std::vector<int32_t> pos;
+  AttInputs(const AttCase& ac, std::mt19937& rng) : c(ac), n_kv(ac.pos0 + ac.n_tokens) {
+    const int64_t kv_row = c.n_head_kv * c.head_dim;
+    q = random_vec(c.n_tokens * c.n_head * c.head_dim, rng);
+    const std::vector<float> kf = random_vec(n_kv * kv_row, rng), vf = random_vec(n_kv * kv_row, rng);
+    k.resize(kf.size()), v.resize(vf.size());
+    for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_f16(kf[i]), v[i] = f32_to_f16(vf[i]);
+    for (int64_t t = 0; t < c.n_tokens; ++t) pos.push_back((int32_t)(c.pos0 + t));
+  }
+  AttentionArgs args(const float* q_, const void* k_, const void* v_, float* out, const int32_t* pos_) const {
+    return {.q = q_,
+            .k = k_,
+            .v = v_,
+            .out = out,
+            .pos = pos_,
+            .n_tokens = c.n_tokens,
+            .n_head = c.n_head,
+            .n_head_kv = c.n_head_kv,
+            .head_dim = c.head_dim,
+            .n_kv = n_kv,
+            .kq_scale = 1.0f / std::sqrt((float)c.head_dim),
+            .sliding_window = c.window};
+  }
+};
 
 // Device memory holding a copy of host data.
 template <typename T>

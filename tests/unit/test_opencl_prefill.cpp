@@ -106,11 +106,6 @@ TEST(OpenCLMemory, FreedBlocksAreReused) {
 
 // --- prefill attention (attention_block: 8 tokens a work-group) --------------------------------------------
 
-struct AttCase {
-  int64_t n_tokens, pos0, n_head, n_head_kv, head_dim;
-  int32_t window;
-};
-
 class OpenCLPrefillAttention : public ::testing::TestWithParam<AttCase> {};
 
 TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
@@ -120,44 +115,17 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
   ThreadPool pool(2);
   CpuBackend cpu(pool);
   std::mt19937 rng(29 + (int)c.n_tokens);
-  const int64_t n_kv = c.pos0 + c.n_tokens, kv_row = c.n_head_kv * c.head_dim, q_dim = c.n_head * c.head_dim;
-  const std::vector<float> q = random_vec(c.n_tokens * q_dim, rng), kf = random_vec(n_kv * kv_row, rng),
-                           vf = random_vec(n_kv * kv_row, rng);
-  std::vector<uint16_t> k(kf.size()), v(vf.size());
-  for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_f16(kf[i]), v[i] = f32_to_f16(vf[i]);
-  std::vector<int32_t> pos(c.n_tokens);
-  for (int64_t t = 0; t < c.n_tokens; ++t) pos[t] = (int32_t)(c.pos0 + t);
-  const float kq_scale = 1.0f / std::sqrt((float)c.head_dim);
+  const AttInputs in(c, rng);
+  const std::vector<float>& q = in.q;
   std::vector<float> ref(q.size());
-  cpu.attention({.q = q.data(),
-                 .k = k.data(),
-                 .v = v.data(),
-                 .out = ref.data(),
-                 .pos = pos.data(),
-                 .n_tokens = c.n_tokens,
-                 .n_head = c.n_head,
-                 .n_head_kv = c.n_head_kv,
-                 .head_dim = c.head_dim,
-                 .n_kv = n_kv,
-                 .kq_scale = kq_scale,
-                 .sliding_window = c.window});
+  cpu.attention(in.args(q.data(), in.k.data(), in.v.data(), ref.data(), in.pos.data()));
   std::map<std::string, std::vector<float>> got;
   for (const std::string opts : {"", "prefill=0"}) {
     Backend& dev = *device_with(opts);
-    DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dp = upload(dev, pos);
+    DeviceBuffer dq = upload(dev, q), dk = upload(dev, in.k), dv = upload(dev, in.v),
+                 dp = upload(dev, in.pos);
     DeviceBuffer dout(dev, q.size() * sizeof(float));
-    dev.attention({.q = ptr<float>(dq),
-                   .k = dk.data(),
-                   .v = dv.data(),
-                   .out = ptr<float>(dout),
-                   .pos = ptr<int32_t>(dp),
-                   .n_tokens = c.n_tokens,
-                   .n_head = c.n_head,
-                   .n_head_kv = c.n_head_kv,
-                   .head_dim = c.head_dim,
-                   .n_kv = n_kv,
-                   .kq_scale = kq_scale,
-                   .sliding_window = c.window});
+    dev.attention(in.args(ptr<float>(dq), dk.data(), dv.data(), ptr<float>(dout), ptr<int32_t>(dp)));
     got[opts] = download<float>(dev, dout, q.size());
     // Weights and q rounded to f16 as the CPU rounds them; a weight on a rounding boundary may flip (~3e-5).
     EXPECT_LT(rel_err(got[opts], ref), 2e-4f) << "XPERT_OPENCL_OPTS=" << opts;

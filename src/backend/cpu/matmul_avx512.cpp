@@ -255,8 +255,8 @@ struct Q4kActs {
 XP_INLINE Q4kActs load_q4k_acts(const int8_t* a) {
   const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 64), a2 = _mm512_loadu_si512(a + 128),
                 a3 = _mm512_loadu_si512(a + 192);
-  return {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE), _mm512_shuffle_i64x2(a2, a3, 0x44),
-          _mm512_shuffle_i64x2(a2, a3, 0xEE)};
+  return {_mm512_shuffle_i64x2(a0, a1, 0x44), _mm512_shuffle_i64x2(a0, a1, 0xEE),
+          _mm512_shuffle_i64x2(a2, a3, 0x44), _mm512_shuffle_i64x2(a2, a3, 0xEE)};
 }
 // sum sc * maddubs(q, a) of the block against one X row, as 8 int32 lanes.
 XP_INLINE __m256i q4k_block_sumi(const Q4kBlock& w, const Q4kActs& a) {

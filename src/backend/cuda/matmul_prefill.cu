@@ -248,14 +248,15 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     __syncthreads();
   }
 
-  if (n_split > 1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
+  if (n_split >
+      1) {  // the cluster's partial sums into its first CTA, in rank order (the same bits every run)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     static_assert(NW * MT * 16 * kThreads * sizeof(float) <= smem_bytes_of(kDual, BM),
                   "partial sums fit the tiles' room");
     float* part = reinterpret_cast<float*>(smem);  // the tiles are done with (the loop ends on a barrier)
-    auto each_acc = [&](auto f) {  // f(accumulator, its slot in a CTA's partial sums)
+    auto each_acc = [&](auto f) {                  // f(accumulator, its slot in a CTA's partial sums)
 #pragma unroll
       for (int q = 0; q < NW; ++q)
 #pragma unroll

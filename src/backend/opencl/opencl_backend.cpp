@@ -205,7 +205,8 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
   ar.release(mark);
 }
 
-OpenclBackend::DeviceRouting OpenclBackend::route_on_device(const MoeFfn& m, int64_t n, const float* logits_d) {
+OpenclBackend::DeviceRouting OpenclBackend::route_on_device(const MoeFfn& m, int64_t n,
+                                                            const float* logits_d) {
   const int64_t S = n * m.n_used;
   Arena& ar = scratch();
   DeviceRouting r;
@@ -214,8 +215,9 @@ OpenclBackend::DeviceRouting OpenclBackend::route_on_device(const MoeFfn& m, int
   r.weights = ar.take<float>(S);
   r.tasks = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)m.n_expert, (cl_int)m.n_used,
-         (cl_int)rp.norm_weights, rp.weights_scale, r.row_slot, r.slot_row, r.weights, r.tasks, (cl_int)n);
+  launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)m.n_expert,
+         (cl_int)m.n_used, (cl_int)rp.norm_weights, rp.weights_scale, r.row_slot, r.slot_row, r.weights,
+         r.tasks, (cl_int)n);
   return r;
 }
 
