@@ -537,6 +537,48 @@ TEST(CudaMoeGrouped, FullTiles) {
   expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
 }
 
+// A few rows an expert (the grouped GEMM of matmul_grouped.cu: 32-row tiles, Q4_K and Q6_K, gate/up in
+// either type, down in either), with a routing given here: expert 3 takes 40 rows (two tiles, the second
+// partial), expert 5 one, experts 7..10 a few each, the rest none; against the host evaluation.
+TEST(CudaMoeGrouped, FewRowsAnExpertEveryType) {
+  XPERT_REQUIRE_GPU();
+  const int64_t n = 48, k = 2;
+  for (auto [gu, dn] : {std::pair{DType::Q4_K, DType::Q6_K}, std::pair{DType::Q4_K, DType::Q4_K},
+                        std::pair{DType::Q6_K, DType::Q6_K}, std::pair{DType::Q6_K, DType::Q4_K}}) {
+    SCOPED_TRACE(fmt::format("{} / {}", dtype_name(gu), dtype_name(dn)));
+    Layer L(2048, 768, 16, k, gu, dn);
+    const int64_t D = L.c.n_embd;
+    std::vector<int32_t> id((size_t)(n * k));
+    std::vector<float> wt((size_t)(n * k));
+    for (int64_t t = 0; t < n; ++t) {
+      id[t * k] = t < 40 ? 3 : (int32_t)(t % 16 == 3 ? 4 : t % 16);
+      id[t * k + 1] = t == 0 ? 5 : (int32_t)(7 + t % 4);
+      wt[t * k] = 0.25f + 0.5f * (float)(t % 3) / 3.0f;
+      wt[t * k + 1] = 1.0f - wt[t * k];
+    }
+    const std::vector<float> x = cudatest::random_values((size_t)(n * D), 321);
+    const std::vector<float> want = host_moe(L, x, n, id, wt, [](int) { return true; });
+    const auto tables = L.tables(std::vector<bool>(16, true));
+    const cuda::MoeExperts e = L.experts(tables);
+    cuda::Stream stream;
+    cuda::DeviceBuffer x_dev = to_device(x), ids = to_device(id), w = to_device(wt), out((size_t)(n * D) * 4);
+    cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e, n, k));
+    XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
+    cuda::moe_experts(e,
+                      {.x = x_dev.as<float>(),
+                       .n_tokens = n,
+                       .k = k,
+                       .ids = ids.as<int32_t>(),
+                       .weights = w.as<float>(),
+                       .out = out.as<float>(),
+                       .accumulate = false,
+                       .path = cuda::MoePath::grouped},
+                      ws.data(), ws.bytes(), stream);
+    stream.sync();
+    expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
+  }
+}
+
 // Half the experts on the GPU: the GPU adds its part (accumulate) to what the caller put in `out` for the
 // other half, here computed on the host; together they are the whole layer.
 TEST(CudaMoeResident, SkipsAbsentExpertsAndAccumulates) {

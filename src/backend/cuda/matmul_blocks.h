@@ -72,6 +72,23 @@ __device__ __forceinline__ float small_int_float(int q) {
   return __int_as_float(0x4B400000 + q) - 12582912.0f;
 }
 
+// Quants as f16 pairs for the tensor cores, two weights an instruction: byte pair `hi` (bytes 2, 3; else
+// 0, 1) of u spread to the low bytes of the two 16-bit halves; the nibble at bit sh of each half, or Q6_K's
+// low nibble at lsh with its top 2 bits at hsh of a second spread word, set into the mantissa of 1024.0
+// (0x6400), where the f16 unit is 1: subtracting 1024 (Q6_K: 1024 + 32) leaves q exactly.
+__device__ __forceinline__ uint32_t spread_pair(uint32_t u, bool hi) {
+  return __byte_perm(u, 0, hi ? 0x4342 : 0x4140);
+}
+__device__ __forceinline__ __half2 bits_h2(uint32_t h) { return *reinterpret_cast<const __half2*>(&h); }
+__device__ __forceinline__ __half2 nibbles_h2(uint32_t x, int sh) {
+  return __hsub2(bits_h2(((x >> sh) & 0x000F000Fu) | 0x64006400u), __float2half2_rn(1024.0f));
+}
+__device__ __forceinline__ __half2 q6_h2(uint32_t xl, uint32_t xh, int lsh, int hsh) {
+  const uint32_t h = ((xl >> lsh) & 0x000F000Fu) | (((xh >> hsh) & 0x00030003u) << 4) | 0x64006400u;
+  return __hsub2(bits_h2(h), __float2half2_rn(1056.0f));
+}
+__device__ __forceinline__ uint32_t h2_bits(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
 // Bits 0..3 of `b` to bit 0 of bytes 0..3.
 __device__ __forceinline__ uint32_t spread4(uint32_t b) { return ((b & 0xF) * 0x00204081u) & 0x01010101u; }
 
@@ -618,6 +635,19 @@ struct DeqK45 {
       v[i] = a * small_int_float(q) - b;
     }
   }
+  // The same 32 weights as f16 pairs (element 2 i in the low half of out[i]), in f16 arithmetic: the scale
+  // and min rounded to f16, then one multiply-add a pair (Q4_K only).
+  __device__ static void dequant_h2(const Raw& r, uint32_t (&out)[16]) requires(!kQ5) {
+    float sc, mn;
+    scale_min_k4(r.hdr.y, r.hdr.z, r.hdr.w, r.j, sc, mn);
+    const __half2 a = __float2half2_rn(f16_bits(r.hdr.x & 0xFFFF) * sc),
+                  nb = __float2half2_rn(-(f16_bits(r.hdr.x >> 16) * mn));
+    const int shift = 4 * (r.j & 1);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      out[i] = h2_bits(
+          __hfma2(nibbles_h2(spread_pair(word(i < 8 ? r.q0 : r.q1, (i % 8) / 2), i & 1), shift), a, nb));
+  }
 };
 template <>
 struct Deq<DType::Q4_K> : DeqK45<false> {};
@@ -661,6 +691,18 @@ struct Deq<DType::Q6_K> {
       const int lo = (int)((word(lv, (i % 16) / 4) >> (8 * (i % 4) + lshift)) & 0xF);
       const int hi = (int)((word(hv, (i % 16) / 4) >> (8 * (i % 4) + hshift)) & 3);
       v[i] = (i < 16 ? a0 : a1) * small_int_float((lo | (hi << 4)) - 32);
+    }
+  }
+  // The same as f16 pairs (DeqK45::dequant_h2): the scales rounded to f16, one multiply a pair.
+  __device__ static void dequant_h2(const Raw& r, uint32_t (&out)[16]) {
+    const float d = f16_bits(r.d);
+    const __half2 a0 = __float2half2_rn(d * (float)r.sc0), a1 = __float2half2_rn(d * (float)r.sc1);
+    const int lshift = r.g6 >= 2 ? 4 : 0, hshift = 2 * r.g6;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t xl = spread_pair(word(i < 8 ? r.l0 : r.l1, (i % 8) / 2), i & 1);
+      const uint32_t xh = spread_pair(word(i < 8 ? r.h0 : r.h1, (i % 8) / 2), i & 1);
+      out[i] = h2_bits(__hmul2(q6_h2(xl, xh, lshift, hshift), i < 8 ? a0 : a1));
     }
   }
 };

@@ -60,6 +60,11 @@ struct GemmArgs {
 void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream);
 // One-time per-device kernel set-up (shared-memory limits), outside any stream capture.
 void gemm_init();
+// launch_gemm's grouped products in tiles of kGemmSmallBM rows for Q4_K and Q6_K weights (k % 256 == 0):
+// raw weight tiles streamed through shared memory several k steps ahead (matmul_grouped.cu). False
+// (nothing launched) for other products. gemm_grouped_init: its part of gemm_init.
+bool launch_gemm_grouped_small(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream);
+void gemm_grouped_init();
 
 // One row of q8_1 activations times very many Q6_K rows (an output head) streamed through shared memory
 // (matmul_stream.cu: sm_90, n % 16 == 0, k % 256 == 0): the decode form's bits. False (nothing launched)

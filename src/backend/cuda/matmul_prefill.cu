@@ -15,6 +15,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemm_groups.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -93,20 +94,12 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
   int64_t m_begin, m_end;
   const uint8_t* wmat[NW];
   if (p.group_tiles) {
-    const int t = (int)blockIdx.x;
-    if (t >= p.group_tiles[p.n_groups]) return;
-    int lo = 0, hi = p.n_groups;  // group_tiles[lo] <= t < group_tiles[hi]
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (p.group_tiles[mid] <= t)
-        lo = mid;
-      else
-        hi = mid;
-    }
-    m_begin = p.group_rows[lo] + (int64_t)(t - p.group_tiles[lo]) * BM;
-    m_end = p.group_rows[lo + 1];
-    wmat[0] = static_cast<const uint8_t*>(p.wtab0[lo]);
-    if constexpr (kDual) wmat[1] = static_cast<const uint8_t*>(p.wtab1[lo]);
+    GroupTile gt;
+    if (!group_tile(p, (int)blockIdx.x, BM, gt)) return;
+    m_begin = gt.m_begin;
+    m_end = gt.m_end;
+    wmat[0] = static_cast<const uint8_t*>(p.wtab0[gt.group]);
+    if constexpr (kDual) wmat[1] = static_cast<const uint8_t*>(p.wtab1[gt.group]);
   } else {
     m_begin = (int64_t)blockIdx.x * BM;
     m_end = p.m;
@@ -173,10 +166,14 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
     for (int q = 0; q < NW; ++q) {
       uint32_t packed[16];
       if (ok) {
-        float v[32];
-        Deq<T>::dequant(raw[q], v);
+        if constexpr (requires { Deq<T>::dequant_h2(raw[q], packed); }) {
+          Deq<T>::dequant_h2(raw[q], packed);
+        } else {
+          float v[32];
+          Deq<T>::dequant(raw[q], v);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) packed[i] = pack2<kBf16>(v[2 * i], v[2 * i + 1]);
+          for (int i = 0; i < 16; ++i) packed[i] = pack2<kBf16>(v[2 * i], v[2 * i + 1]);
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < 16; ++i) packed[i] = 0;
@@ -389,11 +386,13 @@ void gemm_init() {
         set_smem_limit_now<T, true, kGemmSmallBM>();
       }
     });
+  gemm_grouped_init();
 }
 
 void launch_gemm(DType w_type, bool dual, const GemmArgs& a, cudaStream_t stream) {
   XPERT_CU_ASSERT(a.k % 32 == 0 && (a.bm == kGemmSmallBM || a.bm == kGemmBM));
   XPERT_CU_ASSERT(a.n_outs == 0 || (!dual && !a.group_tiles && a.n_outs <= GemmArgs::kMaxOuts));
+  if (launch_gemm_grouped_small(w_type, dual, a, stream)) return;
   const bool ok = dev::dispatch_type(w_type, [&]<DType T>() {
     if constexpr (T == DType::F32) {
       fail_cat("CUDA matmul: F32 weights have no tensor-core path");

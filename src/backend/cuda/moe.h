@@ -30,6 +30,8 @@ constexpr int64_t kMoeDecodeMaxTokens = 8;  // the router launch that also route
 // Between the two, decode dots over tiles of up to 8 rows of one expert (each weight chunk read once and
 // multiplied with all of the tile's q8_1 rows, M accumulators a lane) lost to the grouped GEMMs at 64 tokens:
 // S_TG 1,560 (8 rows a tile) and 1,837 (4) against 1,913, and to the decode kernels at 16-32 (2026-12-04).
+// With the grouped GEMM of few rows an expert (matmul_grouped.cu) a bound of 8 lost again at 16 streams
+// (1,410 -> 1,113) and tied at 32 (1,541-1,594 against 1,566-1,617), 2026-12-04 14:19.
 constexpr int64_t kMoeDecodePathMaxTokens = 32;
 
 struct MoeRouting {
