@@ -22,12 +22,14 @@
 namespace xpert::cuda {
 
 constexpr int64_t kDecodeMaxRows = 8;  // a decode step's rows: a norm may hand the product its q8_1 X
-// m at or below this: the matrix-vector kernels (8 rows a CTA row), above it tensor cores. At 9-32 rows the
-// tensor-core GEMM ran a handful of 64-row tiles (n / 128 CTAs: 16-32 on 132 SMs). H200, qwen3-30b-a3b synth,
-// `xpert bench --parallel 16,32 -p 128 -n 64 --routing uniform` S_TG: 1,128 -> 1,374 t/s at 16 streams
-// (with the MoE's decode path up to 16 tokens), 1,452 -> 1,564 at 32 (2026-12-04).
-// At 64 streams the matrix-vector kernels up to 64 rows lost (S_TG 1,508 against 1,584, 2026-12-04).
-constexpr int64_t kMatvecMaxRows = 32;
+// m at or below this: the matrix-vector kernels (8 rows a CTA row, W re-read every 8 rows), above it tensor
+// cores. When the GEMM ran 64-row tiles without a split, the matrix-vector kernels up to 32 rows had won
+// (16 streams 1,128 -> 1,374 t/s); with 32-row tiles whose k is split over a cluster (matmul_prefill.cu)
+// the GEMM wins from 9 rows on. H200, qwen3-30b-a3b synth, `xpert bench --parallel 16,32 -p 128 -n 64`,
+// bound 32 -> 8, two rounds each routing in one call (2026-12-04 14:46): 16 streams 1,355-1,400 ->
+// 1,447-1,461, 32 streams 1,523-1,552 -> 1,698-1,733. At 64 streams the matrix-vector kernels up to 64 rows
+// had lost (S_TG 1,508 against 1,584).
+constexpr int64_t kMatvecMaxRows = 8;
 
 enum class ActFormat { q8_1, f16, bf16, f32 };
 
