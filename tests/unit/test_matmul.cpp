@@ -174,29 +174,32 @@ TEST(Matmul, FastPackingMatchesActivationQuantizers) {
 }
 
 // Decode (one X row) of the quantized types on AVX-512 runs 512-bit kernels, small batches (2..7 rows) the
-// 256-bit tiles (on AVX2 both are tiles, of other heights); they sum in the same order, so a token's result
-// does not depend on the batch it came in (the MoE and server tests rely on it).
+// 256-bit tiles, or for Q4_K and Q6_K the decode kernels over 2-3 X rows at once (on AVX2 both are tiles,
+// of other heights); they sum in the same order, so a token's result does not depend on the batch it came
+// in (the MoE and server tests rely on it).
 TEST(Matmul, QuantizedDecodeHasTheSmallBatchBits) {
   IsaCapGuard guard;
   ThreadPool pool(1);
   for (Isa isa : {Isa::avx2, Isa::avx512}) {
     if (!isa_supported(isa)) continue;
     set_isa_cap(isa);
-    for (DType wt : {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
-      const int64_t k = 1024, n = 45, m = 5;
-      const std::vector<float> w_f32 = random_values((size_t)(n * k), 31);
-      const size_t rb = row_bytes(wt, k);
-      std::vector<uint8_t> w(rb * n);
-      for (int64_t j = 0; j < n; ++j) quantize_row(wt, w_f32.data() + j * k, w.data() + j * rb, k);
-      const std::vector<float> x = random_values((size_t)(m * k), 32);
-      std::vector<float> batch((size_t)(m * n)), one((size_t)n);
-      cpu::matmul(wt, w.data(), n, k, x.data(), m, batch.data(), n, pool);
-      for (int64_t i = 0; i < m; ++i) {
-        cpu::matmul(wt, w.data(), n, k, x.data() + i * k, 1, one.data(), n, pool);
-        for (int64_t j = 0; j < n; ++j)
-          ASSERT_EQ(one[j], batch[i * n + j]) << dtype_name(wt) << " " << isa_name(isa) << " row " << i << " col " << j;
+    for (DType wt : {DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+      for (int64_t m : {2, 3, 4, 5, 7}) {
+        const int64_t k = 1024, n = 45;
+        const std::vector<float> w_f32 = random_values((size_t)(n * k), 31);
+        const size_t rb = row_bytes(wt, k);
+        std::vector<uint8_t> w(rb * n);
+        for (int64_t j = 0; j < n; ++j) quantize_row(wt, w_f32.data() + j * k, w.data() + j * rb, k);
+        const std::vector<float> x = random_values((size_t)(m * k), 32);
+        std::vector<float> batch((size_t)(m * n)), one((size_t)n);
+        cpu::matmul(wt, w.data(), n, k, x.data(), m, batch.data(), n, pool);
+        for (int64_t i = 0; i < m; ++i) {
+          cpu::matmul(wt, w.data(), n, k, x.data() + i * k, 1, one.data(), n, pool);
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(one[j], batch[i * n + j])
+                << dtype_name(wt) << " " << isa_name(isa) << " m " << m << " row " << i << " col " << j;
+        }
       }
-    }
   }
 }
 

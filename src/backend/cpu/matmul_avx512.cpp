@@ -358,29 +358,41 @@ void gemv_q4_k_512_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, const X
   for (int c = 0; c < MR; ++c) store_lanes<R>(acc[c], y + c * ldy);
 }
 
+// A few X rows (2..kRowsMax): the decode kernel over 2-3 of them at once (Rows<MR>: 4 weight rows x MR X
+// rows), the weight rows past a multiple of 4 one at a time (One<1>); 4 X rows as 2 + 2.
+using RowsFn = void (*)(int64_t, const uint8_t*, size_t, const XRows&, float*, int64_t);
+using OneFn = void (*)(int64_t, const uint8_t*, size_t, const XRows&, float*);
+template <RowsFn rows3, RowsFn rows2, OneFn one4, OneFn one1>
+void few_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
+              const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < n_x;) {
+    const int64_t left = n_x - i, mr = left == 4 ? 2 : left < 3 ? left : 3;
+    const XRows xr{x + i * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
+    float* yi = y + i * ldy;
+    int64_t j = 0;
+    for (; j + 4 <= n_w; j += 4) {
+      const uint8_t* wj = w + j * w_row_bytes;
+      if (mr == 3)
+        rows3(k, wj, w_row_bytes, xr, yi + j, ldy);
+      else if (mr == 2)
+        rows2(k, wj, w_row_bytes, xr, yi + j, ldy);
+      else
+        one4(k, wj, w_row_bytes, xr, yi + j);
+    }
+    for (; j < n_w; ++j)
+      for (int64_t c = 0; c < mr; ++c) {
+        const XRows xc{x + (i + c) * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
+        one1(k, w + j * w_row_bytes, w_row_bytes, xc, y + (i + c) * ldy + j);
+      }
+    i += mr;
+  }
+}
+
 void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                  const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
-  if (n_x >= 2 && n_x <= kRowsMax) {  // a few X rows: the decode kernel over 2-3 of them at once
-    for (int64_t i = 0; i < n_x;) {
-      const int64_t left = n_x - i, mr = left == 4 ? 2 : left < 3 ? left : 3;
-      const XRows xr{x + i * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
-      float* yi = y + i * ldy;
-      int64_t j = 0;
-      for (; j + 4 <= n_w; j += 4) {
-        const uint8_t* wj = w + j * w_row_bytes;
-        if (mr == 3) gemv_q4_k_512_rows<3>(k, wj, w_row_bytes, xr, yi + j, ldy);
-        else if (mr == 2) gemv_q4_k_512_rows<2>(k, wj, w_row_bytes, xr, yi + j, ldy);
-        else gemv_q4_k_512<4>(k, wj, w_row_bytes, xr, yi + j);
-      }
-      for (; j < n_w; ++j)
-        for (int64_t c = 0; c < mr; ++c) {
-          const XRows xc{x + (i + c) * layout.row_bytes, layout.row_bytes, layout.d_offset, layout.sum_offset};
-          gemv_q4_k_512<1>(k, w + j * w_row_bytes, w_row_bytes, xc, y + (i + c) * ldy + j);
-        }
-      i += mr;
-    }
-    return;
-  }
+  if (n_x >= 2 && n_x <= kRowsMax)
+    return few_rows<gemv_q4_k_512_rows<3>, gemv_q4_k_512_rows<2>, gemv_q4_k_512<4>, gemv_q4_k_512<1>>(
+        k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   if (n_x != 1) return run_tiles<Q45KTile<false>::T>(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
   int64_t j = 0;
@@ -395,22 +407,70 @@ void q4_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, c
 // broadcast to both 256-bit halves and shifted per half (64-bit variable shifts; the bits that cross bytes
 // are masked off). Each int16 product pair belongs to one 16-element scale group: vpermw spreads 4 of the
 // 16 signed scales over 8 lanes each. As in the 256-bit kernel: sum sc * q * a - 32 * sum sc_g * bsum_g.
+// int16 lane l of the 64 levels of quarter q -> scale 4q + l / 8.
+struct Q6kSpread {
+  __m512i v[4];
+  Q6kSpread() {
+    for (int q = 0; q < 4; ++q) {
+      alignas(64) int16_t idx[32];
+      for (int l = 0; l < 32; ++l) idx[l] = (int16_t)(4 * q + l / 8);
+      v[q] = _mm512_load_si512(idx);
+    }
+  }
+};
+// One Q6_K block of a weight row ready for the products: its 6-bit levels by quarter (elements 64q..+64),
+// each quarter's scales spread over its int16 lanes, and the 16 scales as int16 for the -32 offset.
+struct Q6kBlock {
+  __m512i q[4], sc[4];
+  __m256i sc16;
+};
+XP_INLINE Q6kBlock load_q6k_block(const uint8_t* blk, const Q6kSpread& spread) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  // High bits of elements 0..31 / 32..63 of a half are qh bits 0-1 / 2-3 (moved to 4-5); of 64..95 /
+  // 96..127 bits 4-5 / 6-7.
+  const __m512i shl_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4),
+                shr_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+  Q6kBlock b;
+  b.sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
+  const __m512i sc16z = _mm512_castsi256_si512(b.sc16);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+    const __m512i qh = _mm512_broadcast_i64x4(load256(blk + 128 + 32 * h));
+    b.q[2 * h] =
+        _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), m30));
+    b.q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                     _mm512_and_si512(_mm512_srlv_epi64(qh, shr_hi), m30));
+    b.sc[2 * h] = _mm512_permutexvar_epi16(spread.v[2 * h], sc16z);
+    b.sc[2 * h + 1] = _mm512_permutexvar_epi16(spread.v[2 * h + 1], sc16z);
+  }
+  return b;
+}
+// The block's 256 activations of one X row, by quarter.
+struct Q6kActs {
+  __m512i a[4];
+};
+XP_INLINE Q6kActs load_q6k_acts(const int8_t* a) {
+  return {{_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
+           _mm512_loadu_si512(a + 192)}};
+}
+// sum sc * q * a - 32 * sum sc_g * bsum_g of the block against one X row, as 8 int32 lanes.
+XP_INLINE __m256i q6k_block_dot(const Q6kBlock& w, const Q6kActs& a, __m256i bsums) {
+  __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.q[0], a.a[0]), w.sc[0]);
+  __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.q[1], a.a[1]), w.sc[1]);
+  s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(w.q[2], a.a[2]), w.sc[2]);
+  s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(w.q[3], a.a[3]), w.sc[3]);
+  const __m512i s01 = _mm512_add_epi32(s0, s1);
+  const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
+  return _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, w.sc16), 5));
+}
+
 template <int R>
 void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {
   constexpr size_t kBytes = 210;
   const int8_t* xq = x.qs(0);
   const float* xd = x.d(0);
   const uint8_t* xs = x.sums(0);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  // High bits of elements 0..31 / 32..63 of a half are qh bits 0-1 / 2-3 (moved to 4-5); of 64..95 /
-  // 96..127 bits 4-5 / 6-7.
-  const __m512i shl_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shr_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-  __m512i spread[4];  // int16 lane l of the 64 levels q -> scale 4q + l / 8
-  for (int q = 0; q < 4; ++q) {
-    alignas(64) int16_t idx[32];
-    for (int l = 0; l < 32; ++l) idx[l] = (int16_t)(4 * q + l / 8);
-    spread[q] = _mm512_load_si512(idx);
-  }
+  const Q6kSpread spread;
   constexpr int G = kGroupRows<R>;
   static_assert(R % G == 0);
   __m128 acc[R / G];
@@ -418,34 +478,14 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
   const int64_t nb = k / 256;
   for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* a = xq + 256 * b;
-    const __m512i av[4] = {_mm512_loadu_si512(a), _mm512_loadu_si512(a + 64), _mm512_loadu_si512(a + 128),
-                           _mm512_loadu_si512(a + 192)};
+    const Q6kActs acts = load_q6k_acts(xq + 256 * b);
     const __m256i bsums = load256(xs + 32 * b);
     const __m128 da = _mm_broadcast_ss(xd + b);
     __m256i dot[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
       prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
-      const __m256i sc16 = _mm256_cvtepi8_epi16(load128(blk + 192));
-      const __m512i sc16z = _mm512_castsi256_si512(sc16);
-      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-        const __m512i qh = _mm512_broadcast_i64x4(load256(blk + 128 + 32 * h));
-        const __m512i q_lo = _mm512_or_si512(_mm512_and_si512(ql, m4),
-                                             _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), m30));
-        const __m512i q_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                             _mm512_and_si512(_mm512_srlv_epi64(qh, shr_hi), m30));
-        s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(q_lo, av[2 * h]),
-                                 _mm512_permutexvar_epi16(spread[2 * h], sc16z));
-        s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(q_hi, av[2 * h + 1]),
-                                 _mm512_permutexvar_epi16(spread[2 * h + 1], sc16z));
-      }
-      const __m512i s01 = _mm512_add_epi32(s0, s1);
-      const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
-      const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-      dot[r] = _mm256_sub_epi32(sumi, offset);
+      dot[r] = q6k_block_dot(load_q6k_block(blk, spread), acts, bsums);
     }
     // Integer totals, then the shared float step (see gemv_q4_k_512). d is the f16 at byte 208: read as the
     // second half of the 4 bytes at 206 (inside the block).
@@ -458,8 +498,49 @@ void gemv_q6_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows&
   for (int g = 0; g < R / G; ++g) store_lanes<G>(acc[g], y + G * g);
 }
 
+// gemv_q6_k_512<4> for MR X rows at once (as gemv_q4_k_512_rows): the same bits per X row. 2-core Xeon, the
+// default model (its Q6_K tensors), tiles -> rows, interleaved: pp2 40.4-40.7 -> 45.0-46.2 t/s, pp4
+// 53.3-53.9 -> 55.7-57.4, pp7 64.3-67.8 -> 69.2, `--parallel 4 -p 64 -n 32` S_TG 43.6-44.8 -> 50.1-51.3
+// (2026-12-04).
+template <int MR>
+void gemv_q6_k_512_rows(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y,
+                        int64_t ldy) {
+  constexpr size_t kBytes = 210;
+  constexpr int R = 4;
+  const Q6kSpread spread;
+  __m128 acc[MR];
+  for (int c = 0; c < MR; ++c) acc[c] = _mm_setzero_ps();
+  const __m128i row_offsets = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)w_row_bytes));
+  const int64_t nb = k / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    Q6kActs acts[MR];
+    __m256i bsums[MR];
+    for (int c = 0; c < MR; ++c) {
+      acts[c] = load_q6k_acts(x.qs(c) + 256 * b);
+      bsums[c] = load256(x.sums(c) + 32 * b);
+    }
+    __m256i dot[MR][R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = w + r * w_row_bytes + b * kBytes;
+      prefetch_next_tile<kBytes>(blk + R * w_row_bytes);
+      const Q6kBlock wb = load_q6k_block(blk, spread);
+#pragma GCC unroll 4
+      for (int c = 0; c < MR; ++c) dot[c][r] = q6k_block_dot(wb, acts[c], bsums[c]);
+    }
+    __m128 unused, d;
+    load_f16_pairs<R>(w + b * kBytes + 206, row_offsets, unused, d);
+    for (int c = 0; c < MR; ++c)
+      acc[c] = k_block_step(acc[c], row_totals<R>(dot[c]), d, _mm_set1_ps(x.d(c)[b]));
+  }
+  for (int c = 0; c < MR; ++c) store_lanes<R>(acc[c], y + c * ldy);
+}
+
 void q6_k_kernel(int64_t k, const uint8_t* w, size_t w_row_bytes, int64_t n_w, const uint8_t* x,
                  const PackedLayout& layout, int64_t n_x, float* y, int64_t ldy) {
+  if (n_x >= 2 && n_x <= kRowsMax)
+    return few_rows<gemv_q6_k_512_rows<3>, gemv_q6_k_512_rows<2>, gemv_q6_k_512<4>, gemv_q6_k_512<1>>(
+        k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   if (n_x != 1) return run_tiles<Q6KTile>(k, w, w_row_bytes, n_w, x, layout, n_x, y, ldy);
   const XRows xr{x, layout.row_bytes, layout.d_offset, layout.sum_offset};
   int64_t j = 0;
