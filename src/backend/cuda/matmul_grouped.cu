@@ -3,15 +3,15 @@
 // by 64 rows of its matrix (two matrices in dual mode: silu(X W0^T) * (X W1^T)). The raw weight bytes of
 // a k step and the f16 X tile arrive by cp.async kStages - 1 steps ahead into a ring of shared-memory
 // stages, and each warp dequantizes its 16 columns straight from the raw bytes into mma B fragments: no
-// f16 W tile, each weight dequantized once a CTA, and ~3 steps of W in flight where matmul_prefill.cu's
-// register-loaded kernel holds one (at 32 rows an expert its loads' latency, not the tensor cores or the
-// dequantization, bound the grouped GEMMs: ~0.95 TB/s of the H200's 4.8).
-// Dequantization in f16 pairs (matmul_blocks.h's nibbles_h2 / q6_h2): one f16 multiply(-add) a pair with
-// the sub-block's scale and min rounded to f16 (Deq<T>::dequant's f32 form took ~680 instructions a warp
-// and k step here, issue-bound at 32 rows; 443 this way). Q4_K walks
-// k in order. Q6_K takes a step's 64 elements as the four 16-element runs that share 16 bytes of ql and qh
-// (elements 32 j + 16 s + i of a 128-element half, j = 0..3), so each weight byte is copied once; the X
-// tile follows the same order.
+// f16 W tile, each weight dequantized once a CTA.
+// What bound matmul_prefill.cu's 32-row kernel here was issue, not its loads' latency (ncu, H200: 20 % of
+// DRAM bandwidth, 53 % of SM throughput, 680 instructions a warp and k step). This kernel with that
+// kernel's f32 dequantization measured the same (gate/up 236 against 239 us a layer at 64 streams); the
+// gain is the dequantization in f16 pairs (matmul_blocks.h's nibbles_h2 / q6_h2: one f16 multiply(-add) a
+// pair with the sub-block's scale and min rounded to f16), 443 instructions a step: gate/up 179 us, down
+// 126 -> 96 (2026-12-04). Q4_K walks k in order. Q6_K takes a step's 64 elements as the four 16-element
+// runs that share 16 bytes of ql and qh (elements 32 j + 16 s + i of a 128-element half, j = 0..3), so
+// each weight byte is copied once; the X tile follows the same order.
 #include <cuda_fp16.h>
 
 #include "backend/cuda/check.h"
