@@ -162,6 +162,7 @@ Panel pick_panel(DType w, int64_t m, Isa isa) {
   PanelKernel amx = nullptr;
   switch ((PanelChoice)g_panel_choice.load(std::memory_order_relaxed)) {
     case PanelChoice::automatic:
+      if ((w == DType::Q4_K || w == DType::Q6_K) && m <= kFewRowsMax) return {};  // the rows kernels
       if (m >= kAmxMinRows && w != DType::Q6_K && amx_enabled())
         amx = pick_panel_kernel(matmul_panel_kernels_amx(), w);
       break;

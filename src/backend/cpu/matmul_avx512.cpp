@@ -268,11 +268,11 @@ XP_INLINE __m256i q4k_block_sumi(const Q4kBlock& w, const Q4kActs& a) {
   return _mm256_add_epi32(_mm512_castsi512_si256(s01), _mm512_extracti64x4_epi64(s01, 1));
 }
 
-// X rows up to which the Q4_K kernel runs its decode form over a few rows at once instead of the tiles
-// (from 8 rows on the VNNI panels take the product). 2-core Xeon, the default model, pp M t/s tiles ->
-// rows: M = 2 21.8 -> 38.6, 4 30.3 -> 45.0 (2026-12-04). Taking 8-15 rows from the panels too measured
-// M = 8 35.2 -> 46.8 but M = 12 48.7 -> 32.9 (three passes of the weights and more): not done.
-constexpr int64_t kRowsMax = 7;
+// X rows up to which the Q4_K and Q6_K kernels run their decode form over a few rows at once instead of the
+// tiles: kFewRowsMax (matmul_kernels.h), from where the panels take the product. Before the Q6_K rows kernel,
+// taking 8-15 rows from the panels measured M = 8 35.2 -> 46.8 but M = 12 48.7 -> 32.9 (Q6_K then took the
+// tiles); with both: kFewRowsMax's numbers.
+constexpr int64_t kRowsMax = kFewRowsMax;
 
 template <int R>
 void gemv_q4_k_512(int64_t k, const uint8_t* w, size_t w_row_bytes, const XRows& x, float* y) {

@@ -98,6 +98,12 @@ void set_panel_choice(PanelChoice choice);
 // VNNI panels by 1.03-1.23x at 512 rows, but not reliably below ~48 rows (0.66-1.21x at 8..128, noisy), and
 // Q6_K's tiles are slower at every size (0.85-0.89x: its 16-element scale groups halve the tile depth).
 constexpr int64_t kAmxMinRows = 256;
+// Q4_K and Q6_K on AVX-512: up to this many X rows the decode kernels over 2-3 rows at once
+// (matmul_avx512.cpp), from here on (automatic choice) the panels. 2-core Xeon, the default model, pp M t/s
+// with the panels from 8 rows against the rows kernels up to 19 (interleaved, 2026-12-04): M = 8 40.0 ->
+// 68.6, 10 47.1 -> 68.0, 12 53.3 -> 75.5, 15 62.5 -> 77.0, 16 65.8 -> 75.3; at 20 even (76.5 / 77.3); from
+// 24 on the panels win (24: 84.0 against 79.6, 31: 94.8 against 77.7).
+constexpr int64_t kFewRowsMax = 19;
 
 // One X row quantized straight into its packed planes (aux included when l.aux_offset != 0), bit for bit
 // what matmul.cpp's portable packing writes; AVX-512 only (matmul_pack_avx512.cpp). level_offset: the
