@@ -364,16 +364,10 @@ struct Layer {
   }
 };
 
-// The whole block on the GPU: router matmul, routing, experts.
-void gpu_moe(const Layer& L, const cuda::MoeExperts& e, const cuda::DeviceBuffer& x_dev, int64_t n,
-             float* out, bool accumulate, cuda::MoePath path, cudaStream_t stream,
-             cuda::DeviceBuffer* ids_out = nullptr, cuda::DeviceBuffer* w_out = nullptr) {
-  const int64_t D = L.c.n_embd, E = L.c.n_expert, k = L.c.n_expert_used;
-  cuda::DeviceBuffer logits((size_t)(n * E) * 4), ids((size_t)(n * k) * 4), w((size_t)(n * k) * 4);
-  cuda::DeviceBuffer mws(std::max<size_t>(cuda::matmul_workspace_bytes(DType::F32, n, D), 1));
-  cuda::matmul(DType::F32, L.router_dev.data(), E, D, x_dev.as<float>(), n, logits.as<float>(), E, mws.data(),
-               mws.bytes(), stream);
-  cuda::moe_route(logits.as<float>(), n, {.n_expert = E, .k = k}, ids.as<int32_t>(), w.as<float>(), stream);
+// The experts for a given routing (ids, weights: [n][k] on the device), synchronized.
+void gpu_experts(const cuda::MoeExperts& e, const cuda::DeviceBuffer& x_dev, int64_t n, int64_t k,
+                 const cuda::DeviceBuffer& ids, const cuda::DeviceBuffer& w, float* out, bool accumulate,
+                 cuda::MoePath path, cudaStream_t stream) {
   cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e, n, k));
   cuda::moe_experts(e,
                     {.x = x_dev.as<float>(),
@@ -386,6 +380,19 @@ void gpu_moe(const Layer& L, const cuda::MoeExperts& e, const cuda::DeviceBuffer
                      .path = path},
                     ws.data(), ws.bytes(), stream);
   XPERT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// The whole block on the GPU: router matmul, routing, experts.
+void gpu_moe(const Layer& L, const cuda::MoeExperts& e, const cuda::DeviceBuffer& x_dev, int64_t n,
+             float* out, bool accumulate, cuda::MoePath path, cudaStream_t stream,
+             cuda::DeviceBuffer* ids_out = nullptr, cuda::DeviceBuffer* w_out = nullptr) {
+  const int64_t D = L.c.n_embd, E = L.c.n_expert, k = L.c.n_expert_used;
+  cuda::DeviceBuffer logits((size_t)(n * E) * 4), ids((size_t)(n * k) * 4), w((size_t)(n * k) * 4);
+  cuda::DeviceBuffer mws(std::max<size_t>(cuda::matmul_workspace_bytes(DType::F32, n, D), 1));
+  cuda::matmul(DType::F32, L.router_dev.data(), E, D, x_dev.as<float>(), n, logits.as<float>(), E, mws.data(),
+               mws.bytes(), stream);
+  cuda::moe_route(logits.as<float>(), n, {.n_expert = E, .k = k}, ids.as<int32_t>(), w.as<float>(), stream);
+  gpu_experts(e, x_dev, n, k, ids, w, out, accumulate, path, stream);
   if (ids_out) *ids_out = std::move(ids);
   if (w_out) *w_out = std::move(w);
 }
@@ -562,19 +569,8 @@ TEST(CudaMoeGrouped, FewRowsAnExpertEveryType) {
     const cuda::MoeExperts e = L.experts(tables);
     cuda::Stream stream;
     cuda::DeviceBuffer x_dev = to_device(x), ids = to_device(id), w = to_device(wt), out((size_t)(n * D) * 4);
-    cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e, n, k));
     XPERT_CUDA_CHECK(cudaMemset(out.data(), 0xFF, out.bytes()));
-    cuda::moe_experts(e,
-                      {.x = x_dev.as<float>(),
-                       .n_tokens = n,
-                       .k = k,
-                       .ids = ids.as<int32_t>(),
-                       .weights = w.as<float>(),
-                       .out = out.as<float>(),
-                       .accumulate = false,
-                       .path = cuda::MoePath::grouped},
-                      ws.data(), ws.bytes(), stream);
-    stream.sync();
+    gpu_experts(e, x_dev, n, k, ids, w, out.as<float>(), false, cuda::MoePath::grouped, stream);
     expect_close(from_device<float>(out, x.size()), want, n, D, 3e-2);
   }
 }

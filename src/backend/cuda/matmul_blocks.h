@@ -110,6 +110,20 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s0, uint32_t s1, uint32_t 
   }
 }
 
+// The 6-bit scales and mins of sub-blocks 2 c4 and 2 c4 + 1 of a Q4_K / Q5_K block
+// (quant::unpack_scale_min_k4) from its three scale words, with word operations and no branch (DotK45 says
+// why): the four bytes of sub-blocks 4 (c4 / 2) .. + 3, then the two of c4: bytes 2 (c4 & 1) and 2 (c4 & 1)
+// + 1.
+struct ScaleMinPair {
+  uint32_t sc[2], mn[2];
+};
+__device__ __forceinline__ ScaleMinPair scale_min_pair_k4(uint32_t s0, uint32_t s1, uint32_t s2, int c4) {
+  const uint32_t scw = c4 < 2 ? s0 & 0x3F3F3F3F : (s2 & 0x0F0F0F0F) | ((s0 >> 2) & 0x30303030);
+  const uint32_t mnw = c4 < 2 ? s1 & 0x3F3F3F3F : ((s2 >> 4) & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030);
+  const int sh = 16 * (c4 & 1);
+  return {{(scw >> sh) & 0xFF, (scw >> (sh + 8)) & 0xFF}, {(mnw >> sh) & 0xFF, (mnw >> (sh + 8)) & 0xFF}};
+}
+
 // ------------------------------------------------------------------------------------------- rows
 // Row r of a device matrix of `rows` rows (row_bytes as the file stores them): a pointer to its blocks, or
 // for Q6_K (weight_layout.h: every block's ql, then every block's qh, scales and d) its four fields.
@@ -329,14 +343,8 @@ struct DotK45 {
         hi[w] |= ((word(r.qh, w) >> (2 * c4 + 1)) & 0x01010101) << 4;
       }
     }
-    // The 6-bit scales and mins of sub-blocks 4 (c4 / 2) .. + 3, a byte each (quant::unpack_scale_min_k4),
-    // then the two of this chunk: bytes 2 (c4 & 1) and 2 (c4 & 1) + 1.
-    const uint32_t s0 = r.hdr.y, s1 = r.hdr.z, s2 = r.hdr.w;
-    const uint32_t scw = c4 < 2 ? s0 & 0x3F3F3F3F : (s2 & 0x0F0F0F0F) | ((s0 >> 2) & 0x30303030);
-    const uint32_t mnw = c4 < 2 ? s1 & 0x3F3F3F3F : ((s2 >> 4) & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030);
-    const int sh = 16 * (c4 & 1);
-    const float sc0 = (float)((scw >> sh) & 0xFF), sc1 = (float)((scw >> (sh + 8)) & 0xFF);
-    const float mn0 = (float)((mnw >> sh) & 0xFF), mn1 = (float)((mnw >> (sh + 8)) & 0xFF);
+    const ScaleMinPair sm = scale_min_pair_k4(r.hdr.y, r.hdr.z, r.hdr.w, c4);
+    const float sc0 = (float)sm.sc[0], sc1 = (float)sm.sc[1], mn0 = (float)sm.mn[0], mn1 = (float)sm.mn[1];
     const float d = f16_bits(r.hdr.x & 0xFFFF), dmin = f16_bits(r.hdr.x >> 16);
     const float min_on = h == 0 ? dmin : 0.0f;
     const int xb = blk * 8 + 2 * c4;  // activation 32-block of the low nibbles

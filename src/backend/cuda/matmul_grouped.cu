@@ -15,7 +15,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/gemm_groups.cuh"
+#include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -61,17 +61,12 @@ struct Raw<DType::Q4_K> {
   __device__ static Col col(const uint8_t* s, int kt, int tig) {
     Col c;
     const uint4 hdr = *reinterpret_cast<const uint4*>(s);
-    const int c4 = kt & 3;
-    // The 6-bit scales and mins of sub-blocks 2 c4 and 2 c4 + 1 (quant::unpack_scale_min_k4), as DotK45.
-    const uint32_t s0 = hdr.y, s1 = hdr.z, s2 = hdr.w;
-    const uint32_t scw = c4 < 2 ? s0 & 0x3F3F3F3F : (s2 & 0x0F0F0F0F) | ((s0 >> 2) & 0x30303030);
-    const uint32_t mnw = c4 < 2 ? s1 & 0x3F3F3F3F : ((s2 >> 4) & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030);
-    const int sh = 16 * (c4 & 1);
+    const dev::ScaleMinPair sm = dev::scale_min_pair_k4(hdr.y, hdr.z, hdr.w, kt & 3);
     const float d = dev::f16_bits(hdr.x & 0xFFFF), dmin = dev::f16_bits(hdr.x >> 16);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      c.a[h] = __float2half2_rn(d * dev::small_int_float((int)((scw >> (sh + 8 * h)) & 0xFF)));
-      c.nb[h] = __float2half2_rn(-(dmin * dev::small_int_float((int)((mnw >> (sh + 8 * h)) & 0xFF))));
+      c.a[h] = __float2half2_rn(d * dev::small_int_float((int)sm.sc[h]));
+      c.nb[h] = __float2half2_rn(-(dmin * dev::small_int_float((int)sm.mn[h])));
     }
     const uint8_t* q = s + 16;
 #pragma unroll
@@ -286,11 +281,7 @@ __global__ void __launch_bounds__(kThreads, 4) grouped_kernel(const GemmArgs p) 
         const int64_t c = n_begin + 16 * warp + 8 * nt + 2 * tig;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float v = acc[0][mt][nt][2 * hf + e] * sx;
-          if constexpr (kDual) {
-            const float u = acc[NW - 1][mt][nt][2 * hf + e] * sx;
-            v = v / (1.0f + expf(-v)) * u;
-          }
+          const float v = gemm_out<kDual>(acc[0][mt][nt][2 * hf + e], acc[NW - 1][mt][nt][2 * hf + e], sx);
           if (c + e < p.n) yr[c + e] = v;
         }
       }

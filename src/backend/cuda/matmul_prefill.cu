@@ -15,7 +15,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
-#include "backend/cuda/gemm_groups.cuh"
+#include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
@@ -293,11 +293,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs p) {
         const int64_t c = n_begin + wn * 32 + nt * 8 + (lane & 3) * 2;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float v = acc[0][mt][nt][2 * half + e] * s;
-          if constexpr (kDual) {
-            const float u = acc[NW - 1][mt][nt][2 * half + e] * s;
-            v = v / (1.0f + expf(-v)) * u;
-          }
+          const float v = gemm_out<kDual>(acc[0][mt][nt][2 * half + e], acc[NW - 1][mt][nt][2 * half + e], s);
           if (c + e < n_rows) yr[c + e] = v;
         }
       }

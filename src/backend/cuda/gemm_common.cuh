@@ -1,5 +1,6 @@
-// The grouped tensor-core products' map from a CTA's tile index to its group (expert) and rows
-// (GemmArgs::group_rows / group_tiles, matmul_kernels.h). Included by .cu files only.
+// What the tensor-core GEMMs (matmul_prefill.cu, matmul_grouped.cu) share: the grouped products' map from a
+// CTA's tile index to its group (expert) and rows (GemmArgs::group_rows / group_tiles, matmul_kernels.h), and
+// an output element's value. Included by .cu files only.
 #pragma once
 #include <cstdint>
 
@@ -27,6 +28,15 @@ __device__ __forceinline__ bool group_tile(const GemmArgs& p, int t, int bm, Gro
   out.m_begin = p.group_rows[lo] + (int64_t)(t - p.group_tiles[lo]) * bm;
   out.m_end = p.group_rows[lo + 1];
   return true;
+}
+
+// Output element from its accumulators (gate g and up u in dual mode) and its X row's scale s: g s, or
+// silu(g s) * (u s).
+template <bool kDual>
+__device__ __forceinline__ float gemm_out(float g, float u, float s) {
+  float v = g * s;
+  if constexpr (kDual) v = v / (1.0f + expf(-v)) * (u * s);
+  return v;
 }
 
 }  // namespace xpert::cuda::detail
