@@ -133,8 +133,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     fused_ = sw.fused;
     prefill_ = sw.prefill;
     moe_bm_ = sw.moe_bm;
-    pt_prefetch_ = sw.pt_prefetch;
-    pt_map_ = sw.pt_map;
     if (sw.probe) probe_launches();
   }
 
@@ -358,9 +356,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     // or NVIDIA's rounds differ from round_blocks' by an ulp.
     return program(
         matmul_[t], kMatmulSource,
-        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}{}", macro, mv_wg_, mv_r_,
-                    wide_loads_ ? "" : " -DNO_WIDE_LOADS", pt_prefetch_ ? "" : " -DPT_NO_PREFETCH",
-                    pt_map_ ? "" : " -DPT_ROW_MAP",
+        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
+                    wide_loads_ ? "" : " -DNO_WIDE_LOADS",
                     info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
         prefill_matmul_source());
   }
@@ -533,7 +530,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   bool fused_ = true;
   bool prefill_ = true;  // XPERT_OPENCL_OPTS prefill=0: the earlier gemm and the host's MoE routing
   int moe_bm_ = 32;      // XPERT_OPENCL_OPTS moe_bm: rows per grouped tile of moe_prefill (32 or 64)
-  bool pt_prefetch_ = true, pt_map_ = true;  // XPERT_OPENCL_OPTS pt_prefetch, pt_map (kernels_prefill.h)
   bool wide_loads_ = true;
   bool arg_cache_ = true;
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:

@@ -5,10 +5,10 @@
 // kPrefillTileSource is appended to each weight type's matmul program (after kMatmulSource: dequant32) twice,
 // once per row tile: with PT_RM 4 (BM = 64 rows per work-group) and PT_RM 2 (BM = 32), names suffixed by
 // PT_SUF (_m64, _m32). A work-group of 256 = 16 x 16 computes 128 columns x BM rows: work-item (tx, ty) holds
-// columns 4 tx + c and 64 + 4 tx + c (c < 4) for rows PT_RM ty + r. Per 32-deep step of k, work-items 0..127
-// each dequantize one column's 32 weights into local memory (ws[k][column]) and work-items 128..255 load the
-// BM x 32 activations (xs[k][row]); then every work-item does 32 x 8 x PT_RM FMAs from three vector reads of
-// local memory per k.
+// columns 4 tx + c and 64 + 4 tx + c (c < 4) for rows PT_RM ty + r. Per 32-deep step of k, every work-item
+// dequantizes half a chunk of one column's weights into local memory (ws[k][column]: two work-items a weight
+// row) and loads 4 of the BM x 32 activations (xs[k][row]: eight a row); then every work-item does
+// 32 x 8 x PT_RM FMAs from three vector reads of local memory per k.
 //   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..63
 //                   gate features f0.., 64..127 the same up features; h = silu(gate) * up (SwiGLU fused); the
@@ -22,8 +22,9 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the two instantiations of kPrefillTileSource: a chunk's bytes in registers
-// (pt_raw), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are
+// Once per matmul program, before the two instantiations of kPrefillTileSource: a work-item's half of a chunk's
+// bytes in registers (pt_raw: two work-items per weight row, each the row's weights 16 hf .. 16 hf + 15 of
+// the chunk), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are
 // in flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
 // (dequant32). pt_deq gives dequant32's values.
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
@@ -31,24 +32,23 @@ float pt_h2f(uint bits) {
   const ushort u = (ushort)bits;
   return vload_half(0, (const half*)&u);
 }
-#if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS) && !defined(PT_NO_PREFETCH)
-#define PT_PREFETCH 1
-// Block bytes 0..15 (d, dmin, the 12 scale bytes) and the 32 quant bytes of the chunk's pair of sub-blocks.
+#if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
+#define PT_RAW 1
+// The block's bytes 0..15 (d, dmin, the 12 scale bytes) and half hf of the 32 quant bytes of the chunk's
+// pair of sub-blocks: two 16-byte loads (Q4_K blocks are 144 bytes, so rows stay 16-byte aligned).
 typedef struct {
-  uint h[4];
-  uint q[8];
+  uint4 h, q;
 } pt_raw;
-pt_raw pt_load(global const uchar* row, int j) {
+pt_raw pt_load(global const uchar* row, int j, int hf) {
+  global const uchar* b = row + (j / 8) * 144;
   pt_raw r;
-  global const uint* b = (global const uint*)(row + (j / 8) * 144);
-  const int c = (j % 8) / 2;
-  for (int i = 0; i < 4; ++i) r.h[i] = b[i];
-  for (int i = 0; i < 8; ++i) r.q[i] = b[4 + 8 * c + i];
+  r.h = *(global const uint4*)b;
+  r.q = *(global const uint4*)(b + 16 + 32 * ((j % 8) / 2) + 16 * hf);
   return r;
 }
 // Scale byte i (0..11) of the block (block byte 4 + i), without indexing a private array at run time.
 uint pt_sbyte(const pt_raw* r, int i) {
-  const uint w = i < 4 ? r->h[1] : i < 8 ? r->h[2] : r->h[3];
+  const uint w = i < 4 ? r->h.y : i < 8 ? r->h.z : r->h.w;
   return (w >> (8 * (i & 3))) & 0xFF;
 }
 void pt_deq(const pt_raw* r, int j, float* w) {
@@ -61,45 +61,46 @@ void pt_deq(const pt_raw* r, int j, float* w) {
     sc = (pt_sbyte(r, s + 4) & 0xF) | ((pt_sbyte(r, s - 4) >> 6) << 4);
     mn = (pt_sbyte(r, s + 4) >> 4) | ((pt_sbyte(r, s) >> 6) << 4);
   }
-  const float d = pt_h2f(r->h[0]) * sc, m = pt_h2f(r->h[0] >> 16) * mn;
-  for (int l4 = 0; l4 < 8; ++l4) {
-    const uint v = hi ? r->q[l4] >> 4 : r->q[l4];
+  const float d = pt_h2f(r->h.x) * sc, m = pt_h2f(r->h.x >> 16) * mn;
+  const uint q[4] = {r->q.x, r->q.y, r->q.z, r->q.w};
+  for (int l4 = 0; l4 < 4; ++l4) {
+    const uint v = hi ? q[l4] >> 4 : q[l4];
     w[4 * l4 + 0] = d * (int)(v & 0xF) - m;
     w[4 * l4 + 1] = d * (int)((v >> 8) & 0xF) - m;
     w[4 * l4 + 2] = d * (int)((v >> 16) & 0xF) - m;
     w[4 * l4 + 3] = d * (int)((v >> 24) & 0xF) - m;
   }
 }
-#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS) && !defined(PT_NO_PREFETCH)
-#define PT_PREFETCH 1
-// The chunk's 16 + 16 two-quant words of ql / qh, its two scales and d.
+#elif defined(WT_Q6_K) && !defined(NO_WIDE_LOADS)
+#define PT_RAW 1
+// Half hf of the chunk: 8 + 8 two-quant words of ql / qh, its scale and d (Q6_K blocks are 210 bytes:
+// 2-byte aligned).
 typedef struct {
-  ushort ql[16], qh[16];
+  ushort ql[8], qh[8];
   ushort sc, d;
 } pt_raw;
-pt_raw pt_load(global const uchar* row, int j) {
+pt_raw pt_load(global const uchar* row, int j, int hf) {
   pt_raw r;
   global const uchar* b = row + (j / 8) * 210;
   const int s = j % 8, c = s / 4, g = s % 4;
-  global const ushort* ql = (global const ushort*)(b + 64 * c + 32 * (g & 1));
-  global const ushort* qh = (global const ushort*)(b + 128 + 32 * c);
-  for (int i = 0; i < 16; ++i) r.ql[i] = ql[i];
-  for (int i = 0; i < 16; ++i) r.qh[i] = qh[i];
-  r.sc = *(global const ushort*)(b + 192 + 8 * c + 2 * g);
+  global const ushort* ql = (global const ushort*)(b + 64 * c + 32 * (g & 1) + 16 * hf);
+  global const ushort* qh = (global const ushort*)(b + 128 + 32 * c + 16 * hf);
+  for (int i = 0; i < 8; ++i) r.ql[i] = ql[i];
+  for (int i = 0; i < 8; ++i) r.qh[i] = qh[i];
+  r.sc = b[192 + 8 * c + 2 * g + hf];
   r.d = *(global const ushort*)(b + 208);
   return r;
 }
 void pt_deq(const pt_raw* r, int j, float* w) {
   const int g = (j % 8) % 4;
-  const float d = pt_h2f(r->d);
-  const float d0 = d * (char)(r->sc & 0xFF), d1 = d * (char)(r->sc >> 8);
+  const float ds = pt_h2f(r->d) * (char)(r->sc & 0xFF);
   const int lo_shift = g >= 2 ? 4 : 0, hi_shift = 2 * g;
-  for (int l2 = 0; l2 < 16; ++l2) {
+  for (int l2 = 0; l2 < 8; ++l2) {
     const uint lv = (uint)r->ql[l2] >> lo_shift, hv = (uint)r->qh[l2] >> hi_shift;
     const int q0 = (int)((lv & 0xF) | ((hv & 3) << 4)) - 32;
     const int q1 = (int)(((lv >> 8) & 0xF) | (((hv >> 8) & 3) << 4)) - 32;
-    w[2 * l2] = (l2 < 8 ? d0 : d1) * q0;
-    w[2 * l2 + 1] = (l2 < 8 ? d0 : d1) * q1;
+    w[2 * l2] = ds * q0;
+    w[2 * l2 + 1] = ds * q1;
   }
 }
 #endif
@@ -107,15 +108,20 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_BM (16 * PT_RM)
+#define PT_XN (PT_BM / 32)
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
 #define PT_NAME(n) PT_CAT(n, PT_SUF)
 
 // The tile's product over k into acc[8][PT_RM] (declared by the kernel, so it stays in registers): wa / wb are
-// the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr is this loader's activation
-// row (work-items 128..255: row (tid - 128) % BM of the tile; null: a row past the tile's end, read as 0).
-// Work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a warp of
-// 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
+// the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr[i] is activation row
+// (tid >> 3) + 32 i of the tile (null: past its end, read as 0), i < PT_XN.
+// Loads, every work-item a share (coalesced as far as rows allow): weight row tid >> 1, its half tid & 1 of
+// the chunk (one 16-byte load of quants and one of the block's scales for Q4_K: two rows' 32 bytes a line per
+// pair of work-items, where one work-item a row read 12 scattered words); activations: 4 floats of row
+// (tid >> 3) + 32 i, eight work-items a row's 128 bytes.
+// Products: work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a
+// warp of 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
     const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
@@ -123,45 +129,31 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
       for (int r_ = 0; r_ < PT_RM; ++r_) acc[j_][r_] = 0.0f;                                                  \
     const int chunks_ = ((k) + 31) / 32;                                                                      \
-    global const uchar* wrow_ = 0;                                                                            \
-    int wvalid_ = 0;                                                                                          \
-    if (tid_ < 128) {                                                                                         \
-      wrow_ = tid_ < 64 ? (wa) + (ulong)tid_ * (row_bytes) : (wb) + (ulong)(tid_ - 64) * (row_bytes);         \
-      wvalid_ = tid_ < 64 ? tid_ < (na) : tid_ - 64 < (nb);                                                   \
-    }                                                                                                         \
-    const int li_ = tid_ - 128, rm_ = li_ % PT_BM;                                                            \
+    const int wr_ = tid_ >> 1, half_ = tid_ & 1, xp_ = tid_ & 7, xm_ = tid_ >> 3;                             \
+    global const uchar* wrow_ = wr_ < 64 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 64) * (row_bytes); \
+    const int wvalid_ = wr_ < 64 ? wr_ < (na) : wr_ - 64 < (nb);                                              \
     PT_RAW_DECL                                                                                               \
-    float4 xv_[PT_RM];                                                                                        \
-    if (tid_ < 128) {                                                                                         \
-      PT_RAW_LOAD(0)                                                                                          \
-    } else {                                                                                                  \
-      PT_LOAD_X(xr, k, 0)                                                                                     \
-    }                                                                                                         \
+    float4 xv_[PT_XN];                                                                                        \
+    PT_RAW_LOAD(0)                                                                                            \
+    PT_LOAD_X(xr, k, 0)                                                                                       \
     for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
-      if (tid_ < 128) {                                                                                       \
-        float wv_[32];                                                                                        \
-        if (wvalid_) {                                                                                        \
-          PT_DEQ(wrow_, j_, (k), wv_);                                                                        \
-        } else {                                                                                              \
-          for (int i_ = 0; i_ < 32; ++i_) wv_[i_] = 0.0f;                                                     \
-        }                                                                                                     \
-        for (int i_ = 0; i_ < 32; ++i_) (ws)[i_ * 128 + tid_] = wv_[i_];                                      \
+      float wv_[16];                                                                                          \
+      if (wvalid_) {                                                                                          \
+        PT_DEQ(wrow_, j_, (k), wv_);                                                                          \
       } else {                                                                                                \
-        for (int it_ = 0; it_ < PT_RM; ++it_) {                                                               \
-          const int kq_ = li_ / PT_BM + it_ * (128 / PT_BM);                                                  \
-          (xs)[(kq_ * 4 + 0) * PT_BM + rm_] = xv_[it_].x;                                                     \
-          (xs)[(kq_ * 4 + 1) * PT_BM + rm_] = xv_[it_].y;                                                     \
-          (xs)[(kq_ * 4 + 2) * PT_BM + rm_] = xv_[it_].z;                                                     \
-          (xs)[(kq_ * 4 + 3) * PT_BM + rm_] = xv_[it_].w;                                                     \
-        }                                                                                                     \
+        for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                       \
+      }                                                                                                       \
+      for (int i_ = 0; i_ < 16; ++i_) (ws)[(16 * half_ + i_) * 128 + wr_] = wv_[i_];                          \
+      for (int it_ = 0; it_ < PT_XN; ++it_) {                                                                 \
+        (xs)[(4 * xp_ + 0) * PT_BM + xm_ + 32 * it_] = xv_[it_].x;                                            \
+        (xs)[(4 * xp_ + 1) * PT_BM + xm_ + 32 * it_] = xv_[it_].y;                                            \
+        (xs)[(4 * xp_ + 2) * PT_BM + xm_ + 32 * it_] = xv_[it_].z;                                            \
+        (xs)[(4 * xp_ + 3) * PT_BM + xm_ + 32 * it_] = xv_[it_].w;                                            \
       }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
       if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                    \
-        if (tid_ < 128) {                                                                                     \
-          PT_RAW_LOAD(j_ + 1)                                                                                 \
-        } else {                                                                                              \
-          PT_LOAD_X(xr, k, j_ + 1)                                                                            \
-        }                                                                                                     \
+        PT_RAW_LOAD(j_ + 1)                                                                                   \
+        PT_LOAD_X(xr, k, j_ + 1)                                                                              \
       }                                                                                                       \
       _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
         const float4 a0_ = vload4(0, (ws) + kk_ * 128 + 4 * tx_);                                             \
@@ -190,41 +182,42 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
   const float2 b2_ = vload2(0, (p)); \
   const float b_[2] = {b2_.x, b2_.y};
 #endif
-// This loader's PT_RM float4s of activation row xr for chunk jj (0 past k or without a row).
-#define PT_LOAD_X(xr, k, jj)                                              \
-  for (int it_ = 0; it_ < PT_RM; ++it_) {                                 \
-    const int kg_ = (jj) * 32 + (li_ / PT_BM + it_ * (128 / PT_BM)) * 4; \
-    float4 v_ = (float4)(0.0f);                                           \
-    if (xr) {                                                             \
-      if (kg_ + 4 <= (k)) {                                               \
-        v_ = vload4(0, (xr) + kg_);                                       \
-      } else {                                                            \
-        v_.x = kg_ < (k) ? (xr)[kg_] : 0.0f;                              \
-        v_.y = kg_ + 1 < (k) ? (xr)[kg_ + 1] : 0.0f;                      \
-        v_.z = kg_ + 2 < (k) ? (xr)[kg_ + 2] : 0.0f;                      \
-      }                                                                   \
-    }                                                                     \
-    xv_[it_] = v_;                                                        \
+// This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
+#define PT_LOAD_X(xr, k, jj)                                 \
+  for (int it_ = 0; it_ < PT_XN; ++it_) {                    \
+    const int kg_ = (jj) * 32 + 4 * xp_;                     \
+    global const float* xrow_ = (xr)[it_];                   \
+    float4 v_ = (float4)(0.0f);                              \
+    if (xrow_) {                                             \
+      if (kg_ + 4 <= (k)) {                                  \
+        v_ = vload4(0, xrow_ + kg_);                         \
+      } else {                                               \
+        v_.x = kg_ < (k) ? xrow_[kg_] : 0.0f;                \
+        v_.y = kg_ + 1 < (k) ? xrow_[kg_ + 1] : 0.0f;        \
+        v_.z = kg_ + 2 < (k) ? xrow_[kg_ + 2] : 0.0f;        \
+      }                                                      \
+    }                                                        \
+    xv_[it_] = v_;                                           \
   }
-#if defined(PT_PREFETCH)
+#if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_;
 #define PT_RAW_LOAD(jj) \
-  if (wvalid_) raw_ = pt_load(wrow_, (jj));
+  if (wvalid_) raw_ = pt_load(wrow_, (jj), half_);
 #define PT_DEQ(row, jj, k, w) pt_deq(&raw_, (jj), (w))
 #else
 #define PT_RAW_DECL
 #define PT_RAW_LOAD(jj)
-#define PT_DEQ(row, jj, k, w) dequant32((row), (jj), (k), (w))
+#define PT_DEQ(row, jj, k, w)                                 \
+  {                                                           \
+    float w32_[32];                                           \
+    dequant32((row), (jj), (k), w32_);                        \
+    for (int i_ = 0; i_ < 16; ++i_) (w)[i_] = w32_[16 * half_ + i_]; \
+  }
 #endif
 // This work-item's tx / ty (as PT_TILE_MM maps them).
-// PT_ROW_MAP (XPERT_OPENCL_OPTS pt_map=0, for comparison): a warp spans 16 tx x 2 ty.
-#if defined(PT_ROW_MAP)
-#define PT_TX(tid) ((tid) & 15)
-#define PT_TY(tid) ((tid) >> 4)
-#else
+// (A warp over 16 tx x 2 ty instead lost: pp512 1,130 against 1,524-1,575 t/s, H200, 2026-12-04 16:47.)
 #define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
 #define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
-#endif
 
 // Work-group (i, j): features 128 i .., rows BM j ...
 kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
@@ -233,8 +226,11 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
   local float xs[32 * PT_BM];
   const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  const int row = m0 + (tid - 128) % PT_BM;
-  global const float* xr = tid >= 128 && row < m ? x + (long)row * ldx : 0;
+  global const float* xr[PT_XN];
+  for (int i = 0; i < PT_XN; ++i) {
+    const int row = m0 + (tid >> 3) + 32 * i;
+    xr[i] = row < m ? x + (long)row * ldx : 0;
+  }
   float acc[8][PT_RM];
   PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
              min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
@@ -261,8 +257,11 @@ kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar*
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int f0 = get_group_id(0) * 64;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  const int g = g0 + (tid - 128) % PT_BM;
-  global const float* xr = tid >= 128 && g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
+  global const float* xr[PT_XN];
+  for (int i = 0; i < PT_XN; ++i) {
+    const int g = g0 + (tid >> 3) + 32 * i;
+    xr[i] = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
+  }
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
   float acc[8][PT_RM];
   const int nv = min(64, n_ff - f0);
@@ -288,8 +287,11 @@ kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int n0 = get_group_id(0) * 128;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  const int g = g0 + (tid - 128) % PT_BM;
-  global const float* xr = tid >= 128 && g < g1 ? hq + (long)g * k : 0;
+  global const float* xr[PT_XN];
+  for (int i = 0; i < PT_XN; ++i) {
+    const int g = g0 + (tid >> 3) + 32 * i;
+    xr[i] = g < g1 ? hq + (long)g * k : 0;
+  }
   global const uchar* we = down + (ulong)e * expert_stride;
   float acc[8][PT_RM];
   PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
@@ -304,6 +306,7 @@ kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
   }
 }
 #undef PT_BM
+#undef PT_XN
 #undef PT_LOAD_B
 #undef PT_LOAD_X
 #undef PT_RAW_DECL

@@ -11,6 +11,11 @@
 
 namespace xpert::opencl {
 
+// The tiles read Q4_K blocks 16 bytes at a time (kernels_prefill.h pt_load): rows 16-byte aligned.
+namespace {
+bool tile_aligned(DType t, const void* w) { return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0; }
+}  // namespace
+
 const std::string& prefill_matmul_source() {
   static const std::string s = [] {
     std::string r(kFusedMatmulSource);
@@ -41,7 +46,8 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   // Fewer 32-row tiles than a fifth of the compute units (the router's 128 features of 512 rows on the
   // H200's 132: 16): the earlier 64 x 32 tile's twice as many work-groups finish first (208 us against 351
   // there).
-  if (groups(n, 128) * groups(m, 32) * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+  if (groups(n, 128) * groups(m, 32) * 5 < units || !tile_aligned(t, w))
+    return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   launch(matmul_program(t).kernel(small ? "gemm_t_m32" : "gemm_t_m64"),
          {groups(n, 128) * 16, groups(m, bm) * 16}, {16, 16}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx,
          (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
@@ -51,7 +57,9 @@ bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
   return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows &&
          m.n_expert <= kGroupMaxExperts && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
          weight_macro(m.down.type) && m.n_embd % block_elems(m.gate.type) == 0 &&
-         m.n_ff % block_elems(m.down.type) == 0 && info_.local_mem_bytes >= 24 * 1024 &&
+         m.n_ff % block_elems(m.down.type) == 0 && tile_aligned(m.gate.type, m.gate.data) &&
+         tile_aligned(m.gate.type, m.up.data) && tile_aligned(m.down.type, m.down.data) &&
+         info_.local_mem_bytes >= 24 * 1024 &&
          info_.max_work_group_size >= 256;
 }
 

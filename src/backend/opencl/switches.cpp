@@ -47,10 +47,6 @@ Switches read_switches() {
       s.wide = off_value(key, v);
     else if (key == "prefill")
       s.prefill = off_value(key, v);
-    else if (key == "pt_prefetch")
-      s.pt_prefetch = off_value(key, v);
-    else if (key == "pt_map")
-      s.pt_map = off_value(key, v);
     else if (key == "moe_bm") {
       s.moe_bm = int_value(key, v, 32, 64);
       if (s.moe_bm != 32 && s.moe_bm != 64) fail("XPERT_OPENCL_OPTS: moe_bm={}: expected 32 or 64", v);
@@ -73,7 +69,7 @@ Switches read_switches() {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
           "prefill, "
-          "moe_bm, pt_prefetch, pt_map, probe, "
+          "moe_bm, probe, "
           "stats, "
           "profile)",
           item);

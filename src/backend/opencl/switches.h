@@ -11,8 +11,6 @@
 //                a CPU device)
 //   prefill=0    the earlier prefill products: the 64 x 32 gemm and the MoE routed on the host (prefill.cpp)
 //   moe_bm=N     rows per tile of the grouped MoE prefill products (32 or 64; default 32)
-//   pt_prefetch=0  the prefill GEMMs dequantize each chunk where it lies (no register prefetch of the next)
-//   pt_map=0     the prefill GEMMs' warps span 16 x 2 work-items of the tile instead of 4 x 8
 //   probe        log what an enqueue costs (at start)
 //   stats        log enqueues and blocking calls per decode step (at exit)
 //   profile      log device time per kernel from profiling events (at exit)
@@ -24,7 +22,6 @@ namespace xpert::opencl {
 struct Switches {
   bool fused = true, tail = true, arg_cache = true, wide = true, prefill = true;
   int moe_bm = 32;
-  bool pt_prefetch = true, pt_map = true;
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default
