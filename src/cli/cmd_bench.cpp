@@ -198,8 +198,10 @@ Command add_bench(CLI::App& app) {
       if (o->n_gen > 0) tests.push_back({fmt::format("tg{}{}", o->n_gen, at), 0, o->n_gen, {}, depth});
       for (Result& r : tests) {
         run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab);  // warm-up
-        for (int i = 0; i < o->reps; ++i)
+        for (int i = 0; i < o->reps; ++i) {
           r.tps.push_back(run_once(s, depth, depth_tokens, r.n_prompt, r.n_gen, rng, c.n_vocab));
+          log::debug("{}: run {} of {}: {:.2f} t/s", r.test, i + 1, o->reps, r.tps.back());
+        }
         r.bytes = run_bytes(traffic, r.depth, r.n_prompt, r.n_gen, o->m.batch);
         results.push_back(std::move(r));
       }

@@ -51,6 +51,27 @@ void scale_min_k4(int j, global const uchar* q, float* sc, float* mn) {
   }
 }
 
+// The same from a Q4_K / Q5_K block's first 16 bytes in registers (h.x: d and dmin; h.y, h.z, h.w: the 12 scale
+// bytes), without indexing a private array at run time.
+uint k4_sbyte(uint4 h, int i) {
+  const uint w = i < 4 ? h.y : i < 8 ? h.z : h.w;
+  return (w >> (8 * (i & 3))) & 0xFF;
+}
+void k4_scale_min(uint4 h, int j, float* sc, float* mn) {
+  if (j < 4) {
+    *sc = k4_sbyte(h, j) & 63;
+    *mn = k4_sbyte(h, j + 4) & 63;
+  } else {
+    *sc = (k4_sbyte(h, j + 4) & 0xF) | ((k4_sbyte(h, j - 4) >> 6) << 4);
+    *mn = (k4_sbyte(h, j + 4) >> 4) | ((k4_sbyte(h, j) >> 6) << 4);
+  }
+}
+// An f16 in the low 16 bits of a word, as a float.
+float h2f(uint bits) {
+  const ushort u = (ushort)bits;
+  return vload_half(0, (const half*)&u);
+}
+
 // How many of a chunk's 32 weights are in the row (rest: what is left of it); quantized rows hold whole
 // blocks, so a constant there lets the compiler unroll the dot product and keep the chunk in registers.
 #if defined(PLAIN)

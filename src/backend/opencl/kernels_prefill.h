@@ -28,10 +28,6 @@ namespace xpert::opencl {
 // in flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
 // (dequant32). pt_deq gives dequant32's values.
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
-float pt_h2f(uint bits) {
-  const ushort u = (ushort)bits;
-  return vload_half(0, (const half*)&u);
-}
 #if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
 #define PT_RAW 1
 // The block's bytes 0..15 (d, dmin, the 12 scale bytes) and half hf of the 32 quant bytes of the chunk's
@@ -46,22 +42,11 @@ pt_raw pt_load(global const uchar* row, int j, int hf) {
   r.q = *(global const uint4*)(b + 16 + 32 * ((j % 8) / 2) + 16 * hf);
   return r;
 }
-// Scale byte i (0..11) of the block (block byte 4 + i), without indexing a private array at run time.
-uint pt_sbyte(const pt_raw* r, int i) {
-  const uint w = i < 4 ? r->h.y : i < 8 ? r->h.z : r->h.w;
-  return (w >> (8 * (i & 3))) & 0xFF;
-}
 void pt_deq(const pt_raw* r, int j, float* w) {
   const int s = j % 8, hi = s & 1;
   float sc, mn;
-  if (s < 4) {
-    sc = pt_sbyte(r, s) & 63;
-    mn = pt_sbyte(r, s + 4) & 63;
-  } else {
-    sc = (pt_sbyte(r, s + 4) & 0xF) | ((pt_sbyte(r, s - 4) >> 6) << 4);
-    mn = (pt_sbyte(r, s + 4) >> 4) | ((pt_sbyte(r, s) >> 6) << 4);
-  }
-  const float d = pt_h2f(r->h.x) * sc, m = pt_h2f(r->h.x >> 16) * mn;
+  k4_scale_min(r->h, s, &sc, &mn);
+  const float d = h2f(r->h.x) * sc, m = h2f(r->h.x >> 16) * mn;
   const uint q[4] = {r->q.x, r->q.y, r->q.z, r->q.w};
   for (int l4 = 0; l4 < 4; ++l4) {
     const uint v = hi ? q[l4] >> 4 : q[l4];
@@ -93,7 +78,7 @@ pt_raw pt_load(global const uchar* row, int j, int hf) {
 }
 void pt_deq(const pt_raw* r, int j, float* w) {
   const int g = (j % 8) % 4;
-  const float ds = pt_h2f(r->d) * (char)(r->sc & 0xFF);
+  const float ds = h2f(r->d) * (char)(r->sc & 0xFF);
   const int lo_shift = g >= 2 ? 4 : 0, hi_shift = 2 * g;
   for (int l2 = 0; l2 < 8; ++l2) {
     const uint lv = (uint)r->ql[l2] >> lo_shift, hv = (uint)r->qh[l2] >> hi_shift;
@@ -156,8 +141,8 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
         PT_LOAD_X(xr, k, j_ + 1)                                                                              \
       }                                                                                                       \
       _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
-        const float4 a0_ = vload4(0, (ws) + kk_ * 128 + 4 * tx_);                                             \
-        const float4 a1_ = vload4(0, (ws) + kk_ * 128 + 64 + 4 * tx_);                                        \
+        const float4 a0_ = *(local const float4*)((ws) + kk_ * 128 + 4 * tx_);                                \
+        const float4 a1_ = *(local const float4*)((ws) + kk_ * 128 + 64 + 4 * tx_);                           \
         PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
         for (int r_ = 0; r_ < PT_RM; ++r_) {                                                                  \
           acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
@@ -174,12 +159,12 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
     }                                                                                                         \
   }
 #if PT_RM == 4
-#define PT_LOAD_B(p)                 \
-  const float4 b4_ = vload4(0, (p)); \
+#define PT_LOAD_B(p)                               \
+  const float4 b4_ = *(local const float4*)(p); \
   const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
 #else
-#define PT_LOAD_B(p)                 \
-  const float2 b2_ = vload2(0, (p)); \
+#define PT_LOAD_B(p)                               \
+  const float2 b2_ = *(local const float2*)(p); \
   const float b_[2] = {b2_.x, b2_.y};
 #endif
 // This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
@@ -222,8 +207,8 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // Work-group (i, j): features 128 i .., rows BM j ...
 kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
                             int n_out, global float* y, int ldy, int m) {
-  local float ws[32 * 128];
-  local float xs[32 * PT_BM];
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
   const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   global const float* xr[PT_XN];
@@ -250,8 +235,8 @@ kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar*
                                    ulong expert_stride, global const int* tiles, global const int* n_tiles,
                                    global const int* row_slot, int k_used, global const float* x, int ldx, int k,
                                    int n_ff, global float* h) {
-  local float ws[32 * 128];
-  local float xs[32 * PT_BM];
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;  // the whole group: before any barrier
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
@@ -280,8 +265,8 @@ kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar*
 kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert_stride,
                                 global const int* tiles, global const int* n_tiles, global const float* hq, int k,
                                 int n_out, global float* yg) {
-  local float ws[32 * 128];
-  local float xs[32 * PT_BM];
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
