@@ -8,6 +8,8 @@
 // Decode (n_tokens <= kMoeDecodePathMaxTokens): one launch computes gate+up+SwiGLU for every (token, slot)
 // pair, a second the down products with the weighted sum per token. Prefill: rows grouped by expert on
 // the GPU, grouped tensor-core GEMMs (gate and up fused with SwiGLU, then down), then the weighted sum.
+// GPTQ-INT4 experts (DType GPTQ4_*, quant/gptq.h) are read as the checkpoint stores them (moe_gptq.h): decode
+// in f32 (x is not quantized), prefill as f16 tiles on tensor cores.
 // Everything is asynchronous on `stream`, allocation-free and graph-capturable. All pointers: DEVICE.
 #pragma once
 #include <cuda_runtime.h>
@@ -135,8 +137,11 @@ struct MoeRun {
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;
-// the types are Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K; n_ff % 32 == 0).
+// the types are Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K, or GPTQ types for all three (n_embd % 32 == 0, n_embd <=
+// 12288); n_ff % 32 == 0).
 void check_moe_experts(const MoeExperts& e);
+// Whether MoeRun::norm_out is taken for these experts (not for GPTQ ones).
+bool moe_norm_out_supported(const MoeExperts& e);
 size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k);
 void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream);
