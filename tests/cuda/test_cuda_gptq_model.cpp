@@ -4,6 +4,7 @@
 // and split with the host, against the same model on the CPU. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -111,43 +112,56 @@ TEST(CudaMoeGptq, FusedDecodeOpEqualsPlainSteps) {
   }
 }
 
-// The GPTQ fixture (Qwen3.5-MoE, group 64, symmetric) with its experts native: on the GPU whole, and with
-// every other expert on the host (computed there, or with batches of 2+ tokens copied to the GPU); 40 prompt
-// tokens take the grouped GEMMs, the greedy steps the decode kernels.
-TEST(CudaMoeGptq, ModelMatchesCpu) {
-  XPERT_REQUIRE_GPU();
-  const std::string dir = fixture("hf_qwen35moe_gptq");
-  auto cpu = Model::load(dir, {.native_gptq_experts = true});
-  const ModelConfig& c = cpu->config();
-  int64_t native = 0;
+// The GPTQ fixture (Qwen3.5-MoE, group 64, symmetric) with its experts native on the GPU (whole, and with
+// every other expert on the host: computed there, or with batches of 2+ tokens copied to the GPU) against the
+// same folder with its experts repacked to Q4_0 on the GPU (the path before native experts: the same dense
+// layers and kernels, only the experts' differ) and against the native model on the CPU. 40 prompt tokens
+// take the grouped GEMMs, the greedy steps the decode kernels.
+Outputs run_folder(const std::string& dir, bool native, int mode, const std::vector<int32_t>& prompt,
+                   ThreadPool& pool) {
+  auto m = Model::load(dir, {.native_gptq_experts = native});
+  const ModelConfig& c = m->config();
+  int64_t n_native = 0;
   for (int64_t il = 0; il < c.n_layer; ++il)
-    if (const Weight& g = cpu->host_weights().layers[il].ffn_gate_exps; g && is_gptq(g.type)) ++native;
-  ASSERT_GT(native, 0) << "the experts did not load natively";
-  const int64_t V = c.n_vocab;
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 40; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
-  ThreadPool pool(2);
-  const Outputs a = run(*cpu, prompt, 24, pool);
-  for (const int mode : {0, 1, 2}) {  // all experts on the GPU; half, host computed; half, streamed
-    auto gpu = Model::load(dir, {.native_gptq_experts = true});
+    if (const Weight& g = m->host_weights().layers[il].ffn_gate_exps; g && is_gptq(g.type)) ++n_native;
+  EXPECT_EQ(n_native > 0, native) << "experts native: " << n_native << " layers";
+  if (mode >= 0) {  // -1: the CPU
     std::shared_ptr<Backend> be = make_cuda_backend(0);
     if (mode == 0) {
-      gpu->offload(std::move(be), c.n_layer);
+      m->offload(std::move(be), c.n_layer);
     } else {
       be->split_experts()->set_expert_streaming(mode == 2 ? 2 : 0, 0.0);
       std::vector<std::vector<bool>> masks(c.n_layer, std::vector<bool>(c.n_expert));
-      for (auto& m : masks)
-        for (int64_t e = 0; e < c.n_expert; ++e) m[e] = e % 2 == 0;
-      gpu->offload(std::move(be), c.n_layer, &masks);
+      for (auto& mk : masks)
+        for (int64_t e = 0; e < c.n_expert; ++e) mk[e] = e % 2 == 0;
+      m->offload(std::move(be), c.n_layer, &masks);
     }
-    const Outputs g = run(*gpu, prompt, 24, pool);
+  }
+  return run(*m, prompt, 24, pool);
+}
+
+TEST(CudaMoeGptq, ModelMatchesRepackAndCpu) {
+  XPERT_REQUIRE_GPU();
+  const std::string dir = fixture("hf_qwen35moe_gptq");
+  const int64_t V = Model::load(dir, {})->config().n_vocab;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+  ThreadPool pool(2);
+  const Outputs cpu = run_folder(dir, true, -1, prompt, pool);
+  const Outputs repack = run_folder(dir, false, 0, prompt, pool);
+  const float d_repack = prefill_rel_diff(cpu, repack);
+  for (const int mode : {0, 1, 2}) {
     const char* what = mode == 0 ? "all experts on the GPU" : mode == 1 ? "half, host computed" : "half, streamed";
     SCOPED_TRACE(what);
-    const float d = prefill_rel_diff(a, g);
-    EXPECT_LT(d, 2e-2f);
-    const size_t agree = greedy_agreement(a, g, V);
-    std::printf("hf_qwen35moe_gptq native experts, %s: prefill max|d|/max|logit| %.2e, greedy agrees on %zu of %zu\n",
-                what, d, agree, a.tokens.size());
+    const Outputs g = run_folder(dir, true, mode, prompt, pool);
+    const float d = prefill_rel_diff(repack, g), d_cpu = prefill_rel_diff(cpu, g);
+    EXPECT_LT(d, 2e-2f) << "against the Q4_0 repack on the GPU";
+    EXPECT_LT(d_cpu, std::max(2e-2f, 1.5f * d_repack)) << "against the CPU (the repack on the GPU: " << d_repack << ")";
+    const size_t agree = greedy_agreement(repack, g, V);
+    std::printf(
+        "hf_qwen35moe_gptq native experts, %s: prefill max|d|/max|logit| %.2e against the repack on the GPU, %.2e "
+        "against the CPU (the repack %.2e); greedy agrees with the repack on %zu of %zu\n",
+        what, d, d_cpu, d_repack, agree, repack.tokens.size());
   }
 }
 
