@@ -342,9 +342,16 @@ DecodeBufs carve_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k
   b.hds = ws.take<float2>((size_t)(n * k * e.n_ff / 32));
   return b;
 }
-// GPTQ experts at decode: the SwiGLU rows in f32 (moe_gptq.h).
-float* carve_gptq_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
-  return ws.take<float>((size_t)(n * k * e.n_ff));
+// GPTQ experts at decode: the SwiGLU rows and each pair's down product, in f32 (moe_gptq.h).
+struct GptqDecodeBufs {
+  float* h;
+  float* y;
+};
+GptqDecodeBufs carve_gptq_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
+  GptqDecodeBufs b;
+  b.h = ws.take<float>((size_t)(n * k * e.n_ff));
+  b.y = ws.take<float>((size_t)(n * k * e.n_embd));
+  return b;
 }
 GroupedBufs carve_grouped(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
   GroupedBufs b;
@@ -379,9 +386,10 @@ void check_moe_experts(const MoeExperts& e) {
   if (is_gptq(e.gate_type) != is_gptq(e.down_type))
     fail_cat("CUDA MoE: gate/up experts in ", dtype_name(e.gate_type), " with down experts in ",
              dtype_name(e.down_type), ": GPTQ experts need all three matrices in GPTQ types");
-  // moe_gptq.cu: 32 outputs a CTA, x[t] in shared memory.
-  if (is_gptq(e.gate_type) && (e.n_embd % 32 != 0 || e.n_embd > 12288))
-    fail_cat("CUDA MoE: GPTQ experts need n_embd a multiple of 32 up to 12288, not ", e.n_embd);
+  // moe_gptq.cu: 32 outputs a CTA, x[t] and h[p] in shared memory.
+  if (is_gptq(e.gate_type) && (e.n_embd % 32 != 0 || e.n_embd > 12288 || e.n_ff > 12288))
+    fail_cat("CUDA MoE: GPTQ experts need n_embd a multiple of 32, n_embd and n_ff up to 12288, not ", e.n_embd,
+             " and ", e.n_ff);
 }
 
 bool moe_norm_out_supported(const MoeExperts& e) { return !is_gptq(e.gate_type); }
@@ -416,8 +424,9 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   if (workspace_bytes < moe_workspace_bytes(e, n, k))
     fail_cat("CUDA MoE: workspace of ", workspace_bytes, " bytes, needs ", moe_workspace_bytes(e, n, k));
   Workspace ws(workspace, workspace_bytes);
-  const bool decode =
-      run.path == MoePath::decode || (run.path == MoePath::automatic && n <= kMoeDecodePathMaxTokens);
+  const bool gptq = is_gptq(e.gate_type);
+  const int64_t decode_max = gptq ? kMoeGptqDecodePathMaxTokens : kMoeDecodePathMaxTokens;
+  const bool decode = run.path == MoePath::decode || (run.path == MoePath::automatic && n <= decode_max);
   const size_t gu_row_bytes = row_bytes(e.gate_type, D), down_row_bytes = row_bytes(e.down_type, F);
 
   if (n > 65535 || (decode && n * k > 65535))
@@ -430,12 +439,12 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat(
         "CUDA MoE: the norm after the experts takes one decode token of 1024 < n_embd <= 2048, "
         "accumulated, with its outputs and counter");
-  const bool gptq = is_gptq(e.gate_type);
   if (gptq && no.w) fail_cat("CUDA MoE: GPTQ experts do not take the norm after the experts (MoeNormOut)");
   if (decode && gptq) {  // f32 activations: run.xq (q8_1) is not read
-    float* h = carve_gptq_decode(ws, e, n, k);
-    detail::launch_gptq_gate_up(e, run.ids, n, k, run.x, h, stream);
-    detail::launch_gptq_down(e, run.ids, run.weights, n, k, h, run.out, run.accumulate, run.residual, stream);
+    const GptqDecodeBufs b = carve_gptq_decode(ws, e, n, k);
+    detail::launch_gptq_gate_up(e, run.ids, n, k, run.x, b.h, stream);
+    detail::launch_gptq_down(e, run.ids, run.weights, n, k, b.h, b.y, run.out, run.accumulate, run.residual,
+                             stream);
     return;
   }
   if (decode) {

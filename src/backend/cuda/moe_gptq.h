@@ -17,10 +17,12 @@ namespace xpert::cuda::detail {
 // x: f32 [n][n_embd]. All f32 (no activation quantization).
 void launch_gptq_gate_up(const MoeExperts& e, const int32_t* ids, int64_t n, int64_t k, const float* x,
                          float* h, cudaStream_t stream);
-// Decode, down: out[t] = (accumulate ? out[t] (+ residual[t]) : 0) + the sum over t's present slots, in
-// slot order, of weight * (h[p] Wd^T).
+// Decode, down: y[p] = h[p] Wd^T for the present pairs (f32 [n * k][n_embd], a workspace), then
+// out[t] = (accumulate ? out[t] (+ residual[t]) : 0) + the sum over t's present slots, in slot order, of
+// weight * y[p].
 void launch_gptq_down(const MoeExperts& e, const int32_t* ids, const float* weights, int64_t n, int64_t k,
-                      const float* h, float* out, bool accumulate, const float* residual, cudaStream_t stream);
+                      const float* h, float* y, float* out, bool accumulate, const float* residual,
+                      cudaStream_t stream);
 
 // launch_gemm's grouped products (matmul_kernels.h: GemmArgs with group_tiles; dual: silu(X W0^T) * (X W1^T);
 // f16 X with per-row scales) for GPTQ weights, on tensor cores, W tiles dequantized to f16 from the stored
