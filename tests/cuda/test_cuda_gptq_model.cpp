@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -25,7 +25,9 @@ namespace {
 struct OnDevice {
   Backend& b;
   void* p;
-  OnDevice(Backend& b, const void* data, size_t bytes) : b(b), p(b.alloc(bytes)) { b.copy_from_host(p, data, bytes); }
+  OnDevice(Backend& b, const void* data, size_t bytes) : b(b), p(b.alloc(bytes)) {
+    b.copy_from_host(p, data, bytes);
+  }
   OnDevice(Backend& b, const std::vector<float>& v) : OnDevice(b, v.data(), v.size() * 4) {}
   ~OnDevice() { b.dealloc(p); }
   float* f() const { return static_cast<float*>(p); }
@@ -75,8 +77,8 @@ TEST(CudaMoeGptq, FusedDecodeOpEqualsPlainSteps) {
     fix(down, F, D);
     std::vector<float> router = cudatest::random_values((size_t)(D * E), 5);
     for (float& v : router) v *= 0.05f;
-    const OnDevice gd(b, gate.data(), gate.size()), ud(b, up.data(), up.size()), dd(b, down.data(), down.size()),
-        rd(b, router);
+    const OnDevice gd(b, gate.data(), gate.size()), ud(b, up.data(), up.size()),
+        dd(b, down.data(), down.size()), rd(b, router);
     MoeFfn ffn;
     ffn.n_embd = D;
     ffn.n_ff = F;
@@ -87,17 +89,20 @@ TEST(CudaMoeGptq, FusedDecodeOpEqualsPlainSteps) {
     ffn.up = {.type = t, .data = ud.p, .ne = {D, F, E}, .n_bytes = up.size()};
     ffn.down = {.type = t, .data = dd.p, .ne = {F, D, E}, .n_bytes = down.size()};
 
-    const std::vector<float> x = cudatest::random_values((size_t)D, 11), d = cudatest::random_values((size_t)D, 12);
-    std::vector<float> w = cudatest::random_values((size_t)D, 13), nw = cudatest::random_values((size_t)D, 14);
+    const std::vector<float> x = cudatest::random_values((size_t)D, 11),
+                             d = cudatest::random_values((size_t)D, 12);
+    std::vector<float> w = cudatest::random_values((size_t)D, 13),
+                       nw = cudatest::random_values((size_t)D, 14);
     for (float& v : w) v = 1.0f + 0.2f * v;
     for (float& v : nw) v = 1.0f + 0.2f * v;
     const OnDevice wd(b, w), nwd(b, nw), dd1(b, d);
     std::vector<float> got_x[2], got_cur[2];
     for (int form = 0; form < 2; ++form) {
       const OnDevice xd(b, x), cur(b, std::vector<float>((size_t)D));
-      const Act a = form == 0 ? b.add_rmsnorm_moe_ffn_add(ffn, dd1.f(), xd.f(), wd.f(), cur.f(), 1, nwd.f(), nullptr)
-                              : b.Backend::add_rmsnorm_moe_ffn_add(ffn, dd1.f(), xd.f(), wd.f(), cur.f(), 1, nwd.f(),
-                                                                   nullptr);
+      const Act a =
+          form == 0 ? b.add_rmsnorm_moe_ffn_add(ffn, dd1.f(), xd.f(), wd.f(), cur.f(), 1, nwd.f(), nullptr)
+                    : b.Backend::add_rmsnorm_moe_ffn_add(ffn, dd1.f(), xd.f(), wd.f(), cur.f(), 1, nwd.f(),
+                                                         nullptr);
       ASSERT_EQ(a.x, cur.f()) << "the next norm's output is returned";
       got_x[form] = xd.get((size_t)D);
       got_cur[form] = cur.get((size_t)D);
@@ -105,7 +110,8 @@ TEST(CudaMoeGptq, FusedDecodeOpEqualsPlainSteps) {
     double moved = 0;
     for (int64_t i = 0; i < D; ++i) {
       ASSERT_EQ(std::bit_cast<uint32_t>(got_x[0][i]), std::bit_cast<uint32_t>(got_x[1][i])) << "x " << i;
-      ASSERT_EQ(std::bit_cast<uint32_t>(got_cur[0][i]), std::bit_cast<uint32_t>(got_cur[1][i])) << "cur " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got_cur[0][i]), std::bit_cast<uint32_t>(got_cur[1][i]))
+          << "cur " << i;
       moved += std::fabs(got_x[0][i] - (x[i] + d[i]));
     }
     EXPECT_GT(moved / D, 1e-3) << "the experts added something";
@@ -151,15 +157,19 @@ TEST(CudaMoeGptq, ModelMatchesRepackAndCpu) {
   const Outputs repack = run_folder(dir, false, 0, prompt, pool);
   const float d_repack = prefill_rel_diff(cpu, repack);
   for (const int mode : {0, 1, 2}) {
-    const char* what = mode == 0 ? "all experts on the GPU" : mode == 1 ? "half, host computed" : "half, streamed";
+    const char* what = mode == 0   ? "all experts on the GPU"
+                       : mode == 1 ? "half, host computed"
+                                   : "half, streamed";
     SCOPED_TRACE(what);
     const Outputs g = run_folder(dir, true, mode, prompt, pool);
     const float d = prefill_rel_diff(repack, g), d_cpu = prefill_rel_diff(cpu, g);
     EXPECT_LT(d, 2e-2f) << "against the Q4_0 repack on the GPU";
-    EXPECT_LT(d_cpu, std::max(2e-2f, 1.5f * d_repack)) << "against the CPU (the repack on the GPU: " << d_repack << ")";
+    EXPECT_LT(d_cpu, std::max(2e-2f, 1.5f * d_repack))
+        << "against the CPU (the repack on the GPU: " << d_repack << ")";
     const size_t agree = greedy_agreement(repack, g, V);
     std::printf(
-        "hf_qwen35moe_gptq native experts, %s: prefill max|d|/max|logit| %.2e against the repack on the GPU, %.2e "
+        "hf_qwen35moe_gptq native experts, %s: prefill max|d|/max|logit| %.2e against the repack on the GPU, "
+        "%.2e "
         "against the CPU (the repack %.2e); greedy agrees with the repack on %zu of %zu\n",
         what, d, d_cpu, d_repack, agree, repack.tokens.size());
   }

@@ -305,8 +305,8 @@ TEST(CudaMoeGptq, DecodeBackToBackLayout) {
   const int64_t n = 4;
   const std::vector<float> x = cudatest::random_values((size_t)(n * kD), 90);
   const Routing r = random_routing(n, kK, kE, 13);
-  expect_close(gpu_moe(L.experts(empty, true), x, n, kK, r, cuda::MoePath::decode), all_experts(L, x, n, kK, r),
-               n, kD, 1e-3);
+  expect_close(gpu_moe(L.experts(empty, true), x, n, kK, r, cuda::MoePath::decode),
+               all_experts(L, x, n, kK, r), n, kD, 1e-3);
 }
 
 TEST(CudaMoeGptq, RejectsMixedTypesAndTakesNoNormAfter) {

@@ -401,7 +401,7 @@ TEST(Placement, NativeGptqExpertsWhereEveryExecutorReadsThem) {
   EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .num_gpu_experts = 16}));  // split layers
   EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .n_gpu_layers = 10, .expert_device = "opencl:0,cpu"}));
   EXPECT_FALSE(native_gptq_experts({.device = "opencl:0"}));  // OpenclBackend's layers: the Q4_0 repack
-  EXPECT_TRUE(native_gptq_experts({.device = "opencl:0", .n_gpu_layers = 0}));  // no GPU layer
+  EXPECT_TRUE(native_gptq_experts({.device = "opencl:0", .n_gpu_layers = 0}));         // no GPU layer
   EXPECT_FALSE(native_gptq_experts({.device = "cuda:0", .expert_device = "cuda:0"}));  // refused later
 }
 

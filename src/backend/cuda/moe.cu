@@ -388,8 +388,8 @@ void check_moe_experts(const MoeExperts& e) {
              dtype_name(e.down_type), ": GPTQ experts need all three matrices in GPTQ types");
   // moe_gptq.cu: 32 outputs a CTA, x[t] and h[p] in shared memory.
   if (is_gptq(e.gate_type) && (e.n_embd % 32 != 0 || e.n_embd > 12288 || e.n_ff > 12288))
-    fail_cat("CUDA MoE: GPTQ experts need n_embd a multiple of 32, n_embd and n_ff up to 12288, not ", e.n_embd,
-             " and ", e.n_ff);
+    fail_cat("CUDA MoE: GPTQ experts need n_embd a multiple of 32, n_embd and n_ff up to 12288, not ",
+             e.n_embd, " and ", e.n_ff);
 }
 
 bool moe_norm_out_supported(const MoeExperts& e) { return !is_gptq(e.gate_type); }
