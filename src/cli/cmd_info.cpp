@@ -17,8 +17,8 @@ Command add_info(CLI::App& app) {
   auto all = std::make_shared<bool>(false);
   app.add_flag("--all-metadata", *all, "print long arrays in full length summaries too");
   return [flags, all] {
-    // As run/serve load it: GPTQ experts natively where only host executors run experts.
-    auto model = Model::load(flags->model, {.native_gptq_experts = host_experts_only(placement_options(*flags))});
+    // As run/serve load it: GPTQ experts natively where every expert executor reads them so.
+    auto model = Model::load(flags->model, {.native_gptq_experts = native_gptq_experts(placement_options(*flags))});
     const gguf::GGUFFile& f = model->file();
     const ModelConfig& c = model->config();
     const bool folder = std::filesystem::is_directory(flags->model);

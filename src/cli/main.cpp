@@ -79,8 +79,8 @@ size_t file_weight_bytes(const Model& m) {
 
 std::unique_ptr<Model> load_model(ModelFlags& f, const RunMemory& r) {
   PlacementOptions po = placement_options(f);
-  // GPTQ experts natively where only the CPU / an OpenCL expert device runs experts (CUDA reads the Q4_0 repack).
-  std::unique_ptr<Model> m = Model::load(f.model, {.native_gptq_experts = host_experts_only(po)});
+  // GPTQ experts natively where every expert executor reads them so (CPU, OpenCL expert device, CUDA).
+  std::unique_ptr<Model> m = Model::load(f.model, {.native_gptq_experts = native_gptq_experts(po)});
   const ModelConfig& c = m->config();
   if (r.n_ctx <= 0) f.ctx = resolve_ctx_flag(c, f.ctx);
   const MemoryPlan mp = plan_memory(c, plan_placement(*m, po),

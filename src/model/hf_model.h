@@ -21,9 +21,9 @@
 namespace xpert::hf {
 
 struct OpenOptions {
-  // GPTQ experts in their native types (DType GPTQ4_*: quant/gptq.h) rather than repacked to Q4_0. The CPU's
-  // and the OpenCL expert device's kernels read them (not CUDA, not the whole-model OpenCL backend), so only
-  // for a placement whose experts all run on those (runtime/placement.h: host_experts_only).
+  // GPTQ experts in their native types (DType GPTQ4_*: quant/gptq.h) rather than repacked to Q4_0. The CPU's,
+  // the OpenCL expert device's and CUDA's MoE kernels read them (not the whole-model OpenCL backend), so only
+  // for a placement whose experts all run on those (runtime/placement.h: native_gptq_experts).
   bool native_gptq_experts = false;
 };
 

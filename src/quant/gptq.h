@@ -9,8 +9,9 @@
 //
 // Natively (DType GPTQ4_G*, GPTQ4Z_G* with group 32, 64 or 128), one matrix is its tensors as stored,
 // back to back: qweight [k/8][n] u32 | scales [k/group][n] f16 | (Z types) zeros [k/group][n] u8, the zero
-// point itself (offset applied: 0..16). 4.125 bits per weight at group 128 (+0.0625 with zeros); the CPU
-// expert kernels (backend/cpu/matmul_gptq*) read it as it is.
+// point itself (offset applied: 0..16). 4.125 bits per weight at group 128 (+0.0625 with zeros); the expert
+// kernels of the CPU (backend/cpu/matmul_gptq*), the OpenCL expert device (kernels_expert.h) and CUDA
+// (backend/cuda/moe_gptq.cu) read it as it is.
 //
 // With a group size that is a multiple of 32, every 32 consecutive inputs of a row share one scale, so
 // the layer is exactly a GGUF Q4_0 tensor (d = the group's f16 scale, q = the nibble, value = (q - 8) d):

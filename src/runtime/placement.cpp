@@ -240,11 +240,12 @@ Placement plan(const Model& m, const PlacementOptions& o) {
 
 ExpertPlan plan_placement(const Model& m, const PlacementOptions& o) { return plan(m, o).plan; }
 
-bool host_experts_only(const PlacementOptions& o) {
-  // "cpu", "opencl:N", "opencl:N,cpu": all have native GPTQ kernels.
+bool native_gptq_experts(const PlacementOptions& o) {
+  // --expert-device "cpu", "opencl:N", "opencl:N,cpu": all have native GPTQ kernels.
   if (o.expert_device != "cpu" && o.expert_device.rfind("opencl:", 0) != 0) return false;
   try {
-    return !gpu_of(o) || o.n_gpu_layers == 0;
+    const std::optional<DeviceId> gpu = gpu_of(o);
+    return !gpu || o.n_gpu_layers == 0 || gpu->kind == DeviceKind::cuda;  // cuda/moe_gptq.cu
   } catch (const Error&) {
     return false;
   }

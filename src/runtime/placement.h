@@ -43,10 +43,11 @@ struct PlacementOptions {
 // plan that does not fit the GPU. For `xpert info`.
 ExpertPlan plan_placement(const Model& m, const PlacementOptions& o);
 
-// Whether every expert of the model these options place runs on the host's expert executors (the CPU
-// and/or an OpenCL expert device; no layer on a GPU backend): then a GPTQ folder's experts load in their
-// native types (Model::LoadOptions). False for options that plan_placement would refuse.
-bool host_experts_only(const PlacementOptions& o);
+// Whether every executor of the experts these options place reads GPTQ experts natively: the CPU, an OpenCL
+// expert device and the CUDA backend's MoE kernels do; the OpenCL backend that runs whole layers
+// (--device opencl:N with GPU layers) does not. Then a GPTQ folder's experts load in their native types
+// (Model::LoadOptions), else as the Q4_0 repack. False for options that plan_placement would refuse.
+bool native_gptq_experts(const PlacementOptions& o);
 
 // Plans as above, logs the plan, then offloads the model as it says; throws Error (before uploading
 // anything) for a device that does not exist or a contradiction (-ngl with --device cpu, -ngl without a

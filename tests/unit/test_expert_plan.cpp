@@ -393,5 +393,17 @@ TEST(RoutingStats, SaveLoadRoundTripAndIdentityCheck) {
   EXPECT_EQ(RoutingStats::default_path("/m/folder/"), "/m/folder.xpert-profile.json");
 }
 
+// Which placements load a GPTQ folder's experts natively: wherever every expert executor reads them so (the
+// CPU, an OpenCL expert device, CUDA's MoE kernels), not with the whole-model OpenCL backend's layers.
+TEST(Placement, NativeGptqExpertsWhereEveryExecutorReadsThem) {
+  EXPECT_TRUE(native_gptq_experts({.device = "cpu"}));
+  EXPECT_TRUE(native_gptq_experts({.device = "cuda:0"}));  // every layer and expert on the GPU
+  EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .num_gpu_experts = 16}));  // split layers
+  EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .n_gpu_layers = 10, .expert_device = "opencl:0,cpu"}));
+  EXPECT_FALSE(native_gptq_experts({.device = "opencl:0"}));  // OpenclBackend's layers: the Q4_0 repack
+  EXPECT_TRUE(native_gptq_experts({.device = "opencl:0", .n_gpu_layers = 0}));         // no GPU layer
+  EXPECT_FALSE(native_gptq_experts({.device = "cuda:0", .expert_device = "cuda:0"}));  // refused later
+}
+
 }  // namespace
 }  // namespace xpert

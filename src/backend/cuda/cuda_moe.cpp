@@ -80,7 +80,9 @@ Act CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, floa
                             .parts = take ? d_parts->parts : nullptr,
                             .n_parts = take ? d_parts->n_parts : 0};
   cuda::MoeNormOut no;
-  if (next_w) {  // fits: long_row_norm_fits, as for the router's norm
+  // GPTQ experts' down kernel has no norm inside (moe_norm_out_supported): the norm's own launch after it.
+  const bool norm_inside = next_w && cuda::moe_norm_out_supported(experts(ffn).e);
+  if (norm_inside) {  // fits: long_row_norm_fits, as for the router's norm
     if (!norm_done_.data()) {
       norm_done_ = DeviceBuffer(*this, sizeof(unsigned));
       XPERT_CUDA_CHECK(cudaMemset(norm_done_.data(), 0, sizeof(unsigned)));  // not a stream op: capturable
@@ -93,7 +95,8 @@ Act CudaBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& ffn, const float* d, floa
           .done = static_cast<unsigned*>(norm_done_.data())};
   }
   moe(ffn, formed(cur, n, E, act), x, true, (bool)ffn.shared_up, &nm, d, no);
-  return next_w ? formed(cur, n, E, act) : Act{};
+  if (!next_w) return Act{};
+  return norm_inside ? formed(cur, n, E, act) : rmsnorm_act(x, next_w, cur, n, E, ffn.rms_eps);
 }
 
 // The layer's shared expert can be slot k of the decode kernels: the routed experts' block types and

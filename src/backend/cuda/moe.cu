@@ -11,6 +11,7 @@
 #include "backend/cuda/matmul_blocks.h"
 #include "backend/cuda/matmul_kernels.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_gptq.h"
 #include "backend/cuda/norm_row.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_internal.h"
@@ -305,6 +306,12 @@ bool moe_type_ok(DType t) {
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::GPTQ4_G32:
+    case DType::GPTQ4_G64:
+    case DType::GPTQ4_G128:
+    case DType::GPTQ4Z_G32:
+    case DType::GPTQ4Z_G64:
+    case DType::GPTQ4Z_G128:
       return true;
     default:
       return false;
@@ -333,6 +340,17 @@ DecodeBufs carve_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k
   b.xds = ws.take<float2>((size_t)(n * e.n_embd / 32));
   b.hq = ws.take<int8_t>((size_t)(n * k * e.n_ff));
   b.hds = ws.take<float2>((size_t)(n * k * e.n_ff / 32));
+  return b;
+}
+// GPTQ experts at decode: the SwiGLU rows and each pair's down product, in f32 (moe_gptq.h).
+struct GptqDecodeBufs {
+  float* h;
+  float* y;
+};
+GptqDecodeBufs carve_gptq_decode(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
+  GptqDecodeBufs b;
+  b.h = ws.take<float>((size_t)(n * k * e.n_ff));
+  b.y = ws.take<float>((size_t)(n * k * e.n_embd));
   return b;
 }
 GroupedBufs carve_grouped(Workspace& ws, const MoeExperts& e, int64_t n, int64_t k) {
@@ -365,14 +383,24 @@ void check_moe_experts(const MoeExperts& e) {
     fail_cat("CUDA MoE: n_embd ", e.n_embd, " / n_ff ", e.n_ff, " are not whole blocks of ",
              dtype_name(e.gate_type), " / ", dtype_name(e.down_type));
   if (!e.gate || !e.up || !e.down) fail_cat("CUDA MoE: missing expert table");
+  if (is_gptq(e.gate_type) != is_gptq(e.down_type))
+    fail_cat("CUDA MoE: gate/up experts in ", dtype_name(e.gate_type), " with down experts in ",
+             dtype_name(e.down_type), ": GPTQ experts need all three matrices in GPTQ types");
+  // moe_gptq.cu: 32 outputs a CTA, x[t] and h[p] in shared memory.
+  if (is_gptq(e.gate_type) && (e.n_embd % 32 != 0 || e.n_embd > 12288 || e.n_ff > 12288))
+    fail_cat("CUDA MoE: GPTQ experts need n_embd a multiple of 32, n_embd and n_ff up to 12288, not ",
+             e.n_embd, " and ", e.n_ff);
 }
+
+bool moe_norm_out_supported(const MoeExperts& e) { return !is_gptq(e.gate_type); }
 
 size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k) {
   const size_t huge = (size_t)1 << 62;
-  Workspace a(nullptr, huge), b(nullptr, huge);
+  Workspace a(nullptr, huge), b(nullptr, huge), c(nullptr, huge);
   carve_decode(a, e, n_tokens, k);
   carve_grouped(b, e, n_tokens, k);
-  return std::max(a.used(), b.used());
+  carve_gptq_decode(c, e, n_tokens, k);
+  return std::max({a.used(), b.used(), c.used()});
 }
 
 std::vector<const void*> expert_table(const void* base, size_t expert_bytes,
@@ -396,8 +424,9 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   if (workspace_bytes < moe_workspace_bytes(e, n, k))
     fail_cat("CUDA MoE: workspace of ", workspace_bytes, " bytes, needs ", moe_workspace_bytes(e, n, k));
   Workspace ws(workspace, workspace_bytes);
-  const bool decode =
-      run.path == MoePath::decode || (run.path == MoePath::automatic && n <= kMoeDecodePathMaxTokens);
+  const bool gptq = is_gptq(e.gate_type);
+  const int64_t decode_max = gptq ? kMoeGptqDecodePathMaxTokens : kMoeDecodePathMaxTokens;
+  const bool decode = run.path == MoePath::decode || (run.path == MoePath::automatic && n <= decode_max);
   const size_t gu_row_bytes = row_bytes(e.gate_type, D), down_row_bytes = row_bytes(e.down_type, F);
 
   if (n > 65535 || (decode && n * k > 65535))
@@ -410,6 +439,14 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
     fail_cat(
         "CUDA MoE: the norm after the experts takes one decode token of 1024 < n_embd <= 2048, "
         "accumulated, with its outputs and counter");
+  if (gptq && no.w) fail_cat("CUDA MoE: GPTQ experts do not take the norm after the experts (MoeNormOut)");
+  if (decode && gptq) {  // f32 activations: run.xq (q8_1) is not read
+    const GptqDecodeBufs b = carve_gptq_decode(ws, e, n, k);
+    detail::launch_gptq_gate_up(e, run.ids, n, k, run.x, b.h, stream);
+    detail::launch_gptq_down(e, run.ids, run.weights, n, k, b.h, b.y, run.out, run.accumulate, run.residual,
+                             stream);
+    return;
+  }
   if (decode) {
     const DecodeBufs b = carve_decode(ws, e, n, k);
     const bool have_xq = run.xq && run.xq->format == ActFormat::q8_1 && run.xq->m == n && run.xq->k == D;
@@ -440,6 +477,12 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   }
 
   const GroupedBufs b = carve_grouped(ws, e, n, k);
+  auto gemm = [&](DType t, bool dual, const detail::GemmArgs& a) {
+    if (gptq)
+      detail::launch_gemm_gptq(t, dual, a, stream);
+    else
+      detail::launch_gemm(t, dual, a, stream);
+  };
   const int64_t rows = n * k;
   // Tiles of 64 rows, or 32 where the experts get few rows each (matmul_kernels.h: kGemmSmallGroupRows).
   const int bm = rows <= detail::kGemmSmallGroupRows * e.n_expert ? detail::kGemmSmallBM : detail::kGemmBM;
@@ -466,7 +509,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   g.n_groups = (int32_t)e.n_expert;
   g.max_tiles = (rows + bm - 1) / bm + std::min<int64_t>(e.n_expert, rows);
   g.bm = bm;
-  detail::launch_gemm(e.gate_type, true, g, stream);
+  gemm(e.gate_type, true, g);
 
   detail::launch_convert_16(false, b.h, F, rows, F, b.h16, b.hscale, b.offsets + e.n_expert, stream);
 
@@ -482,7 +525,7 @@ void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t
   d.x_row_div = 1;
   d.y = b.yg;
   d.ldy = D;
-  detail::launch_gemm(e.down_type, false, d, stream);
+  gemm(e.down_type, false, d);
 
   const dim3 grid((unsigned)((D + 255) / 256), (unsigned)n);
   combine_kernel<<<grid, 256, 0, stream>>>(b.yg, b.slot_row, run.weights, (int)k, D, run.out, run.accumulate);

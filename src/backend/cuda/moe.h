@@ -8,6 +8,8 @@
 // Decode (n_tokens <= kMoeDecodePathMaxTokens): one launch computes gate+up+SwiGLU for every (token, slot)
 // pair, a second the down products with the weighted sum per token. Prefill: rows grouped by expert on
 // the GPU, grouped tensor-core GEMMs (gate and up fused with SwiGLU, then down), then the weighted sum.
+// GPTQ-INT4 experts (DType GPTQ4_*, quant/gptq.h) are read as the checkpoint stores them (moe_gptq.h): decode
+// in f32 (x is not quantized), prefill as f16 tiles on tensor cores.
 // Everything is asynchronous on `stream`, allocation-free and graph-capturable. All pointers: DEVICE.
 #pragma once
 #include <cuda_runtime.h>
@@ -33,6 +35,10 @@ constexpr int64_t kMoeDecodeMaxTokens = 8;  // the router launch that also route
 // With the grouped GEMM of few rows an expert (matmul_grouped.cu) a bound of 8 lost again at 16 streams
 // (1,410 -> 1,113) and tied at 32 (1,541-1,594 against 1,566-1,617), 2026-12-04 14:19.
 constexpr int64_t kMoeDecodePathMaxTokens = 32;
+// The same bound for GPTQ experts (moe_gptq.h), whose decode kernels read a word of 8 inputs a lane: the
+// grouped GEMM tied them at 16 tokens and won at 32 (H200, 2048 x 768 experts, 128 of them, top 8, uniform
+// routing, one moe_experts call: 283 / 282 us at 16 tokens, 544 / 343 at 32; 2026-12-04).
+constexpr int64_t kMoeGptqDecodePathMaxTokens = 16;
 
 struct MoeRouting {
   int64_t n_expert = 0, k = 0;
@@ -135,8 +141,11 @@ struct MoeRun {
 };
 
 // Throws xpert::Error for shapes or types the kernels do not take (gate and up must share a block type;
-// the types are Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K; n_ff % 32 == 0).
+// the types are Q4_0 Q5_0 Q8_0 Q4_K Q5_K Q6_K, or GPTQ types for all three (n_embd % 32 == 0, n_embd
+// and n_ff <= 12288); n_ff % 32 == 0).
 void check_moe_experts(const MoeExperts& e);
+// Whether MoeRun::norm_out is taken for these experts (not for GPTQ ones).
+bool moe_norm_out_supported(const MoeExperts& e);
 size_t moe_workspace_bytes(const MoeExperts& e, int64_t n_tokens, int64_t k);
 void moe_experts(const MoeExperts& e, const MoeRun& run, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream);
