@@ -45,7 +45,8 @@ ExpertPlan plan_placement(const Model& m, const PlacementOptions& o);
 
 // Whether every executor of the experts these options place reads GPTQ experts natively: the CPU, an OpenCL
 // expert device and the CUDA backend's MoE kernels do; the OpenCL backend that runs whole layers
-// (--device opencl:N with GPU layers) does not. Then a GPTQ folder's experts load in their native types
+// (--device opencl:N with GPU layers) does not. A model wholly on a CUDA GPU (none of -ngl,
+// --num-gpu-experts, --gpu-expert-budget) keeps the repack: CUDA's native decode is slower (placement.cpp). Then a GPTQ folder's experts load in their native types
 // (Model::LoadOptions), else as the Q4_0 repack. False for options that plan_placement would refuse.
 bool native_gptq_experts(const PlacementOptions& o);
 

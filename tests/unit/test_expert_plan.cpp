@@ -397,7 +397,8 @@ TEST(RoutingStats, SaveLoadRoundTripAndIdentityCheck) {
 // CPU, an OpenCL expert device, CUDA's MoE kernels), not with the whole-model OpenCL backend's layers.
 TEST(Placement, NativeGptqExpertsWhereEveryExecutorReadsThem) {
   EXPECT_TRUE(native_gptq_experts({.device = "cpu"}));
-  EXPECT_TRUE(native_gptq_experts({.device = "cuda:0"}));  // every layer and expert on the GPU
+  EXPECT_FALSE(native_gptq_experts({.device = "cuda:0"}));  // wholly on the GPU: the faster Q4_0 decode
+  EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .gpu_expert_budget = "8GiB"}));  // split experts
   EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .num_gpu_experts = 16}));  // split layers
   EXPECT_TRUE(native_gptq_experts({.device = "cuda:0", .n_gpu_layers = 10, .expert_device = "opencl:0,cpu"}));
   EXPECT_FALSE(native_gptq_experts({.device = "opencl:0"}));  // OpenclBackend's layers: the Q4_0 repack
