@@ -147,9 +147,6 @@ class Backend {
 
   // Scratch memory for forward passes on this backend (kept between passes).
   Arena& scratch();
-  // A forward pass of n_tokens rows starts here (its scratch just reset): per-pass policies (OpenCL: kernel
-  // objects with their arguments kept only for decode-sized passes, whose launches repeat every step).
-  virtual void begin_pass(int64_t n_tokens) { (void)n_tokens; }
 
   // The CPU threads of the pass (a GPU backend runs host-resident experts on them).
   void set_host_pool(ThreadPool* p) { host_pool_ = p; }

@@ -98,7 +98,6 @@ Exec::OnDevice& Exec::on(Backend& b, const float* x_from_host) {
   const int64_t ff = std::max(c.n_ff, c.n_ff_shexp);
   Arena& ar = b.scratch();
   ar.reset();
-  b.begin_pass(n);
   OnDevice d;
   d.b = &b;
   // The batch's positions and slots, then x, in one block that one copy fills: [pos | seq | pad | x]

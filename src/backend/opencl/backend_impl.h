@@ -153,7 +153,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
 
   std::string name() const override { return fmt::format("opencl:{} ({})", index_, info_.name); }
-  void begin_pass(int64_t n_tokens) override { decode_pass_ = n_tokens < kMoeGemmMinRows; }
   DeviceKind kind() const override { return DeviceKind::opencl; }
 
   // opencl_backend.cpp: SVM, freed blocks of up to kPoolMaxBlock kept for reuse (up to pool_cap()).
@@ -438,7 +437,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   template <typename... A>
   void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local,
               const A&... args) {
-    cl_kernel inst = arg_cache_ && decode_pass_ ? with_args(k, args...) : nullptr;
+    cl_kernel inst = arg_cache_ ? with_args(k, args...) : nullptr;
     if (inst) {
       k = inst;
     } else {
@@ -533,11 +532,6 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   int moe_bm_ = 32;      // XPERT_OPENCL_OPTS moe_bm: rows per grouped tile of moe_prefill (32 or 64)
   bool wide_loads_ = true;
   bool arg_cache_ = true;
-  // Whether the pass under way is decode-sized (begin_pass): only then are argument sets kept. A prefill's
-  // launches rarely come again with the same arguments, and making the objects for a pass that does (the
-  // bench's first timed run of a prompt length: ~1,100 clCreateKernel) is the likely cause of pp512 at ~585 t/s
-  // in one of three runs on NVIDIA's OpenCL, ~2,200 in the other two.
-  bool decode_pass_ = true;
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;

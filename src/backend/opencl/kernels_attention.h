@@ -105,9 +105,10 @@ kernel void attention(global const float* q, global const half* kc, global const
 
 // Prefill: ATT_QB consecutive tokens (t0 = ATT_QB * group 1, fewer at the batch's end) of head `group 0` per
 // work-group, without slots, so each key tile's K and V rows are read once for the block. Per query the sums
-// are attention's, in its order, but for pass 1's tile sums (tree reductions over the work-items): the scores
-// summed one value at a time; pass 2's weights rounded to f16, each work-item adding its dims' V products key
-// by key (weight 0 past a query's last key).
+// are attention's, in its order (the same bits where there is no sliding window): the scores summed one value
+// at a time; pass 1's running max and sum by work-item u alone over the tile's keys of query u; pass 2's
+// weights rounded to f16, each work-item adding its dims' V products key by key (weight 0 past a query's
+// last key).
 #define ATT_QB 8
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
@@ -163,45 +164,27 @@ kernel void attention_block(global const float* q, global const half* kc, global
     for (int u = 0; u < ATT_QB; ++u)                                                      \
       ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;    \
   }
-  // Pass 1: every work-item keeps every query's running max and sum, each tile's maxima and sums by tree
-  // reductions over the work-items, all queries at once (one work-item a query walking the tile alone left
-  // the other work-items of the group waiting: ~900 us a layer at 512 tokens on an H200).
-  local float red[ATT_QB * ATT_WG];
-  float mx[ATT_QB], l[ATT_QB];
-  for (int u = 0; u < ATT_QB; ++u) mx[u] = -INFINITY, l[u] = 0.0f;
+  // Pass 1: work-item u < nq keeps query u's running max and sum.
+  float mx = -INFINITY, l = 0.0f;
   for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
     ATT_BLOCK_SCORES(j0)
-    for (int u = 0; u < ATT_QB; ++u) red[u * ATT_WG + lid] = ps[u * ATT_WG + lid];
-    for (int s = ATT_WG / 2; s > 0; s >>= 1) {
-      barrier(CLK_LOCAL_MEM_FENCE);
-      if (lid < s)
-        for (int u = 0; u < ATT_QB; ++u) red[u * ATT_WG + lid] = max(red[u * ATT_WG + lid], red[u * ATT_WG + lid + s]);
-    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    float mnew[ATT_QB];
-    for (int u = 0; u < ATT_QB; ++u) mnew[u] = max(mx[u], red[u * ATT_WG]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int u = 0; u < ATT_QB; ++u) {
-      const float sc = ps[u * ATT_WG + lid];
-      red[u * ATT_WG + lid] = sc == -INFINITY ? 0.0f : exp(sc - mnew[u]);
-    }
-    for (int s = ATT_WG / 2; s > 0; s >>= 1) {
-      barrier(CLK_LOCAL_MEM_FENCE);
-      if (lid < s)
-        for (int u = 0; u < ATT_QB; ++u) red[u * ATT_WG + lid] += red[u * ATT_WG + lid + s];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int u = 0; u < ATT_QB; ++u) {
-      l[u] = (mx[u] == -INFINITY ? 0.0f : l[u] * exp(mx[u] - mnew[u])) + red[u * ATT_WG];
-      mx[u] = mnew[u];
+    if (lid < nq && j0 <= hi[lid] && j0 + ATT_WG > lo[lid]) {
+      const int u = lid, i0 = max(0, lo[u] - j0), nt = min(ATT_WG, hi[u] - j0 + 1);
+      float tmax = -INFINITY;
+      for (int i = i0; i < nt; ++i) tmax = max(tmax, ps[u * ATT_WG + i]);
+      const float mnew = max(mx, tmax);
+      float tsum = 0.0f;
+      for (int i = i0; i < nt; ++i) tsum += exp(ps[u * ATT_WG + i] - mnew);
+      l = l * exp(mx - mnew) + tsum;
+      mx = mnew;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid == 0)
-    for (int u = 0; u < ATT_QB; ++u) {
-      stat[u] = mx[u];
-      stat[ATT_QB + u] = l[u] > 0.0f ? 1.0f / l[u] : 0.0f;
-    }
+  if (lid < ATT_QB) {
+    stat[lid] = mx;
+    stat[ATT_QB + lid] = l > 0.0f ? 1.0f / l : 0.0f;
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
   // Pass 2.
   float acc[ATT_QB][ATT_DPT];
