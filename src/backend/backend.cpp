@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace xpert {
 
@@ -175,6 +176,7 @@ void Arena::reset() {
     buf_ = DeviceBuffer();  // free first: a GPU may not hold both
     buf_ = DeviceBuffer(b_, round_up(peak_ + peak_ / 8));
     ++generation_;
+    log::debug("{}: scratch grown to {:.1f} MiB", b_.name(), buf_.size() / 1048576.0);
   }
   used_ = 0;
 }

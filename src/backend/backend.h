@@ -200,7 +200,7 @@ class Arena {
   void* take_bytes(size_t bytes);
   size_t mark() const { return used_; }   // everything taken after a mark is given back by release()
   void release(size_t mark) { used_ = mark; }
-  void reset();                           // start of a pass
+  void reset();  // start of a pass; also at the end of one that spilled (Exec), so the growth is its cost
   Backend& backend() const { return b_; }
   uint64_t generation() const { return generation_; }  // changes whenever the main buffer moves
   bool spilled() const { return !spill_.empty(); }

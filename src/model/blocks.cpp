@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "quant/quant.h"
 #include "model/kv_cache.h"
 #include "model/recurrent_state.h"
@@ -130,6 +132,18 @@ Exec::OnDevice& Exec::on(Backend& b, const float* x_from_host) {
 
 Exec::~Exec() {
   if (graph_open_) b_->pass_graphs()->abort_graph();
+  // A pass that outgrew a device's scratch grows it now, at its end (its outputs are read back), rather than
+  // at the next pass's start, whose time it would take: a prompt after one of a new size, a bench's first
+  // timed run after its warm-up.
+  if (std::uncaught_exceptions() > 0) return;
+  for (OnDevice& d : devs_) {
+    if (!d.b->scratch().spilled()) continue;
+    try {
+      d.b->scratch().reset();
+    } catch (const std::exception& e) {  // the next pass spills again and reports what fails
+      log::warn("{}: the scratch could not grow after this pass: {}", d.b->name(), e.what());
+    }
+  }
 }
 
 namespace {
