@@ -1,8 +1,8 @@
 // OpenCL C of the prefill GEMMs (kernels_prefill.h's gemm_t, moe_gate_up_t, moe_down_t: the same arguments
 // and results) on Intel's matrix engines (XMX / DPAS), through cl_intel_subgroup_matrix_multiply_accumulate:
-// each weight chunk is dequantized (dequant32, any quantized type) to f16 in local memory, the activations
-// are converted to f16 beside it, and intel_sub_group_f16_f16_matrix_mad_k16 multiplies 8 rows x 16 deep by
-// XT_SG features (XT_SG = 8: DG2 / Arc A-series; 16: Xe-HPC, Xe2), accumulating in f32.
+// each weight chunk is dequantized (any quantized type; Q4_K / Q6_K by wide loads) to f16 in local memory,
+// the activations are converted to f16 beside it, and intel_sub_group_f16_f16_matrix_mad_k16 multiplies
+// 8 rows x 16 deep by XT_SG features (XT_SG = 8: DG2 / Arc A-series; 16: Xe-HPC, Xe2), accumulating in f32.
 //
 // Unverified on hardware: CI compiles it with Intel's offline compiler for dg2 and pvc (test_opencl_xmx.cpp,
 // which also asserts that dpas instructions come out) and runs it on PoCL over an emulation of the builtins
@@ -10,12 +10,12 @@
 // not the reading itself); prefill.cpp uses it only after a self-check at first use, per weight type, has
 // matched the f32 kernels on the device (otherwise: a warning, and the f32 kernels).
 //
-// The program: kClCommonSource + kMatmulSource (dequant32) + kPrefillXmxSource twice (XT_BM 64 / 32, names
-// suffixed XT_SUF _m64 / _m32), built with matmul_program's options and -DXT_SG=8|16 (prefill.cpp
-// xmx_program_text). Work-group: 4 XT_BM work-items (one dimension), 128 columns x XT_BM rows of the output,
-// as the f32 tile. Subgroup s covers rows 16 (s / NCS) + 0..15 (two 8-row blocks a = 0, 1) and two blocks of
-// XT_SG columns b = 0, 1: XT_SG (s % NCS) + lane + 64 b (so moe_gate_up_t's gate and up columns of a feature
-// are in the same work-item), NCS = 64 / XT_SG.
+// The program: kClCommonSource + kMatmulSource (dequant32) + kPrefillRawSource (pt_load, pt_deq) +
+// kPrefillXmxSource twice (XT_BM 64 / 32, names suffixed XT_SUF _m64 / _m32), built with matmul_program's
+// options and -DXT_SG=8|16 (prefill.cpp xmx_program_text). Work-group: 4 XT_BM work-items (one dimension),
+// 128 columns x XT_BM rows of the output, as the f32 tile. Subgroup s covers rows 16 (s / NCS) + 0..15 (two
+// 8-row blocks a = 0, 1) and two blocks of XT_SG columns b = 0, 1: XT_SG (s % NCS) + lane + 64 b (so
+// moe_gate_up_t's gate and up columns of a feature are in the same work-item), NCS = 64 / XT_SG.
 //
 // Operand layouts (the extension's "Matrix Multiply Accumulate Functions" per subgroup size), with
 // A = activations (M = 8 rows x K = 16), B = weights transposed (K = 16 x N = XT_SG features), C = output:
@@ -60,6 +60,20 @@ inline constexpr std::string_view kPrefillXmxSource = R"CLC(
 #endif
 // Column of block b (0, 1) of subgroup column cs, before the lane.
 #define XT_COL(cs, b) ((b) * 64 + XT_SG * (cs))
+// Part `part` of chunk j of a row, XT_PART weights: one work-item's share. Q4_K / Q6_K: halves, two
+// work-items a row as in the f32 tile (kPrefillRawSource's wide loads); other types: the whole chunk
+// (dequant32), as half of it cost them more spills in IGC's dumps (Q8_0 at SIMD16: 2.7-4.9 KiB against
+// 0.1-2.6).
+#if defined(PT_RAW)
+#define XT_PART 16
+void xt_deq(global const uchar* row, int j, int k, int part, float* w) {
+  const pt_raw r = pt_load(row, j, part);
+  pt_deq(&r, j, w);
+}
+#else
+#define XT_PART 32
+void xt_deq(global const uchar* row, int j, int k, int part, float* w) { dequant32(row, j, k, w); }
+#endif
 #endif
 
 #define XT_CAT2(a, b) a##b
@@ -69,10 +83,11 @@ inline constexpr std::string_view kPrefillXmxSource = R"CLC(
 
 // The tile's product over k into acc[2][2] (a: row block, b: column block): wa / wb are the weight rows of
 // columns 0 and 64 (na / nb valid, the rest read as 0); xr[i] is activation row (lid >> 3) + XT_BM / 2 * i
-// of the tile (null: past its end, read as 0), i < 2. Per 32-deep chunk the first 128 work-items dequantize
-// a weight row each to f16 (ws[column][k]), every work-item converts two float4s of activations (xs[row][k]:
-// eight work-items a row's 128 bytes); then each subgroup does 2 x 2 DPAS per 16 of k. (2 x 4 blocks a
-// subgroup spilled 4 KiB of registers a work-item on dg2: one f32 a lane is a whole register at SIMD8.)
+// of the tile (null: past its end, read as 0), i < 2. Per 32-deep chunk the work-items dequantize the
+// weights to f16 (ws[column][k]: XT_PART of a row each, xt_deq), and convert two float4s of activations
+// each (xs[row][k]: eight work-items a row's 128 bytes); then each subgroup does 2 x 2 DPAS per 16 of k.
+// (2 x 4 blocks a subgroup spilled 4 KiB of registers a work-item on dg2: an f32 a lane is a whole register
+// at SIMD8.)
 #define XT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                            \
   {                                                                                                         \
     const int lid_ = get_local_id(0), lane_ = get_sub_group_local_id(), sg_ = get_sub_group_id();           \
@@ -81,18 +96,19 @@ inline constexpr std::string_view kPrefillXmxSource = R"CLC(
       for (int b_ = 0; b_ < 2; ++b_) acc[a_][b_] = (float8)(0.0f);                                          \
     const int chunks_ = ((k) + 31) / 32;                                                                    \
     for (int j_ = 0; j_ < chunks_; ++j_) {                                                                  \
-      for (int c_ = lid_; c_ < 128; c_ += XT_WG) {                                                          \
-        float w_[32];                                                                                       \
+      for (int p_ = lid_; p_ < 128 * (32 / XT_PART); p_ += XT_WG) {                                        \
+        const int c_ = p_ / (32 / XT_PART), part_ = p_ % (32 / XT_PART);                                    \
+        float w_[XT_PART];                                                                                  \
         const int valid_ = c_ < 64 ? c_ < (na) : c_ - 64 < (nb);                                            \
         if (valid_) {                                                                                       \
           global const uchar* row_ =                                                                        \
               c_ < 64 ? (wa) + (ulong)c_ * (row_bytes) : (wb) + (ulong)(c_ - 64) * (row_bytes);             \
-          dequant32(row_, j_, (k), w_);                                                                     \
+          xt_deq(row_, j_, (k), part_, w_);                                                                 \
         } else {                                                                                            \
-          for (int i_ = 0; i_ < 32; ++i_) w_[i_] = 0.0f;                                                    \
+          for (int i_ = 0; i_ < XT_PART; ++i_) w_[i_] = 0.0f;                                               \
         }                                                                                                   \
-        for (int i_ = 0; i_ < 4; ++i_)                                                                      \
-          vstore_half8(vload8(i_, w_), 0, (local half*)((ws) + c_ * XT_LD + 8 * i_));                       \
+        local half* wd_ = (local half*)((ws) + c_ * XT_LD + XT_PART * part_);                               \
+        for (int i_ = 0; i_ < XT_PART / 8; ++i_) vstore_half8(vload8(i_, w_), 0, wd_ + 8 * i_);            \
       }                                                                                                     \
       const int xp_ = lid_ & 7, kg_ = j_ * 32 + 4 * xp_;                                                    \
       for (int it_ = 0; it_ < 2; ++it_) {                                                                   \

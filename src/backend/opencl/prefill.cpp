@@ -49,7 +49,8 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group) {
     return r;
   }();
   ProgramText p;
-  p.source = std::string(kClCommonSource) + std::string(kMatmulSource) + tiles;
+  p.source =
+      std::string(kClCommonSource) + std::string(kMatmulSource) + std::string(kPrefillRawSource) + tiles;
   p.options = fmt::format("{} -DXT_SG={}", matmul_options, sub_group);
   return p;
 }
