@@ -37,6 +37,8 @@ constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
 constexpr int kNormWg = 256, kNormJ = 8;  // NORM_WG, NORM_J, kernels_fused.h
 constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
+// Work-items of an XMX prefill tile per row of it (XT_WG, kernels_prefill_xmx.h).
+constexpr int64_t kXmxWgRows = 4;
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
@@ -89,6 +91,25 @@ inline int64_t block_elems(DType t) {
 // prefill.cpp: the matmul and ops programs' appended sources (kernels_fused.h, then kernels_prefill.h).
 const std::string& prefill_matmul_source();
 const std::string& prefill_ops_source();
+
+// A weight type's matmul program's build options. Its MoE down kernel rounds the next layer's input
+// (kFusedMatmulSource): divisions as the ops program's (correctly_rounded_divide), or NVIDIA's rounds differ
+// from round_blocks' by an ulp.
+inline std::string matmul_options(DType t, int mv_wg, int mv_r, bool wide_loads, bool correctly_rounded_divide) {
+  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", weight_macro(t), mv_wg, mv_r,
+                     wide_loads ? "" : " -DNO_WIDE_LOADS",
+                     correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
+}
+
+// prefill.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend builds
+// it: the whole source and the options (matmul_options plus the subgroup size, 8 or 16). The offline compile
+// check (tests/unit/test_opencl_xmx.cpp) compiles this text.
+struct ProgramText {
+  std::string source, options;
+};
+ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
+// Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
+bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
@@ -312,6 +333,29 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;
 
+  // prefill.cpp: whether t's prefill GEMMs run on the XMX kernels: the device offers
+  // cl_intel_subgroup_matrix_multiply_accumulate, and at t's first use its program built and xmx_self_check
+  // passed (otherwise a warning, once, and the f32 kernels).
+  bool use_xmx(DType t);
+  // The XMX and the f32 kernels (gemm_t, moe_gate_up_t, moe_down_t, both row tiles) on a random problem of
+  // real shape, compared; false, with a warning saying why, when they differ or the XMX program fails.
+  bool xmx_self_check(DType t);
+  int xmx_sub_group() const;  // 8 or 16 (the matrix engine's width), 0: neither offered
+  const DeviceInfo& facts() const { return info_; }  // what discovery found (tests)
+  // Tests: the XMX kernels on a device without the extension (PoCL), over an emulation of its builtins in
+  // OpenCL C (prelude, put before the program's source; options added to its build options) at subgroups of
+  // sub_group; forgets earlier XMX programs and self-checks.
+  struct XmxEmulation {
+    std::string prelude, options;
+    int sub_group = 0;
+  };
+  void emulate_xmx(XmxEmulation e) {
+    xmx_emulation_ = std::move(e);
+    for (auto& [t, prog] : xmx_) std::erase(programs_, prog.get());
+    xmx_.clear();
+    xmx_ok_.clear();
+  }
+
  private:
   // One program and its kernels, made on first use.
   struct Prog {
@@ -352,14 +396,10 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
-    // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
-    // or NVIDIA's rounds differ from round_blocks' by an ulp.
-    return program(
-        matmul_[t], kMatmulSource,
-        fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", macro, mv_wg_, mv_r_,
-                    wide_loads_ ? "" : " -DNO_WIDE_LOADS",
-                    info_.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : ""),
-        prefill_matmul_source());
+    return program(matmul_[t], kMatmulSource, matmul_options(t), prefill_matmul_source());
+  }
+  std::string matmul_options(DType t) const {
+    return opencl::matmul_options(t, mv_wg_, mv_r_, wide_loads_, info_.correctly_rounded_divide);
   }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
@@ -490,6 +530,21 @@ class OpenclBackend final : public Backend, public DecodeFusions {
       return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
     gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   }
+  Prog& xmx_program(DType t) {
+    if (!xmx_[t]) {
+      const ProgramText p = xmx_program_text(matmul_options(t), xmx_sub_group());
+      // program() prepends kClCommonSource, as xmx_program_text does.
+      const std::string source =
+          xmx_emulation_.prelude + std::string(std::string_view(p.source).substr(kClCommonSource.size()));
+      const std::string options =
+          xmx_emulation_.options.empty() ? p.options : p.options + " " + xmx_emulation_.options;
+      return program(xmx_[t], source, options);
+    }
+    return *xmx_[t];
+  }
+  std::map<DType, std::unique_ptr<Prog>> xmx_;
+  std::map<DType, bool> xmx_ok_;
+  XmxEmulation xmx_emulation_;
   void gemm_small(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
                   float* y, int64_t ldy) {
     check_row(t, k);
