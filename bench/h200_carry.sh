@@ -19,7 +19,8 @@
 #                                       # step, tg32 with the plain ops and kernels of before (XPERT_OPENCL_OPTS fused=0
 #                                       # ...) and under each of OCL_VARIANTS, device time per kernel
 #                                       # (XPERT_OPENCL_OPTS profile); OCL_PREFILL=1: also pp512's device time per
-#                                       # kernel and pp512 with XPERT_OPENCL_OPTS=prefill=0 (the kernels of before)
+#                                       # kernel and pp512 with XPERT_OPENCL_OPTS=prefill=0 (the kernels of before);
+#                                       # the driver's compiled programs (PTX) in $OUT/ocl_ptx.tar for bench/sass.sh
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -215,6 +216,8 @@ case "${1:-}" in
           grep -E '\| *pp|rror' || echo "(rc ${PIPESTATUS[0]})"
       fi
     } 2>&1 | tee "$OUT/ocl.md"
+    # The programs NVIDIA's driver compiled (PTX) in one file, for bench/sass.sh on the development machine.
+    tar -cf "$OUT/ocl_ptx.tar" -C "$W/cache/xpert/opencl" . 2>/dev/null || echo "no program cache to return"
     ;;
   depth)
     f=$(synth qwen3.5-35b-a3b | tail -1)

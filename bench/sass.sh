@@ -2,6 +2,8 @@
 # The SASS of the CUDA kernels in one source file, on the development machine (its toolkit has nvcc and ptxas
 # but no cuobjdump or nvdisasm: they come from NVIDIA's PyPI wheels, unpacked once into $SASS_TOOLS).
 #   bench/sass.sh SOURCE [REGEX]    # e.g. bench/sass.sh src/backend/cuda/matmul_decode.cu 'matvec_kernel.*E12ELi1ELi2E'
+#   bench/sass.sh PROGRAM.bin [REGEX]  # an OpenCL program NVIDIA's driver cached (PTX; h200_carry.sh ocl returns
+#                                      # them in $OUT/ocl_ptx.tar): ptxas' registers and spills, and the SASS
 # Compiles SOURCE for sm_90 with build-gpu's flags (build-gpu/compile_commands.json: configure with
 # -DCMAKE_EXPORT_COMPILE_COMMANDS=ON), prints ptxas' registers per kernel, and writes the SASS of the kernels
 # whose mangled names match REGEX (all without one) to $OUT/FILE.sass.
@@ -18,6 +20,17 @@ if [[ ! -x $tools/nvdisasm || ! -x $tools/cuobjdump ]]; then
   find "$tmp/x" -type f \( -name cuobjdump -o -name nvdisasm \) -exec cp {} "$tools/" \;
   chmod +x "$tools/cuobjdump" "$tools/nvdisasm"
   rm -rf "$tmp"
+fi
+if [[ $src == *.bin || $src == *.ptx ]]; then  # OpenCL C compiled by NVIDIA's driver: PTX, NUL-terminated
+  base=$(basename "$src"); base=${base%.*}
+  tr -d '\000' <"$src" >"$out/$base.ptx"
+  /usr/local/cuda/bin/ptxas -arch=sm_90 -v "$out/$base.ptx" -o "$out/$base.cubin" 2>&1 |
+    awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
+         /spill stores/ {s = $5 " spill stores"} /Used [0-9]+ registers/ {print $5, s, n}' | grep -E "$regex" || true
+  "$tools/nvdisasm" --print-code "$out/$base.cubin" >"$out/$base.all.sass"
+  awk -v re="$regex" '/^\.text\./ {keep = ($0 ~ re)} keep' "$out/$base.all.sass" >"$out/$base.sass"
+  echo "SASS: $out/$base.sass ($(grep -c '^\.text\.' "$out/$base.sass") kernels)"
+  exit 0
 fi
 cmd=$(python3 - "$src" <<'EOF'
 import json, os, sys
