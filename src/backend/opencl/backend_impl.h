@@ -101,7 +101,7 @@ inline std::string matmul_options(DType t, int mv_wg, int mv_r, bool wide_loads,
                      correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
 }
 
-// prefill.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend builds
+// prefill_xmx.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend builds
 // it: the whole source and the options (matmul_options plus the subgroup size, 8 or 16). The offline compile
 // check (tests/unit/test_opencl_xmx.cpp) compiles this text.
 struct ProgramText {
@@ -333,7 +333,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;
 
-  // prefill.cpp: whether t's prefill GEMMs run on the XMX kernels: the device offers
+  // prefill_xmx.cpp: whether t's prefill GEMMs run on the XMX kernels: the device offers
   // cl_intel_subgroup_matrix_multiply_accumulate, and at t's first use its program built and xmx_self_check
   // passed (otherwise a warning, once, and the f32 kernels).
   bool use_xmx(DType t);

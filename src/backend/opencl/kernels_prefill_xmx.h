@@ -7,12 +7,12 @@
 // Unverified on hardware: CI compiles it with Intel's offline compiler for dg2 and pvc (test_opencl_xmx.cpp,
 // which also asserts that dpas instructions come out) and runs it on PoCL over an emulation of the builtins
 // written from the spec's layouts (which checks the tiling and the packing against that reading of the spec,
-// not the reading itself); prefill.cpp uses it only after a self-check at first use, per weight type, has
+// not the reading itself); prefill_xmx.cpp uses it only after a self-check at first use, per weight type, has
 // matched the f32 kernels on the device (otherwise: a warning, and the f32 kernels).
 //
 // The program: kClCommonSource + kMatmulSource (dequant32) + kPrefillRawSource (pt_load, pt_deq) +
 // kPrefillXmxSource twice (XT_BM 64 / 32, names suffixed XT_SUF _m64 / _m32), built with matmul_program's
-// options and -DXT_SG=8|16 (prefill.cpp xmx_program_text). Work-group: 4 XT_BM work-items (one dimension),
+// options and -DXT_SG=8|16 (prefill_xmx.cpp xmx_program_text). Work-group: 4 XT_BM work-items (one dimension),
 // 128 columns x XT_BM rows of the output, as the f32 tile. Subgroup s covers rows 16 (s / NCS) + 0..15 (two
 // 8-row blocks a = 0, 1) and two blocks of XT_SG columns b = 0, 1: XT_SG (s % NCS) + lane + 64 b (so
 // moe_gate_up_t's gate and up columns of a feature are in the same work-item), NCS = 64 / XT_SG.
