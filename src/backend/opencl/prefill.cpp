@@ -15,7 +15,9 @@ namespace xpert::opencl {
 
 // The tiles read Q4_K blocks 16 bytes at a time (kernels_prefill.h pt_load): rows 16-byte aligned.
 namespace {
-bool tile_aligned(DType t, const void* w) { return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0; }
+bool tile_aligned(DType t, const void* w) {
+  return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
 }  // namespace
 
 const std::string& prefill_matmul_source() {
@@ -66,8 +68,7 @@ bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
          weight_macro(m.down.type) && m.n_embd % block_elems(m.gate.type) == 0 &&
          m.n_ff % block_elems(m.down.type) == 0 && tile_aligned(m.gate.type, m.gate.data) &&
          tile_aligned(m.gate.type, m.up.data) && tile_aligned(m.down.type, m.down.data) &&
-         info_.local_mem_bytes >= 24 * 1024 &&
-         info_.max_work_group_size >= 256;
+         info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
 }
 
 void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d,
