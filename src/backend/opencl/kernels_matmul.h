@@ -72,6 +72,17 @@ float h2f(uint bits) {
   return vload_half(0, (const half*)&u);
 }
 
+// Floats k0 .. k0 + 3 of activation row xr, 0 past k (all 0 without a row: xr null).
+float4 ld_x4(global const float* xr, int k0, int k) {
+  float4 v = (float4)(0.0f);
+  if (!xr) return v;
+  if (k0 + 4 <= k) return vload4(0, xr + k0);
+  v.x = k0 < k ? xr[k0] : 0.0f;
+  v.y = k0 + 1 < k ? xr[k0 + 1] : 0.0f;
+  v.z = k0 + 2 < k ? xr[k0 + 2] : 0.0f;
+  return v;
+}
+
 // How many of a chunk's 32 weights are in the row (rest: what is left of it); quantized rows hold whole
 // blocks, so a constant there lets the compiler unroll the dot product and keep the chunk in registers.
 #if defined(PLAIN)

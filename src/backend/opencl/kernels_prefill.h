@@ -168,22 +168,8 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
   const float b_[2] = {b2_.x, b2_.y};
 #endif
 // This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
-#define PT_LOAD_X(xr, k, jj)                                 \
-  for (int it_ = 0; it_ < PT_XN; ++it_) {                    \
-    const int kg_ = (jj) * 32 + 4 * xp_;                     \
-    global const float* xrow_ = (xr)[it_];                   \
-    float4 v_ = (float4)(0.0f);                              \
-    if (xrow_) {                                             \
-      if (kg_ + 4 <= (k)) {                                  \
-        v_ = vload4(0, xrow_ + kg_);                         \
-      } else {                                               \
-        v_.x = kg_ < (k) ? xrow_[kg_] : 0.0f;                \
-        v_.y = kg_ + 1 < (k) ? xrow_[kg_ + 1] : 0.0f;        \
-        v_.z = kg_ + 2 < (k) ? xrow_[kg_ + 2] : 0.0f;        \
-      }                                                      \
-    }                                                        \
-    xv_[it_] = v_;                                           \
-  }
+#define PT_LOAD_X(xr, k, jj) \
+  for (int it_ = 0; it_ < PT_XN; ++it_) xv_[it_] = ld_x4((xr)[it_], (jj) * 32 + 4 * xp_, (k));
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_;
 #define PT_RAW_LOAD(jj) \

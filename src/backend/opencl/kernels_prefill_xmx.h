@@ -112,17 +112,7 @@ void xt_deq(global const uchar* row, int j, int k, int part, float* w) { dequant
       }                                                                                                     \
       const int xp_ = lid_ & 7, kg_ = j_ * 32 + 4 * xp_;                                                    \
       for (int it_ = 0; it_ < 2; ++it_) {                                                                   \
-        global const float* xrow_ = (xr)[it_];                                                              \
-        float4 v_ = (float4)(0.0f);                                                                         \
-        if (xrow_) {                                                                                        \
-          if (kg_ + 4 <= (k)) {                                                                             \
-            v_ = vload4(0, xrow_ + kg_);                                                                    \
-          } else {                                                                                          \
-            v_.x = kg_ < (k) ? xrow_[kg_] : 0.0f;                                                           \
-            v_.y = kg_ + 1 < (k) ? xrow_[kg_ + 1] : 0.0f;                                                   \
-            v_.z = kg_ + 2 < (k) ? xrow_[kg_ + 2] : 0.0f;                                                   \
-          }                                                                                                 \
-        }                                                                                                   \
+        const float4 v_ = ld_x4((xr)[it_], kg_, (k));                                                       \
         vstore_half4(v_, 0, (local half*)((xs) + ((lid_ >> 3) + XT_BM / 2 * it_) * XT_LD + 4 * xp_));      \
       }                                                                                                     \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                         \
@@ -148,6 +138,20 @@ void xt_deq(global const uchar* row, int j, int k, int part, float* w) { dequant
 // The tile's output loop: row i (of XT_BM) and column c (of 128) of acc element (a, b, r) for this lane.
 #define XT_ROW(a, r) (16 * (get_sub_group_id() / XT_NCS) + 8 * (a) + (r))
 #define XT_COLUMN(b) (XT_COL(get_sub_group_id() % XT_NCS, (b)) + (int)get_sub_group_local_id())
+// This work-item's outputs of acc into y: rows row0 + XT_ROW(a, r) below row_end, features n0 + XT_COLUMN(b)
+// below n_out.
+void XT_NAME(xt_store)(float8 acc[2][2], global float* y, int ldy, int row0, int row_end, int n0, int n_out) {
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) {
+      float o[8];
+      vstore8(acc[a][b], 0, o);
+      const int n = n0 + XT_COLUMN(b);
+      for (int r = 0; r < 8; ++r) {
+        const int rr = row0 + XT_ROW(a, r);
+        if (rr < row_end && n < n_out) y[(long)rr * ldy + n] = o[r];
+      }
+    }
+}
 
 // Work-group (i, j): features 128 i .., rows XT_BM j ...
 __attribute__((intel_reqd_sub_group_size(XT_SG))) __attribute__((reqd_work_group_size(XT_WG, 1, 1)))
@@ -165,16 +169,7 @@ kernel void XT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
   float8 acc[2][2];
   XT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
              min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
-  for (int a = 0; a < 2; ++a)
-    for (int b = 0; b < 2; ++b) {
-      float o[8];
-      vstore8(acc[a][b], 0, o);
-      const int n = n0 + XT_COLUMN(b);
-      for (int r = 0; r < 8; ++r) {
-        const int rr = m0 + XT_ROW(a, r);
-        if (rr < m && n < n_out) y[(long)rr * ldy + n] = o[r];
-      }
-    }
+  XT_NAME(xt_store)(acc, y, ldy, m0, m, n0, n_out);
 }
 
 // Work-group (i, t): gate and up features 64 i .. of tile t (tiles: expert, first grouped row, end; n_tiles[0]
@@ -234,16 +229,7 @@ kernel void XT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong
   float8 acc[2][2];
   XT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
              min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
-  for (int a = 0; a < 2; ++a)
-    for (int b = 0; b < 2; ++b) {
-      float o[8];
-      vstore8(acc[a][b], 0, o);
-      const int n = n0 + XT_COLUMN(b);
-      for (int r = 0; r < 8; ++r) {
-        const int gg = g0 + XT_ROW(a, r);
-        if (gg < g1 && n < n_out) yg[(long)gg * n_out + n] = o[r];
-      }
-    }
+  XT_NAME(xt_store)(acc, yg, n_out, g0, g1, n0, n_out);
 }
 #undef XT_WG
 #undef XT_TILE_MM
