@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <span>
@@ -477,6 +478,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   template <typename... A>
   void launch(cl_kernel k, std::initializer_list<size_t> global, std::initializer_list<size_t> local,
               const A&... args) {
+    const auto t0 = stats_on_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     cl_kernel inst = arg_cache_ ? with_args(k, args...) : nullptr;
     if (inst) {
       k = inst;
@@ -493,6 +495,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
           nullptr, profile_ ? &ev : nullptr);
     if (ev) pending_.emplace_back(k, ev);
+    if (stats_on_)
+      stats_.launch_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   template <typename... A>
   void elementwise(const char* kernel, int64_t n, const A&... args) {
@@ -511,9 +515,16 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
            y, (cl_int)ldy, (cl_int)m);
   }
+  // The GPU-width Q4_K matvecs (kernels_fused.h, MV_TEAMS) read a block's first 16 bytes and 4 activations in
+  // one load each: weights and activations 16-byte aligned, as allocations are (a view must keep it).
+  void check_mv_aligned(DType t, const void* w, const void* x) const {
+    if (t == DType::Q4_K && mv_wg_ == 32 && wide_loads_ && (((uintptr_t)w | (uintptr_t)x) & 15))
+      fail("{}: a Q4_K matvec on data not 16-byte aligned (weights at {}, activations at {})", name(), w, x);
+  }
   // y[r] = x[r] . w^T for m rows (x: m rows of k), one work-group per (feature, row): gemv_multi with one matrix.
   void gemv_rows(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, int64_t ldy) {
     check_row(t, k);
+    check_mv_aligned(t, w, x);
     launch(matmul_program(t).kernel("gemv_multi"), {groups(n, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
            {(size_t)mv_wg_, (size_t)mv_r_}, w, w, w, (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y,
            (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k, (cl_int)n);
@@ -573,13 +584,20 @@ class OpenclBackend final : public Backend, public DecodeFusions {
 
   // Commands issued (XPERT_OPENCL_OPTS stats): all of them, and those between the last two reads to the host (a
   // decode step's, from logits read to logits read).
+  // With it on, the host time spent in launch() too, and the wall time from read to read.
   struct Stats {
     uint64_t enqueues = 0, blocking = 0, reads = 0;
     uint64_t at_read_enqueues = 0, at_read_blocking = 0, step_enqueues = 0, step_blocking = 0;
+    double launch_us = 0, at_read_launch_us = 0, step_launch_us = 0, step_wall_us = 0;
+    std::chrono::steady_clock::time_point last_read{};
     void read_to_host() {
       ++enqueues, ++blocking, ++reads;
       step_enqueues = enqueues - at_read_enqueues, step_blocking = blocking - at_read_blocking;
       at_read_enqueues = enqueues, at_read_blocking = blocking;
+      step_launch_us = launch_us - at_read_launch_us, at_read_launch_us = launch_us;
+      const auto now = std::chrono::steady_clock::now();
+      step_wall_us = std::chrono::duration<double, std::micro>(now - last_read).count();
+      last_read = now;
     }
   } stats_;
   bool fused_ = true;

@@ -32,6 +32,25 @@ void OpenclBackend::probe_launches() {
   arg_cache_ = false;
   const auto [e16, b16] = queued(2000, one16);  // 16 arguments set before each enqueue
   arg_cache_ = cache;
+  // The argument's kind: an int alone, a buffer object (cl_mem) where the backend passes SVM pointers.
+  cl_kernel ki = ops("empty_kernel_int");
+  const auto [ei, bi] = queued(2000, [&](int) { launch(ki, {1}, {}, (cl_int)1); });
+  cl_int err = CL_SUCCESS;
+  cl_mem mem = api().clCreateBuffer(ctx_.get(), CL_MEM_READ_WRITE, 64, nullptr, &err);
+  if (err != CL_SUCCESS) throw_cl_error(err, "clCreateBuffer", __FILE__, __LINE__);
+  Kernel km = clone_kernel(k1);
+  XP_CL(clSetKernelArg, km.get(), 0, sizeof mem, &mem);
+  const auto [em, bm] = queued(2000, [&](int) {
+    const size_t g = 1;
+    ++stats_.enqueues;
+    XP_CL(clEnqueueNDRangeKernel, q(), km.get(), 1, nullptr, &g, nullptr, 0, nullptr, nullptr);
+  });
+  synchronize();
+  api().clReleaseMemObject(mem);
+  fmt::print(stderr,
+             "{}: an empty kernel with an int argument: {:.2f} us of host time per enqueue ({:.2f} back to back); "
+             "with a buffer object (cl_mem) argument: {:.2f} ({:.2f})\n",
+             name(), ei, bi, em, bm);
   const auto t0 = clock::now();
   for (int i = 0; i < 200; ++i) {
     launch(k1, {1}, {}, p);
@@ -107,8 +126,10 @@ void OpenclBackend::log_stats() {
     fmt::print(
         stderr,
         "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
-        "enqueues, {} blocking (the read included)\n",
-        name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking);
+        "enqueues, {} blocking (the read included), {:.0f} us of host time in kernel launches, {:.0f} us from "
+        "read to read\n",
+        name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking,
+        stats_.step_launch_us, stats_.step_wall_us);
   if (!profile_ || profile_ns_.empty()) return;
   std::vector<std::pair<std::string, std::pair<uint64_t, double>>> rows(profile_ns_.begin(),
                                                                         profile_ns_.end());

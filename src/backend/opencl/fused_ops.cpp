@@ -57,6 +57,8 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     n[i] = (cl_int)jobs[i].w->ne[1];
     ldy[i] = (cl_int)(jobs[i].ldy ? jobs[i].ldy : jobs[i].w->ne[1]);
   }
+  for (const void* wi : w)
+    if (wi) check_mv_aligned(t, wi, xq);
   preround_mode_ = round_mode(t);  // what the MoE layer's last kernel rounds the next layer's input for
   const cl_int n_total = n[0] + n[1] + n[2];
   launch(matmul_program(t).kernel("gemv_multi"), {groups(n_total, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
@@ -166,6 +168,8 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.
   const int down_mode = round_mode(m.down.type);
   float* hq = down_mode >= 0 && tails_ ? ar.take<float>(S * F) : h;
+  check_mv_aligned(m.gate.type, m.gate.data, curq);
+  check_mv_aligned(m.gate.type, m.up.data, curq);
   launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {groups(F, mv_r_) * mv_wg_, (size_t)(S * mv_r_)},
          {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d,
          (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
@@ -175,6 +179,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
   const int next_mode = norm_tail && (preround_mode_ == 0 || preround_mode_ == 1) ? preround_mode_ : -1;
   float* next_q = next_mode >= 0 ? preround_buffer(n * E) : nullptr;
+  check_mv_aligned(m.down.type, m.down.data, down_in);
   launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
          {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
          weights_d, (cl_int)K, down_in, (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps,

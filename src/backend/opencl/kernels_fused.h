@@ -7,7 +7,8 @@
 //   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
 //                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
 //                       of its slot (a decode step's store_kv).
-//   empty_kernel(16)    nothing (with 1 or 16 arguments): what one enqueue costs (XPERT_OPENCL_OPTS probe).
+//   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
+//                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
 //   moe_router_route    the router's logits, then (the token's last group) its top-k routing.
@@ -201,6 +202,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
 }
 
 kernel void empty_kernel(global float* x) {}
+kernel void empty_kernel_int(int i) {}
 kernel void empty_kernel16(global float* a, global float* b, global float* c, global float* d, global float* e,
                            global float* f, global float* g, global float* h, int i0, int i1, int i2, int i3, int i4,
                            int i5, int i6, float x) {}
@@ -208,31 +210,71 @@ kernel void empty_kernel16(global float* a, global float* b, global float* c, gl
 
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
 #define MOE_MAX_USED 16
-// This work-item's part of row . xr (k values). Q4_K and Q6_K rows with 32 work-items (a GPU's width): the
-// group walks the row a 256-weight block at a time, each work-item 8 weights of it, so consecutive work-items
-// read consecutive quant bytes and activations (coalesced; L1 serves each load in one pass). Otherwise
-// (PoCL's 4 work-items, other types): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
-#if MV_WG == 32 && !defined(NO_WIDE_LOADS) && (defined(WT_Q4_K) || defined(WT_Q6_K))
+// mv_partial: this work-item's part of row . xr (k values); mv_partial2: of two rows on the same activations.
+// Q4_K and Q6_K rows with 32 work-items (a GPU's width) read whole blocks coalesced (consecutive work-items on
+// consecutive quant bytes and activations). Otherwise (PoCL's 4 work-items, other types): chunks lid,
+// lid + MV_WG, ..., each summed alone first (as gemv).
+#if MV_WG == 32 && !defined(NO_WIDE_LOADS) && defined(WT_Q4_K)
 #define MV_BLOCKWISE 1
-// Block sb's part (this work-item's 8 weights of it).
+#define MV_TEAMS 1
+// Q4_K rows with 32 work-items: four teams of 8 take blocks team, team + 4, ... of the row; lane l = lid % 8
+// takes bytes 4l .. 4l + 3 of each of the block's four 32-byte quant groups c, whose low nibbles are weights
+// 64c + 4l .. +3 (sub-block 2c) and high nibbles weights 64c + 32 + 4l .. +3 (sub-block 2c + 1). So a
+// work-item takes 32 weights a block, every scale index is a constant once c is unrolled, and a sub-block's
+// scale and min apply once, to sum(q x) and sum(x). A team's loads a block: its first 16 bytes (one load,
+// the same address for the team), 32 bytes of quants and 256 bytes of activations per quant group.
+// Rows are 16-byte aligned (OpenclBackend::check_aligned), 144-byte blocks keep them so.
+void q4k_x8(global const float* xb, int l, float4* xv) {  // xv[2c]: sub-block 2c's 4 values, xv[2c + 1]: 2c + 1's
+  for (int c = 0; c < 4; ++c) {
+    xv[2 * c] = *(global const float4*)(xb + 64 * c + 4 * l);
+    xv[2 * c + 1] = *(global const float4*)(xb + 64 * c + 32 + 4 * l);
+  }
+}
+float q4k_dot8(global const uchar* blk, int l, const float4* xv) {
+  const uint4 h = *(global const uint4*)blk;  // d, dmin, the 12 scale bytes
+  global const uint* qs = (global const uint*)(blk + 16) + l;
+  float acc = 0.0f, macc = 0.0f;
+  for (int c = 0; c < 4; ++c) {
+    const uint q = qs[8 * c];
+    const float4 x0 = xv[2 * c], x1 = xv[2 * c + 1];
+    float sc0, mn0, sc1, mn1;
+    k4_scale_min(h, 2 * c, &sc0, &mn0);
+    k4_scale_min(h, 2 * c + 1, &sc1, &mn1);
+    const float s0 = (float)(q & 0xF) * x0.x + (float)((q >> 8) & 0xF) * x0.y + (float)((q >> 16) & 0xF) * x0.z +
+                     (float)((q >> 24) & 0xF) * x0.w;
+    const float s1 = (float)((q >> 4) & 0xF) * x1.x + (float)((q >> 12) & 0xF) * x1.y +
+                     (float)((q >> 20) & 0xF) * x1.z + (float)(q >> 28) * x1.w;
+    acc += sc0 * s0 + sc1 * s1;
+    macc += mn0 * ((x0.x + x0.y) + (x0.z + x0.w)) + mn1 * ((x1.x + x1.y) + (x1.z + x1.w));
+  }
+  return h2f(h.x) * acc - h2f(h.x >> 16) * macc;
+}
+float mv_partial(global const uchar* row, global const float* xr, int k) {
+  const int lid = get_local_id(0), l = lid % 8, nb = k / 256;
+  float acc = 0.0f;
+  for (int sb = lid / 8; sb < nb; sb += 4) {
+    float4 xv[8];
+    q4k_x8(xr + sb * 256, l, xv);
+    acc += q4k_dot8(row + sb * 144, l, xv);
+  }
+  return acc;
+}
+// Two rows on the same activations (gate and up): the activations loaded once for both.
+float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const float* xr, int k) {
+  const int lid = get_local_id(0), l = lid % 8, nb = k / 256;
+  float a = 0.0f, b = 0.0f;
+  for (int sb = lid / 8; sb < nb; sb += 4) {
+    float4 xv[8];
+    q4k_x8(xr + sb * 256, l, xv);
+    a += q4k_dot8(ra + sb * 144, l, xv);
+    b += q4k_dot8(rb + sb * 144, l, xv);
+  }
+  return (float2)(a, b);
+}
+#elif MV_WG == 32 && !defined(NO_WIDE_LOADS) && defined(WT_Q6_K)
+#define MV_BLOCKWISE 1
+// Q6_K rows: the group walks the row a block at a time; block sb's part (this work-item's 8 weights of it).
 float mv_block(global const uchar* row, global const float* xr, int sb, int lid) {
-#if defined(WT_Q4_K)
-  // Work-item lid: bytes 4 (lid % 8) .. +3 of quant group c = lid / 8: low nibbles are weights of sub-block 2c,
-  // high nibbles of sub-block 2c + 1.
-  const int c = lid / 8, b4 = (lid % 8) * 4;
-  global const uchar* blk = row + sb * 144;
-  const uint q = *(global const uint*)(blk + 16 + 32 * c + b4);
-  float sc0, mn0, sc1, mn1;
-  scale_min_k4(2 * c, blk + 4, &sc0, &mn0);
-  scale_min_k4(2 * c + 1, blk + 4, &sc1, &mn1);
-  const float d = ld_f16(blk), dm = ld_f16(blk + 2);
-  const float d0 = d * sc0, m0 = dm * mn0, d1 = d * sc1, m1 = dm * mn1;
-  const float4 xa = vload4(0, xr + sb * 256 + 64 * c + b4), xb = vload4(0, xr + sb * 256 + 64 * c + 32 + b4);
-  return (d0 * (int)(q & 0xF) - m0) * xa.x + (d0 * (int)((q >> 8) & 0xF) - m0) * xa.y +
-         (d0 * (int)((q >> 16) & 0xF) - m0) * xa.z + (d0 * (int)((q >> 24) & 0xF) - m0) * xa.w +
-         ((d1 * (int)((q >> 4) & 0xF) - m1) * xb.x + (d1 * (int)((q >> 12) & 0xF) - m1) * xb.y +
-          (d1 * (int)((q >> 20) & 0xF) - m1) * xb.z + (d1 * (int)((q >> 28) & 0xF) - m1) * xb.w);
-#else
   // Work-item lid: half c = lid / 16 of the block, positions 2 (lid % 16) and +1 of each of its 4 quarters.
   const int c = lid / 16, l2 = (lid % 16) * 2;
   global const uchar* blk = row + sb * 210;
@@ -251,7 +293,6 @@ float mv_block(global const uchar* row, global const float* xr, int sb, int lid)
     acc += dg * q0 * xv.x + dg * q1 * xv.y;
   }
   return acc;
-#endif
 }
 // The block loop unrolled, so several blocks' loads are in flight at once (one block at a time waited a
 // trip to memory per block: ~30 us for a MoE kernel on an H200).
@@ -444,12 +485,28 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
   const long t = get_group_id(1);
   // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
   // order (as moe_combine).
+#if defined(MV_TEAMS)
+  // The teams of 8 work-items (mv_partial) over the token's (slot, block) pairs: over one slot's blocks at a
+  // time, a row of 768 (3 blocks) would leave one team of four idle.
+  const int nb = k / 256, l = lid % 8;
+  for (int j = 0; j < n_used; ++j) buf[j * MV_WG + lid] = 0.0f;
+#pragma unroll 2
+  for (int u = lid / 8; u < n_used * nb; u += 4) {
+    const int j = u / nb, sb = u - j * nb;
+    const long s = t * n_used + j;
+    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes + sb * 144;
+    float4 xv[8];
+    q4k_x8(h + s * k + sb * 256, l, xv);
+    buf[j * MV_WG + lid] += on ? q4k_dot8(down + off, l, xv) : 0.0f;
+  }
+#else
 #pragma unroll 8
   for (int j = 0; j < n_used; ++j) {
     const long s = t * n_used + j;
     const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
     buf[j * MV_WG + lid] = on ? mv_partial(down + off, h + s * k, k) : 0.0f;
   }
+#endif
   mv_sum_rows(buf, n_used);
   if (on && lid == 0) {
     float acc = 0.0f;
