@@ -100,13 +100,14 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
                                  freq_base, freq_scale, mode, eps);
   if (n_tokens <= 0) return;
   const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
-  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q,
-         k, nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos,
-         (cl_int)n_head, (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale,
-         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
+  launch(ops("qk_norm_rope"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
+         q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
+         (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
+         (cl_int)(mode == RopeMode::neox), eps);
 }
 
-// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
+// One launch (attention_rope): the q/k norms, RoPE and the k/v store folded into the attention of every
+// sequence over its slot.
 std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.gate || d.q_stride || d.head_dim > kAttMaxD ||
       d.n_head_kv <= 0 || d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
@@ -115,17 +116,12 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return std::nullopt;
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
-  const cl_long slot_halves = d.slot_stride / 2;
-  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq},
-         {kRedWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm),
-         p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
-         (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
-         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
-         d.slots, slot_halves);
-  launch(program(attention_, kAttentionSource, "").kernel("attention"),
-         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
-         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
-         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+  launch(program(attention_, kAttentionSource, "").kernel("attention_rope"),
+         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr,
+         (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale,
+         p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, d.k_cache,
+         d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, d.kq_scale,
+         (cl_int)d.sliding_window, d.slots, (cl_long)(d.slot_stride / 2));
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
@@ -145,20 +141,23 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   const size_t mark = ar.mark();
   const int mode = round_mode(m.gate.type);
   float* curq = mode >= 0 ? ar.take<float>(n * E) : cur;
-  add_rmsnorm_round(d, x, w, cur, n, E, m.rms_eps, curq, mode);
   float* logits_d = ar.take<float>(n * X);
   int32_t* row_slot_d = ar.take<int32_t>(S);
   int32_t* slot_row_d = ar.take<int32_t>(S);
   float* weights_d = ar.take<float>(S);
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  if (tails_ && round_mode(m.router.type) < 0 && weight_macro(m.router.type) && X <= kRouteMax) {
-    // The router's product and the routing in one launch (the last group of each token routes it).
+  // The residual add, the norm, the router's product and the routing in one launch (every group normalizes the
+  // token's row; the last group of each token routes it); x takes d in moe_down_add.
+  const bool router_tail = tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 &&
+                           E <= kRouteMaxK && d && w;
+  if (router_tail) {
     launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
-           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), cur, (cl_int)E,
-           logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d,
-           weights_d, tasks_d, counters_);
+           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), d, x, w, m.rms_eps, cur,
+           (cl_int)mode, curq, (cl_int)E, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
+           rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, counters_);
   } else {
+    add_rmsnorm_round(d, x, w, cur, n, E, m.rms_eps, curq, mode);
     matmul(m.router, cur, n, logits_d, X);
     launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
            (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
@@ -182,7 +181,8 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   check_mv_aligned(m.down.type, m.down.data, down_in);
   launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
          {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
-         weights_d, (cl_int)K, down_in, (cl_int)F, x, (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps,
+         weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail, (cl_int)E,
+         counters_, (cl_int)norm_tail, next_w, m.rms_eps,
          cur, (cl_int)next_mode, next_q);
   if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);

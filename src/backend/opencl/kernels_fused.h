@@ -4,14 +4,14 @@
 // kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
 //   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight type
 //                       (round_unit) into yq, in one work-group per row.
-//   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
-//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
-//                       of its slot (a decode step's store_kv).
+//   qk_norm_rope        per (head, token): q and k heads normalized (optional weights) and rotated in place
+//                       (a decode step's: folded into kernels_attention.h's attention_rope).
 //   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
-//   moe_router_route    the router's logits, then (the token's last group) its top-k routing.
+//   moe_router_route    the residual add and norm (in every group, in local memory), the router's logits and
+//                       the gate/up product's rounded input, then (the token's last group) its top-k routing.
 //   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
 //                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the sums
 //                       are reduced.
@@ -154,51 +154,20 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
 }
 #pragma OPENCL FP_CONTRACT ON
 
-// Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
-// Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
-// as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
-kernel void qk_norm_rope_store(global float* q, global float* k, global const float* v, global const float* q_norm,
-                               int has_qn, global const float* k_norm, int has_kn, global const int* pos,
-                               int n_head, int n_head_kv, int d, int n_rot, float theta_scale, float freq_scale,
-                               int neox, float eps, int store, global half* kc, global half* vc,
-                               global const int* slots, long slot_stride) {
+// Group (hh, t): hh < n_head: q head hh of token t, else k head hh - n_head; normalized (its weights given)
+// then rotated in place, as rmsnorm then rope (norm_rope_head).
+kernel void qk_norm_rope(global float* q, global float* k, global const float* q_norm, int has_qn,
+                         global const float* k_norm, int has_kn, global const int* pos, int n_head, int n_head_kv,
+                         int d, int n_rot, float theta_scale, float freq_scale, int neox, float eps) {
   local float hb[512];
   local float buf[RED_WG];
   const int hh = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
-  const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
-  const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
-  const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
-  global const float* src = kind == 0 ? q + (t * n_head + h) * d
-                            : kind == 1 ? k + (t * n_head_kv + h) * d
-                                        : v + (t * n_head_kv + h) * d;
-  global const float* nw = kind == 0 ? q_norm : k_norm;
-  const int has_norm = kind == 0 ? has_qn : kind == 1 ? has_kn : 0;
-  // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
-  float s = 0.0f;
-  for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
-  s = wg_sum(s, buf);
-  const float scale = 1.0f / sqrt(s / (float)d + eps);
-  for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
-  const int pairs = kind == 2 ? 0 : n_rot / 2;
-  for (int i = lid; i < pairs; i += RED_WG) {
-    float theta = (float)pos[t];
-    for (int j = 0; j < i; ++j) theta *= theta_scale;
-    const float th = freq_scale * theta;
-    const float c = cos(th), sn = sin(th);
-    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-    const float x0 = hb[a], x1 = hb[b];
-    hb[a] = x0 * c - x1 * sn;
-    hb[b] = x0 * sn + x1 * c;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; i < d; i += RED_WG) {
-    if (kind == 0) q[(t * n_head + h) * d + i] = hb[i];
-    if (kind == 1) k[(t * n_head_kv + h) * d + i] = hb[i];
-    if (store && kind != 0) vstore_half_rte(hb[i], row + i, kind == 1 ? kc : vc);
-  }
+  const int is_q = hh < n_head, h = is_q ? hh : hh - n_head;
+  global float* x = is_q ? q + (t * n_head + h) * d : k + (t * n_head_kv + h) * d;
+  norm_rope_head(x, is_q ? q_norm : k_norm, is_q ? has_qn : has_kn, d, n_rot, pos[t], theta_scale, freq_scale,
+                 neox, eps, hb, buf);
+  for (int i = lid; i < d; i += RED_WG) x[i] = hb[i];
 }
 
 kernel void empty_kernel(global float* x) {}
@@ -407,24 +376,58 @@ void mv_sum_rows(local float* v, int n) {
   }
 }
 
-// Group (e, t): logits[t][e] = router row e . x[t]; token t's last group then routes it (route_token,
-// kClCommonSource), every group taking the routing's barriers.
-kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* x, int k,
+// Group (e, t): token t's row cur = rmsnorm(x[t] + d[t]) * nw (k values, as add_rmsnorm_round4 computes it) in
+// local memory, logits[t][e] = router row e . cur, cur into cur_out and, rounded for the gate/up product
+// (round_unit, mode >= 0), into xq: group e writes blocks (or values) e, e + n_expert, ...; so the residual
+// add and norm take no launch of their own, and x is left as it was (moe_down_add adds d). Token t's last group
+// then routes it (route_token, kClCommonSource), every group taking the routing's barriers. k % 4 == 0,
+// k <= ROUTE_MAX_K.
+#define ROUTE_MAX_K ROUTE_MAX
+kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* d, global const float* x,
+                             global const float* nw, float eps, global float* cur_out, int mode, global float* xq,
+                             int k,
                              global float* logits, int n_expert, int n_used, int norm, float scale,
                              global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
                              volatile global int* counters) {
   local float buf[MV_WG];
   local int flag;
-  local float p[ROUTE_MAX];
+  local float4 cur[ROUTE_MAX_K / 4];  // the row, then (route_token, past last_group's barriers) the probabilities
   local float bv[MV_WG];
   local int bi[MV_WG];
-  const int e = get_group_id(0);
+  const int e = get_group_id(0), lid = get_local_id(0), k4 = k / 4;
   const long t = get_group_id(1);
-  const float s = mv_sum(mv_partial(w + (ulong)e * row_bytes, x + t * k, k), buf);
-  if (get_local_id(0) == 0) logits[t * n_expert + e] = s;
+  global const float* xr = x + t * k;
+  global const float* dr = d + t * k;
+  float ss = 0.0f;
+  for (int i = lid; i < k4; i += MV_WG) {
+    const float4 v = vload4(i, dr) + vload4(i, xr);
+    cur[i] = v;
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  const float rs = 1.0f / sqrt(mv_sum(ss, buf) / (float)k + eps);
+  float acc = 0.0f;
+  global const float* wr = (global const float*)(w + (ulong)e * row_bytes);
+  for (int i = lid; i < k4; i += MV_WG) {
+    const float4 c = (cur[i] * rs) * vload4(i, nw);
+    cur[i] = c;
+    const float4 a = vload4(i, wr);
+    acc += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+  }
+  const float s = mv_sum(acc, buf);  // its barriers also make cur whole for the rounding
+  if (lid == 0) logits[t * n_expert + e] = s;
+  local const float* cl = (local const float*)cur;
+  global float* qr = xq + t * k;
+  global float* cr = cur_out + t * k;
+  for (int i = e + n_expert * lid; i < k; i += n_expert * MV_WG) {
+    cr[i] = cl[i];
+    if (mode >= 2) qr[i] = round_elem(cl[i], mode);
+  }
+  const int blocks = mode == 0 || mode == 1 ? round_units(k, mode) : 0;
+  for (int b0 = 0; b0 < blocks; b0 += n_expert)
+    round_block_group_l(cl, qr, mode, b0 + e, MV_WG, b0 + e < blocks, bv, bi);
   const int last = last_group(counters + t, n_expert, &flag);
   route_token(logits + t * n_expert, n_expert, n_used, norm, scale, (int)t, last, row_slot, slot_row, weights, tasks,
-              MV_WG, p, bv, bi);
+              MV_WG, (local float*)cur, bv, bi);
 }
 
 // Group (g, s), row l: feature f = g * MV_R + l of slot s (token s / n_used) of expert tasks[2s + 1];
@@ -468,13 +471,14 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
                         ri_all + ly * MV_WG);
 }
 
-// Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += sum over token t's slots s of weights[s] *
-// (h[s] . down_e[f]), e = tasks[2s + 1]. With has_norm, token t's last group then writes cur[t] =
+// Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += (has_d: d[t][f], the residual add moe_router_route
+// left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1]. With has_norm, token t's last group then writes cur[t] =
 // rmsnorm(y[t]) * norm_w (the next layer's norm), its MV_WG * MV_R work-items over the row, and with
 // next_mode >= 0 also curq[t] = cur[t] rounded for the next matmul (round_unit), so no launch does it.
 kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
-                         global float* y, int width, volatile global int* counters, int has_norm,
+                         global float* y, global const float* d, int has_d, int width, volatile global int* counters,
+                         int has_norm,
                          global const float* norm_w, float eps, global float* cur, int next_mode,
                          global float* curq) {
   local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
@@ -511,7 +515,8 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
   if (on && lid == 0) {
     float acc = 0.0f;
     for (int j = 0; j < n_used; ++j) acc += weights[t * n_used + j] * buf[j * MV_WG];
-    y[t * width + f] = acc + y[t * width + f];
+    const float res = y[t * width + f];
+    y[t * width + f] = acc + (has_d ? d[t * width + f] + res : res);
   }
   const int last = last_group(counters + t, get_num_groups(0), &flag) && has_norm;
   // Every group takes the reduction's barriers; only the last one has anything to sum. 8 loads in flight a
