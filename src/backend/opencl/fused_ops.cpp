@@ -100,14 +100,13 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
                                  freq_base, freq_scale, mode, eps);
   if (n_tokens <= 0) return;
   const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
-  launch(ops("qk_norm_rope"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
-         q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
-         (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
-         (cl_int)(mode == RopeMode::neox), eps);
+  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q,
+         k, nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos,
+         (cl_int)n_head, (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale,
+         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
 }
 
-// One launch (attention_rope): the q/k norms, RoPE and the k/v store folded into the attention of every
-// sequence over its slot.
+// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
 std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.gate || d.q_stride || d.head_dim > kAttMaxD ||
       d.n_head_kv <= 0 || d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
@@ -116,12 +115,17 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return std::nullopt;
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
-  launch(program(attention_, kAttentionSource, "").kernel("attention_rope"),
-         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr,
-         (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale,
-         p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, d.k_cache,
-         d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, d.kq_scale,
-         (cl_int)d.sliding_window, d.slots, (cl_long)(d.slot_stride / 2));
+  const cl_long slot_halves = d.slot_stride / 2;
+  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq},
+         {kRedWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm),
+         p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
+         (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
+         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
+         d.slots, slot_halves);
+  launch(program(attention_, kAttentionSource, "").kernel("attention"),
+         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
+         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
+         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 

@@ -20,9 +20,6 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_WG 64
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
-#if ATT_WG != RED_WG
-#error "attention_rope's norm_rope_head runs on RED_WG work-items"
-#endif
 
 // q.k * kq_scale, k read from the f16 cache: 32 halves loaded at once (8 loads in flight, not one trip to
 // memory per value), then summed in the order of one value at a time (the same bits as that loop).
@@ -43,27 +40,32 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   return dot * kq_scale;
 }
 
-// q . k for a key row in local memory (f16 values as floats), summed in score's order.
-float score_local(local const float* qs, local const float* kl, int d, float kq_scale) {
-  float dot = 0.0f;
-  for (int i = 0; i < d; ++i) dot += qs[i] * kl[i];
-  return dot * kq_scale;
-}
+kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
+                      global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
+                      int window, global const int* slots, int use_slots, long slot_stride) {
+  local float qs[ATT_MAXD];
+  local float ps[ATT_WG];
+  const int h = get_group_id(0), lid = get_local_id(0);
+  const long t = get_group_id(1);
+  const int hk = h / (n_head / n_head_kv);
+  const long kv_row = (long)n_head_kv * d;
+  global const float* qr = q + (t * n_head + h) * d;
+  for (int i = lid; i < d; i += ATT_WG) qs[i] = round_f16(qr[i]);
+  barrier(CLK_LOCAL_MEM_FENCE);
 
-// The two passes of one (head, token) group over keys lo .. hi (kc / vc: the head's sequence's cache, rows
-// kv_row halves apart, kv head hk), into o. Key jl (-1: none; else hi, the token's own) is read from local kl / vl
-// instead: its cache row may still be being written by another group.
-void attend(local const float* qs, global const half* kc, global const half* vc, long kv_row, int hk, int d, int lo,
-            int hi, float kq_scale, int jl, local const float* kl, local const float* vl, global float* o,
-            local float* ps) {
-  const int lid = get_local_id(0);
+  const int p = pos[t];
+  if (use_slots) {  // a decode step: token t is its sequence's last, over its slot's rows 0..p
+    kc += (long)slots[t] * slot_stride;
+    vc += (long)slots[t] * slot_stride;
+    n_kv = p + 1;
+  }
+  const int lo = window > 0 ? max(0, p - window + 1) : 0;
+  const int hi = min(p, n_kv - 1);
   // Pass 1: the running max and sum of exp over every key tile.
   float mx = -INFINITY, l = 0.0f;
   for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
     const int j = j0 + lid;
-    ps[lid] = j > hi     ? -INFINITY
-              : j == jl ? score_local(qs, kl, d, kq_scale)
-                        : score(qs, kc + j * kv_row + hk * d, d, kq_scale);
+    ps[lid] = j <= hi ? score(qs, kc + j * kv_row + hk * d, d, kq_scale) : -INFINITY;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, hi - j0 + 1);
     float tmax = -INFINITY;
@@ -81,87 +83,24 @@ void attend(local const float* qs, global const half* kc, global const half* vc,
   for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
   for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
     const int j = j0 + lid;
-    const float sc = j > hi     ? 0.0f
-                     : j == jl ? score_local(qs, kl, d, kq_scale)
-                               : score(qs, kc + j * kv_row + hk * d, d, kq_scale);
-    ps[lid] = j <= hi ? round_f16(exp(sc - mx) * inv) : 0.0f;
+    ps[lid] = j <= hi ? round_f16(exp(score(qs, kc + j * kv_row + hk * d, d, kq_scale) - mx) * inv) : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, hi - j0 + 1);
-    const int nc = jl >= j0 && jl < j0 + nt ? jl - j0 : nt;  // keys from the cache (jl is the last)
     for (int a = 0; a < ATT_DPT; ++a) {
       const int dd = lid + a * ATT_WG;
       if (dd >= d) break;
       float v = acc[a];
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
-      for (int i = 0; i < nc; ++i) v += ps[i] * vload_half(i * kv_row, vr);
-      if (nc < nt) v += ps[nc] * vl[dd];
+      for (int i = 0; i < nt; ++i) v += ps[i] * vload_half(i * kv_row, vr);
       acc[a] = v;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+  global float* o = out + (t * n_head + h) * d;
   for (int a = 0; a < ATT_DPT; ++a) {
     const int dd = lid + a * ATT_WG;
     if (dd < d) o[dd] = acc[a];
   }
-}
-
-kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
-                      global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
-                      int window, global const int* slots, int use_slots, long slot_stride) {
-  local float qs[ATT_MAXD];
-  local float ps[ATT_WG];
-  const int h = get_group_id(0), lid = get_local_id(0);
-  const long t = get_group_id(1);
-  const int hk = h / (n_head / n_head_kv);
-  global const float* qr = q + (t * n_head + h) * d;
-  for (int i = lid; i < d; i += ATT_WG) qs[i] = round_f16(qr[i]);
-  barrier(CLK_LOCAL_MEM_FENCE);
-  const int p = pos[t];
-  if (use_slots) {  // a decode step: token t is its sequence's last, over its slot's rows 0..p
-    kc += (long)slots[t] * slot_stride;
-    vc += (long)slots[t] * slot_stride;
-    n_kv = p + 1;
-  }
-  const int lo = window > 0 ? max(0, p - window + 1) : 0;
-  attend(qs, kc, vc, (long)n_head_kv * d, hk, d, lo, min(p, n_kv - 1), kq_scale, -1, qs, qs,
-         out + (t * n_head + h) * d, ps);
-}
-
-// A decode step's attention with the token's q/k norms, RoPE and k/v store folded in (one launch where
-// qk_norm_rope_store and attention took two): group (h, t) normalizes and rotates its q head and its kv head's k
-// (v as it is) in local memory, as qk_norm_rope_store does; the first q head of each kv head stores k and v as
-// f16 at row pos[t] of slot slots[t]; every group reads the token's own key from local memory (its cache row
-// is written concurrently) and the others from its slot, as attention does with slots.
-kernel void attention_rope(global const float* q, global const float* k, global const float* v,
-                           global const float* q_norm, int has_qn, global const float* k_norm, int has_kn,
-                           int n_rot, float theta_scale, float freq_scale, int neox, float eps, global half* kc,
-                           global half* vc, global float* out, global const int* pos, int n_head, int n_head_kv,
-                           int d, float kq_scale, int window, global const int* slots, long slot_stride) {
-  local float qs[ATT_MAXD], kl[ATT_MAXD], vl[ATT_MAXD];
-  local float ps[ATT_WG];
-  local float buf[RED_WG];
-  const int h = get_group_id(0), lid = get_local_id(0);
-  const long t = get_group_id(1);
-  const int group = n_head / n_head_kv, hk = h / group, p = pos[t];
-  norm_rope_head(q + (t * n_head + h) * d, q_norm, has_qn, d, n_rot, p, theta_scale, freq_scale, neox, eps, qs, buf);
-  norm_rope_head(k + (t * n_head_kv + hk) * d, k_norm, has_kn, d, n_rot, p, theta_scale, freq_scale, neox, eps, kl,
-                 buf);
-  norm_rope_head(v + (t * n_head_kv + hk) * d, k_norm, 0, d, 0, p, theta_scale, freq_scale, neox, eps, vl, buf);
-  const long kv_row = (long)n_head_kv * d;
-  kc += (long)slots[t] * slot_stride;
-  vc += (long)slots[t] * slot_stride;
-  for (int i = lid; i < d; i += ATT_WG) {
-    if (h % group == 0) {
-      vstore_half_rte(kl[i], p * kv_row + hk * d + i, kc);
-      vstore_half_rte(vl[i], p * kv_row + hk * d + i, vc);
-    }
-    qs[i] = round_f16(qs[i]);  // as attention rounds q, and as the cache holds k and v
-    kl[i] = round_f16(kl[i]);
-    vl[i] = round_f16(vl[i]);
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  const int lo = window > 0 ? max(0, p - window + 1) : 0;
-  attend(qs, kc, vc, kv_row, hk, d, lo, p, kq_scale, p, kl, vl, out + (t * n_head + h) * d, ps);
 }
 
 // Prefill: ATT_QB consecutive tokens (t0 = ATT_QB * group 1, fewer at the batch's end) of head `group 0` per

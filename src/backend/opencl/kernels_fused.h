@@ -4,8 +4,9 @@
 // kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
 //   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight type
 //                       (round_unit) into yq, in one work-group per row.
-//   qk_norm_rope        per (head, token): q and k heads normalized (optional weights) and rotated in place
-//                       (a decode step's: folded into kernels_attention.h's attention_rope).
+//   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
+//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
+//                       of its slot (a decode step's store_kv).
 //   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
@@ -154,20 +155,51 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
 }
 #pragma OPENCL FP_CONTRACT ON
 
-// Group (hh, t): hh < n_head: q head hh of token t, else k head hh - n_head; normalized (its weights given)
-// then rotated in place, as rmsnorm then rope (norm_rope_head).
-kernel void qk_norm_rope(global float* q, global float* k, global const float* q_norm, int has_qn,
-                         global const float* k_norm, int has_kn, global const int* pos, int n_head, int n_head_kv,
-                         int d, int n_rot, float theta_scale, float freq_scale, int neox, float eps) {
+// Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
+// Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
+// as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
+kernel void qk_norm_rope_store(global float* q, global float* k, global const float* v, global const float* q_norm,
+                               int has_qn, global const float* k_norm, int has_kn, global const int* pos,
+                               int n_head, int n_head_kv, int d, int n_rot, float theta_scale, float freq_scale,
+                               int neox, float eps, int store, global half* kc, global half* vc,
+                               global const int* slots, long slot_stride) {
   local float hb[512];
   local float buf[RED_WG];
   const int hh = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
-  const int is_q = hh < n_head, h = is_q ? hh : hh - n_head;
-  global float* x = is_q ? q + (t * n_head + h) * d : k + (t * n_head_kv + h) * d;
-  norm_rope_head(x, is_q ? q_norm : k_norm, is_q ? has_qn : has_kn, d, n_rot, pos[t], theta_scale, freq_scale,
-                 neox, eps, hb, buf);
-  for (int i = lid; i < d; i += RED_WG) x[i] = hb[i];
+  const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
+  const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
+  const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
+  global const float* src = kind == 0 ? q + (t * n_head + h) * d
+                            : kind == 1 ? k + (t * n_head_kv + h) * d
+                                        : v + (t * n_head_kv + h) * d;
+  global const float* nw = kind == 0 ? q_norm : k_norm;
+  const int has_norm = kind == 0 ? has_qn : kind == 1 ? has_kn : 0;
+  // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
+  float s = 0.0f;
+  for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
+  s = wg_sum(s, buf);
+  const float scale = 1.0f / sqrt(s / (float)d + eps);
+  for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
+  const int pairs = kind == 2 ? 0 : n_rot / 2;
+  for (int i = lid; i < pairs; i += RED_WG) {
+    float theta = (float)pos[t];
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    const float th = freq_scale * theta;
+    const float c = cos(th), sn = sin(th);
+    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+    const float x0 = hb[a], x1 = hb[b];
+    hb[a] = x0 * c - x1 * sn;
+    hb[b] = x0 * sn + x1 * c;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; i < d; i += RED_WG) {
+    if (kind == 0) q[(t * n_head + h) * d + i] = hb[i];
+    if (kind == 1) k[(t * n_head_kv + h) * d + i] = hb[i];
+    if (store && kind != 0) vstore_half_rte(hb[i], row + i, kind == 1 ? kc : vc);
+  }
 }
 
 kernel void empty_kernel(global float* x) {}

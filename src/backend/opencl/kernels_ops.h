@@ -38,32 +38,6 @@ float grp_sum(float v, local float* buf, int lid, int n) {
 float wg_sum(float v, local float* buf) { return grp_sum(v, buf, get_local_id(0), RED_WG); }
 
 float silu_f(float x) { return x / (1.0f + exp(-x)); }
-
-// One head (d values at src) into local hb by the RED_WG work-items of the group: normalized (has_norm: rmsnorm
-// with eps, times nw) then rotated at position pos (n_rot > 0; neox or interleaved pairs), as rmsnorm then rope
-// (the angle built by repeated multiplication, as the rope kernel and the CPU build it). Every work-item takes
-// the barriers; hb is complete when it returns. buf: RED_WG floats.
-void norm_rope_head(global const float* src, global const float* nw, int has_norm, int d, int n_rot, int pos,
-                    float theta_scale, float freq_scale, int neox, float eps, local float* hb, local float* buf) {
-  const int lid = get_local_id(0);
-  float s = 0.0f;
-  for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
-  s = wg_sum(s, buf);
-  const float scale = 1.0f / sqrt(s / (float)d + eps);
-  for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; i < n_rot / 2; i += RED_WG) {
-    float theta = (float)pos;
-    for (int j = 0; j < i; ++j) theta *= theta_scale;
-    const float th = freq_scale * theta;
-    const float c = cos(th), sn = sin(th);
-    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-    const float x0 = hb[a], x1 = hb[b];
-    hb[a] = x0 * c - x1 * sn;
-    hb[b] = x0 * sn + x1 * c;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-}
 float sigmoid_f(float x) { return 1.0f / (1.0f + exp(-x)); }
 // Activations rounded as the CPU's matmul rounds them before multiplying (quant/quant.h
 // quantize_row_activation then dequantize): mode 0: Q8_0 per 32 (scale f16(amax / 127), ties to even),
@@ -109,8 +83,9 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
 // wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
 // value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep
-// every barrier on every group). QUAL: xr's address space, volatile where it holds other groups' results. Loads go 8 at a time
-// (volatile loads are not batched by the compiler: one at a time, each would wait its trip to L2).
+// every barrier on every group). QUAL: xr's address space, volatile where it holds other groups' results.
+// Loads go 8 at a time (volatile loads are not batched by the compiler: one at a time, each would wait its trip
+// to L2).
 #define ROUND_BLOCK_GROUP(NAME, QUAL)                                                                         \
   void NAME(QUAL const float* xr, global float* yr, int mode, int b, int wg, int active, local float* rv, \
             local int* ri) {                                                                                  \
