@@ -170,7 +170,8 @@ TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
         gpu.matmul(w.dev, ptr<float>(dx), m, ptr<float>(dy));
         std::vector<float> ref(m * 96);
         th.cpu.matmul(w.host, x.data(), m, ref.data(), 0);
-        EXPECT_LT(rel_err(download<float>(gpu, dy, ref.size()), ref), 1e-4f) << dtype_name(t) << " k=" << k << " m=" << m;
+        EXPECT_LT(rel_err(download<float>(gpu, dy, ref.size()), ref), 1e-4f)
+            << dtype_name(t) << " k=" << k << " m=" << m;
       }
     }
 }
@@ -295,10 +296,7 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   auto& made = layers[type];
   if (made.empty()) {
     std::mt19937 wrng(59);
-    for (auto [t, k, rows] : {std::tuple{DType::F32, E, X},
-                              {type, E, F},
-                              {type, E, F},
-                              {type, F, E}})
+    for (auto [t, k, rows] : {std::tuple{DType::F32, E, X}, {type, E, F}, {type, E, F}, {type, F, E}})
       made.push_back(std::make_unique<RandomWeight>(b, t, k, rows, t == DType::F32 ? 1 : X, wrng));
   }
   RandomWeight router(*made[0], b), gate(*made[1], b), up(*made[2], b), down(*made[3], b);
@@ -388,7 +386,8 @@ TEST(OpenCLFused, RoutingOf128ExpertsWithTiesMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, OpenCLFusedMoe,
-                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::F16),
+                         ::testing::Combine(::testing::Values(DType::Q4_K, DType::Q6_K, DType::Q8_0,
+                                                              DType::F16),
                                             ::testing::Values(1, 3), ::testing::Bool()));
 
 // Launches keep a kernel object per argument set (XPERT_OPENCL_OPTS arg_cache): alternating arguments must each

@@ -496,7 +496,8 @@ class OpenclBackend final : public Backend, public DecodeFusions {
           nullptr, profile_ ? &ev : nullptr);
     if (ev) pending_.emplace_back(k, ev);
     if (stats_on_)
-      stats_.launch_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      stats_.launch_us +=
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   template <typename... A>
   void elementwise(const char* kernel, int64_t n, const A&... args) {
@@ -582,9 +583,9 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   std::map<cl_kernel, std::string> labels_;
   std::map<std::string, std::pair<uint64_t, double>> profile_ns_;  // label -> (launches, device ns)
 
-  // Commands issued (XPERT_OPENCL_OPTS stats): all of them, and those between the last two reads to the host (a
-  // decode step's, from logits read to logits read).
-  // With it on, the host time spent in launch() too, and the wall time from read to read.
+  // Commands issued (XPERT_OPENCL_OPTS stats): all of them, and those between the last two reads to the host
+  // (a decode step's, from logits read to logits read). With it on, the host time spent in launch() too, and
+  // the wall time from read to read.
   struct Stats {
     uint64_t enqueues = 0, blocking = 0, reads = 0;
     uint64_t at_read_enqueues = 0, at_read_blocking = 0, step_enqueues = 0, step_blocking = 0;

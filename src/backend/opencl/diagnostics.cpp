@@ -47,10 +47,11 @@ void OpenclBackend::probe_launches() {
   });
   synchronize();
   api().clReleaseMemObject(mem);
-  fmt::print(stderr,
-             "{}: an empty kernel with an int argument: {:.2f} us of host time per enqueue ({:.2f} back to back); "
-             "with a buffer object (cl_mem) argument: {:.2f} ({:.2f})\n",
-             name(), ei, bi, em, bm);
+  fmt::print(
+      stderr,
+      "{}: an empty kernel with an int argument: {:.2f} us of host time per enqueue ({:.2f} back to back); "
+      "with a buffer object (cl_mem) argument: {:.2f} ({:.2f})\n",
+      name(), ei, bi, em, bm);
   const auto t0 = clock::now();
   for (int i = 0; i < 200; ++i) {
     launch(k1, {1}, {}, p);
@@ -126,8 +127,8 @@ void OpenclBackend::log_stats() {
     fmt::print(
         stderr,
         "{}: {} enqueues, {} blocking, {} reads to the host; the last step (between the last two reads): {} "
-        "enqueues, {} blocking (the read included), {:.0f} us of host time in kernel launches, {:.0f} us from "
-        "read to read\n",
+        "enqueues, {} blocking (the read included), {:.0f} us of host time in kernel launches, {:.0f} us "
+        "from read to read\n",
         name(), stats_.enqueues, stats_.blocking, stats_.reads, stats_.step_enqueues, stats_.step_blocking,
         stats_.step_launch_us, stats_.step_wall_us);
   if (!profile_ || profile_ns_.empty()) return;

@@ -129,8 +129,8 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
-// A decode-sized batch of a MoE layer wholly on the device, without a shared expert: seven launches from the
-// residual add to the next layer's norm, no host round trip (routing as moe_small_batch, not counted in the
+// A decode-sized batch of a MoE layer wholly on the device, without a shared expert: three launches from the
+// residual add to the next layer's norm (an F32 router: the add and norm in its groups), no host round trip (routing as moe_small_batch, not counted in the
 // routing statistics). Everything else takes the plain ops.
 Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w,
                                            float* cur, int64_t n, const float* next_w,
@@ -151,10 +151,10 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   float* weights_d = ar.take<float>(S);
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  // The residual add, the norm, the router's product and the routing in one launch (every group normalizes the
-  // token's row; the last group of each token routes it); x takes d in moe_down_add.
-  const bool router_tail = tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 &&
-                           E <= kRouteMaxK && d && w;
+  // The residual add, the norm, the router's product and the routing in one launch (every group normalizes
+  // the token's row; the last group of each token routes it); x takes d in moe_down_add.
+  const bool router_tail =
+      tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 && E <= kRouteMaxK && d && w;
   if (router_tail) {
     launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
            {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), d, x, w, m.rms_eps, cur,
@@ -185,9 +185,8 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   check_mv_aligned(m.down.type, m.down.data, down_in);
   launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
          {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
-         weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail, (cl_int)E,
-         counters_, (cl_int)norm_tail, next_w, m.rms_eps,
-         cur, (cl_int)next_mode, next_q);
+         weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail,
+         (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur, (cl_int)next_mode, next_q);
   if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);

@@ -2,20 +2,22 @@
 // discrete GPU's OpenCL each enqueue costs microseconds of host time. Core OpenCL C 1.2 like the rest.
 //
 // kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
-//   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight type
+//   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight
+//   type
 //                       (round_unit) into yq, in one work-group per row.
 //   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
-//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its position
-//                       of its slot (a decode step's store_kv).
-//   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
+//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its
+//                       position of its slot (a decode step's store_kv).
+//   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue
+//   costs
 //                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
 //   moe_router_route    the residual add and norm (in every group, in local memory), the router's logits and
 //                       the gate/up product's rounded input, then (the token's last group) its top-k routing.
 //   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
-//                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the sums
-//                       are reduced.
+//                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the
+//                       sums are reduced.
 //   moe_down_add        per (feature, token): y_t += sum_j weight_s * (h_s . down_e), in slot order, as
 //                       moe_combine then add sum them.
 #pragma once

@@ -11,8 +11,9 @@
 //                a CPU device)
 //   prefill=0    the earlier prefill products: the 64 x 32 gemm and the MoE routed on the host (prefill.cpp)
 //   moe_bm=N     rows per tile of the grouped MoE prefill products (32 or 64; default 32)
-//   probe        log what an enqueue costs (at start)
-//   stats        log enqueues and blocking calls per decode step (at exit)
+//   probe        log what an enqueue costs (at start; an SVM pointer, an int, a cl_mem argument)
+//   stats        log enqueues and blocking calls per decode step, the step's host time in launches and its
+//                wall time from read to read (at exit)
 //   profile      log device time per kernel from profiling events (at exit)
 // An unknown item or a bad value stops with a message naming it.
 #pragma once
