@@ -130,8 +130,8 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
 }
 
 // A decode-sized batch of a MoE layer wholly on the device, without a shared expert: three launches from the
-// residual add to the next layer's norm (an F32 router: the add and norm in its groups), no host round trip (routing as moe_small_batch, not counted in the
-// routing statistics). Everything else takes the plain ops.
+// residual add to the next layer's norm (an F32 router: the add and norm in its groups), no host round trip
+// (routing as moe_small_batch, not counted in the routing statistics). Everything else takes the plain ops.
 Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w,
                                            float* cur, int64_t n, const float* next_w,
                                            const PartialSum* d_parts) {

@@ -3,13 +3,12 @@
 //
 // kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
 //   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight
-//   type
-//                       (round_unit) into yq, in one work-group per row.
+//                       type (round_unit) into yq, in one work-group per row.
 //   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
 //                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its
 //                       position of its slot (a decode step's store_kv).
-//   empty_kernel(16), empty_kernel_int   nothing (with 1 or 16 arguments, an int alone): what one enqueue
-//   costs
+//   empty_kernel(16), empty_kernel_int
+//                       nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
@@ -226,7 +225,7 @@ inline constexpr std::string_view kFusedMatmulSource = R"CLC(
 // work-item takes 32 weights a block, every scale index is a constant once c is unrolled, and a sub-block's
 // scale and min apply once, to sum(q x) and sum(x). A team's loads a block: its first 16 bytes (one load,
 // the same address for the team), 32 bytes of quants and 256 bytes of activations per quant group.
-// Rows are 16-byte aligned (OpenclBackend::check_aligned), 144-byte blocks keep them so.
+// Rows are 16-byte aligned (OpenclBackend::check_mv_aligned), 144-byte blocks keep them so.
 void q4k_x8(global const float* xb, int l, float4* xv) {  // xv[2c]: sub-block 2c's 4 values, xv[2c + 1]: 2c + 1's
   for (int c = 0; c < 4; ++c) {
     xv[2 * c] = *(global const float4*)(xb + 64 * c + 4 * l);
@@ -419,8 +418,7 @@ void mv_sum_rows(local float* v, int n) {
 #define ROUTE_MAX_K ROUTE_MAX
 kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* d, global const float* x,
                              global const float* nw, float eps, global float* cur_out, int mode, global float* xq,
-                             int k,
-                             global float* logits, int n_expert, int n_used, int norm, float scale,
+                             int k, global float* logits, int n_expert, int n_used, int norm, float scale,
                              global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
                              volatile global int* counters) {
   local float buf[MV_WG];
@@ -506,14 +504,14 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
 }
 
 // Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += (has_d: d[t][f], the residual add moe_router_route
-// left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1]. With has_norm, token t's last group then writes cur[t] =
-// rmsnorm(y[t]) * norm_w (the next layer's norm), its MV_WG * MV_R work-items over the row, and with
-// next_mode >= 0 also curq[t] = cur[t] rounded for the next matmul (round_unit), so no launch does it.
+// left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1]. With
+// has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm), its
+// MV_WG * MV_R work-items over the row, and with next_mode >= 0 also curq[t] = cur[t] rounded for the next
+// matmul (round_unit), so no launch does it.
 kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, global const float* d, int has_d, int width, volatile global int* counters,
-                         int has_norm,
-                         global const float* norm_w, float eps, global float* cur, int next_mode,
+                         int has_norm, global const float* norm_w, float eps, global float* cur, int next_mode,
                          global float* curq) {
   local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
   local int flag;
