@@ -1,5 +1,6 @@
-// Shared helpers of the CUDA op tests: skip without a GPU, device copies of host vectors, random data,
-// and the CPU reference run over row slices on several threads (the references are scalar and slow).
+// Shared helpers of the CUDA op tests: skip without a GPU, device copies of host vectors (raw and through a
+// Backend), random data, and the CPU reference run over row slices on several threads (the references are
+// scalar and slow).
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "../unit/test_data.h"
+#include "backend/backend.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
@@ -100,5 +102,24 @@ inline void reference_rows(DType t, const uint8_t* w, int64_t k, const float* x,
     cpu::matmul_reference(t, w + (j0 + b) * rb, e - b, k, x, m, y + j0 + b, ldy);
   });
 }
+
+// A copy of host data in a Backend's memory (its alloc / copy_from_host), freed with it.
+struct OnDevice {
+  Backend& b;
+  void* p;
+  OnDevice(Backend& b, const void* data, size_t bytes) : b(b), p(b.alloc(bytes)) {
+    b.copy_from_host(p, data, bytes);
+  }
+  OnDevice(Backend& b, const std::vector<float>& v) : OnDevice(b, v.data(), v.size() * 4) {}
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+  ~OnDevice() { b.dealloc(p); }
+  float* f() const { return static_cast<float*>(p); }
+  std::vector<float> get(size_t n) const {
+    std::vector<float> v(n);
+    b.copy_to_host(v.data(), p, n * 4);
+    return v;
+  }
+};
 
 }  // namespace xpert::cudatest

@@ -14,20 +14,7 @@
 namespace xpert {
 namespace {
 
-struct OnDevice {
-  Backend& b;
-  void* p;
-  OnDevice(Backend& b, const std::vector<float>& v) : b(b), p(b.alloc(v.size() * 4)) {
-    b.copy_from_host(p, v.data(), v.size() * 4);
-  }
-  ~OnDevice() { b.dealloc(p); }
-  float* f() const { return static_cast<float*>(p); }
-  std::vector<float> get(size_t n) const {
-    std::vector<float> v(n);
-    b.copy_to_host(v.data(), p, n * 4);
-    return v;
-  }
-};
+using cudatest::OnDevice;
 
 TEST(CudaAct, NormFormGivesConvertedBitsAndAStaleFormIsNotRead) {
   XPERT_REQUIRE_GPU();

@@ -22,21 +22,7 @@
 namespace xpert {
 namespace {
 
-struct OnDevice {
-  Backend& b;
-  void* p;
-  OnDevice(Backend& b, const void* data, size_t bytes) : b(b), p(b.alloc(bytes)) {
-    b.copy_from_host(p, data, bytes);
-  }
-  OnDevice(Backend& b, const std::vector<float>& v) : OnDevice(b, v.data(), v.size() * 4) {}
-  ~OnDevice() { b.dealloc(p); }
-  float* f() const { return static_cast<float*>(p); }
-  std::vector<float> get(size_t n) const {
-    std::vector<float> v(n);
-    b.copy_to_host(v.data(), p, n * 4);
-    return v;
-  }
-};
+using cudatest::OnDevice;
 
 std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   std::vector<uint8_t> v(n);

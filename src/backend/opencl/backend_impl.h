@@ -92,6 +92,17 @@ inline int64_t block_elems(DType t) {
 // prefill.cpp: the matmul and ops programs' appended sources (kernels_fused.h, then kernels_prefill.h).
 const std::string& prefill_matmul_source();
 const std::string& prefill_ops_source();
+// src once per tile size (rows, name suffix): "#define ROWS_MACRO rows" and "#define SUFFIX_MACRO suffix"
+// before each copy, #undef after, so each copy's kernels take the suffix in their names (kernels_prefill.h,
+// kernels_prefill_xmx.h).
+std::string per_tile_size(std::string_view src, const char* rows_macro, const char* suffix_macro,
+                          std::initializer_list<std::pair<int, const char*>> sizes);
+
+// Whether a Q4_K matrix's rows at w keep 16-byte alignment (other types: always true), as the prefill tiles
+// (pt_load) and the GPU-width decode matvecs (MV_TEAMS) read Q4_K blocks 16 bytes at a time.
+inline bool q4k_rows_aligned(DType t, const void* w) {
+  return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
 
 // A weight type's matmul program's build options. Its MoE down kernel rounds the next layer's input
 // (kFusedMatmulSource): divisions as the ops program's (correctly_rounded_divide), or NVIDIA's rounds differ
@@ -519,7 +530,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // The GPU-width Q4_K matvecs (kernels_fused.h, MV_TEAMS) read a block's first 16 bytes and 4 activations in
   // one load each: weights and activations 16-byte aligned, as allocations are (a view must keep it).
   void check_mv_aligned(DType t, const void* w, const void* x) const {
-    if (t == DType::Q4_K && mv_wg_ == 32 && wide_loads_ && (((uintptr_t)w | (uintptr_t)x) & 15))
+    if (mv_wg_ == 32 && wide_loads_ && !(q4k_rows_aligned(t, w) && q4k_rows_aligned(t, x)))
       fail("{}: a Q4_K matvec on data not 16-byte aligned (weights at {}, activations at {})", name(), w, x);
   }
   // y[r] = x[r] . w^T for m rows (x: m rows of k), one work-group per (feature, row): gemv_multi with one matrix.

@@ -13,25 +13,25 @@
 
 namespace xpert::opencl {
 
-// The tiles read Q4_K blocks 16 bytes at a time (kernels_prefill.h pt_load): rows 16-byte aligned.
-namespace {
-bool tile_aligned(DType t, const void* w) {
-  return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
-}
-}  // namespace
-
 const std::string& prefill_matmul_source() {
   static const std::string s = [] {
     std::string r(kFusedMatmulSource);
     r += kPrefillRawSource;
-    r += "\n#define PT_RM 4\n#define PT_SUF _m64\n";
-    r += kPrefillTileSource;
-    r += "\n#undef PT_RM\n#undef PT_SUF\n#define PT_RM 2\n#define PT_SUF _m32\n";
-    r += kPrefillTileSource;
-    r += "\n#undef PT_RM\n#undef PT_SUF\n";
+    r += per_tile_size(kPrefillTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}});
     return r;
   }();
   return s;
+}
+
+std::string per_tile_size(std::string_view src, const char* rows_macro, const char* suffix_macro,
+                          std::initializer_list<std::pair<int, const char*>> sizes) {
+  std::string r;
+  for (const auto& [rows, suffix] : sizes) {
+    r += fmt::format("\n#define {} {}\n#define {} {}\n", rows_macro, rows, suffix_macro, suffix);
+    r += src;
+    r += fmt::format("\n#undef {}\n#undef {}\n", rows_macro, suffix_macro);
+  }
+  return r;
 }
 
 const std::string& prefill_ops_source() {
@@ -50,7 +50,7 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   // Fewer 32-row tiles than a fifth of the compute units (the router's 128 features of 512 rows on the
   // H200's 132: 16): the earlier 64 x 32 tile's twice as many work-groups finish first (208 us against 351
   // there).
-  if (groups(n, 128) * groups(m, 32) * 5 < units || !tile_aligned(t, w))
+  if (groups(n, 128) * groups(m, 32) * 5 < units || !q4k_rows_aligned(t, w))
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   const char* kernel = small ? "gemm_t_m32" : "gemm_t_m64";
   if (use_xmx(t))  // one dimension of kXmxWgRows bm work-items a group
@@ -66,8 +66,8 @@ bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
   return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows &&
          m.n_expert <= kGroupMaxExperts && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
          weight_macro(m.down.type) && m.n_embd % block_elems(m.gate.type) == 0 &&
-         m.n_ff % block_elems(m.down.type) == 0 && tile_aligned(m.gate.type, m.gate.data) &&
-         tile_aligned(m.gate.type, m.up.data) && tile_aligned(m.down.type, m.down.data) &&
+         m.n_ff % block_elems(m.down.type) == 0 && q4k_rows_aligned(m.gate.type, m.gate.data) &&
+         q4k_rows_aligned(m.gate.type, m.up.data) && q4k_rows_aligned(m.down.type, m.down.data) &&
          info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
 }
 

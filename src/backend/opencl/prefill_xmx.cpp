@@ -12,15 +12,8 @@
 namespace xpert::opencl {
 
 ProgramText xmx_program_text(const std::string& matmul_options, int sub_group) {
-  static const std::string tiles = [] {
-    std::string r;
-    r += "\n#define XT_BM 64\n#define XT_SUF _m64\n";
-    r += kPrefillXmxSource;
-    r += "\n#undef XT_BM\n#undef XT_SUF\n#define XT_BM 32\n#define XT_SUF _m32\n";
-    r += kPrefillXmxSource;
-    r += "\n#undef XT_BM\n#undef XT_SUF\n";
-    return r;
-  }();
+  static const std::string tiles =
+      per_tile_size(kPrefillXmxSource, "XT_BM", "XT_SUF", {{64, "_m64"}, {32, "_m32"}});
   ProgramText p;
   p.source =
       std::string(kClCommonSource) + std::string(kMatmulSource) + std::string(kPrefillRawSource) + tiles;
