@@ -621,8 +621,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
   static constexpr int64_t kCounters = 4096;
-  static constexpr int64_t kRouteMax = 4096;   // ROUTE_MAX, kernels_ops.h
-  static constexpr int64_t kRouteMaxK = 4096;  // ROUTE_MAX_K, kernels_fused.h
+  static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h
   static constexpr int64_t kGroupMaxExperts = 1024;  // GROUP_MAX_EXPERTS, kernels_prefill.h
   cl_int* counters_ = nullptr;

@@ -154,7 +154,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   // The residual add, the norm, the router's product and the routing in one launch (every group normalizes
   // the token's row; the last group of each token routes it); x takes d in moe_down_add.
   const bool router_tail =
-      tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 && E <= kRouteMaxK && d && w;
+      tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 && E <= kRouteMax && d && w;
   if (router_tail) {
     launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
            {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), d, x, w, m.rms_eps, cur,

@@ -414,8 +414,7 @@ void mv_sum_rows(local float* v, int n) {
 // (round_unit, mode >= 0), into xq: group e writes blocks (or values) e, e + n_expert, ...; so the residual
 // add and norm take no launch of their own, and x is left as it was (moe_down_add adds d). Token t's last group
 // then routes it (route_token, kClCommonSource), every group taking the routing's barriers. k % 4 == 0,
-// k <= ROUTE_MAX_K.
-#define ROUTE_MAX_K ROUTE_MAX
+// k <= ROUTE_MAX (the row and then the probabilities share one local array).
 kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* d, global const float* x,
                              global const float* nw, float eps, global float* cur_out, int mode, global float* xq,
                              int k, global float* logits, int n_expert, int n_used, int norm, float scale,
@@ -423,7 +422,7 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
                              volatile global int* counters) {
   local float buf[MV_WG];
   local int flag;
-  local float4 cur[ROUTE_MAX_K / 4];  // the row, then (route_token, past last_group's barriers) the probabilities
+  local float4 cur[ROUTE_MAX / 4];  // the row, then (route_token, past last_group's barriers) the probabilities
   local float bv[MV_WG];
   local int bi[MV_WG];
   const int e = get_group_id(0), lid = get_local_id(0), k4 = k / 4;
