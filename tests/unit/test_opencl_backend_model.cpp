@@ -14,16 +14,17 @@
 #include <filesystem>
 #include <memory>
 
+#include "backend/opencl/backend_impl.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/recurrent_state.h"
 #include "model/synth.h"
 #include "model_outputs.h"
 #include "opencl_test_util.h"
-#include "model/kv_cache.h"
-#include "model/recurrent_state.h"
 #include "test_data.h"
 
 namespace xpert {
@@ -86,6 +87,46 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, OpenCLBackendModel,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n + (std::get<1>(info.param) == 2 ? "_all" : "_half");
                          });
+
+// Where the device offers command buffers (PoCL does), a decode step of a model wholly on the device is
+// recorded the second time and replayed after that (pass_graphs.cpp): the replays give the logits of the same
+// steps run op by op (XPERT_OPENCL_OPTS graphs=0), bit for bit. With uniform routing the MoE layers route on
+// the host (a read mid-step): the recording stops there, the step runs op by op, and nothing is replayed.
+TEST(OpenCLBackendGraphs, ReplayedStepsMatchOpByOp) {
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
+  for (const char* file : {"tiny_qwen3.gguf", "tiny_qwen3moe.gguf", "tiny_qwen35moe.gguf"}) {
+    for (const uint32_t uniform : {0u, 7u}) {
+      if (uniform && std::string(file) == "tiny_qwen3.gguf") continue;  // no MoE layers
+      SCOPED_TRACE(std::string(file) + (uniform ? ", uniform routing" : ""));
+      auto load = [&](const char* opts) {
+        if (opts) setenv("XPERT_OPENCL_OPTS", opts, 1);
+        auto m = Model::load(fixture(file));
+        m->offload(make_opencl_backend(0), m->config().n_layer);
+        unsetenv("XPERT_OPENCL_OPTS");
+        m->set_uniform_routing(uniform);
+        return m;
+      };
+      auto plain = load("graphs=0"), rec = load(nullptr);
+      auto& dev = dynamic_cast<opencl::OpenclBackend&>(*rec->offload_device());
+      if (!dev.pass_graphs()) GTEST_SKIP() << "the device offers no cl_khr_command_buffer";
+      const int64_t V = plain->config().n_vocab;
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 12; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+      ThreadPool pool(2);
+      const int n_gen = 8;
+      const Outputs a = run(*plain, prompt, n_gen, pool), b = run(*rec, prompt, n_gen, pool);
+      EXPECT_EQ(a.tokens, b.tokens);
+      ASSERT_EQ(a.step_logits.size(), b.step_logits.size());
+      for (size_t i = 0; i < a.step_logits.size(); ++i)
+        EXPECT_EQ(a.step_logits[i], b.step_logits[i]) << "step " << i;
+      // The first step of a key runs op by op, the second records (a scratch growth makes a new key once).
+      if (uniform)
+        EXPECT_EQ(dev.graph_replays(), 0u);
+      else
+        EXPECT_GE(dev.graph_replays(), (uint64_t)n_gen - 3);
+    }
+  }
+}
 
 // A pass that outgrows the device's scratch grows it at its own end (Exec), so the next pass of that size
 // finds room and keeps its addresses: no growth in its time (a bench's first timed run after the warm-up

@@ -17,6 +17,7 @@
 #include "backend/experts.h"
 #include "backend/gated_delta_net.h"
 #include "backend/opencl/cl_api.h"
+#include "backend/opencl/command_buffer.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/kernels_attention.h"
 #include "backend/opencl/kernels_gdn.h"
@@ -125,7 +126,7 @@ bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
-class OpenclBackend final : public Backend, public DecodeFusions {
+class OpenclBackend final : public Backend, public DecodeFusions, public PassGraphs {
  public:
   OpenclBackend(int index, DeltaRuleForm gdn_form)
       : index_(index), info_(device_info(index)), gdn_form_(gdn_form) {
@@ -149,6 +150,12 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     queue_ = Queue(
         api().clCreateCommandQueueWithProperties(ctx_.get(), info_.device, profile_ ? qprops : nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateCommandQueueWithProperties", __FILE__, __LINE__);
+    // Decode steps recorded as command buffers where offered (not while profiling: events time each kernel).
+    if (sw.graphs && !profile_) {
+      std::string why;
+      cmdbuf_ = CommandBufferApi::load(info_, 0, &why);
+      if (!cmdbuf_) log::debug("{}: decode steps enqueued kernel by kernel: {}", name(), why);
+    }
     // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
     mv_wg_ = info_.is_cpu() ? 4 : 32;
     // Switches for measuring kernel variants side by side (XPERT_OPENCL_OPTS, switches.h).
@@ -170,6 +177,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
 
   ~OpenclBackend() override {
+    recording_.reset();  // a pass that never ended (its recorded kernels never run)
     if (profile_ && queue_) {
       api().clFinish(queue_.get());
       harvest_profile();
@@ -177,6 +185,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     log_stats();
     drop_scratch();
     if (queue_) api().clFinish(queue_.get());
+    graphs_.clear();
     for (auto& [bytes, p] : pool_) api().clSVMFree(ctx_.get(), p);  // the queue is idle: no XP_CL here
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
     if (counters_) api().clSVMFree(ctx_.get(), counters_);
@@ -287,11 +296,13 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   }
   void store_kv(const float* x, void* dst, int64_t n, DType type) override {
     check_kv_type(type);
+    not_recordable();  // dst is the step's position
     elementwise("store_f16", n, x, dst, (cl_long)n);
   }
 
   void attention(const AttentionArgs& a) override {
     if (a.n_tokens <= 0) return;
+    not_recordable();  // n_kv is the step's
     check_kv_type(a.k_type);
     check_kv_type(a.v_type);
     if (a.head_dim > kAttMaxD)
@@ -335,6 +346,12 @@ class OpenclBackend final : public Backend, public DecodeFusions {
                               const float* next_w, const PartialSum* d_parts) override;
   uint64_t enqueue_count() const { return stats_.enqueues; }  // commands so far (tests count a path's)
   DecodeFusions* decode_fusions() override { return fused_ ? this : nullptr; }
+  // pass_graphs.cpp: decode steps recorded as command buffers (cl_khr_command_buffer), where offered.
+  PassGraphs* pass_graphs() override { return cmdbuf_ ? this : nullptr; }
+  bool begin_graph(const std::string& key) override;
+  void end_graph() override;
+  void abort_graph() override;
+  uint64_t graph_replays() const { return stats_.replays; }  // decode steps run from a recording (tests)
   std::optional<Act> decode_attention(const DecodeAttention& d) override;
   std::optional<PartialSum> decode_attention_proj(const DecodeAttention&, const Weight&, float*) override {
     return std::nullopt;  // so no parts to sum either
@@ -500,12 +517,16 @@ class OpenclBackend final : public Backend, public DecodeFusions {
     size_t g[3] = {1, 1, 1}, l[3] = {1, 1, 1};
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
-    ++stats_.enqueues;
     pre_ = {};  // any launch may write the rounded row's source
-    cl_event ev = nullptr;
-    XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
-          nullptr, profile_ ? &ev : nullptr);
-    if (ev) pending_.emplace_back(k, ev);
+    if (recording_) {
+      record(k, (cl_uint)global.size(), g, local.size() ? l : nullptr);
+    } else {
+      ++stats_.enqueues;
+      cl_event ev = nullptr;
+      XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
+            nullptr, profile_ ? &ev : nullptr);
+      if (ev) pending_.emplace_back(k, ev);
+    }
     if (stats_on_)
       stats_.launch_us +=
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -575,7 +596,34 @@ class OpenclBackend final : public Backend, public DecodeFusions {
            (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
   }
 
-  cl_command_queue q() const { return queue_.get(); }
+  // The queue, for any command but a recorded launch: a recording open then ends (stop_recording).
+  cl_command_queue q() {
+    if (recording_) stop_recording();
+    return queue_.get();
+  }
+  // pass_graphs.cpp. A recorded step: its command buffer and the scratch offset its pass ended at (a replay
+  // must end there too: the caller reads the outputs at the recorded addresses). spent: a recording run once
+  // and not kept (kept alive until the graphs are cleared, after the queue drained).
+  struct StepGraph {
+    std::unique_ptr<CommandBuffer> buf, spent;
+    size_t end_mark = 0;
+    bool never = false;  // its pass issued a command that cannot be recorded: always op by op
+  };
+  static constexpr size_t kMaxGraphs = 64;
+  void record(cl_kernel k, cl_uint dims, const size_t* global, const size_t* local);
+  void stop_recording();
+  void not_recordable() {
+    if (recording_) stop_recording();
+  }
+  void clear_graphs();
+  std::optional<CommandBufferApi> cmdbuf_;
+  std::map<std::string, StepGraph> graphs_;
+  std::unique_ptr<CommandBuffer> recording_;
+  std::string rec_key_;
+  StepGraph* replay_ = nullptr;
+  // Memory was freed: a recording may point at it (the pool hands it out again); every graph is dropped at
+  // the next begin_graph.
+  bool graphs_stale_ = false;
   // The activation rounding mode of kernels_ops.h's round_unit for weights of type t (-1: none), and the
   // unit it rounds by.
   static int round_mode(DType t, int64_t* unit = nullptr);
@@ -583,6 +631,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   void add_rmsnorm_round(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
                          float* yq, int mode);
   void probe_launches();  // XPERT_OPENCL_OPTS probe: what an enqueue costs here, logged
+  void probe_grid_sync();  // (part of probe) what a barrier across one launch's groups costs
   void log_stats();       // XPERT_OPENCL_OPTS stats: enqueues and blocking calls per step, logged at the end
   // XPERT_OPENCL_OPTS profile: every launch's device time, summed per kernel (and weight type) at each read to
   // the host, logged at the end.
@@ -598,7 +647,7 @@ class OpenclBackend final : public Backend, public DecodeFusions {
   // (a decode step's, from logits read to logits read). With it on, the host time spent in launch() too, and
   // the wall time from read to read.
   struct Stats {
-    uint64_t enqueues = 0, blocking = 0, reads = 0;
+    uint64_t enqueues = 0, blocking = 0, reads = 0, replays = 0;
     uint64_t at_read_enqueues = 0, at_read_blocking = 0, step_enqueues = 0, step_blocking = 0;
     double launch_us = 0, at_read_launch_us = 0, step_launch_us = 0, step_wall_us = 0;
     std::chrono::steady_clock::time_point last_read{};

@@ -23,7 +23,8 @@ namespace xpert::opencl {
   X(clReleaseProgram) X(clCreateKernel) X(clReleaseKernel) X(clSetKernelArg) X(clEnqueueNDRangeKernel)      \
   X(clGetKernelWorkGroupInfo) X(clFinish) X(clFlush) X(clWaitForEvents) X(clRetainEvent) X(clReleaseEvent)  \
   X(clGetEventInfo) X(clGetEventProfilingInfo) X(clGetKernelInfo)                                           \
-  X(clSVMAlloc) X(clSVMFree) X(clEnqueueSVMFree) X(clSetKernelArgSVMPointer) X(clEnqueueSVMMemcpy) X(clEnqueueSVMMemFill)
+  X(clSVMAlloc) X(clSVMFree) X(clEnqueueSVMFree) X(clSetKernelArgSVMPointer) X(clEnqueueSVMMemcpy) X(clEnqueueSVMMemFill) \
+  X(clRetainKernel) X(clGetExtensionFunctionAddressForPlatform)
 // clang-format on
 
 struct Api {

@@ -65,6 +65,7 @@ void OpenclBackend::probe_launches() {
       "us\n",
       name(), e1, b1, e16, b16, round_trip);
   arg_sets_.erase(k16);
+  probe_grid_sync();
   // What could cut the enqueues further (issue #34): recorded command buffers, subgroups (one line, so that
   // bench/h200_carry.sh's filter of the "empty kernel" lines keeps it).
   auto has = [&](const char* e) { return info_.extensions.find(e) != std::string::npos ? "yes" : "no"; };
@@ -73,6 +74,41 @@ void OpenclBackend::probe_launches() {
              "cl_khr_fp16 {}; extensions: {}\n",
              name(), has("cl_khr_command_buffer"), has("cl_khr_subgroups"), has("cl_intel_subgroups"),
              has("cl_khr_fp16"), info_.extensions);
+}
+
+// What a barrier across the groups of one launch costs (a persistent kernel's phases instead of launches),
+// and whether a plain load after it sees the other groups' writes; groups of 128, 1, 2 and 4 per compute
+// unit.
+void OpenclBackend::probe_grid_sync() {
+  using clock = std::chrono::steady_clock;
+  const int units = (int)info_.compute_units, rounds = 500;
+  for (int per : {1, 2, 4}) {
+    const int P = units * per;
+    auto* cnt = static_cast<int32_t*>(alloc(4 * sizeof(int32_t)));
+    auto* data = static_cast<int32_t*>(alloc(P * sizeof(int32_t)));
+    auto* bad = static_cast<int32_t*>(alloc(P * sizeof(int32_t)));
+    const std::vector<int32_t> zero(P, -1), z4(4, 0);
+    copy_from_host(cnt, z4.data(), 4 * sizeof(int32_t));
+    copy_from_host(data, zero.data(), P * sizeof(int32_t));
+    synchronize();
+    const auto t0 = clock::now();
+    launch(ops("grid_sync_probe"), {(size_t)P * 128}, {128}, cnt, data, bad, (cl_int)rounds);
+    synchronize();
+    const double us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+    std::vector<int32_t> b(P), c(4);
+    copy_to_host(b.data(), bad, P * sizeof(int32_t));
+    copy_to_host(c.data(), cnt, 4 * sizeof(int32_t));
+    int64_t errs = 0;
+    for (int32_t e : b) errs += e;
+    fmt::print(stderr,
+               "{}: a barrier across {} groups of 128 ({} a compute unit): {:.2f} us each ({} in {:.0f} us); "
+               "stale plain loads after it: {} of {}; gave up waiting: {}\n",
+               name(), P, per, us / (2 * rounds), 2 * rounds, us, errs, (int64_t)P * rounds, c[2]);
+    dealloc(bad);
+    dealloc(data);
+    dealloc(cnt);
+    if (c[2]) break;
+  }
 }
 
 Kernel OpenclBackend::clone_kernel(cl_kernel k) {

@@ -42,6 +42,7 @@ void* OpenclBackend::alloc(size_t bytes) {
 void OpenclBackend::dealloc(void* p) {
   if (!p) return;
   pre_ = {};
+  graphs_stale_ = true;
   auto it = sizes_.find(p);
   const size_t bytes = it != sizes_.end() ? it->second : 0;
   if (bytes && bytes <= kPoolMaxBlock && pooled_bytes_ + bytes <= pool_cap()) {

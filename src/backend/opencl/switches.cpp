@@ -45,6 +45,8 @@ Switches read_switches() {
       s.arg_cache = off_value(key, v);
     else if (key == "wide")
       s.wide = off_value(key, v);
+    else if (key == "graphs")
+      s.graphs = off_value(key, v);
     else if (key == "prefill")
       s.prefill = off_value(key, v);
     else if (key == "moe_bm") {
@@ -68,10 +70,7 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "prefill, "
-          "moe_bm, probe, "
-          "stats, "
-          "profile)",
+          "graphs, prefill, moe_bm, probe, stats, profile)",
           item);
     }
   }
