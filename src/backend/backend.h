@@ -57,6 +57,11 @@ class Backend {
   // Weight w (w.data in host memory) into dst, this device's allocation of w.n_bytes, in the layout this
   // device's kernels read (a GPU may lay a type out otherwise than the file: CUDA's Q6_K).
   virtual void upload_weight(void* dst, const Weight& w);
+  // Whether this device's kernels read a weight where it lies in host memory (the file's mapping, a
+  // repacked copy the model owns) when its data is 32-byte aligned: Model::offload then keeps the host
+  // pointer instead of a copy. An OpenCL device on the host's own cores, or one with fine-grained system SVM
+  // (an integrated GPU whose driver shares the process's address space).
+  virtual bool reads_host_weights() const { return false; }
   virtual void synchronize() {}
   // Bytes free for new allocations (a GPU's free memory; the CPU says 0 = unknown).
   virtual size_t free_memory() const { return 0; }

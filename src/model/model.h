@@ -143,8 +143,8 @@ class Model {
 
   // Moves the last n_layers layers (llama.cpp's -ngl; more than n_layer means all) to `dev`: their
   // weights are copied into its memory once, and their forward runs there. The output norm and head go
-  // along (the last layer is always among them). Call before creating caches (they follow layer_devices()). Returns the
-  // bytes uploaded.
+  // along (the last layer is always among them). Call before creating caches (they follow layer_devices()).
+  // Returns the bytes uploaded (not those the device reads in place: Backend::reads_host_weights).
   // gpu_experts (optional, per layer): which experts of an offloaded MoE layer go to the GPU; the rest
   // stay in the host's mmap and run on the CPU (an empty entry: all experts on the GPU).
   size_t offload(std::shared_ptr<Backend> dev, int64_t n_layers,

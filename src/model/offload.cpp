@@ -50,9 +50,13 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
   if (!dev || n_layers <= 0) return 0;
   const ModelConfig& c = config_;
   const int64_t n = std::min(n_layers, c.n_layer);
-  size_t total = 0;
+  size_t total = 0, in_place = 0;
   auto upload = [&](Weight& w) {
     if (!w || !w.n_bytes) return;
+    if (dev->reads_host_weights() && reinterpret_cast<uintptr_t>(w.data) % 32 == 0) {
+      in_place += w.n_bytes;  // the device reads it where it is
+      return;
+    }
     DeviceBuffer buf(*dev, w.n_bytes);
     dev->upload_weight(buf.data(), w);
     w.data = buf.data();
@@ -109,8 +113,11 @@ size_t Model::offload(std::shared_ptr<Backend> dev, int64_t n_layers,
   }
   dev_ = std::move(dev);
   n_offloaded_ = n;
-  log::info("offloaded {} of {} layers and the output to {}: {:.2f} GiB", n, c.n_layer,
-           dev_->name(), total / double(1ull << 30));
+  log::info("offloaded {} of {} layers and the output to {}: {:.2f} GiB{}", n, c.n_layer, dev_->name(),
+            total / double(1ull << 30),
+            in_place ? fmt::format(" copied, {:.2f} GiB read in place from host memory",
+                                   in_place / double(1ull << 30))
+                     : "");
   return total;
 }
 

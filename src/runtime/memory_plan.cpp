@@ -73,6 +73,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
   p.n_parallel = o.n_parallel;
   p.host.name = "host";
   p.host.weights = placement.host_bytes;
+  // A device that reads its weights in place reads the host's mapped pages.
+  if (placement.gpu_weights_in_place)
+    p.host.weights += placement.gpu_dense_bytes + placement.gpu_expert_bytes + placement.gpu_output_bytes;
   if (o.file_weight_bytes) p.host.weights = std::min(p.host.weights, o.file_weight_bytes);
   p.host.weights_mapped = o.weights_mapped;
   p.host.available = o.host_available;
@@ -83,6 +86,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const ExpertPlan& placement, const 
     p.gpu->name = placement.gpu;
     p.gpu->weights = placement.gpu_dense_bytes + placement.gpu_expert_bytes + placement.gpu_output_bytes;
     p.gpu->available = placement.gpu_free_bytes;
+    p.gpu->weights_mapped = placement.gpu_weights_in_place;
   }
   const size_t kv = kv_bytes_per_layer(c, o.n_ctx, o.n_parallel, o.cache_types), rec = recurrent_bytes_per_layer(c, o.n_parallel);
   for (int64_t il = 0; il < c.n_layer; ++il) {

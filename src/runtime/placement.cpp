@@ -225,6 +225,7 @@ Placement plan(const Model& m, const PlacementOptions& o) {
     if (po.n_gpu_layers > 0) {
       p.gpu = dev->kind == DeviceKind::opencl ? make_opencl_backend(dev->index) : make_cuda_backend(dev->index);
       po.gpu_free_bytes = p.gpu->free_memory();
+      po.gpu_weights_in_place = p.gpu->reads_host_weights();
     }
   }
   std::optional<RoutingStats> profile;

@@ -223,6 +223,29 @@ TEST(ExpertPlan, APlanThatDoesNotFitTheGpuIsRefusedSayingWhatFits) {
   }
 }
 
+// A device that reads its weights in place from host memory (an OpenCL CPU device, fine-grained system SVM)
+// needs room for its cache and scratch alone: weights beyond its free bytes are no reason to refuse.
+TEST(ExpertPlan, WeightsReadInPlaceTakeNoDeviceMemory) {
+  const ModelConfig c = config();
+  const ExpertPlan p = plan_experts(
+      c, sizes(),
+      {.n_gpu_layers = 2, .gpu_free_bytes = 1000, .gpu_extra_bytes = 100, .gpu_weights_in_place = true});
+  EXPECT_TRUE(p.gpu_weights_in_place);
+  EXPECT_EQ(p.gpu_bytes(),
+            4000u);  // what the layers read: dense 2000 + experts 1600 + output 300 + extra 100
+  EXPECT_NE(p.summary().find("read in place from host memory"), std::string::npos) << p.summary();
+  try {
+    plan_experts(
+        c, sizes(),
+        {.n_gpu_layers = 2, .gpu_free_bytes = 1000, .gpu_extra_bytes = 1200, .gpu_weights_in_place = true});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cache and scratch"), std::string::npos) << m;
+    EXPECT_NE(m.find("lower -c"), std::string::npos) << m;
+  }
+}
+
 TEST(ExpertPlan, BytesOfARealModelAddUpToItsTensors) {
   auto m = Model::load(fixture("tiny_qwen3moe.gguf"));
   const ModelConfig& c = m->config();

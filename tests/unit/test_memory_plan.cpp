@@ -93,6 +93,24 @@ TEST(MemoryPlan, TiedHeadIsMappedOnce) {
   EXPECT_EQ(p.host.weights, 4500u);
 }
 
+// Weights a device reads in place are the host's mapped pages: not the device's allocations, counted with the
+// host's mapped weights.
+TEST(MemoryPlan, WeightsReadInPlaceAreMappedHostPages) {
+  const ModelConfig c = dense_config();
+  ExpertPlanOptions o;
+  o.n_gpu_layers = 2;
+  o.gpu_free_bytes = 100000;
+  o.gpu_weights_in_place = true;
+  const ExpertPlan pl = plan_experts(c, dense_bytes(), o);
+  const MemoryPlanOptions mo{.n_ctx = 16, .n_batch = 8, .weights_mapped = true};
+  const MemoryPlan p = plan_memory(c, pl, mo);
+  ASSERT_TRUE(p.gpu);
+  EXPECT_TRUE(p.gpu->weights_mapped);
+  EXPECT_EQ(p.gpu->weights, 2300u);  // two layers of 1000 and the output head
+  EXPECT_EQ(p.gpu->allocated(), p.gpu->total() - p.gpu->weights);
+  EXPECT_EQ(p.host.weights, 500u + 2000u + 2300u);  // embedding and host layers, and the device's
+}
+
 TEST(MemoryPlan, ScratchFormula) {
   const ModelConfig c = dense_config();
   // 4·64 + 2·4·16 + 2·2·16 + 3·128 + 0 = 832 floats a token, + 100 logits a sequence.

@@ -128,6 +128,39 @@ TEST(OpenCLBackendGraphs, ReplayedStepsMatchOpByOp) {
   }
 }
 
+// On a device that reads host memory in place (PoCL's CPU device; an iGPU with fine-grained system SVM), the
+// weights stay where the file's mapping has them: offload copies nothing, and the logits are those of the
+// same model with its weights copied to the device (XPERT_OPENCL_OPTS host_weights=0), bit for bit.
+TEST(OpenCLBackendWeights, ReadInPlaceWhereTheDeviceReadsHostMemory) {
+  if (!cltest::have_device()) GTEST_SKIP() << "no OpenCL device";
+  if (!opencl::device_info(0).reads_host_pointers()) GTEST_SKIP() << "opencl:0 reads no host pointer";
+  for (const char* file : {"tiny_qwen3moe.gguf", "tiny_qwen35moe.gguf"}) {
+    SCOPED_TRACE(file);
+    size_t copied[2] = {0, 0};
+    auto load = [&](int i, const char* opts) {
+      if (opts) setenv("XPERT_OPENCL_OPTS", opts, 1);
+      auto m = Model::load(fixture(file));
+      copied[i] = m->offload(make_opencl_backend(0), m->config().n_layer);
+      unsetenv("XPERT_OPENCL_OPTS");
+      return m;
+    };
+    auto in_place = load(0, nullptr), copy = load(1, "host_weights=0");
+    EXPECT_EQ(copied[0], 0u);
+    EXPECT_GT(copied[1], 0u);
+    // The device's view of a layer's weights is the host's.
+    const int64_t last = in_place->config().n_layer - 1;
+    EXPECT_EQ(in_place->layer(last).attn_norm.data, in_place->host_weights().layers[last].attn_norm.data);
+    EXPECT_NE(copy->layer(last).attn_norm.data, copy->host_weights().layers[last].attn_norm.data);
+    const int64_t V = in_place->config().n_vocab;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 12; ++i) prompt.push_back((int32_t)((i * 7919 + 13) % V));
+    ThreadPool pool(2);
+    const Outputs a = run(*copy, prompt, 6, pool), b = run(*in_place, prompt, 6, pool);
+    EXPECT_EQ(a.prefill, b.prefill);
+    EXPECT_EQ(a.step_logits, b.step_logits);
+  }
+}
+
 // A pass that outgrows the device's scratch grows it at its own end (Exec), so the next pass of that size
 // finds room and keeps its addresses: no growth in its time (a bench's first timed run after the warm-up
 // paid the growth before, ~530 ms on NVIDIA's OpenCL by inference, 2026-12-04).

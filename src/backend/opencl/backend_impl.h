@@ -144,6 +144,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     ctx_ = Context(api().clCreateContext(props, 1, &info_.device, nullptr, nullptr, &err));
     if (err != CL_SUCCESS) throw_cl_error(err, "clCreateContext", __FILE__, __LINE__);
     const Switches sw = read_switches();
+    host_weights_ = sw.host_weights && info_.reads_host_pointers();
     profile_ = sw.profile;
     stats_on_ = sw.stats;
     const cl_queue_properties qprops[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
@@ -196,6 +197,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
 
   std::string name() const override { return fmt::format("opencl:{} ({})", index_, info_.name); }
   DeviceKind kind() const override { return DeviceKind::opencl; }
+  bool reads_host_weights() const override { return host_weights_; }
 
   // opencl_backend.cpp: SVM, freed blocks of up to kPoolMaxBlock kept for reuse (up to pool_cap()).
   void* alloc(size_t bytes) override;
@@ -662,6 +664,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     }
   } stats_;
   bool fused_ = true;
+  bool host_weights_ = false;  // reads_host_weights (XPERT_OPENCL_OPTS host_weights=0: off)
   bool prefill_ = true;  // XPERT_OPENCL_OPTS prefill=0: the earlier gemm and the host's MoE routing
   int moe_bm_ = 32;      // XPERT_OPENCL_OPTS moe_bm: rows per grouped tile of moe_prefill (32 or 64)
   bool wide_loads_ = true;

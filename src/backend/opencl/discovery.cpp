@@ -98,6 +98,8 @@ DeviceInfo describe(int index, cl_platform_id p, cl_device_id d) {
   i.max_work_group_size = device_value<size_t>(d, CL_DEVICE_MAX_WORK_GROUP_SIZE);
   i.max_sub_groups = device_value<cl_uint>(d, CL_DEVICE_MAX_NUM_SUB_GROUPS);
   i.host_unified_memory = device_value<cl_bool>(d, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
+  i.svm_fine_grain_system = (device_value<cl_device_svm_capabilities>(d, CL_DEVICE_SVM_CAPABILITIES) &
+                             CL_DEVICE_SVM_FINE_GRAIN_SYSTEM) != 0;
   i.correctly_rounded_divide =
       (device_value<cl_device_fp_config>(d, CL_DEVICE_SINGLE_FP_CONFIG) & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
 

@@ -23,6 +23,8 @@ struct DeviceInfo {
   uint32_t max_sub_groups = 0;            // CL_DEVICE_MAX_NUM_SUB_GROUPS (0: no subgroups)
   std::vector<size_t> sub_group_sizes;    // the sizes a kernel may require (Intel), or the warp/wavefront width
   bool host_unified_memory = false;       // the device reads host memory directly (iGPU, CPU)
+  bool svm_fine_grain_system =
+      false;  // any host pointer is a valid SVM pointer (CL_DEVICE_SVM_FINE_GRAIN_SYSTEM)
   uint64_t usm_host_caps = 0;             // CL_DEVICE_HOST_MEM_CAPABILITIES_INTEL (0: none)
   bool correctly_rounded_divide = false;  // CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT
   bool fp16 = false;                      // cl_khr_fp16
@@ -40,6 +42,9 @@ struct DeviceInfo {
   const char* type_name() const;
   // Whether weights can stay in host memory and be read in place.
   bool shares_host_memory() const { return host_unified_memory || is_cpu(); }
+  // Whether the whole-model backend's kernels (SVM pointers) can read weights where they lie in host memory:
+  // a device on the host's own cores, or one with fine-grained system SVM.
+  bool reads_host_pointers() const { return is_cpu() || svm_fine_grain_system; }
   bool has_sub_group_size(size_t n) const;
 };
 

@@ -45,6 +45,8 @@ Switches read_switches() {
       s.arg_cache = off_value(key, v);
     else if (key == "wide")
       s.wide = off_value(key, v);
+    else if (key == "host_weights")
+      s.host_weights = off_value(key, v);
     else if (key == "graphs")
       s.graphs = off_value(key, v);
     else if (key == "prefill")
@@ -70,7 +72,7 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "graphs, prefill, moe_bm, probe, stats, profile)",
+          "graphs, host_weights, prefill, moe_bm, probe, stats, profile)",
           item);
     }
   }

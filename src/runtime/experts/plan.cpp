@@ -102,6 +102,7 @@ ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const Exp
   p.gpu = o.gpu;
   p.expert_device = o.expert_device;
   p.gpu_free_bytes = o.gpu_free_bytes;
+  p.gpu_weights_in_place = o.gpu_weights_in_place;
   p.gpu_extra_bytes = o.gpu_extra_bytes;
   const bool use_profile = o.profile && !o.profile->empty() && (by_count || by_budget);
   p.choice = !(by_count || by_budget) ? ExpertChoice::all
@@ -191,7 +192,14 @@ ExpertPlan plan_experts(const ModelConfig& c, const ModelBytes& bytes, const Exp
     p.host_bytes += bytes.output;
   if (routed > 0) p.gpu_routing_share = routed_gpu / routed;
 
-  if (o.gpu_free_bytes > 0 && p.gpu_bytes() > o.gpu_free_bytes) {
+  if (p.gpu_weights_in_place && o.gpu_free_bytes > 0 &&
+      p.gpu_stream_bytes + p.gpu_extra_bytes > o.gpu_free_bytes)
+    fail(
+        "the placement needs {} on {} for its cache and scratch (its weights are read in place from host "
+        "memory), but {} is free; lower -c or --parallel",
+        format_bytes((double)(p.gpu_stream_bytes + p.gpu_extra_bytes)), p.gpu,
+        format_bytes((double)o.gpu_free_bytes));
+  if (!p.gpu_weights_in_place && o.gpu_free_bytes > 0 && p.gpu_bytes() > o.gpu_free_bytes) {
     const double fixed = (double)(p.gpu_dense_bytes + p.gpu_output_bytes + p.gpu_stream_bytes + p.gpu_extra_bytes);
     const double room = (double)o.gpu_free_bytes - fixed;
     std::string advice;
@@ -252,6 +260,7 @@ std::string ExpertPlan::summary(bool per_layer) const {
     if (gpu_stream_bytes) s += fmt::format(" + expert staging {}", format_bytes((double)gpu_stream_bytes));
     if (gpu_extra_bytes) s += fmt::format(" + cache and scratch {}", format_bytes((double)gpu_extra_bytes));
     if (gpu_free_bytes) s += fmt::format(" ({} free)", format_bytes((double)gpu_free_bytes));
+    if (gpu_weights_in_place) s += "; its weights read in place from host memory";
     s += "\n";
   }
   s += fmt::format("  host: {} read in place from the file", format_bytes((double)host_bytes));

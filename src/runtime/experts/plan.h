@@ -49,6 +49,7 @@ struct ExpertPlanOptions {
   std::string expert_device = "cpu";
   size_t gpu_free_bytes = 0;   // 0: unknown, no check
   size_t gpu_extra_bytes = 0;  // what else the GPU must hold (KV cache, scratch), counted in the check
+  bool gpu_weights_in_place = false;  // the device reads weights from host memory (reads_host_weights)
 };
 
 struct ExpertPlan {
@@ -68,6 +69,9 @@ struct ExpertPlan {
   // read in place from the file (embedding, host layers, every expert not resident on the GPU).
   size_t gpu_dense_bytes = 0, gpu_expert_bytes = 0, gpu_output_bytes = 0, gpu_extra_bytes = 0;
   size_t gpu_free_bytes = 0;  // 0: unknown
+  // The device reads its weights in place from host memory (Backend::reads_host_weights): they take none of
+  // its memory (the check counts gpu_extra_bytes alone), and they are the host's mapped pages.
+  bool gpu_weights_in_place = false;
   size_t host_bytes = 0, host_expert_bytes = 0;
   // Of the offloaded MoE layers' routings, the share served by resident experts: measured on the profile,
   // or n_gpu / n_expert (uniform routing) without one. -1: no offloaded MoE layer.
