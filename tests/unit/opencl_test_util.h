@@ -2,10 +2,17 @@
 // is a device, one device for the whole test binary (its programs built once), DEVICE_OR_SKIP for machines
 // without one, random data, and copies to and from device memory. Only where XPERT_HAVE_OPENCL is defined.
 #pragma once
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -107,6 +114,23 @@ inline float rel_err(const std::vector<float>& a, const std::vector<float>& b, f
     scale = std::max(scale, std::fabs(b[i]));
   }
   return worst / scale;
+}
+
+// Intel's offline compiler (ocloc, Debian package intel-opencl-icd) on PATH, or "" (the offline compile
+// checks of test_opencl_xmx.cpp and test_opencl_intel.cpp skip).
+inline std::string find_ocloc() {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::filesystem::path p = std::filesystem::path(dir.empty() ? "." : dir) / "ocloc";
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return "";
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 }  // namespace xpert::cltest

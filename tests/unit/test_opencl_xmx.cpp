@@ -32,24 +32,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// ocloc on PATH, or "".
-std::string find_ocloc() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const fs::path p = fs::path(dir.empty() ? "." : dir) / "ocloc";
-    if (::access(p.c_str(), X_OK) == 0) return p.string();
-  }
-  return "";
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 TEST(OpenCLXmxOfflineCompile, BuildsWithDpasForDg2AndPvc) {
-  const std::string ocloc = find_ocloc();
+  const std::string ocloc = cltest::find_ocloc();
   if (ocloc.empty())
     GTEST_SKIP()
         << "ocloc is not installed (Debian package intel-opencl-icd; scripts/setup.sh installs it): the "
@@ -82,14 +66,14 @@ TEST(OpenCLXmxOfflineCompile, BuildsWithDpasForDg2AndPvc) {
           "-options '{} -Dcl_intel_subgroup_matrix_multiply_accumulate' > log.txt 2>&1",
           run.string(), (run / "dump").string(), ocloc, target.device, p.options);
       const int rc = std::system(cmd.c_str());
-      ASSERT_EQ(rc, 0) << cmd << "\n" << read_file(run / "log.txt");
+      ASSERT_EQ(rc, 0) << cmd << "\n" << cltest::read_text(run / "log.txt");
       // Every kernel's assembly (IGC's dumps: "//.kernel NAME" on the first line; a kernel compiled twice, as
       // IGC retries one with other settings, has two) holds dpas, the f16 x f16 -> f32 multiply-accumulate.
       for (const char* k : kernels) {
         int asm_files = 0, with_dpas = 0;
         for (const auto& e : fs::directory_iterator(run / "dump")) {
           if (e.path().extension() != ".asm") continue;
-          const std::string text = read_file(e.path());
+          const std::string text = cltest::read_text(e.path());
           if (text.substr(0, text.find('\n')) != std::string("//.kernel ") + k) continue;
           ++asm_files;
           if (text.find("dpas") != std::string::npos) ++with_dpas;

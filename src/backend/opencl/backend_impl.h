@@ -90,9 +90,6 @@ inline int64_t block_elems(DType t) {
   }
 }
 
-// prefill.cpp: the matmul and ops programs' appended sources (kernels_fused.h, then kernels_prefill.h).
-const std::string& prefill_matmul_source();
-const std::string& prefill_ops_source();
 // src once per tile size (rows, name suffix): "#define ROWS_MACRO rows" and "#define SUFFIX_MACRO suffix"
 // before each copy, #undef after, so each copy's kernels take the suffix in their names (kernels_prefill.h,
 // kernels_prefill_xmx.h).
@@ -114,13 +111,17 @@ inline std::string matmul_options(DType t, int mv_wg, int mv_r, bool wide_loads,
                      correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
 }
 
-// prefill_xmx.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend builds
-// it: the whole source and the options (matmul_options plus the subgroup size, 8 or 16). The offline compile
-// check (tests/unit/test_opencl_xmx.cpp) compiles this text.
-struct ProgramText {
-  std::string source, options;
-};
+// prefill_xmx.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend
+// builds it: the whole source and the options (matmul_options plus the subgroup size, 8 or 16). The offline
+// compile check (tests/unit/test_opencl_xmx.cpp) compiles this text.
 ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
+// program_texts.cpp: the other programs of the backend, as it builds them: the small and fused ops
+// (kernels_ops.h, kernels_fused.h, the prefill's ops), attention, Gated DeltaNet, and a weight type's matmul
+// program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
+ProgramText ops_program_text(bool correctly_rounded_divide);
+ProgramText attention_program_text();
+ProgramText gdn_program_text();
+ProgramText matmul_program_text(DType t, int mv_wg, int mv_r, bool wide_loads, bool correctly_rounded_divide);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
 bool xmx_weight_type(DType t);
 
@@ -313,16 +314,14 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
     // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~18 KiB of local memory).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 20 * 1024) {
-      launch(program(attention_, kAttentionSource, "").kernel("attention_block"),
-             {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,
-             a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim,
-             (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
+      launch(attention_kernel("attention_block"), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
+             {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
+             (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
     }
-    launch(program(attention_, kAttentionSource, "").kernel("attention"),
-           {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
-           (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale,
-           (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0);
+    launch(attention_kernel("attention"), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q,
+           a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
+           a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -401,33 +400,35 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       return kernels.emplace(n, std::move(k)).first->second.get();
     }
   };
-  Prog& program(std::unique_ptr<Prog>& slot, std::string_view source, const std::string& options,
-                std::string_view more = {}) {
+  // The program in slot, built from text() (program_texts.cpp) on first use.
+  template <typename Text>
+  Prog& program(std::unique_ptr<Prog>& slot, Text&& text) {
     if (!slot) {
       auto p = std::make_unique<Prog>();
-      std::string src(kClCommonSource);
-      src += source;
-      src += more;
-      p->program = build_program(ctx_.get(), info_, src, options);
+      const ProgramText t = text();
+      p->program = build_program(ctx_.get(), info_, t.source, t.options);
       slot = std::move(p);
       programs_.push_back(slot.get());
     }
     return *slot;
   }
-  // Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
   cl_kernel ops(const char* kernel) {
-    return program(ops_, kOpsSource,
-                   info_.correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : "",
-                   prefill_ops_source())
-        .kernel(kernel);
+    return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
-  cl_kernel gdn(const char* kernel) { return program(gdn_, kGdnSource, "").kernel(kernel); }
+  cl_kernel attention_kernel(const char* kernel) {
+    return program(attention_, [] { return attention_program_text(); }).kernel(kernel);
+  }
+  cl_kernel gdn(const char* kernel) {
+    return program(gdn_, [] { return gdn_program_text(); }).kernel(kernel);
+  }
   Prog& matmul_program(DType t) {
     const char* macro = weight_macro(t);
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
-    return program(matmul_[t], kMatmulSource, matmul_options(t), prefill_matmul_source());
+    return program(matmul_[t], [&] {
+      return matmul_program_text(t, mv_wg_, mv_r_, wide_loads_, info_.correctly_rounded_divide);
+    });
   }
   std::string matmul_options(DType t) const {
     return opencl::matmul_options(t, mv_wg_, mv_r_, wide_loads_, info_.correctly_rounded_divide);
@@ -578,13 +579,13 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   }
   Prog& xmx_program(DType t) {
     if (!xmx_[t]) {
-      const ProgramText p = xmx_program_text(matmul_options(t), xmx_sub_group());
-      // program() prepends kClCommonSource, as xmx_program_text does.
-      const std::string source =
-          xmx_emulation_.prelude + std::string(std::string_view(p.source).substr(kClCommonSource.size()));
-      const std::string options =
-          xmx_emulation_.options.empty() ? p.options : p.options + " " + xmx_emulation_.options;
-      return program(xmx_[t], source, options);
+      return program(xmx_[t], [&] {
+        ProgramText p = xmx_program_text(matmul_options(t), xmx_sub_group());
+        // The emulation's prelude (tests) right after kClCommonSource, which xmx_program_text puts first.
+        p.source.insert(kClCommonSource.size(), xmx_emulation_.prelude);
+        if (!xmx_emulation_.options.empty()) p.options += " " + xmx_emulation_.options;
+        return p;
+      });
     }
     return *xmx_[t];
   }

@@ -74,6 +74,22 @@ struct Activations {
 
 }  // namespace
 
+ProgramText expert_program_text(DType t, KernelVariant variant, int lanes, int mv_features,
+                                bool correctly_rounded_divide) {
+  const char* macro = type_macro(t);
+  if (!macro && !is_gptq(t))
+    fail("the OpenCL expert kernels run Q4_0, Q8_0, Q4_K, Q6_K and native GPTQ-INT4 weights, not {}",
+         dtype_name(t));
+  const std::string type = macro ? fmt::format("-D{}", macro)
+                                 : fmt::format("-DWT_GPTQ -DGPTQ_GROUP={}{}", gptq_group(t),
+                                               gptq_has_zeros(t) ? " -DGPTQ_ZEROS" : "");
+  std::string options = fmt::format("{} -DLANES={} -DMV_NR={}", type, lanes, mv_features);
+  if (variant == KernelVariant::subgroup16) options += " -DSUBGROUP16";
+  // Activation scales divide by amax: correctly rounded, they match the CPU's quantizer bit for bit.
+  if (correctly_rounded_divide) options += " -cl-fp32-correctly-rounded-divide-sqrt";
+  return {std::string(kExpertKernelSource), options};
+}
+
 const char* variant_name(KernelVariant v) {
   switch (v) {
     case KernelVariant::automatic: return "automatic";
@@ -166,19 +182,10 @@ struct ExpertDevice::Impl {
 
   const TypeKernels& type_kernels(DType t) {
     if (auto it = kernels.find(t); it != kernels.end()) return it->second;
-    const char* macro = type_macro(t);
-    if (!macro && !is_gptq(t))
-      fail("the OpenCL expert kernels run Q4_0, Q8_0, Q4_K, Q6_K and native GPTQ-INT4 weights, not {}",
-           dtype_name(t));
-    const std::string type = macro ? fmt::format("-D{}", macro)
-                                   : fmt::format("-DWT_GPTQ -DGPTQ_GROUP={}{}", gptq_group(t),
-                                                 gptq_has_zeros(t) ? " -DGPTQ_ZEROS" : "");
-    std::string options = fmt::format("{} -DLANES={} -DMV_NR={}", type, lanes, mv_features);
-    if (variant == KernelVariant::subgroup16) options += " -DSUBGROUP16";
-    // Activation scales divide by amax: correctly rounded, they match the CPU's quantizer bit for bit.
-    if (info.correctly_rounded_divide) options += " -cl-fp32-correctly-rounded-divide-sqrt";
+    const ProgramText text =
+        expert_program_text(t, variant, lanes, mv_features, info.correctly_rounded_divide);
     TypeKernels k;
-    k.program = build_program(ctx.get(), info, kExpertKernelSource, options);
+    k.program = build_program(ctx.get(), info, text.source, text.options);
     const cl_program p = k.program.get();
     k.quantize_q8_0 = make_kernel(p, "quantize_q8_0");
     k.quantize_q8_k = make_kernel(p, "quantize_q8_k");

@@ -17,6 +17,7 @@
 
 #include "backend/opencl/cl_api.h"
 #include "backend/opencl/discovery.h"
+#include "backend/opencl/program_cache.h"
 #include "backend/tensor.h"
 
 namespace xpert::opencl {
@@ -27,6 +28,10 @@ enum class KernelVariant {
   subgroup16,  // cl_intel_subgroups with a required subgroup size of 16 (Intel GPUs)
 };
 const char* variant_name(KernelVariant v);
+// The expert kernels' program (kernels_expert.h) for weights of type t, as ExpertDevice builds it: LANES
+// work-items a row, MV_NR rows a group.
+ProgramText expert_program_text(DType t, KernelVariant variant, int lanes, int mv_features,
+                                bool correctly_rounded_divide);
 // What `automatic` picks on this device.
 KernelVariant preferred_variant(const DeviceInfo& d);
 

@@ -122,10 +122,9 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
          (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
          (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
          d.slots, slot_halves);
-  launch(program(attention_, kAttentionSource, "").kernel("attention"),
-         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
-         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
-         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+  launch(attention_kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q,
+         d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim,
+         (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 

@@ -13,32 +13,6 @@
 
 namespace xpert::opencl {
 
-const std::string& prefill_matmul_source() {
-  static const std::string s = [] {
-    std::string r(kFusedMatmulSource);
-    r += kPrefillRawSource;
-    r += per_tile_size(kPrefillTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}});
-    return r;
-  }();
-  return s;
-}
-
-std::string per_tile_size(std::string_view src, const char* rows_macro, const char* suffix_macro,
-                          std::initializer_list<std::pair<int, const char*>> sizes) {
-  std::string r;
-  for (const auto& [rows, suffix] : sizes) {
-    r += fmt::format("\n#define {} {}\n#define {} {}\n", rows_macro, rows, suffix_macro, suffix);
-    r += src;
-    r += fmt::format("\n#undef {}\n#undef {}\n", rows_macro, suffix_macro);
-  }
-  return r;
-}
-
-const std::string& prefill_ops_source() {
-  static const std::string s = std::string(kFusedOpsSource) + std::string(kPrefillOpsSource);
-  return s;
-}
-
 void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx,
                                int64_t m, float* y, int64_t ldy) {
   check_row(t, k);

@@ -23,6 +23,12 @@ ProgramCacheStats program_cache_stats();
 // Empty when the cache is disabled.
 std::filesystem::path program_cache_dir();
 
+// A program as built: its whole OpenCL C text and its build options (what the offline compile checks of
+// tests/unit/test_opencl_xmx.cpp and test_opencl_intel.cpp compile too).
+struct ProgramText {
+  std::string source, options;
+};
+
 // The built program for one device; throws Error with the build log when the source does not compile.
 Program build_program(cl_context ctx, const DeviceInfo& dev, std::string_view source, const std::string& options);
 

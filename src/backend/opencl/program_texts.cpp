@@ -1,0 +1,46 @@
+// The whole-model backend's programs as OpenclBackend builds them: each one's whole text (kClCommonSource
+// first) and build options, in one place, so that the offline compile check for Intel GPUs
+// (tests/unit/test_opencl_intel.cpp) compiles exactly what a device would.
+#include "backend/opencl/backend_impl.h"
+#include "backend/opencl/kernels_prefill.h"
+
+namespace xpert::opencl {
+
+std::string per_tile_size(std::string_view src, const char* rows_macro, const char* suffix_macro,
+                          std::initializer_list<std::pair<int, const char*>> sizes) {
+  std::string r;
+  for (const auto& [rows, suffix] : sizes) {
+    r += fmt::format("\n#define {} {}\n#define {} {}\n", rows_macro, rows, suffix_macro, suffix);
+    r += src;
+    r += fmt::format("\n#undef {}\n#undef {}\n", rows_macro, suffix_macro);
+  }
+  return r;
+}
+
+namespace {
+std::string with_common(std::initializer_list<std::string_view> parts) {
+  std::string r(kClCommonSource);
+  for (std::string_view p : parts) r += p;
+  return r;
+}
+}  // namespace
+
+// Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
+ProgramText ops_program_text(bool correctly_rounded_divide) {
+  return {with_common({kOpsSource, kFusedOpsSource, kPrefillOpsSource}),
+          correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
+}
+
+ProgramText attention_program_text() { return {with_common({kAttentionSource}), ""}; }
+
+ProgramText gdn_program_text() { return {with_common({kGdnSource}), ""}; }
+
+ProgramText matmul_program_text(DType t, int mv_wg, int mv_r, bool wide_loads,
+                                bool correctly_rounded_divide) {
+  static const std::string tiles =
+      per_tile_size(kPrefillTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}});
+  return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}),
+          matmul_options(t, mv_wg, mv_r, wide_loads, correctly_rounded_divide)};
+}
+
+}  // namespace xpert::opencl
