@@ -15,7 +15,8 @@
 #                                       # llama-batched-bench --n-cpu-moe 48, 1 and 16 streams
 #   bench/h200_carry.sh ocl [PRESET]    # the whole model through NVIDIA's OpenCL (opencl:1) against xpert's CUDA
 #                                       # backend on the same file: pp512 / tg128 of each (timeout OCL_TIMEOUT
-#                                       # per run), NVIDIA's OpenCL launch cost (XPERT_OPENCL_OPTS probe), enqueues per
+#                                       # per run), NVIDIA's OpenCL launch cost and a barrier across one launch's
+#                                       # groups (XPERT_OPENCL_OPTS probe), enqueues per
 #                                       # step, tg32 with the plain ops and kernels of before (XPERT_OPENCL_OPTS fused=0
 #                                       # ...) and under each of OCL_VARIANTS, device time per kernel
 #                                       # (XPERT_OPENCL_OPTS profile); OCL_PREFILL=1: also pp512's device time per
@@ -196,7 +197,7 @@ case "${1:-}" in
         echo "(rc ${PIPESTATUS[0]})"
       echo "## opencl:1"
       XPERT_OPENCL_OPTS=probe:stats timeout "$t" "$X" bench -m "$f" -p 512 -n 128 -r 1 --device opencl:1 \
-        2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|empty kernel|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
+        2>&1 | grep -E '\| *(pp|tg)|^  (pp|tg)|empty kernel|barrier across|enqueues|rror' || echo "(rc ${PIPESTATUS[0]})"
       # The plain ops with the kernels and launches of before (XPERT_OPENCL_OPTS, opencl/switches.h), then
       # each of OCL_VARIANTS (XPERT_OPENCL_OPTS values separated by spaces, e.g. "tail=0 wide=0:mv_wg=16").
       for v in fused=0:arg_cache=0:wide=0 ${OCL_VARIANTS:-}; do
