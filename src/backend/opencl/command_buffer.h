@@ -50,7 +50,7 @@ class CommandBuffer {
   size_t commands() const { return kernels_.size(); }
 
  private:
-  const CommandBufferApi& api_;
+  CommandBufferApi api_;  // a copy: the backend may drop its own when a driver fails (pass_graphs.cpp)
   cl_command_queue q_;
   cl_command_buffer_khr buf_ = nullptr;
   cl_sync_point_khr last_ = 0;
