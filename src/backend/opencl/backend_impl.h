@@ -562,8 +562,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     check_row(t, k);
     check_mv_aligned(t, w, x);
     launch(matmul_program(t).kernel("gemv_multi"), {groups(n, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
-           {(size_t)mv_wg_, (size_t)mv_r_}, w, w, w, (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0, y, y, y,
-           (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k, (cl_int)n);
+           {(size_t)mv_wg_, (size_t)mv_r_}, w, w, w, w, (cl_ulong)row_bytes(t, k), (cl_int)n, (cl_int)0,
+           (cl_int)0, y, y, y, y, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k,
+           (cl_int)n);
   }
   // prefill.cpp: 128 features x 64 rows per work-group, register-tiled (kernels_prefill.h).
   void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,

@@ -39,7 +39,7 @@ int OpenclBackend::round_mode(DType t, int64_t* unit) {
 
 void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
   auto plain = [&] { Backend::matmuls(x, m, jobs); };
-  if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 3) return plain();
+  if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 4) return plain();
   const DType t = jobs[0].w->type;
   const int64_t k = jobs[0].w->ne[0];
   for (const MatmulJob& j : jobs)
@@ -48,9 +48,9 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const float* xq = rounded_activations(t, x, m, k);
-  const void* w[3] = {nullptr, nullptr, nullptr};
-  float* y[3] = {nullptr, nullptr, nullptr};
-  cl_int n[3] = {0, 0, 0}, ldy[3] = {0, 0, 0};
+  const void* w[4] = {nullptr, nullptr, nullptr, nullptr};
+  float* y[4] = {nullptr, nullptr, nullptr, nullptr};
+  cl_int n[4] = {0, 0, 0, 0}, ldy[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < jobs.size(); ++i) {
     w[i] = jobs[i].w->data;
     y[i] = jobs[i].y;
@@ -60,10 +60,10 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
   for (const void* wi : w)
     if (wi) check_mv_aligned(t, wi, xq);
   preround_mode_ = round_mode(t);  // what the MoE layer's last kernel rounds the next layer's input for
-  const cl_int n_total = n[0] + n[1] + n[2];
+  const cl_int n_total = n[0] + n[1] + n[2] + n[3];
   launch(matmul_program(t).kernel("gemv_multi"), {groups(n_total, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
-         {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], (cl_ulong)row_bytes(t, k), n[0], n[1], y[0], y[1],
-         y[2], ldy[0], ldy[1], ldy[2], xq, (cl_int)k, (cl_int)k, n_total);
+         {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], w[3], (cl_ulong)row_bytes(t, k), n[0], n[1], n[2],
+         y[0], y[1], y[2], y[3], ldy[0], ldy[1], ldy[2], ldy[3], xq, (cl_int)k, (cl_int)k, n_total);
   ar.release(mark);
 }
 
@@ -128,17 +128,31 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 
-// A decode-sized batch of a MoE layer wholly on the device, without a shared expert: three launches from the
-// residual add to the next layer's norm (an F32 router: the add and norm in its groups), no host round trip
-// (routing as moe_small_batch, not counted in the routing statistics). Everything else takes the plain ops.
+// A decode-sized batch of a MoE layer wholly on the device: three launches from the residual add to the next
+// layer's norm (an F32 router: the add and norm in its groups), no host round trip (routing as
+// moe_small_batch, not counted in the routing statistics). A shared expert (Qwen3.5) of the experts' width
+// and weight types rides along as one slot more a token: its gate in the router's launch (one group more),
+// its gate/up rows in moe_gate_up's, its down product and weight in moe_down_add's. Everything else takes the
+// plain ops.
 Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w,
                                            float* cur, int64_t n, const float* next_w,
                                            const PartialSum* d_parts) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
-  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && S <= kCounters && K <= kMoeMaxUsed &&
-                       !m.split && !m.exec && m.uniform_seed == 0 && !m.shared_up &&
-                       m.gate.type == m.up.type && weight_macro(m.gate.type) && weight_macro(m.down.type) &&
-                       E % block_elems(m.gate.type) == 0 && F % block_elems(m.down.type) == 0;
+  const bool shared = (bool)m.shared_up;
+  const int64_t Sx = S + (shared ? n : 0);  // slots: the routed ones, then the shared expert's
+  // The residual add, the norm, the router's product and the routing in one launch (every group normalizes
+  // the token's row; the last group of each token routes it); x takes d in moe_down_add.
+  const bool router_tail =
+      tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 && E <= kRouteMax && d && w;
+  const bool shared_fits =
+      !shared || (router_tail && m.n_ff_shared == F && m.shared_gate.type == m.gate.type &&
+                  m.shared_up.type == m.gate.type && m.shared_down.type == m.down.type &&
+                  m.shared_gate_inp.type == DType::F32 && m.shared_gate_inp.ne[0] == E);
+  const bool fusable = fused_ && n > 0 && n < kMoeGemmMinRows && Sx <= kCounters &&
+                       K + (shared ? 1 : 0) <= kMoeMaxUsed && !m.split && !m.exec && m.uniform_seed == 0 &&
+                       shared_fits && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
+                       weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
+                       F % block_elems(m.down.type) == 0;
   if (!fusable || d_parts) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w, d_parts);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
@@ -147,45 +161,50 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   float* logits_d = ar.take<float>(n * X);
   int32_t* row_slot_d = ar.take<int32_t>(S);
   int32_t* slot_row_d = ar.take<int32_t>(S);
-  float* weights_d = ar.take<float>(S);
+  float* weights_d = ar.take<float>(Sx);  // the shared expert's sigmoid gates after the routed weights
   int32_t* tasks_d = ar.take<int32_t>(2 * S);
   const RouterParams rp = m.router_params();
-  // The residual add, the norm, the router's product and the routing in one launch (every group normalizes
-  // the token's row; the last group of each token routes it); x takes d in moe_down_add.
-  const bool router_tail =
-      tails_ && m.router.type == DType::F32 && X <= kRouteMax && E % 4 == 0 && E <= kRouteMax && d && w;
   if (router_tail) {
-    launch(matmul_program(m.router.type).kernel("moe_router_route"), {(size_t)X * mv_wg_, (size_t)n},
-           {(size_t)mv_wg_, 1}, m.router.data, (cl_ulong)row_bytes(m.router.type, E), d, x, w, m.rms_eps, cur,
-           (cl_int)mode, curq, (cl_int)E, logits_d, (cl_int)X, (cl_int)K, (cl_int)rp.norm_weights,
-           rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, counters_);
+    launch(matmul_program(m.router.type).kernel("moe_router_route"),
+           {(size_t)(X + (shared ? 1 : 0)) * mv_wg_, (size_t)n}, {(size_t)mv_wg_, 1}, m.router.data,
+           (cl_ulong)row_bytes(m.router.type, E), shared ? m.shared_gate_inp.data : nullptr, d, x, w,
+           m.rms_eps, cur, (cl_int)mode, curq, (cl_int)E, logits_d, (cl_int)X, (cl_int)K,
+           (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, counters_);
   } else {
     add_rmsnorm_round(d, x, w, cur, n, E, m.rms_eps, curq, mode);
     matmul(m.router, cur, n, logits_d, X);
     launch(ops("moe_route_slots"), {(size_t)n * kRedWg}, {kRedWg}, logits_d, (cl_int)X, (cl_int)K,
            (cl_int)rp.norm_weights, rp.weights_scale, row_slot_d, slot_row_d, weights_d, tasks_d, (cl_int)n);
   }
-  float* h = ar.take<float>(S * F);
+  float* h = ar.take<float>(Sx * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
   // h rounded for the down product by gate_up's last group of each slot (tails_), else by its own launch.
   const int down_mode = round_mode(m.down.type);
-  float* hq = down_mode >= 0 && tails_ ? ar.take<float>(S * F) : h;
+  float* hq = down_mode >= 0 && tails_ ? ar.take<float>(Sx * F) : h;
   check_mv_aligned(m.gate.type, m.gate.data, curq);
   check_mv_aligned(m.gate.type, m.up.data, curq);
-  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {groups(F, mv_r_) * mv_wg_, (size_t)(S * mv_r_)},
-         {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d,
-         (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq);
-  const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, S, F);
+  if (shared) {
+    check_mv_aligned(m.gate.type, m.shared_gate.data, curq);
+    check_mv_aligned(m.gate.type, m.shared_up.data, curq);
+  }
+  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {groups(F, mv_r_) * mv_wg_, (size_t)(Sx * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row,
+         (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_,
+         (cl_int)(tails_ ? down_mode : -1), hq, shared ? m.shared_gate.data : nullptr,
+         shared ? m.shared_up.data : nullptr, (cl_int)S);
+  const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, Sx, F);
   const bool norm_tail = next_w && tails_;
   // The next norm rounded for the next layer's q/k/v product too (its weights' type as the last matmuls
   // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
   const int next_mode = norm_tail && (preround_mode_ == 0 || preround_mode_ == 1) ? preround_mode_ : -1;
   float* next_q = next_mode >= 0 ? preround_buffer(n * E) : nullptr;
   check_mv_aligned(m.down.type, m.down.data, down_in);
+  if (shared) check_mv_aligned(m.down.type, m.shared_down.data, down_in);
   launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
          {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
          weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail,
-         (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur, (cl_int)next_mode, next_q);
+         (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur, (cl_int)next_mode, next_q,
+         shared ? m.shared_down.data : nullptr, (cl_int)shared);
   if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);

@@ -11,14 +11,17 @@
 //                       nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
-//   gemv_multi          up to three matrices of one type and width on the same activations (q, k, v).
+//   gemv_multi          up to four matrices of one type and width on the same activations (q, k, v; a Gated
+//                       DeltaNet layer's qkv, z, alpha, beta).
 //   moe_router_route    the residual add and norm (in every group, in local memory), the router's logits and
-//                       the gate/up product's rounded input, then (the token's last group) its top-k routing.
+//                       the gate/up product's rounded input, then (the token's last group) its top-k routing;
+//                       with a shared expert (Qwen3.5), one group more: its sigmoid gate.
 //   moe_gate_up         per (feature, slot): silu(x_t . gate_e) * (x_t . up_e) for slot s = t * k + j of
 //                       expert e: the routed rows read x in place (no gather) and SwiGLU is applied as the
 //                       sums are reduced.
 //   moe_down_add        per (feature, token): y_t += sum_j weight_s * (h_s . down_e), in slot order, as
-//                       moe_combine then add sum them.
+//                       moe_combine then add sum them; a shared expert is one slot more a token, after the
+//                       routed ones (its gate/up rows are slots n_routed + t of moe_gate_up).
 #pragma once
 #include <string_view>
 
@@ -397,11 +400,12 @@ float mv_sum(float v, local float* buf) { return grp_sum(v, buf, get_local_id(0)
 // Work-groups of MV_WG x MV_R: MV_R matrix rows a group (local id 1 picks the row), so a GPU's SM holds
 // enough work-items for its loads to be in flight (NVIDIA allows 32 groups an SM: groups of one warp left
 // half of it idle).
-// Group (g, r), row l: feature f = g * MV_R + l of the concatenation [n0 | n1 | n2] of three matrices' outputs
-// (n_total of them), activation row r.
-kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2, ulong row_bytes,
-                       int n0, int n1, global float* y0, global float* y1, global float* y2, int ldy0, int ldy1,
-                       int ldy2, global const float* x, int ldx, int k, int n_total) {
+// Group (g, r), row l: feature f = g * MV_R + l of the concatenation [n0 | n1 | n2 | n3] of four matrices'
+// outputs (n_total of them), activation row r.
+kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2,
+                       global const uchar* w3, ulong row_bytes, int n0, int n1, int n2, global float* y0,
+                       global float* y1, global float* y2, global float* y3, int ldy0, int ldy1, int ldy2, int ldy3,
+                       global const float* x, int ldx, int k, int n_total) {
   local float buf_all[MV_WG * MV_R];
   local float* buf = buf_all + get_local_id(1) * MV_WG;
   int f = get_group_id(0) * MV_R + get_local_id(1);
@@ -410,7 +414,9 @@ kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global co
   global const uchar* w = w0;
   global float* y = y0;
   int ldy = ldy0;
-  if (f >= n0 + n1) {
+  if (f >= n0 + n1 + n2) {
+    f -= n0 + n1 + n2, w = w3, y = y3, ldy = ldy3;
+  } else if (f >= n0 + n1) {
     f -= n0 + n1, w = w2, y = y2, ldy = ldy2;
   } else if (f >= n0) {
     f -= n0, w = w1, y = y1, ldy = ldy1;
@@ -454,8 +460,11 @@ void mv_sum_rows(local float* v, int n) {
 // (round_unit, mode >= 0), into xq: group e writes blocks (or values) e, e + n_expert, ...; so the residual
 // add and norm take no launch of their own, and x is left as it was (moe_down_add adds d). Token t's last group
 // then routes it (route_token, kClCommonSource), every group taking the routing's barriers. k % 4 == 0,
-// k <= ROUTE_MAX (the row and then the probabilities share one local array).
-kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* d, global const float* x,
+// k <= ROUTE_MAX (the row and then the probabilities share one local array). With has_shared, group e ==
+// n_expert takes the shared expert's gate row shared_w instead and writes weights[n_routed + t] = sigmoid of
+// it (n_routed = n_used * tokens: the routed slots' weights come first).
+kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* shared_w,
+                             global const float* d, global const float* x,
                              global const float* nw, float eps, global float* cur_out, int mode, global float* xq,
                              int k, global float* logits, int n_expert, int n_used, int norm, float scale,
                              global int* row_slot, global int* slot_row, global float* weights, global int* tasks,
@@ -465,7 +474,7 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
   local float4 cur[ROUTE_MAX / 4];  // the row, then (route_token, past last_group's barriers) the probabilities
   local float bv[MV_WG];
   local int bi[MV_WG];
-  const int e = get_group_id(0), lid = get_local_id(0), k4 = k / 4;
+  const int e = get_group_id(0), G = get_num_groups(0), lid = get_local_id(0), k4 = k / 4;
   const long t = get_group_id(1);
   global const float* xr = x + t * k;
   global const float* dr = d + t * k;
@@ -477,7 +486,7 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
   }
   const float rs = 1.0f / sqrt(mv_sum(ss, buf) / (float)k + eps);
   float acc = 0.0f;
-  global const float* wr = (global const float*)(w + (ulong)e * row_bytes);
+  global const float* wr = e < n_expert ? (global const float*)(w + (ulong)e * row_bytes) : shared_w;
   for (int i = lid; i < k4; i += MV_WG) {
     const float4 c = (cur[i] * rs) * vload4(i, nw);
     cur[i] = c;
@@ -485,37 +494,40 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
     acc += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
   }
   const float s = mv_sum(acc, buf);  // its barriers also make cur whole for the rounding
-  if (lid == 0) logits[t * n_expert + e] = s;
+  if (lid == 0 && e < n_expert) logits[t * n_expert + e] = s;
+  if (lid == 0 && e == n_expert) weights[(long)get_num_groups(1) * n_used + t] = sigmoid_f(s);
   local const float* cl = (local const float*)cur;
   global float* qr = xq + t * k;
   global float* cr = cur_out + t * k;
-  for (int i = e + n_expert * lid; i < k; i += n_expert * MV_WG) {
+  for (int i = e + G * lid; i < k; i += G * MV_WG) {
     cr[i] = cl[i];
     if (mode >= 2) qr[i] = round_elem(cl[i], mode);
   }
   const int blocks = mode == 0 || mode == 1 ? round_units(k, mode) : 0;
-  for (int b0 = 0; b0 < blocks; b0 += n_expert)
-    round_block_group_l(cl, qr, mode, b0 + e, MV_WG, b0 + e < blocks, bv, bi);
-  const int last = last_group(counters + t, n_expert, &flag);
+  for (int b0 = 0; b0 < blocks; b0 += G) round_block_group_l(cl, qr, mode, b0 + e, MV_WG, b0 + e < blocks, bv, bi);
+  const int last = last_group(counters + t, G, &flag);
   route_token(logits + t * n_expert, n_expert, n_used, norm, scale, (int)t, last, row_slot, slot_row, weights, tasks,
               MV_WG, (local float*)cur, bv, bi);
 }
 
 // Group (g, s), row l: feature f = g * MV_R + l of slot s (token s / n_used) of expert tasks[2s + 1];
-// h[s][f] = silu(g) * u. With mode >= 0, the slot's last group rounds its row into hq for the down product
+// h[s][f] = silu(g) * u. Slots from n_routed on are the shared expert's (shared_gate, shared_up) for token
+// s - n_routed. With mode >= 0, the slot's last group rounds its row into hq for the down product
 // (round_unit; its MV_R rows a block each at a time), so no launch does it.
 kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
                         global const int* tasks, int n_used, global const float* x, int k, global float* h,
-                        int n_ff, volatile global int* counters, int mode, global float* hq) {
+                        int n_ff, volatile global int* counters, int mode, global float* hq,
+                        global const uchar* shared_gate, global const uchar* shared_up, int n_routed) {
   local float buf_all[2 * MV_WG * MV_R];
   local int flag;
   const int ly = get_local_id(1), f = get_group_id(0) * MV_R + ly, s = get_group_id(1), lid = get_local_id(0);
   local float* buf = buf_all + ly * 2 * MV_WG;
-  const bool on = f < n_ff;
-  const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
-  global const float* xr = x + (long)(s / n_used) * k;
+  const bool on = f < n_ff, sh = s >= n_routed;
+  const ulong off = (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes;
+  global const float* xr = x + (long)(sh ? s - n_routed : s / n_used) * k;
   // Both products' loads in flight before one reduction of the two sums.
-  const float2 gu = on ? mv_partial2(gate + off, up + off, xr, k) : (float2)(0.0f);
+  const float2 gu = on ? mv_partial2((sh ? shared_gate : gate) + off, (sh ? shared_up : up) + off, xr, k)
+                       : (float2)(0.0f);
   buf[lid] = gu.x;
   buf[MV_WG + lid] = gu.y;
   mv_sum_rows(buf, 2);
@@ -543,7 +555,8 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
 }
 
 // Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += (has_d: d[t][f], the residual add moe_router_route
-// left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1]. With
+// left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1], then (has_shared)
+// weights[n_routed + t] * (h[n_routed + t] . shared_down[f]), n_routed = n_used * tokens. With
 // has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm), its
 // MV_WG * MV_R work-items over the row, and with next_mode >= 0 also curq[t] = cur[t] rounded for the next
 // matmul (round_unit), so no launch does it.
@@ -551,41 +564,46 @@ kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, global const float* d, int has_d, int width, volatile global int* counters,
                          int has_norm, global const float* norm_w, float eps, global float* cur, int next_mode,
-                         global float* curq) {
+                         global float* curq, global const uchar* shared_down, int has_shared) {
   local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
   local int flag;
   const int ly = get_local_id(1), lid = get_local_id(0), f = get_group_id(0) * MV_R + ly;
   local float* buf = buf_all + ly * MOE_MAX_USED * MV_WG;
   const bool on = f < width;
-  const long t = get_group_id(1);
+  const long t = get_group_id(1), n_routed = (long)get_num_groups(1) * n_used;
+  const int slots = n_used + has_shared;  // the shared expert's: j == n_used
   // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
   // order (as moe_combine).
 #if defined(MV_TEAMS)
   // The teams of 8 work-items (mv_partial) over the token's (slot, block) pairs: over one slot's blocks at a
   // time, a row of 768 (3 blocks) would leave one team of four idle.
   const int nb = k / 256, l = lid % 8;
-  for (int j = 0; j < n_used; ++j) buf[j * MV_WG + lid] = 0.0f;
+  for (int j = 0; j < slots; ++j) buf[j * MV_WG + lid] = 0.0f;
 #pragma unroll 2
-  for (int u = lid / 8; u < n_used * nb; u += 4) {
+  for (int u = lid / 8; u < slots * nb; u += 4) {
     const int j = u / nb, sb = u - j * nb;
-    const long s = t * n_used + j;
-    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes + sb * 144;
+    const bool sh = j == n_used;
+    const long s = sh ? n_routed + t : t * n_used + j;
+    const ulong off =
+        (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes + sb * 144;
     float4 xv[8];
     q4k_x8(h + s * k + sb * 256, l, xv);
-    buf[j * MV_WG + lid] += on ? q4k_dot8(down + off, l, xv) : 0.0f;
+    buf[j * MV_WG + lid] += on ? q4k_dot8((sh ? shared_down : down) + off, l, xv) : 0.0f;
   }
 #else
 #pragma unroll 8
-  for (int j = 0; j < n_used; ++j) {
-    const long s = t * n_used + j;
-    const ulong off = (ulong)tasks[2 * s + 1] * expert_stride + (ulong)(on ? f : 0) * row_bytes;
-    buf[j * MV_WG + lid] = on ? mv_partial(down + off, h + s * k, k) : 0.0f;
+  for (int j = 0; j < slots; ++j) {
+    const bool sh = j == n_used;
+    const long s = sh ? n_routed + t : t * n_used + j;
+    const ulong off = (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes;
+    buf[j * MV_WG + lid] = on ? mv_partial((sh ? shared_down : down) + off, h + s * k, k) : 0.0f;
   }
 #endif
-  mv_sum_rows(buf, n_used);
+  mv_sum_rows(buf, slots);
   if (on && lid == 0) {
     float acc = 0.0f;
     for (int j = 0; j < n_used; ++j) acc += weights[t * n_used + j] * buf[j * MV_WG];
+    if (has_shared) acc += weights[n_routed + t] * buf[n_used * MV_WG];
     const float res = y[t * width + f];
     y[t * width + f] = acc + (has_d ? d[t * width + f] + res : res);
   }
