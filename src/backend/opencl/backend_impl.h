@@ -43,6 +43,7 @@ constexpr int kTileN = 64, kTileM = 32;
 constexpr int64_t kXmxWgRows = 4;
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
+constexpr int kGdnMaxWg = 256;              // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most
 constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
 // A matmul with more activation rows than this takes the tiled kernel.
 constexpr int64_t kGemvMaxRows = 8;

@@ -1,6 +1,7 @@
 // OpenCL C of the whole-model backend's Gated DeltaNet mixer (backend/gated_delta_net.h has the math and
-// the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k, the decay and beta gates, the
-// delta rule in its recurrent form, and the gated RMS norm. Core OpenCL C 1.2.
+// the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k and the decay and beta gates in one
+// kernel (gdn_prep), the delta rule in its recurrent form with the gated RMS norm (decode: two launches a
+// layer), or in its chunked form followed by the gated RMS norm. Core OpenCL C 1.2.
 //
 // The recurrent delta rule (decode) runs one work-group per value head; work-item j owns column j of the
 // head's state S [head_k_dim][head_v_dim] (kept in the state buffer: each step reads and writes it once,
@@ -23,60 +24,65 @@ namespace xpert::opencl {
 
 inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_MAXDK 512
+#define GDN_MAXWG 256  // the recurrent kernel's work-group at most
 
-// Work-item c: channel c over every token; the state keeps the last d_conv-1 rows of the window.
-kernel void conv1d_silu(global const float* x, int n_tokens, int channels, global const float* w, int d_conv,
-                        global float* state, global float* out) {
-  const int c = get_global_id(0);
-  if (c >= channels) return;
+// The layer's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the state keeps
+// the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the gates g =
+// softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group gr <
+// 2 * n_k_heads takes q/k head gr (channels gr * dk, + dk), normalized as it goes; the others take RED_WG v
+// channels each, and group 2 * n_k_heads the gates too. A channel has one work-item, which alone reads its
+// window and then shifts its state (in place is safe, per channel). Every group takes the norm's barriers.
+kernel void gdn_prep(global const float* x, int n_tokens, int channels, global const float* w, int d_conv,
+                     global float* state, global float* out, int dk, int n_k_heads, float eps,
+                     global const float* alpha, global const float* beta_in, global const float* dt_bias,
+                     global const float* a, int n_v_heads, global float* g, global float* beta) {
+  local float buf[RED_WG];
+  const int gr = get_group_id(0), lid = get_local_id(0), qk = gr < 2 * n_k_heads;
+  const int c0 = qk ? gr * dk : 2 * n_k_heads * dk + (gr - 2 * n_k_heads) * RED_WG;
+  const int c1 = qk ? c0 + dk : min(c0 + RED_WG, channels);
   const int ns = d_conv - 1;
   for (int t = 0; t < n_tokens; ++t) {
-    float s = 0.0f;
-    for (int j = 0; j < d_conv; ++j) {
-      const int r = t + j;
-      const float v = r < ns ? state[(long)r * channels + c] : x[(long)(r - ns) * channels + c];
-      s += v * w[(long)c * d_conv + j];
+    float ss = 0.0f;
+    for (int c = c0 + lid; c < c1; c += RED_WG) {
+      float s = 0.0f;
+      for (int j = 0; j < d_conv; ++j) {
+        const int r = t + j;
+        const float v = r < ns ? state[(long)r * channels + c] : x[(long)(r - ns) * channels + c];
+        s += v * w[(long)c * d_conv + j];
+      }
+      const float y = silu_f(s);
+      out[(long)t * channels + c] = y;
+      ss += y * y;
     }
-    out[(long)t * channels + c] = silu_f(s);
+    ss = wg_sum(ss, buf);
+    const float inv = 1.0f / sqrt(ss + eps);
+    if (qk)
+      for (int c = c0 + lid; c < c1; c += RED_WG) out[(long)t * channels + c] *= inv;
   }
-  // Shift in the last rows of the window (state rows then x rows); per channel, so in place is safe.
-  for (int r = 0; r < ns; ++r) {
-    const int src = n_tokens + r;  // window row
-    state[(long)r * channels + c] = src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
-  }
+  for (int c = c0 + lid; c < c1; c += RED_WG)
+    for (int r = 0; r < ns; ++r) {
+      const int src = n_tokens + r;  // window row
+      state[(long)r * channels + c] = src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
+    }
+  if (gr == 2 * n_k_heads)
+    for (long i = lid; i < (long)n_tokens * n_v_heads; i += RED_WG) {
+      const int h = i % n_v_heads;
+      const float xa = alpha[i] + dt_bias[h];
+      const float sp = xa > 20.0f ? xa : log(1.0f + exp(xa));
+      g[i] = sp * a[h];
+      beta[i] = sigmoid_f(beta_in[i]);
+    }
 }
 
-// One work-group per row of n (row r at x + (r / per_token) * stride + (r % per_token) * n):
-// x / sqrt(sum x^2 + eps), in place.
-kernel void l2_norm(global float* x, int n, int per_token, long stride, float eps) {
-  local float buf[RED_WG];
-  const long r = get_group_id(0);
-  global float* xr = x + (r / per_token) * stride + (r % per_token) * n;
-  float s = 0.0f;
-  for (int i = get_local_id(0); i < n; i += RED_WG) s += xr[i] * xr[i];
-  s = wg_sum(s, buf);
-  const float inv = 1.0f / sqrt(s + eps);
-  for (int i = get_local_id(0); i < n; i += RED_WG) xr[i] *= inv;
-}
-
-// g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta), per (token, value head).
-kernel void gdn_gates(global const float* alpha, global const float* beta_in, global const float* dt_bias,
-                      global const float* a, int n_v_heads, global float* g, global float* beta, long total) {
-  const long i = get_global_id(0);
-  if (i >= total) return;
-  const int h = i % n_v_heads;
-  const float x = alpha[i] + dt_bias[h];
-  const float sp = x > 20.0f ? x : log(1.0f + exp(x));
-  g[i] = sp * a[h];
-  beta[i] = sigmoid_f(beta_in[i]);
-}
-
-// Work-group h (value head), work-items j < head_v_dim (columns, looping when the group is narrower).
+// Work-group h (value head), work-items j < head_v_dim (columns, looping when the group is narrower). Each
+// token's output of the head then takes the gated RMS norm (gated_rmsnorm's, the sum of squares by a tree
+// over the group): out = rmsnorm(out) * norm_w * silu(z).
 kernel void delta_rule_recurrent(global const float* q, global const float* k, global const float* v,
                                  long qk_stride, long v_stride, global const float* g, global const float* beta,
                                  global float* state, global float* out, int n_tokens, int n_k_heads,
-                                 int n_v_heads, int dk, int dv) {
-  local float qs[GDN_MAXDK], ks[GDN_MAXDK];
+                                 int n_v_heads, int dk, int dv, global const float* norm_w, global const float* z,
+                                 float eps) {
+  local float qs[GDN_MAXDK], ks[GDN_MAXDK], red[GDN_MAXWG];
   const int h = get_group_id(0), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
   global float* S = state + (long)h * dk * dv;
   const float scale = 1.0f / sqrt((float)dk);
@@ -103,6 +109,19 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
       }
       out[((long)t * n_v_heads + h) * dv + j] = o * scale;
     }
+    // The gated norm of the token's head: each work-item its own columns (its own writes), then a tree.
+    global float* o_t = out + ((long)t * n_v_heads + h) * dv;
+    global const float* z_t = z + ((long)t * n_v_heads + h) * dv;
+    float ss = 0.0f;
+    for (int j = lid; j < dv; j += wg) ss += o_t[j] * o_t[j];
+    red[lid] = ss;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int sh = GDN_MAXWG / 2; sh > 0; sh >>= 1) {
+      if (lid < sh && lid + sh < wg) red[lid] += red[lid + sh];
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float inv = 1.0f / sqrt(red[0] / (float)dv + eps);
+    for (int j = lid; j < dv; j += wg) o_t[j] = (o_t[j] * inv) * norm_w[j] * silu_f(z_t[j]);
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 }

@@ -263,13 +263,12 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   float* conv = ar.take<float>(T * CD);
   float* g = ar.take<float>(T * Hv);
   float* beta = ar.take<float>(T * Hv);
-  launch(gdn("conv1d_silu"), {(size_t)CD}, {}, in.qkv, (cl_int)T, (cl_int)CD, p.conv1d, (cl_int)s.d_conv,
-         conv_state, conv);
-  // q and k: the first 2 * key_dim channels of each row, normalized per head in place.
-  launch(gdn("l2_norm"), {(size_t)(T * 2 * Hk) * kRedWg}, {kRedWg}, conv, (cl_int)dk, (cl_int)(2 * Hk),
-         (cl_long)CD, s.eps);
-  launch(gdn("gdn_gates"), {(size_t)(T * Hv)}, {}, in.alpha, in.beta, p.dt_bias, p.a, (cl_int)Hv, g, beta,
-         (cl_long)(T * Hv));
+  // The convolution, q and k (the first 2 * key_dim channels) normalized per head, and the gates: one launch,
+  // a group per q/k head and per kRedWg v channels.
+  const int64_t prep_groups = 2 * Hk + (int64_t)groups(CD - 2 * s.key_dim(), kRedWg);
+  launch(gdn("gdn_prep"), {(size_t)prep_groups * kRedWg}, {kRedWg}, in.qkv, (cl_int)T, (cl_int)CD, p.conv1d,
+         (cl_int)s.d_conv, conv_state, conv, (cl_int)dk, (cl_int)Hk, s.eps, in.alpha, in.beta, p.dt_bias, p.a,
+         (cl_int)Hv, g, beta);
   const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
@@ -295,9 +294,12 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
            ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp,
            ws_qku);
   } else {
-    const size_t wg = (size_t)std::min<int64_t>({dv, 256, (int64_t)info_.max_work_group_size});
+    const size_t wg = (size_t)std::min<int64_t>({dv, kGdnMaxWg, (int64_t)info_.max_work_group_size});
+    // The gated norm in the same launch.
     launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
-           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv);
+           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps);
+    ar.release(mark);
+    return;
   }
   launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);
