@@ -218,6 +218,7 @@ struct DecodeCase {
   bool norms;
   RopeMode mode;
   int32_t window = 0;  // sliding window (Gemma 3's local layers), 0: none
+  bool gated = false;  // Qwen3.5: q and an output gate interleaved per head, out *= sigmoid(gate)
 };
 class OpenCLFusedDecodeAttention : public ::testing::TestWithParam<DecodeCase> {};
 
@@ -237,6 +238,14 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     kc[i] = f32_to_f16(std::normal_distribution<float>()(rng));
     vc[i] = f32_to_f16(std::normal_distribution<float>()(rng));
   }
+  // Gated: the projection's rows as Qwen3.5 has them, [q head | gate head] per head.
+  const std::vector<float> gate = random_vec(S * H * D, rng);
+  std::vector<float> qg(2 * q.size());
+  for (int64_t r = 0; r < S * H; ++r) {
+    std::copy(q.begin() + r * D, q.begin() + (r + 1) * D, qg.begin() + 2 * r * D);
+    std::copy(gate.begin() + r * D, gate.begin() + (r + 1) * D, qg.begin() + (2 * r + 1) * D);
+  }
+  DeviceBuffer dqg = upload(dev, qg);
   DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dv = upload(dev, v), dqn = upload(dev, qn),
                dkn = upload(dev, kn), dkc = upload(dev, kc), dvc = upload(dev, vc),
                dslots = upload(dev, slots), dpos = upload(dev, pos), dout(dev, q.size() * sizeof(float));
@@ -264,6 +273,7 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                       .kq_scale = kq_scale,
                       .sliding_window = c.window});
   }
+  if (c.gated) th.cpu.mul_sigmoid(ref.data(), gate.data(), (int64_t)ref.size());
   DecodeFusions* f = dev.decode_fusions();
   ASSERT_NE(f, nullptr);
   const QkPrep prep{.q_norm = c.norms ? ptr<float>(dqn) : nullptr,
@@ -273,7 +283,7 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                     .freq_base = 1e6f,
                     .mode = c.mode,
                     .eps = 1e-6f};
-  ASSERT_TRUE(f->decode_attention({.q = ptr<float>(dq),
+  ASSERT_TRUE(f->decode_attention({.q = c.gated ? ptr<float>(dqg) : ptr<float>(dq),
                                    .k = ptr<float>(dk),
                                    .v = ptr<float>(dv),
                                    .k_cache = dkc.data(),
@@ -292,7 +302,10 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                                    .sliding_window = c.window,
                                    .k_type = DType::F16,
                                    .v_type = DType::F16,
-                                   .prep = &prep}));
+                                   .prep = &prep,
+                                   .gate = c.gated ? ptr<float>(dqg) + D : nullptr,
+                                   .gate_stride = c.gated ? 2 * D : 0,
+                                   .q_stride = c.gated ? 2 * D : 0}));
   EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);
   // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
   const std::vector<uint16_t> got_k = download<uint16_t>(dev, dkc, kc.size()),
@@ -305,9 +318,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, OpenCLFusedDecodeAttention,
     ::testing::Values(
         DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
-        DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},                // tiny_llama
-        DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},           // partial rotary
-        DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32}));  // window
+        DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},                    // tiny_llama
+        DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},               // partial rotary
+        DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32},        // window
+        DecodeCase{16, 2, 256, 64, 256, {1, 0}, {3, 130}, true, RopeMode::neox, 0, true}));  // Qwen3.5 gated
 
 // The FFN half of a decode step of a qwen3moe layer: x += d; cur = norm(x); x += experts(cur); cur = next
 // norm(x). With `shared`, a Qwen3.5 layer's: a sigmoid-gated shared expert of the experts' width too (one

@@ -322,7 +322,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     }
     launch(attention_kernel("attention"), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q,
            a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
-           a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0);
+           a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)a.head_dim, nullptr,
+           (cl_int)0, (cl_int)0);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -360,7 +361,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   }
   void sum_parts(const PartialSum& p) override;
   int decode_attention_form(int32_t) const override { return 0; }
-  bool fuses_attention_gate() const override { return false; }
+  bool fuses_attention_gate() const override { return true; }
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;
 

@@ -103,14 +103,17 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
   launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q,
          k, nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos,
          (cl_int)n_head, (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale,
-         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0);
+         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0,
+         (cl_int)head_dim);
 }
 
-// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot.
+// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot
+// (and Qwen3.5's output gate: q and the gate interleaved per head, q_stride = gate_stride = 2 head_dim).
 std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
-  if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.gate || d.q_stride || d.head_dim > kAttMaxD ||
-      d.n_head_kv <= 0 || d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
+  if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.head_dim > kAttMaxD || d.n_head_kv <= 0 ||
+      d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
     return std::nullopt;
+  const int64_t q_stride = d.q_stride ? d.q_stride : d.head_dim;
   const QkPrep* p = d.prep;
   if (p && (p->n_rot > d.head_dim || p->n_rot % 2)) return std::nullopt;
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
@@ -121,10 +124,11 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
          p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
          (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
          (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
-         d.slots, slot_halves);
+         d.slots, slot_halves, (cl_int)q_stride);
   launch(attention_kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q,
          d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim,
-         (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves);
+         (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves,
+         (cl_int)q_stride, d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr));
   return Act::of(d.out, d.n_seq, d.n_head * d.head_dim);
 }
 

@@ -40,16 +40,19 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   return dot * kq_scale;
 }
 
+// q head (t, h) at q + (t * n_head + h) * q_stride; with has_gate, the output is multiplied by sigmoid(gate)
+// (Qwen3.5's gated attention: gate head (t, h) at gate + (t * n_head + h) * gate_stride).
 kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
-                      int window, global const int* slots, int use_slots, long slot_stride) {
+                      int window, global const int* slots, int use_slots, long slot_stride, int q_stride,
+                      global const float* gate, int gate_stride, int has_gate) {
   local float qs[ATT_MAXD];
   local float ps[ATT_WG];
   const int h = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
   const int hk = h / (n_head / n_head_kv);
   const long kv_row = (long)n_head_kv * d;
-  global const float* qr = q + (t * n_head + h) * d;
+  global const float* qr = q + (t * n_head + h) * q_stride;
   for (int i = lid; i < d; i += ATT_WG) qs[i] = round_f16(qr[i]);
   barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -97,9 +100,10 @@ kernel void attention(global const float* q, global const half* kc, global const
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   global float* o = out + (t * n_head + h) * d;
+  global const float* gr = gate + (t * n_head + h) * gate_stride;
   for (int a = 0; a < ATT_DPT; ++a) {
     const int dd = lid + a * ATT_WG;
-    if (dd < d) o[dd] = acc[a];
+    if (dd < d) o[dd] = has_gate ? acc[a] * sigmoid_f(gr[dd]) : acc[a];
   }
 }
 

@@ -159,14 +159,15 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
 }
 #pragma OPENCL FP_CONTRACT ON
 
-// Group (hh, t): hh < n_head: q head hh; then n_head_kv k heads; then (with store) n_head_kv v heads.
+// Group (hh, t): hh < n_head: q head hh (q_stride floats apart: d, or 2d where a gate sits beside each); then
+// n_head_kv k heads; then (with store) n_head_kv v heads.
 // Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
 // as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
 kernel void qk_norm_rope_store(global float* q, global float* k, global const float* v, global const float* q_norm,
                                int has_qn, global const float* k_norm, int has_kn, global const int* pos,
                                int n_head, int n_head_kv, int d, int n_rot, float theta_scale, float freq_scale,
                                int neox, float eps, int store, global half* kc, global half* vc,
-                               global const int* slots, long slot_stride) {
+                               global const int* slots, long slot_stride, int q_stride) {
   local float hb[512];
   local float buf[RED_WG];
   const int hh = get_group_id(0), lid = get_local_id(0);
@@ -174,7 +175,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
   const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
   const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
   const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
-  global const float* src = kind == 0 ? q + (t * n_head + h) * d
+  global const float* src = kind == 0 ? q + (t * n_head + h) * q_stride
                             : kind == 1 ? k + (t * n_head_kv + h) * d
                                         : v + (t * n_head_kv + h) * d;
   global const float* nw = kind == 0 ? q_norm : k_norm;
@@ -200,7 +201,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; i < d; i += RED_WG) {
-    if (kind == 0) q[(t * n_head + h) * d + i] = hb[i];
+    if (kind == 0) q[(t * n_head + h) * q_stride + i] = hb[i];
     if (kind == 1) k[(t * n_head_kv + h) * d + i] = hb[i];
     if (store && kind != 0) vstore_half_rte(hb[i], row + i, kind == 1 ? kc : vc);
   }
