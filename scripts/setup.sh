@@ -13,7 +13,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev libpcre2-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
-  intel-opencl-icd  # ocloc: test_opencl_xmx.cpp compiles the XMX prefill kernels for Intel GPUs offline
+  intel-opencl-icd  # ocloc: test_opencl_xmx.cpp and test_opencl_intel.cpp compile the kernels for Intel GPUs offline
   clang libclang-rt-14-dev
   chromium
   libjs-marked libjs-highlight.js node-dompurify  # the chat page's Markdown, highlighting, sanitizer

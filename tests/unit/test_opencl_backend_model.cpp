@@ -88,6 +88,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, OpenCLBackendModel,
                            return n + (std::get<1>(info.param) == 2 ? "_all" : "_half");
                          });
 
+// A fixture with every layer on OpenCL device 0, made under XPERT_OPENCL_OPTS=opts (null: none); *copied: the
+// bytes offload copied to the device.
+std::unique_ptr<Model> load_on_device(const char* file, const char* opts, size_t* copied = nullptr) {
+  if (opts) setenv("XPERT_OPENCL_OPTS", opts, 1);
+  auto m = Model::load(fixture(file));
+  const size_t bytes = m->offload(make_opencl_backend(0), m->config().n_layer);
+  unsetenv("XPERT_OPENCL_OPTS");
+  if (copied) *copied = bytes;
+  return m;
+}
+
 // Where the device offers command buffers (PoCL does), a decode step of a model wholly on the device is
 // recorded the second time and replayed after that (pass_graphs.cpp): the replays give the logits of the same
 // steps run op by op (XPERT_OPENCL_OPTS graphs=0), bit for bit. With uniform routing the MoE layers route on
@@ -98,15 +109,9 @@ TEST(OpenCLBackendGraphs, ReplayedStepsMatchOpByOp) {
     for (const uint32_t uniform : {0u, 7u}) {
       if (uniform && std::string(file) == "tiny_qwen3.gguf") continue;  // no MoE layers
       SCOPED_TRACE(std::string(file) + (uniform ? ", uniform routing" : ""));
-      auto load = [&](const char* opts) {
-        if (opts) setenv("XPERT_OPENCL_OPTS", opts, 1);
-        auto m = Model::load(fixture(file));
-        m->offload(make_opencl_backend(0), m->config().n_layer);
-        unsetenv("XPERT_OPENCL_OPTS");
-        m->set_uniform_routing(uniform);
-        return m;
-      };
-      auto plain = load("graphs=0"), rec = load(nullptr);
+      auto plain = load_on_device(file, "graphs=0"), rec = load_on_device(file, nullptr);
+      plain->set_uniform_routing(uniform);
+      rec->set_uniform_routing(uniform);
       auto& dev = dynamic_cast<opencl::OpenclBackend&>(*rec->offload_device());
       if (!dev.pass_graphs()) GTEST_SKIP() << "the device offers no cl_khr_command_buffer";
       const int64_t V = plain->config().n_vocab;
@@ -137,14 +142,8 @@ TEST(OpenCLBackendWeights, ReadInPlaceWhereTheDeviceReadsHostMemory) {
   for (const char* file : {"tiny_qwen3moe.gguf", "tiny_qwen35moe.gguf"}) {
     SCOPED_TRACE(file);
     size_t copied[2] = {0, 0};
-    auto load = [&](int i, const char* opts) {
-      if (opts) setenv("XPERT_OPENCL_OPTS", opts, 1);
-      auto m = Model::load(fixture(file));
-      copied[i] = m->offload(make_opencl_backend(0), m->config().n_layer);
-      unsetenv("XPERT_OPENCL_OPTS");
-      return m;
-    };
-    auto in_place = load(0, nullptr), copy = load(1, "host_weights=0");
+    auto in_place = load_on_device(file, nullptr, &copied[0]),
+         copy = load_on_device(file, "host_weights=0", &copied[1]);
     EXPECT_EQ(copied[0], 0u);
     EXPECT_GT(copied[1], 0u);
     // The device's view of a layer's weights is the host's.

@@ -523,9 +523,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     std::copy(global.begin(), global.end(), g);
     std::copy(local.begin(), local.end(), l);
     pre_ = {};  // any launch may write the rounded row's source
-    if (recording_) {
-      record(k, (cl_uint)global.size(), g, local.size() ? l : nullptr);
-    } else {
+    if (!recording_ || !record(k, (cl_uint)global.size(), g, local.size() ? l : nullptr)) {
       ++stats_.enqueues;
       cl_event ev = nullptr;
       XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
@@ -604,7 +602,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
 
   // The queue, for any command but a recorded launch: a recording open then ends (stop_recording).
   cl_command_queue q() {
-    if (recording_) stop_recording();
+    not_recordable();
     return queue_.get();
   }
   // pass_graphs.cpp. A recorded step: its command buffer and the scratch offset its pass ended at (a replay
@@ -616,7 +614,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     bool never = false;  // its pass issued a command that cannot be recorded: always op by op
   };
   static constexpr size_t kMaxGraphs = 64;
-  void record(cl_kernel k, cl_uint dims, const size_t* global, const size_t* local);
+  // The launch into the open recording; false (recording ended, command buffers off) where the driver fails.
+  bool record(cl_kernel k, cl_uint dims, const size_t* global, const size_t* local);
+  std::unique_ptr<CommandBuffer> run_recording();  // ends the recording and runs it; null when it is empty
   void stop_recording();
   void not_recordable() {
     if (recording_) stop_recording();

@@ -23,8 +23,7 @@ struct DeviceInfo {
   uint32_t max_sub_groups = 0;            // CL_DEVICE_MAX_NUM_SUB_GROUPS (0: no subgroups)
   std::vector<size_t> sub_group_sizes;    // the sizes a kernel may require (Intel), or the warp/wavefront width
   bool host_unified_memory = false;       // the device reads host memory directly (iGPU, CPU)
-  bool svm_fine_grain_system =
-      false;  // any host pointer is a valid SVM pointer (CL_DEVICE_SVM_FINE_GRAIN_SYSTEM)
+  bool svm_fine_grain_system = false;     // CL_DEVICE_SVM_FINE_GRAIN_SYSTEM: any host pointer is SVM
   uint64_t usm_host_caps = 0;             // CL_DEVICE_HOST_MEM_CAPABILITIES_INTEL (0: none)
   bool correctly_rounded_divide = false;  // CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT
   bool fp16 = false;                      // cl_khr_fp16

@@ -211,7 +211,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
 // cnt[0] counts arrivals, cnt[1] is the generation. A group that waits more than 1 << 22 polls gives up and
 // sets cnt[2], after which no group waits (a launch of more groups than fit at once would otherwise hang
 // the device).
-void grid_sync(volatile global int* cnt, int groups, local int* flag) {
+void grid_sync(volatile global int* cnt, int groups) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
   if (get_local_id(0) == 0 && get_local_id(1) == 0) {
@@ -234,15 +234,14 @@ void grid_sync(volatile global int* cnt, int groups, local int* flag) {
 // XPERT_OPENCL_OPTS probe: `rounds` rounds of (each group writes data[g], grid_sync, reads its neighbour's
 // with a plain load, grid_sync); bad[g]: the reads that saw a value from before the barrier.
 kernel void grid_sync_probe(volatile global int* cnt, global int* data, global int* bad, int rounds) {
-  local int flag;
   const int g = get_group_id(0), G = get_num_groups(0), lid = get_local_id(0);
   int errs = 0;
   for (int r = 0; r < rounds; ++r) {
     if (lid == 0) data[g] = r * G + g;
-    grid_sync(cnt, G, &flag);
+    grid_sync(cnt, G);
     const int o = (g + 1) % G;
     if (lid == 0 && data[o] != r * G + o) ++errs;
-    grid_sync(cnt, G, &flag);
+    grid_sync(cnt, G);
   }
   if (lid == 0) bad[g] = errs;
 }

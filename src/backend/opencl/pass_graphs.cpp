@@ -42,27 +42,32 @@ bool OpenclBackend::begin_graph(const std::string& key) {
   return false;
 }
 
-void OpenclBackend::record(cl_kernel k, cl_uint dims, const size_t* global, const size_t* local) {
+bool OpenclBackend::record(cl_kernel k, cl_uint dims, const size_t* global, const size_t* local) {
   try {
     recording_->record(k, dims, global, local);
-  } catch (const Error& e) {  // this kernel goes on the queue (after what was recorded), and no step records
+    return true;
+  } catch (
+      const Error& e) {  // the caller enqueues this kernel (after what was recorded), and no step records
     log::warn("{}: decode steps not recorded, enqueued kernel by kernel ({})", name(), e.what());
     stop_recording();
     cmdbuf_.reset();
-    ++stats_.enqueues;
-    XP_CL(clEnqueueNDRangeKernel, q(), k, dims, nullptr, global, local, 0, nullptr, nullptr);
+    return false;
   }
 }
 
-void OpenclBackend::stop_recording() {
+std::unique_ptr<CommandBuffer> OpenclBackend::run_recording() {
   std::unique_ptr<CommandBuffer> buf = std::move(recording_);
-  StepGraph& g = graphs_[rec_key_];
-  g.never = true;
-  if (!buf->commands()) return;
+  if (!buf->commands()) return nullptr;
   buf->finalize();
   ++stats_.enqueues;
   buf->enqueue();
-  g.spent = std::move(buf);
+  return buf;
+}
+
+void OpenclBackend::stop_recording() {
+  StepGraph& g = graphs_[rec_key_];
+  g.never = true;
+  g.spent = run_recording();
 }
 
 void OpenclBackend::end_graph() {
@@ -76,12 +81,9 @@ void OpenclBackend::end_graph() {
     return;
   }
   if (!recording_) return;
-  std::unique_ptr<CommandBuffer> buf = std::move(recording_);
   StepGraph& g = graphs_[rec_key_];
-  if (!buf->commands()) return;
-  buf->finalize();
-  ++stats_.enqueues;
-  buf->enqueue();
+  std::unique_ptr<CommandBuffer> buf = run_recording();
+  if (!buf) return;
   // A pass that spilled recorded addresses the scratch's reset frees; one that freed memory may have recorded
   // addresses the pool hands out again: run once, not kept.
   if (scratch().spilled() || graphs_stale_) {
