@@ -16,7 +16,8 @@ build: deps
 
 # What `make run` builds (every CUDA architecture of the release preset), with warnings as errors: a target
 # that does not build, or warns, for any listed architecture fails `make test` too.
-build-ci: deps
+build-ci:
+	scripts/setup.sh --test
 	cmake --preset ci >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 

