@@ -163,6 +163,48 @@ TEST(OpenCLFused, MatmulsMatchCpu) {
     }
 }
 
+// Where the device can require subgroups of a size that divides a row's work-items (Intel's extensions: CI's
+// Intel CPU runtime, not PoCL 3.1), the matvecs sum a row by sub_group_reduce_add: at the CPU width (4) in
+// one subgroup, at the GPU width (32) in two of 16. XPERT_OPENCL_OPTS subgroups=0 keeps the tree in local
+// memory. Both match the CPU, and each other up to summation order.
+TEST(OpenCLFused, MatvecSumsBySubgroupsWhereOffered) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  Threads th;
+  std::mt19937 rng(47);
+  for (const char* width : {"", "mv_wg=32:mv_r=4"}) {
+    auto make = [&](const std::string& opts) {
+      setenv("XPERT_OPENCL_OPTS", opts.c_str(), 1);
+      auto b = make_opencl_backend(0);
+      unsetenv("XPERT_OPENCL_OPTS");
+      return b;
+    };
+    const std::shared_ptr<Backend> sg = make(width), tree = make(std::string(width) + ":subgroups=0");
+    auto& o = dynamic_cast<opencl::OpenclBackend&>(*sg);
+    const opencl::DeviceInfo& d = o.facts();
+    const int wg = o.matmul_build().mv_wg, want = std::min(wg, 16);
+    const bool offered = d.intel_subgroups && d.intel_required_subgroup_size && d.has_sub_group_size(want);
+    EXPECT_EQ(o.matmul_build().sub_group, offered ? want : 0) << wg << " work-items a row";
+    EXPECT_EQ(dynamic_cast<opencl::OpenclBackend&>(*tree).matmul_build().sub_group, 0);
+    for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+      RandomWeight w(*sg, t, 2048, 96, 1, rng), w_tree(w, *tree);
+      for (int64_t m : {1, 3}) {
+        const std::vector<float> x = random_vec(m * 2048, rng);
+        std::vector<float> ref(m * 96);
+        th.cpu.matmul(w.host, x.data(), m, ref.data(), 0);
+        std::vector<std::vector<float>> got;
+        for (auto [b, wt] : {std::pair{sg.get(), &w}, {tree.get(), &w_tree}}) {
+          DeviceBuffer dx = upload(*b, x), dy(*b, m * 96 * 4);
+          b->matmul(wt->dev, ptr<float>(dx), m, ptr<float>(dy));
+          got.push_back(download<float>(*b, dy, ref.size()));
+          EXPECT_LT(rel_err(got.back(), ref), 1e-4f) << dtype_name(t) << " m=" << m << " " << width;
+        }
+        EXPECT_LT(rel_err(got[0], got[1]), 1e-5f) << dtype_name(t) << " m=" << m << " " << width;
+      }
+    }
+  }
+}
+
 // The GPU-width K-quant matvecs on rows whose block count does not divide by the work-items' share of a
 // block (Q4_K: teams of 8 work-items take every fourth block; 3 and 5 blocks leave teams idle or uneven).
 TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {

@@ -26,6 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The matmul programs' build on an Intel GPU: 32 work-items a row, in subgroups of 16.
+const opencl::MatmulBuild kIntelGpu = {.mv_wg = 32, .mv_r = 4, .sub_group = 16};
+
 // Compiles each program with ocloc for the devices named (a comma-separated list: one front end, a binary per
 // device); fails with the compiler's log where one does not build.
 void compile_for_intel(const std::vector<std::pair<std::string, opencl::ProgramText>>& programs,
@@ -79,16 +82,15 @@ TEST(OpenCLIntelOfflineCompile, OpsAttentionGdnAndExpertProgramsBuild) {
 // The matmul programs of a Q4_K_M file's types for both devices, the others' for the Arc GPU (the source is
 // the same for every device: one catches what Intel's front end refuses).
 TEST(OpenCLIntelOfflineCompile, MatmulProgramsOfQ4KAndQ6KBuild) {
-  compile_for_intel({{"matmul_Q4_K", opencl::matmul_program_text(DType::Q4_K, 32, 4, true, true)},
-                     {"matmul_Q6_K", opencl::matmul_program_text(DType::Q6_K, 32, 4, true, true)}},
+  compile_for_intel({{"matmul_Q4_K", opencl::matmul_program_text(DType::Q4_K, kIntelGpu)},
+                     {"matmul_Q6_K", opencl::matmul_program_text(DType::Q6_K, kIntelGpu)}},
                     "dg2-g10,tgllp");
 }
 
 TEST(OpenCLIntelOfflineCompile, MatmulProgramsOfOtherTypesBuild) {
   std::vector<std::pair<std::string, opencl::ProgramText>> programs;
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::Q5_K})
-    programs.emplace_back(fmt::format("matmul_{}", dtype_name(t)),
-                          opencl::matmul_program_text(t, 32, 4, true, true));
+    programs.emplace_back(fmt::format("matmul_{}", dtype_name(t)), opencl::matmul_program_text(t, kIntelGpu));
   compile_for_intel(programs, "dg2-g10");
 }
 

@@ -53,8 +53,7 @@ TEST(OpenCLXmxOfflineCompile, BuildsWithDpasForDg2AndPvc) {
       ASSERT_TRUE(opencl::xmx_weight_type(t));
       // The options an Intel GPU gets (matmul_program: 32 work-items a feature, 4 rows, wide loads, correctly
       // rounded division).
-      const opencl::ProgramText p =
-          opencl::xmx_program_text(opencl::matmul_options(t, 32, 4, true, true), target.sub_group);
+      const opencl::ProgramText p = opencl::xmx_program_text(opencl::matmul_options(t, {}), target.sub_group);
       const fs::path run = dir / fmt::format("{}_{}", dtype_name(t), target.device);
       fs::create_directories(run / "dump");
       std::ofstream(run / "xmx.cl", std::ios::binary) << p.source;

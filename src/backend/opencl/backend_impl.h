@@ -103,13 +103,25 @@ inline bool q4k_rows_aligned(DType t, const void* w) {
   return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
-// A weight type's matmul program's build options. Its MoE down kernel rounds the next layer's input
-// (kFusedMatmulSource): divisions as the ops program's (correctly_rounded_divide), or NVIDIA's rounds differ
-// from round_blocks' by an ulp.
-inline std::string matmul_options(DType t, int mv_wg, int mv_r, bool wide_loads, bool correctly_rounded_divide) {
-  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}", weight_macro(t), mv_wg, mv_r,
-                     wide_loads ? "" : " -DNO_WIDE_LOADS",
-                     correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
+// How a device's matmul programs are built, whatever the weight type.
+struct MatmulBuild {
+  int mv_wg = 32;  // MV_WG: work-items a matrix row in the matvecs
+  int mv_r = 4;    // MV_R: matrix rows a work-group of the fused matvecs
+  bool wide_loads = true;
+  // Its MoE down kernel rounds the next layer's input (kFusedMatmulSource): divisions as the ops program's,
+  // or NVIDIA's rounds differ from round_blocks' by an ulp.
+  bool correctly_rounded_divide = true;
+  // MV_SG: the matvecs' subgroups of this many work-items (cl_intel_required_subgroup_size; divides mv_wg),
+  // a row summed by sub_group_reduce_add instead of a tree in local memory. 0: none.
+  int sub_group = 0;
+};
+
+// A weight type's matmul program's build options.
+inline std::string matmul_options(DType t, const MatmulBuild& b) {
+  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
+                     b.wide_loads ? "" : " -DNO_WIDE_LOADS",
+                     b.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
+                     b.sub_group ? fmt::format(" -DMV_SG={}", b.sub_group) : "");
 }
 
 // prefill_xmx.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend
@@ -122,7 +134,7 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 ProgramText ops_program_text(bool correctly_rounded_divide);
 ProgramText attention_program_text();
 ProgramText gdn_program_text();
-ProgramText matmul_program_text(DType t, int mv_wg, int mv_r, bool wide_loads, bool correctly_rounded_divide);
+ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
 bool xmx_weight_type(DType t);
 
@@ -166,6 +178,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     // Matrix rows per work-group of the fused matvecs (MV_R): a GPU keeps 4 rows of 32 in a group.
     mv_r_ = sw.mv_r ? sw.mv_r : info_.is_cpu() ? 1 : 4;
     while (mv_r_ > 1 && (size_t)(mv_wg_ * mv_r_) > info_.max_work_group_size) mv_r_ /= 2;
+    // Subgroups of up to 16 work-items that divide a row, where the device can require their size: Intel's
+    // compiler spills the GPU-width matvecs at SIMD32 (DG2: 38-62 spills), none at 16.
+    if (sw.subgroups && info_.intel_subgroups && info_.intel_required_subgroup_size)
+      for (int s = std::min(mv_wg_, 16); s >= 2 && !mv_sg_; s /= 2)
+        if (mv_wg_ % s == 0 && info_.has_sub_group_size((size_t)s)) mv_sg_ = s;
     wide_loads_ = sw.wide;
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
@@ -374,6 +391,14 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   bool xmx_self_check(DType t);
   int xmx_sub_group() const;  // 8 or 16 (the matrix engine's width), 0: neither offered
   const DeviceInfo& facts() const { return info_; }  // what discovery found (tests)
+  // How its matmul programs are built (MV_WG, MV_R, subgroups; tests).
+  MatmulBuild matmul_build() const {
+    return {.mv_wg = mv_wg_,
+            .mv_r = mv_r_,
+            .wide_loads = wide_loads_,
+            .correctly_rounded_divide = info_.correctly_rounded_divide,
+            .sub_group = mv_sg_};
+  }
   // Tests: the XMX kernels on a device without the extension (PoCL), over an emulation of its builtins in
   // OpenCL C (prelude, put before the program's source; options added to its build options) at subgroups of
   // sub_group; forgets earlier XMX programs and self-checks.
@@ -428,13 +453,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     if (!macro)
       fail("{}: no matmul kernel for {} weights (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)", name(),
            dtype_name(t));
-    return program(matmul_[t], [&] {
-      return matmul_program_text(t, mv_wg_, mv_r_, wide_loads_, info_.correctly_rounded_divide);
-    });
+    return program(matmul_[t], [&] { return matmul_program_text(t, matmul_build()); });
   }
-  std::string matmul_options(DType t) const {
-    return opencl::matmul_options(t, mv_wg_, mv_r_, wide_loads_, info_.correctly_rounded_divide);
-  }
+  std::string matmul_options(DType t) const { return opencl::matmul_options(t, matmul_build()); }
   // x (m rows of k) rounded as the CPU rounds activations for weights of type t (kernels_ops.h
   // round_activations), in scratch memory the caller releases; x itself for f32 weights.
   const float* rounded_activations(DType t, const float* x, int64_t m, int64_t k) {
@@ -690,7 +711,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   Queue queue_;
   DeltaRuleForm gdn_form_;
   int mv_wg_ = 32;
-  int mv_r_ = 4;  // MV_R, kernels_fused.h
+  int mv_r_ = 4;   // MV_R, kernels_fused.h
+  int mv_sg_ = 0;  // MV_SG, kernels_matmul.h
   // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
   // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
   struct Prerounded {

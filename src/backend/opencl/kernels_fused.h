@@ -394,15 +394,12 @@ float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const 
 }
 #endif
 
-// Sum of v over the MV_WG work-items (every one gets it); buf: MV_WG floats.
-float mv_sum(float v, local float* buf) { return grp_sum(v, buf, get_local_id(0), MV_WG); }
-
 // Work-groups of MV_WG x MV_R: MV_R matrix rows a group (local id 1 picks the row), so a GPU's SM holds
 // enough work-items for its loads to be in flight (NVIDIA allows 32 groups an SM: groups of one warp left
 // half of it idle).
 // Group (g, r), row l: feature f = g * MV_R + l of the concatenation [n0 | n1 | n2 | n3] of four matrices'
 // outputs (n_total of them), activation row r.
-kernel void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2,
+MV_KERNEL void gemv_multi(global const uchar* w0, global const uchar* w1, global const uchar* w2,
                        global const uchar* w3, ulong row_bytes, int n0, int n1, int n2, global float* y0,
                        global float* y1, global float* y2, global float* y3, int ldy0, int ldy1, int ldy2, int ldy3,
                        global const float* x, int ldx, int k, int n_total) {
@@ -443,18 +440,6 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
   return r;
 }
 
-// Sums over the MV_WG work-items of n values at once (v: n rows of MV_WG in local memory, each summed as
-// mv_sum sums it, so the same bits), in one pass of barriers; v[j * MV_WG] holds row j's sum afterwards.
-void mv_sum_rows(local float* v, int n) {
-  const int lid = get_local_id(0);
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = MV_WG / 2; s > 0; s >>= 1) {
-    if (lid < s)
-      for (int j = 0; j < n; ++j) v[j * MV_WG + lid] += v[j * MV_WG + lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-}
-
 // Group (e, t): token t's row cur = rmsnorm(x[t] + d[t]) * nw (k values, as add_rmsnorm_round4 computes it) in
 // local memory, logits[t][e] = router row e . cur, cur into cur_out and, rounded for the gate/up product
 // (round_unit, mode >= 0), into xq: group e writes blocks (or values) e, e + n_expert, ...; so the residual
@@ -463,7 +448,7 @@ void mv_sum_rows(local float* v, int n) {
 // k <= ROUTE_MAX (the row and then the probabilities share one local array). With has_shared, group e ==
 // n_expert takes the shared expert's gate row shared_w instead and writes weights[n_routed + t] = sigmoid of
 // it (n_routed = n_used * tokens: the routed slots' weights come first).
-kernel void moe_router_route(global const uchar* w, ulong row_bytes, global const float* shared_w,
+MV_KERNEL void moe_router_route(global const uchar* w, ulong row_bytes, global const float* shared_w,
                              global const float* d, global const float* x,
                              global const float* nw, float eps, global float* cur_out, int mode, global float* xq,
                              int k, global float* logits, int n_expert, int n_used, int norm, float scale,
@@ -514,7 +499,7 @@ kernel void moe_router_route(global const uchar* w, ulong row_bytes, global cons
 // h[s][f] = silu(g) * u. Slots from n_routed on are the shared expert's (shared_gate, shared_up) for token
 // s - n_routed. With mode >= 0, the slot's last group rounds its row into hq for the down product
 // (round_unit; its MV_R rows a block each at a time), so no launch does it.
-kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
+MV_KERNEL void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
                         global const int* tasks, int n_used, global const float* x, int k, global float* h,
                         int n_ff, volatile global int* counters, int mode, global float* hq,
                         global const uchar* shared_gate, global const uchar* shared_up, int n_routed) {
@@ -560,7 +545,7 @@ kernel void moe_gate_up(global const uchar* gate, global const uchar* up, ulong 
 // has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm), its
 // MV_WG * MV_R work-items over the row, and with next_mode >= 0 also curq[t] = cur[t] rounded for the next
 // matmul (round_unit), so no launch does it.
-kernel void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
+MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, global const float* d, int has_d, int width, volatile global int* counters,
                          int has_norm, global const float* norm_w, float eps, global float* cur, int next_mode,

@@ -1,10 +1,14 @@
 // OpenCL C of the whole-model backend's matmul, y[m][n] = x[m][k] . w[n][k]^T, one program per weight type,
 // the GGUF blocks read in place. Activations stay f32 (the CPU quantizes them to int8; the difference is
-// within the model tests' tolerance). Core OpenCL C 1.2: no fp16 arithmetic, no subgroups.
+// within the model tests' tolerance). Core OpenCL C 1.2: no fp16 arithmetic, no subgroups unless MV_SG.
 //
 // Build options:
 //   WT_F32 | WT_F16 | WT_BF16 | WT_Q8_0 | WT_Q4_0 | WT_Q5_0 | WT_Q4_K | WT_Q5_K | WT_Q6_K
 //   MV_WG   work-items sharing one output feature in the matrix-vector kernel (a power of two)
+//   MV_SG   the matvecs run subgroups of MV_SG work-items (cl_intel_subgroups,
+//   cl_intel_required_subgroup_size;
+//           MV_SG divides MV_WG): a row's sums (mv_sum, mv_sum_rows) by sub_group_reduce_add, then the
+//           MV_WG / MV_SG subgroups' partial sums added through local memory, instead of a tree there
 //
 // Every type is read as chunks of 32 consecutive weights of a row (dequant32): a legacy block, a Q4_K /
 // Q5_K sub-block, two Q6_K sub-blocks, or 32 plain values (zero past k for f32 / f16 rows of any length).
@@ -27,6 +31,68 @@ inline constexpr std::string_view kMatmulSource = R"CLC(
 #define KC 2
 
 float ld_f16(global const uchar* p) { return vload_half(0, (global const half*)p); }
+
+// The matvec kernels (work-groups of MV_WG x rows, a row's work-items the consecutive local ids 0) sum over a
+// row with these two. Both take a barrier that callers count on (local memory written before a sum is seen
+// by the whole group after it), and both sum the same values to the same bits. With subgroups, each
+// subgroup's first work-item keeps its partial sum in its own slot (lid), so no work-item overwrites a value
+// another has yet to read.
+#ifdef MV_SG
+#pragma OPENCL EXTENSION cl_intel_subgroups : enable
+#define MV_KERNEL __attribute__((intel_reqd_sub_group_size(MV_SG))) kernel
+#else
+#define MV_KERNEL kernel
+#endif
+
+// Sum of v over the row's MV_WG work-items (every one gets it); buf: MV_WG floats.
+float mv_sum(float v, local float* buf) {
+#ifdef MV_SG
+  const float s = sub_group_reduce_add(v);
+#if MV_WG == MV_SG
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return s;
+#else
+  const int lid = get_local_id(0);
+  if (lid % MV_SG == 0) buf[lid] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float r = buf[0];
+  for (int i = MV_SG; i < MV_WG; i += MV_SG) r += buf[i];
+  barrier(CLK_LOCAL_MEM_FENCE);  // buf free again
+  return r;
+#endif
+#else
+  return grp_sum(v, buf, get_local_id(0), MV_WG);
+#endif
+}
+
+// Sums over the row's MV_WG work-items of n values at once (v: n rows of MV_WG in local memory, each work-item
+// having written its own), in one pass; v[j * MV_WG] holds row j's sum afterwards.
+void mv_sum_rows(local float* v, int n) {
+  const int lid = get_local_id(0);
+#ifdef MV_SG
+  for (int j = 0; j < n; ++j) {
+    const float s = sub_group_reduce_add(v[j * MV_WG + lid]);
+    if (lid % MV_SG == 0) v[j * MV_WG + lid] = s;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#if MV_WG > MV_SG
+  if (lid == 0)
+    for (int j = 0; j < n; ++j) {
+      float r = v[j * MV_WG];
+      for (int i = MV_SG; i < MV_WG; i += MV_SG) r += v[j * MV_WG + i];
+      v[j * MV_WG] = r;
+    }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+#else
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = MV_WG / 2; s > 0; s >>= 1) {
+    if (lid < s)
+      for (int j = 0; j < n; ++j) v[j * MV_WG + lid] += v[j * MV_WG + lid + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#endif
+}
 uint ld_u32(global const uchar* p) { return p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24); }
 
 #if defined(WT_F32)
@@ -190,7 +256,7 @@ void dequant32(global const uchar* row, int j, int k, float* w) {
 }
 
 // Group (n, rg): output feature n for activation rows rg*MV_MR .. +MV_MR-1 (with row_expert: row rg only).
-kernel void gemv(global const uchar* w, ulong row_bytes, ulong expert_stride, global const int* tasks,
+MV_KERNEL void gemv(global const uchar* w, ulong row_bytes, ulong expert_stride, global const int* tasks,
                  int use_tasks, global const float* x, int ldx, int k, int n_out, global float* y, int ldy, int m) {
   local float buf[MV_WG * MV_MR];
   const int n = get_group_id(0), lid = get_local_id(0);
@@ -213,12 +279,7 @@ kernel void gemv(global const uchar* w, ulong row_bytes, ulong expert_stride, gl
     }
   }
   for (int r = 0; r < MV_MR; ++r) buf[r * MV_WG + lid] = acc[r];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = MV_WG / 2; s > 0; s >>= 1) {
-    if (lid < s)
-      for (int r = 0; r < MV_MR; ++r) buf[r * MV_WG + lid] += buf[r * MV_WG + lid + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  mv_sum_rows(buf, MV_MR);
   if (lid < nr) y[(long)(r0 + lid) * ldy + n] = buf[lid * MV_WG];
 }
 

@@ -35,12 +35,10 @@ ProgramText attention_program_text() { return {with_common({kAttentionSource}), 
 
 ProgramText gdn_program_text() { return {with_common({kGdnSource}), ""}; }
 
-ProgramText matmul_program_text(DType t, int mv_wg, int mv_r, bool wide_loads,
-                                bool correctly_rounded_divide) {
+ProgramText matmul_program_text(DType t, const MatmulBuild& b) {
   static const std::string tiles =
       per_tile_size(kPrefillTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}});
-  return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}),
-          matmul_options(t, mv_wg, mv_r, wide_loads, correctly_rounded_divide)};
+  return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}), matmul_options(t, b)};
 }
 
 }  // namespace xpert::opencl

@@ -49,6 +49,8 @@ Switches read_switches() {
       s.host_weights = off_value(key, v);
     else if (key == "graphs")
       s.graphs = off_value(key, v);
+    else if (key == "subgroups")
+      s.subgroups = off_value(key, v);
     else if (key == "prefill")
       s.prefill = off_value(key, v);
     else if (key == "moe_bm") {
@@ -72,7 +74,7 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "graphs, host_weights, prefill, moe_bm, probe, stats, profile)",
+          "graphs, host_weights, subgroups, prefill, moe_bm, probe, stats, profile)",
           item);
     }
   }

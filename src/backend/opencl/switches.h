@@ -9,6 +9,8 @@
 //                4 on a CPU device)
 //   mv_r=N       matrix rows per work-group of the fused matvecs (1, 2, 4, 8 or 16; default 4 on a GPU, 1 on
 //                a CPU device)
+//   subgroups=0  the matvecs' sums over a row's work-items through local memory even where those work-items
+//                can be one subgroup (cl_intel_required_subgroup_size)
 //   host_weights=0  weights copied to the device even where it reads host memory in place (a CPU
 //                device, fine-grained system SVM)
 //   graphs=0     decode steps enqueued kernel by kernel where the device offers command buffers
@@ -26,7 +28,7 @@ namespace xpert::opencl {
 
 struct Switches {
   bool fused = true, tail = true, arg_cache = true, wide = true, prefill = true, graphs = true,
-       host_weights = true;
+       host_weights = true, subgroups = true;
   int moe_bm = 32;
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
