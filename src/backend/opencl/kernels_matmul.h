@@ -5,10 +5,9 @@
 // Build options:
 //   WT_F32 | WT_F16 | WT_BF16 | WT_Q8_0 | WT_Q4_0 | WT_Q5_0 | WT_Q4_K | WT_Q5_K | WT_Q6_K
 //   MV_WG   work-items sharing one output feature in the matrix-vector kernel (a power of two)
-//   MV_SG   the matvecs run subgroups of MV_SG work-items (cl_intel_subgroups,
-//   cl_intel_required_subgroup_size;
-//           MV_SG divides MV_WG): a row's sums (mv_sum, mv_sum_rows) by sub_group_reduce_add, then the
-//           MV_WG / MV_SG subgroups' partial sums added through local memory, instead of a tree there
+//   MV_SG   the matvecs' subgroup size (cl_intel_subgroups, cl_intel_required_subgroup_size; divides MV_WG):
+//           a row's sums (mv_sum, mv_sum_rows) by sub_group_reduce_add, then the MV_WG / MV_SG subgroups'
+//           partial sums added through local memory, instead of a tree there
 //
 // Every type is read as chunks of 32 consecutive weights of a row (dequant32): a legacy block, a Q4_K /
 // Q5_K sub-block, two Q6_K sub-blocks, or 32 plain values (zero past k for f32 / f16 rows of any length).
