@@ -573,6 +573,9 @@ TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
   EXPECT_EQ(d.arg_sets, 1024);
   EXPECT_EQ(d.mv_wg, 0);
   EXPECT_EQ(d.mv_r, 0);
+  EXPECT_TRUE(d.graphs && d.subgroups);
+  const opencl::Switches g0 = with("graphs=0:subgroups=0");
+  EXPECT_FALSE(g0.graphs || g0.subgroups);
   const opencl::Switches s =
       with("fused=0:tail=0,arg_cache=0:wide=0,mv_wg=16:arg_sets=8,probe:stats,profile=1,mv_r=8");
   EXPECT_FALSE(s.fused || s.tail || s.arg_cache || s.wide);
