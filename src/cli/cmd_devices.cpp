@@ -65,10 +65,12 @@ void print_opencl_device(const opencl::DeviceInfo& d) {
              indent, yes_no(d.intel_subgroups), yes_no(d.intel_usm), yes_no(d.intel_subgroup_mma));
   fmt::print("{}experts   {} kernels, weights {}\n", indent, opencl::variant_name(opencl::preferred_variant(d)),
              d.shares_host_memory() ? "read in place from host memory" : "copied once to device memory");
-  fmt::print("{}model     weights {}, decode steps {}\n", indent,
+  const int sg = d.matvec_sub_group(d.matvec_width());
+  fmt::print("{}model     weights {}, decode steps {}, matvec sums {}\n", indent,
              d.reads_host_pointers() ? "read in place from host memory" : "copied once to device memory",
              d.command_buffer ? "recorded once and replayed (cl_khr_command_buffer)"
-                              : "enqueued kernel by kernel (no cl_khr_command_buffer)");
+                              : "enqueued kernel by kernel (no cl_khr_command_buffer)",
+             sg ? fmt::format("by subgroups of {}", sg) : std::string("through local memory"));
 }
 
 void print_opencl() {

@@ -185,6 +185,7 @@ TEST(OpenCLFused, MatvecSumsBySubgroupsWhereOffered) {
     const int wg = o.matmul_build().mv_wg, want = std::min(wg, 16);
     const bool offered = d.intel_subgroups && d.intel_required_subgroup_size && d.has_sub_group_size(want);
     EXPECT_EQ(o.matmul_build().sub_group, offered ? want : 0) << wg << " work-items a row";
+    EXPECT_EQ(d.matvec_sub_group(wg), o.matmul_build().sub_group);
     EXPECT_EQ(dynamic_cast<opencl::OpenclBackend&>(*tree).matmul_build().sub_group, 0);
     for (DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
       RandomWeight w(*sg, t, 2048, 96, 1, rng), w_tree(w, *tree);

@@ -172,17 +172,13 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       if (!cmdbuf_) log::debug("{}: decode steps enqueued kernel by kernel: {}", name(), why);
     }
     // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
-    mv_wg_ = info_.is_cpu() ? 4 : 32;
+    mv_wg_ = info_.matvec_width();
     // Switches for measuring kernel variants side by side (XPERT_OPENCL_OPTS, switches.h).
     if (sw.mv_wg) mv_wg_ = sw.mv_wg;
     // Matrix rows per work-group of the fused matvecs (MV_R): a GPU keeps 4 rows of 32 in a group.
     mv_r_ = sw.mv_r ? sw.mv_r : info_.is_cpu() ? 1 : 4;
     while (mv_r_ > 1 && (size_t)(mv_wg_ * mv_r_) > info_.max_work_group_size) mv_r_ /= 2;
-    // Subgroups of up to 16 work-items that divide a row, where the device can require their size: Intel's
-    // compiler spills the GPU-width matvecs at SIMD32 (DG2: 38-62 spills), none at 16.
-    if (sw.subgroups && info_.intel_subgroups && info_.intel_required_subgroup_size)
-      for (int s = std::min(mv_wg_, 16); s >= 2 && !mv_sg_; s /= 2)
-        if (mv_wg_ % s == 0 && info_.has_sub_group_size((size_t)s)) mv_sg_ = s;
+    if (sw.subgroups) mv_sg_ = info_.matvec_sub_group(mv_wg_);
     wide_loads_ = sw.wide;
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;

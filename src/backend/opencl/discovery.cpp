@@ -142,6 +142,13 @@ bool DeviceInfo::has_sub_group_size(size_t n) const {
   return std::find(sub_group_sizes.begin(), sub_group_sizes.end(), n) != sub_group_sizes.end();
 }
 
+int DeviceInfo::matvec_sub_group(int width) const {
+  if (!intel_subgroups || !intel_required_subgroup_size) return 0;
+  for (int s = std::min(width, 16); s >= 2; s /= 2)
+    if (width % s == 0 && has_sub_group_size((size_t)s)) return s;
+  return 0;
+}
+
 std::vector<DeviceInfo> list_devices() {
   const Api& a = api();
   cl_uint n_platforms = 0;

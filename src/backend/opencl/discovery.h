@@ -45,6 +45,12 @@ struct DeviceInfo {
   // a device on the host's own cores, or one with fine-grained system SVM.
   bool reads_host_pointers() const { return is_cpu() || svm_fine_grain_system; }
   bool has_sub_group_size(size_t n) const;
+  // The whole-model matvecs' subgroup size for rows of `width` work-items: the largest size up to 16 that
+  // divides it and that a kernel may require here (cl_intel_subgroups, cl_intel_required_subgroup_size);
+  // 0 without. (Intel's compiler spills the GPU-width matvecs at SIMD32: 38-62 on DG2, none at 16.)
+  int matvec_sub_group(int width) const;
+  // The matvecs' row width the whole-model backend picks: a CPU runs a work-group as one thread.
+  int matvec_width() const { return is_cpu() ? 4 : 32; }
 };
 
 // All devices; throws Error with what to install when there is no loader or no platform.
