@@ -171,7 +171,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       cmdbuf_ = CommandBufferApi::load(info_, 0, &why);
       if (!cmdbuf_) log::debug("{}: decode steps enqueued kernel by kernel: {}", name(), why);
     }
-    // A CPU runs a work-group as one thread: few work-items per feature; a GPU wants a wide group.
     mv_wg_ = info_.matvec_width();
     // Switches for measuring kernel variants side by side (XPERT_OPENCL_OPTS, switches.h).
     if (sw.mv_wg) mv_wg_ = sw.mv_wg;

@@ -293,15 +293,13 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
     launch(gdn("delta_chunk_scan"), {groups(dv, (int64_t)wg) * wg, (size_t)Hv}, {wg, 1}, k, (cl_long)CD,
            ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp,
            ws_qku);
+    launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   } else {
     const size_t wg = (size_t)std::min<int64_t>({dv, kGdnMaxWg, (int64_t)info_.max_work_group_size});
     // The gated norm in the same launch.
     launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
            ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps);
-    ar.release(mark);
-    return;
   }
-  launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);
 }
 

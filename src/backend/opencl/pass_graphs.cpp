@@ -46,8 +46,8 @@ bool OpenclBackend::record(cl_kernel k, cl_uint dims, const size_t* global, cons
   try {
     recording_->record(k, dims, global, local);
     return true;
-  } catch (
-      const Error& e) {  // the caller enqueues this kernel (after what was recorded), and no step records
+  } catch (const Error& e) {
+    // The caller enqueues this kernel (after what was recorded), and no step records from now on.
     log::warn("{}: decode steps not recorded, enqueued kernel by kernel ({})", name(), e.what());
     stop_recording();
     cmdbuf_.reset();
