@@ -475,8 +475,11 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, OpenCLBackendGdnChunked,
     ::testing::Values(GdnCase{16, 32, 128, 128, {130, 64}},  // Qwen3.5-35B-A3B's linear-attention heads
                       GdnCase{2, 4, 128, 128, {1, 63, 64, 130}},
-                      GdnCase{1, 2, 16, 8, {1, 63, 64, 130}},     // tiny
-                      GdnCase{3, 3, 32, 48, {5, 70}}),            // key heads not tiled, dv not a multiple of 16
+                      GdnCase{1, 2, 16, 8, {1, 63, 64, 130}},  // tiny
+                      GdnCase{3, 3, 32, 48, {5, 70}},          // key heads not tiled, dv not a multiple of 16
+                      // the recurrent kernel's row slices not whole (40 = 3 x 16 - 8) and more columns than
+                      // its group holds at once (column blocks, the last one short)
+                      GdnCase{1, 2, 40, 1500, {1, 3}}),
     [](const ::testing::TestParamInfo<GdnCase>& i) {
       return fmt::format("k{}x{}_v{}x{}", i.param.n_k_heads, i.param.head_k_dim, i.param.n_v_heads, i.param.head_v_dim);
     });

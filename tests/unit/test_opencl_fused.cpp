@@ -229,27 +229,30 @@ TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
     }
 }
 
-// The GPU-width Q4_K matvec reads 16-byte vectors: a weight view that breaks the alignment is refused with a
-// message before any launch (a misaligned vector load would fault on a GPU, or read wrong bytes).
-TEST(OpenCLFused, Q4KMatvecRefusesMisalignedRows) {
+// The GPU-width Q4_K and Q6_K matvecs read 16-byte vectors of activations, Q4_K weights 16 bytes and Q6_K
+// weights 2 at a time: a weight view that breaks the alignment is refused with a message before any launch (a
+// misaligned vector load would fault on a GPU, or read wrong bytes).
+TEST(OpenCLFused, TeamMatvecsRefuseMisalignedRows) {
   DEVICE_OR_SKIP();
   (void)dev;
   std::mt19937 rng(45);
   Backend& gpu = *device_gpu_width();
-  RandomWeight w(gpu, DType::Q4_K, 256, 8, 1, rng);
-  Weight view = w.dev;
-  view.data = static_cast<const uint8_t*>(w.dev.data) + 8;
-  view.ne[1] = 7;
-  const std::vector<float> x = random_vec(256, rng);
-  DeviceBuffer dx = upload(gpu, x), dy(gpu, 8 * 4);
-  try {
-    gpu.matmul(view, ptr<float>(dx), 1, ptr<float>(dy));
-    FAIL() << "a misaligned Q4_K row was multiplied";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  for (const auto& [type, offset] : {std::pair{DType::Q4_K, 8}, std::pair{DType::Q6_K, 1}}) {
+    RandomWeight w(gpu, type, 256, 8, 1, rng);
+    Weight view = w.dev;
+    view.data = static_cast<const uint8_t*>(w.dev.data) + offset;
+    view.ne[1] = 7;
+    const std::vector<float> x = random_vec(256, rng);
+    DeviceBuffer dx = upload(gpu, x), dy(gpu, 8 * 4);
+    try {
+      gpu.matmul(view, ptr<float>(dx), 1, ptr<float>(dy));
+      ADD_FAILURE() << "a misaligned " << dtype_name(type) << " row was multiplied";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("matvec on misaligned data"), std::string::npos) << e.what();
+    }
+    gpu.matmul(w.dev, ptr<float>(dx), 1, ptr<float>(dy));  // the aligned rows still work
+    gpu.synchronize();
   }
-  gpu.matmul(w.dev, ptr<float>(dx), 1, ptr<float>(dy));  // the aligned rows still work
-  gpu.synchronize();
 }
 
 // Three sequences of a decode step, in slots 2, 0, 1 at depths 5, 70 (two key tiles) and 200 (four): q/k

@@ -43,7 +43,8 @@ constexpr int kTileN = 64, kTileM = 32;
 constexpr int64_t kXmxWgRows = 4;
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
-constexpr int kGdnMaxWg = 256;              // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most
+constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most
+constexpr int kGdnNr = 16;                  // GDN_NR, kernels_gdn.h: state rows a work-item of it holds
 constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
 // A matmul with more activation rows than this takes the tiled kernel.
 constexpr int64_t kGemvMaxRows = 8;
@@ -98,7 +99,7 @@ std::string per_tile_size(std::string_view src, const char* rows_macro, const ch
                           std::initializer_list<std::pair<int, const char*>> sizes);
 
 // Whether a Q4_K matrix's rows at w keep 16-byte alignment (other types: always true), as the prefill tiles
-// (pt_load) and the GPU-width decode matvecs (MV_TEAMS) read Q4_K blocks 16 bytes at a time.
+// (pt_load) read Q4_K blocks 16 bytes at a time (the decode matvecs: check_mv_aligned).
 inline bool q4k_rows_aligned(DType t, const void* w) {
   return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
@@ -443,6 +444,13 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   cl_kernel gdn(const char* kernel) {
     return program(gdn_, [] { return gdn_program_text(); }).kernel(kernel);
   }
+  // The largest work-group kernel k runs with on this device (its registers may allow fewer than the
+  // device's maximum), at most cap.
+  int64_t kernel_max_group(cl_kernel k, int64_t cap) const {
+    size_t n = 0;
+    XP_CL(clGetKernelWorkGroupInfo, k, info_.device, CL_KERNEL_WORK_GROUP_SIZE, sizeof n, &n, nullptr);
+    return std::min<int64_t>({(int64_t)n, (int64_t)info_.max_work_group_size, cap});
+  }
   Prog& matmul_program(DType t) {
     const char* macro = weight_macro(t);
     if (!macro)
@@ -567,11 +575,15 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
            (cl_ulong)expert_stride, tasks, (cl_int)(tasks != nullptr), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
            y, (cl_int)ldy, (cl_int)m);
   }
-  // The GPU-width Q4_K matvecs (kernels_fused.h, MV_TEAMS) read a block's first 16 bytes and 4 activations in
-  // one load each: weights and activations 16-byte aligned, as allocations are (a view must keep it).
+  // The GPU-width Q4_K and Q6_K matvecs (kernels_fused.h, MV_TEAMS) read 4 activations in one load, a Q4_K
+  // block's first 16 bytes in one and a Q6_K block's quants 2 bytes at a time: activations 16-byte aligned,
+  // Q4_K weights too and Q6_K weights 2-byte, as allocations are (a view must keep it).
   void check_mv_aligned(DType t, const void* w, const void* x) const {
-    if (mv_wg_ == 32 && wide_loads_ && !(q4k_rows_aligned(t, w) && q4k_rows_aligned(t, x)))
-      fail("{}: a Q4_K matvec on data not 16-byte aligned (weights at {}, activations at {})", name(), w, x);
+    if (mv_wg_ != 32 || !wide_loads_ || (t != DType::Q4_K && t != DType::Q6_K)) return;
+    const auto at = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    if (!at(x, 16) || !at(w, t == DType::Q4_K ? 16 : 2))
+      fail("{}: a {} matvec on misaligned data (weights at {}, activations at {})", name(), dtype_name(t), w,
+           x);
   }
   // y[r] = x[r] . w^T for m rows (x: m rows of k), one work-group per (feature, row): gemv_multi with one matrix.
   void gemv_rows(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, int64_t ldy) {

@@ -7,7 +7,8 @@
 //
 // One work-group of ATT_WG work-items per (head, token): the query (rounded to f16, as the CPU does) sits
 // in local memory; each tile of ATT_WG keys gets one score per work-item. Two passes over the key tiles:
-// the first keeps the running max and sum of the softmax (online), the second recomputes the scores and
+// the first keeps the running max and sum of the softmax (online, each work-item over its own keys, then a
+// tree over the work-items), the second recomputes the scores and
 // adds each normalized weight, rounded to f16 as the CPU (and llama.cpp's f16 V product) rounds it, times V
 // (each work-item owns head_dim / ATT_WG output dims, head_dim <= ATT_MAXD). The scores cost twice, but
 // the output matches the CPU's to ~1e-6, so a model's routing near-ties resolve the same way on both.
@@ -21,11 +22,21 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
 
-// q.k * kq_scale, k read from the f16 cache: 32 halves loaded at once (8 loads in flight, not one trip to
+// q.k * kq_scale, k read from the f16 cache: 64 halves loaded at once (16 loads in flight, not one trip to
 // memory per value), then summed in the order of one value at a time (the same bits as that loop).
 float score(local const float* qs, global const half* kr, int d, float kq_scale) {
   float dot = 0.0f;
   int i = 0;
+  for (; i + 64 <= d; i += 64) {
+    float4 k[16];
+    for (int u = 0; u < 16; ++u) k[u] = vload_half4(0, kr + i + 4 * u);
+    for (int u = 0; u < 16; ++u) {
+      dot += qs[i + 4 * u] * k[u].x;
+      dot += qs[i + 4 * u + 1] * k[u].y;
+      dot += qs[i + 4 * u + 2] * k[u].z;
+      dot += qs[i + 4 * u + 3] * k[u].w;
+    }
+  }
   for (; i + 32 <= d; i += 32) {
     float4 k[8];
     for (int u = 0; u < 8; ++u) k[u] = vload_half4(0, kr + i + 4 * u);
@@ -47,7 +58,7 @@ kernel void attention(global const float* q, global const half* kc, global const
                       int window, global const int* slots, int use_slots, long slot_stride, int q_stride,
                       global const float* gate, int gate_stride, int has_gate) {
   local float qs[ATT_MAXD];
-  local float ps[ATT_WG];
+  local float ps[ATT_WG], ls[ATT_WG];
   const int h = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
   const int hk = h / (n_head / n_head_kv);
@@ -64,23 +75,32 @@ kernel void attention(global const float* q, global const half* kc, global const
   }
   const int lo = window > 0 ? max(0, p - window + 1) : 0;
   const int hi = min(p, n_kv - 1);
-  // Pass 1: the running max and sum of exp over every key tile.
+  // Pass 1: each work-item the running max and sum of exp over its own keys lo + lid, lo + lid + ATT_WG, ...
+  // (no barrier between its keys, so its loads of one key need not wait for the group), then one tree
+  // combines the work-items' pairs.
   float mx = -INFINITY, l = 0.0f;
-  for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
-    const int j = j0 + lid;
-    ps[lid] = j <= hi ? score(qs, kc + j * kv_row + hk * d, d, kq_scale) : -INFINITY;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const int nt = min(ATT_WG, hi - j0 + 1);
-    float tmax = -INFINITY;
-    for (int i = 0; i < nt; ++i) tmax = max(tmax, ps[i]);
-    const float mnew = max(mx, tmax);  // finite: key j0 <= hi is in the tile
-    float tsum = 0.0f;
-    for (int i = 0; i < nt; ++i) tsum += exp(ps[i] - mnew);
-    l = l * exp(mx - mnew) + tsum;
+  for (int j = lo + lid; j <= hi; j += ATT_WG) {
+    const float sc = score(qs, kc + j * kv_row + hk * d, d, kq_scale);
+    const float mnew = max(mx, sc);
+    l = l * exp(mx - mnew) + exp(sc - mnew);
     mx = mnew;
+  }
+  ps[lid] = mx;
+  ls[lid] = l;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = ATT_WG / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      const float ma = ps[lid], mb = ps[lid + s], m = max(ma, mb);
+      if (m > -INFINITY) ls[lid] = ls[lid] * exp(ma - m) + ls[lid + s] * exp(mb - m);
+      ps[lid] = m;
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V.
+  mx = ps[0];
+  l = ls[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V (key by key in order; 8
+  // keys' loads in flight).
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   float acc[ATT_DPT];
   for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
@@ -94,7 +114,12 @@ kernel void attention(global const float* q, global const half* kc, global const
       if (dd >= d) break;
       float v = acc[a];
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
-      for (int i = 0; i < nt; ++i) v += ps[i] * vload_half(i * kv_row, vr);
+      for (int i0 = 0; i0 < nt; i0 += 8) {
+        float vv[8];
+        for (int u = 0; u < 8; ++u) vv[u] = i0 + u < nt ? vload_half((i0 + u) * kv_row, vr) : 0.0f;
+        for (int u = 0; u < 8; ++u)
+          if (i0 + u < nt) v += ps[i0 + u] * vv[u];
+      }
       acc[a] = v;
     }
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -256,26 +256,29 @@ kernel void empty_kernel16(global float* a, global float* b, global float* c, gl
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
 #define MOE_MAX_USED 16
 // mv_partial: this work-item's part of row . xr (k values); mv_partial2: of two rows on the same activations.
-// Q4_K and Q6_K rows with 32 work-items (a GPU's width) read whole blocks coalesced (consecutive work-items on
-// consecutive quant bytes and activations). Otherwise (PoCL's 4 work-items, other types): chunks lid,
-// lid + MV_WG, ..., each summed alone first (as gemv).
-#if MV_WG == 32 && !defined(NO_WIDE_LOADS) && defined(WT_Q4_K)
+// Q4_K and Q6_K rows with 32 work-items (a GPU's width) read whole blocks by teams of 8 work-items. Otherwise
+// (PoCL's 4 work-items, other types): chunks lid, lid + MV_WG, ..., each summed alone first (as gemv).
+#if MV_WG == 32 && !defined(NO_WIDE_LOADS) && (defined(WT_Q4_K) || defined(WT_Q6_K))
 #define MV_BLOCKWISE 1
 #define MV_TEAMS 1
-// Q4_K rows with 32 work-items: four teams of 8 take blocks team, team + 4, ... of the row; lane l = lid % 8
-// takes bytes 4l .. 4l + 3 of each of the block's four 32-byte quant groups c, whose low nibbles are weights
-// 64c + 4l .. +3 (sub-block 2c) and high nibbles weights 64c + 32 + 4l .. +3 (sub-block 2c + 1). So a
-// work-item takes 32 weights a block, every scale index is a constant once c is unrolled, and a sub-block's
-// scale and min apply once, to sum(q x) and sum(x). A team's loads a block: its first 16 bytes (one load,
-// the same address for the team), 32 bytes of quants and 256 bytes of activations per quant group.
-// Rows are 16-byte aligned (OpenclBackend::check_mv_aligned), 144-byte blocks keep them so.
-void q4k_x8(global const float* xb, int l, float4* xv) {  // xv[2c]: sub-block 2c's 4 values, xv[2c + 1]: 2c + 1's
+// Q4_K and Q6_K rows with 32 work-items: four teams of 8 take blocks team, team + 4, ... of the row, lane
+// l = lid % 8 taking 32 weights of each: every scale index is a constant once the loops over a block's parts
+// are unrolled, and a scale applies once to a sum of products. team_x8 loads the lane's 32 activations of
+// block sb (8 float4), team_dot8 dots them with the block's weights; TEAM_BYTES: a block's bytes.
+#if defined(WT_Q4_K)
+// Q4_K: lane l takes bytes 4l .. 4l + 3 of each of the block's four 32-byte quant groups c, whose low nibbles
+// are weights 64c + 4l .. +3 (sub-block 2c) and high nibbles weights 64c + 32 + 4l .. +3 (sub-block 2c + 1);
+// a sub-block's scale and min apply once, to sum(q x) and sum(x). A team's loads a block: its first 16 bytes
+// (one load, the same address for the team), 32 bytes of quants and 256 bytes of activations per quant
+// group. Rows are 16-byte aligned (OpenclBackend::check_mv_aligned), 144-byte blocks keep them so.
+#define TEAM_BYTES 144
+void team_x8(global const float* xb, int l, float4* xv) {  // xv[2c]: sub-block 2c's 4 values, xv[2c + 1]: 2c + 1's
   for (int c = 0; c < 4; ++c) {
     xv[2 * c] = *(global const float4*)(xb + 64 * c + 4 * l);
     xv[2 * c + 1] = *(global const float4*)(xb + 64 * c + 32 + 4 * l);
   }
 }
-float q4k_dot8(global const uchar* blk, int l, const float4* xv) {
+float team_dot8(global const uchar* blk, int l, const float4* xv) {
   const uint4 h = *(global const uint4*)blk;  // d, dmin, the 12 scale bytes
   global const uint* qs = (global const uint*)(blk + 16) + l;
   float acc = 0.0f, macc = 0.0f;
@@ -294,13 +297,47 @@ float q4k_dot8(global const uchar* blk, int l, const float4* xv) {
   }
   return h2f(h.x) * acc - h2f(h.x >> 16) * macc;
 }
+#else
+// Q6_K (ql [128], qh [64], 16 int8 scales, d): half c of the block, quarter g holds weights 128c + 32g + p,
+// p < 32, their low 4 bits in ql[64c + p] (g = 0, 2: low, high nibble) or ql[64c + 32 + p] (g = 1, 3), their
+// high 2 bits at bit 2g of qh[32c + p], their scale sc[8c + p / 16 + 2g]. Lane l takes p = 4l .. 4l + 3 of
+// every (c, g): three 4-byte words of quants a half, each weight's scale applied once to sum((q - 32) x).
+// 210-byte blocks leave every other block 2-byte aligned: the words are read as two 16-bit halves.
+#define TEAM_BYTES 210
+uint ld_u32_a2(global const uchar* p) {
+  const ushort2 v = vload2(0, (global const ushort*)p);
+  return (uint)v.x | ((uint)v.y << 16);
+}
+void team_x8(global const float* xb, int l, float4* xv) {  // xv[4c + g]
+  for (int c = 0; c < 2; ++c)
+    for (int g = 0; g < 4; ++g) xv[4 * c + g] = *(global const float4*)(xb + 128 * c + 32 * g + 4 * l);
+}
+float team_dot8(global const uchar* blk, int l, const float4* xv) {
+  float acc = 0.0f;
+  for (int c = 0; c < 2; ++c) {
+    const uint A = ld_u32_a2(blk + 64 * c + 4 * l), B = ld_u32_a2(blk + 64 * c + 32 + 4 * l);
+    const uint H = ld_u32_a2(blk + 128 + 32 * c + 4 * l);
+    global const char* sc = (global const char*)(blk + 192) + 8 * c + l / 4;
+    for (int g = 0; g < 4; ++g) {
+      const uint lo = (g & 1 ? B : A) >> (g >= 2 ? 4 : 0), hi = H >> (2 * g);
+      const float4 x = xv[4 * c + g];
+      const float s = (float)((lo & 0xF) | ((hi & 3) << 4)) * x.x +
+                      (float)(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) * x.y +
+                      (float)(((lo >> 16) & 0xF) | (((hi >> 16) & 3) << 4)) * x.z +
+                      (float)(((lo >> 24) & 0xF) | (((hi >> 24) & 3) << 4)) * x.w;
+      acc += (float)sc[2 * g] * (s - 32.0f * ((x.x + x.y) + (x.z + x.w)));
+    }
+  }
+  return ld_f16(blk + 208) * acc;
+}
+#endif
 float mv_partial(global const uchar* row, global const float* xr, int k) {
   const int lid = get_local_id(0), l = lid % 8, nb = k / 256;
   float acc = 0.0f;
   for (int sb = lid / 8; sb < nb; sb += 4) {
     float4 xv[8];
-    q4k_x8(xr + sb * 256, l, xv);
-    acc += q4k_dot8(row + sb * 144, l, xv);
+    team_x8(xr + sb * 256, l, xv);
+    acc += team_dot8(row + sb * TEAM_BYTES, l, xv);
   }
   return acc;
 }
@@ -310,52 +347,9 @@ float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const 
   float a = 0.0f, b = 0.0f;
   for (int sb = lid / 8; sb < nb; sb += 4) {
     float4 xv[8];
-    q4k_x8(xr + sb * 256, l, xv);
-    a += q4k_dot8(ra + sb * 144, l, xv);
-    b += q4k_dot8(rb + sb * 144, l, xv);
-  }
-  return (float2)(a, b);
-}
-#elif MV_WG == 32 && !defined(NO_WIDE_LOADS) && defined(WT_Q6_K)
-#define MV_BLOCKWISE 1
-// Q6_K rows: the group walks the row a block at a time; block sb's part (this work-item's 8 weights of it).
-float mv_block(global const uchar* row, global const float* xr, int sb, int lid) {
-  // Work-item lid: half c = lid / 16 of the block, positions 2 (lid % 16) and +1 of each of its 4 quarters.
-  const int c = lid / 16, l2 = (lid % 16) * 2;
-  global const uchar* blk = row + sb * 210;
-  const uint qa = *(global const ushort*)(blk + 64 * c + l2), qb = *(global const ushort*)(blk + 64 * c + 32 + l2);
-  const uint qh = *(global const ushort*)(blk + 128 + 32 * c + l2);
-  global const char* sc = (global const char*)(blk + 192) + 8 * c + l2 / 16;
-  const float d = ld_f16(blk + 208);
-  global const float* xq = xr + sb * 256 + 128 * c + l2;
-  float acc = 0.0f;
-  for (int g = 0; g < 4; ++g) {
-    const uint lo = (g & 1 ? qb : qa) >> (g >= 2 ? 4 : 0), hi = qh >> (2 * g);
-    const int q0 = (int)((lo & 0xF) | ((hi & 3) << 4)) - 32;
-    const int q1 = (int)(((lo >> 8) & 0xF) | (((hi >> 8) & 3) << 4)) - 32;
-    const float dg = d * sc[2 * g];
-    const float2 xv = vload2(0, xq + 32 * g);
-    acc += dg * q0 * xv.x + dg * q1 * xv.y;
-  }
-  return acc;
-}
-// The block loop unrolled, so several blocks' loads are in flight at once (one block at a time waited a
-// trip to memory per block: ~30 us for a MoE kernel on an H200).
-float mv_partial(global const uchar* row, global const float* xr, int k) {
-  const int lid = get_local_id(0), nb = k / 256;
-  float acc = 0.0f;
-#pragma unroll 4
-  for (int sb = 0; sb < nb; ++sb) acc += mv_block(row, xr, sb, lid);
-  return acc;
-}
-// Two rows on the same activations (gate and up), their loads interleaved.
-float2 mv_partial2(global const uchar* ra, global const uchar* rb, global const float* xr, int k) {
-  const int lid = get_local_id(0), nb = k / 256;
-  float a = 0.0f, b = 0.0f;
-#pragma unroll 2
-  for (int sb = 0; sb < nb; ++sb) {
-    a += mv_block(ra, xr, sb, lid);
-    b += mv_block(rb, xr, sb, lid);
+    team_x8(xr + sb * 256, l, xv);
+    a += team_dot8(ra + sb * TEAM_BYTES, l, xv);
+    b += team_dot8(rb + sb * TEAM_BYTES, l, xv);
   }
   return (float2)(a, b);
 }
@@ -463,20 +457,37 @@ MV_KERNEL void moe_router_route(global const uchar* w, ulong row_bytes, global c
   const long t = get_group_id(1);
   global const float* xr = x + t * k;
   global const float* dr = d + t * k;
+  // Both loops take 8 chunks a work-item at a time, their loads first: one trip to memory per 8 (a chunk at a
+  // time waited a trip per chunk: ~24 us a launch on an H200); the sums in the order of one chunk at a time.
   float ss = 0.0f;
-  for (int i = lid; i < k4; i += MV_WG) {
-    const float4 v = vload4(i, dr) + vload4(i, xr);
-    cur[i] = v;
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  for (int i0 = lid; i0 < k4; i0 += 8 * MV_WG) {
+    float4 v[8];
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * MV_WG;
+      v[u] = i < k4 ? vload4(i, dr) + vload4(i, xr) : (float4)(0.0f);
+    }
+    for (int u = 0; u < 8; ++u) {
+      if (i0 + u * MV_WG < k4) cur[i0 + u * MV_WG] = v[u];
+      ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    }
   }
   const float rs = 1.0f / sqrt(mv_sum(ss, buf) / (float)k + eps);
   float acc = 0.0f;
   global const float* wr = e < n_expert ? (global const float*)(w + (ulong)e * row_bytes) : shared_w;
-  for (int i = lid; i < k4; i += MV_WG) {
-    const float4 c = (cur[i] * rs) * vload4(i, nw);
-    cur[i] = c;
-    const float4 a = vload4(i, wr);
-    acc += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
+  for (int i0 = lid; i0 < k4; i0 += 8 * MV_WG) {
+    float4 a[8], n4[8];
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * MV_WG;
+      a[u] = i < k4 ? vload4(i, wr) : (float4)(0.0f);
+      n4[u] = i < k4 ? vload4(i, nw) : (float4)(0.0f);
+    }
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * MV_WG;
+      if (i >= k4) break;
+      const float4 c = (cur[i] * rs) * n4[u];
+      cur[i] = c;
+      acc += a[u].x * c.x + a[u].y * c.y + a[u].z * c.z + a[u].w * c.w;
+    }
   }
   const float s = mv_sum(acc, buf);  // its barriers also make cur whole for the rounding
   if (lid == 0 && e < n_expert) logits[t * n_expert + e] = s;
@@ -570,10 +581,10 @@ MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong exp
     const bool sh = j == n_used;
     const long s = sh ? n_routed + t : t * n_used + j;
     const ulong off =
-        (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes + sb * 144;
+        (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes + sb * TEAM_BYTES;
     float4 xv[8];
-    q4k_x8(h + s * k + sb * 256, l, xv);
-    buf[j * MV_WG + lid] += on ? q4k_dot8((sh ? shared_down : down) + off, l, xv) : 0.0f;
+    team_x8(h + s * k + sb * 256, l, xv);
+    buf[j * MV_WG + lid] += on ? team_dot8((sh ? shared_down : down) + off, l, xv) : 0.0f;
   }
 #else
 #pragma unroll 8

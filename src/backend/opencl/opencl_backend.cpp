@@ -295,10 +295,17 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
            ws_qku);
     launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   } else {
-    const size_t wg = (size_t)std::min<int64_t>({dv, kGdnMaxWg, (int64_t)info_.max_work_group_size});
-    // The gated norm in the same launch.
-    launch(gdn("delta_rule_recurrent"), {(size_t)Hv * wg}, {wg}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
-           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps);
+    // R row slices of kGdnNr rows, as many of the dv columns at once as the kernel's group allows; the
+    // gated norm in the same launch.
+    cl_kernel rec = gdn("delta_rule_recurrent");
+    const int64_t R = (dk + kGdnNr - 1) / kGdnNr,
+                  C = std::min<int64_t>(dv, kernel_max_group(rec, kGdnMaxWg) / R);
+    if (C < 1)
+      fail("{}: Gated DeltaNet key heads of {} need work-groups of {} (this device allows {})", name(), dk, R,
+           kernel_max_group(rec, kGdnMaxWg));
+    launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
+           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps,
+           (cl_int)R);
   }
   ar.release(mark);
 }
