@@ -49,6 +49,9 @@ struct DecodeAttention {
   // q's rows q_stride apart (0: head_dim), normalized and rotated where they lie.
   const float* gate = nullptr;
   int64_t gate_stride = 0, q_stride = 0;
+  // The weight type of the projection that reads out next (F32: none given): a backend may write that
+  // product's input form of out in the same launch (OpenCL: out rounded as the CPU rounds activations).
+  DType out_type = DType::F32;
 };
 
 // Fused forms of a decode step (one token per sequence): CUDA.

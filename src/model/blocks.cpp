@@ -255,28 +255,29 @@ Act attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t
   if (gate && !fuse) split_gate();
   if (decode) {
     const DecodeAttention d{.q = fuse ? gate->qg : a.q,
-                                     .k = a.k,
-                                     .v = a.v,
-                                     .k_cache = kv.k(il, 0),
-                                     .v_cache = kv.v(il, 0),
-                                     .slot_stride = kv.slot_stride(),
-                                     .slots = a.seq,
-                                     .pos = a.pos,
-                                     .max_pos = ex.max_pos(),
-                                     .out = a.att,
-                                     .n_seq = ex.n(),
-                                     .n_head = c.n_head,
-                                     .n_head_kv = c.n_head_kv,
-                                     .head_dim = c.head_dim,
-                                     .n_ctx = kv.n_ctx(),
-                                     .kq_scale = p.kq_scale,
-                                     .sliding_window = p.sliding_window,
-                                     .k_type = kv.type(0),
-                                     .v_type = kv.type(1),
-                                     .prep = prep,
-                                     .gate = fuse ? gate->qg + D : nullptr,
-                                     .gate_stride = fuse ? 2 * D : 0,
-                                     .q_stride = fuse ? 2 * D : 0};
+                            .k = a.k,
+                            .v = a.v,
+                            .k_cache = kv.k(il, 0),
+                            .v_cache = kv.v(il, 0),
+                            .slot_stride = kv.slot_stride(),
+                            .slots = a.seq,
+                            .pos = a.pos,
+                            .max_pos = ex.max_pos(),
+                            .out = a.att,
+                            .n_seq = ex.n(),
+                            .n_head = c.n_head,
+                            .n_head_kv = c.n_head_kv,
+                            .head_dim = c.head_dim,
+                            .n_ctx = kv.n_ctx(),
+                            .kq_scale = p.kq_scale,
+                            .sliding_window = p.sliding_window,
+                            .k_type = kv.type(0),
+                            .v_type = kv.type(1),
+                            .prep = prep,
+                            .gate = fuse ? gate->qg + D : nullptr,
+                            .gate_stride = fuse ? 2 * D : 0,
+                            .q_stride = fuse ? 2 * D : 0,
+                            .out_type = wo ? wo->type : DType::F32};
     if (wo && parts && !gate) {
       *parts = fusions->decode_attention_proj(d, *wo, a.out);
       if (*parts) return {};
@@ -340,7 +341,7 @@ void self_attention(const ModelConfig& c, const LayerWeights& lw, const Attentio
     b.qk_norm_rope(a.q, a.k, prep.q_norm, prep.k_norm, a.pos, n, c.n_head, c.n_head_kv, D, c.n_rot, p.rope_base,
                    p.rope_scale, p.rope_mode, c.rms_eps);
     b.scale(a.q, p.q_scale, n * q_dim);
-    b.matmul(lw.wo, attend_segments(c, p, il, ex), a.out);
+    b.matmul(lw.wo, attend_segments(c, p, il, ex, nullptr, nullptr, &lw.wo), a.out);
     return;
   }
   std::optional<PartialSum> proj;

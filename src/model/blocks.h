@@ -106,9 +106,10 @@ struct AttentionGate {
 };
 // With gate, a.att is also multiplied by sigmoid(gate): a GPU that fuses it (fuses_attention_gate) reads
 // q and the gate from qg where they lie; otherwise they are deinterleaved first (q into a.q).
-// Returns a.att as the output projection's input (an Act). With wo and parts (no gate), a decode step's
-// attention may also apply wo into a.out (DecodeFusions::decode_attention_proj): *parts is then set, the
-// caller's matmul is done and the returned Act is empty.
+// Returns a.att as the output projection's input (an Act). wo: that projection (its type lets a decode
+// step's attention write its input form too, DecodeAttention::out_type). With wo and parts (no gate), a
+// decode step's attention may also apply wo into a.out (DecodeFusions::decode_attention_proj): *parts is
+// then set, the caller's matmul is done and the returned Act is empty.
 Act attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t il, Exec& ex,
                     const QkPrep* prep = nullptr, const AttentionGate* gate = nullptr, const Weight* wo = nullptr,
                     std::optional<PartialSum>* parts = nullptr);

@@ -320,7 +320,7 @@ class Qwen35 : public Model {
                                .eps = c.rms_eps};
     const AttentionLayerParams p = default_attention_params(c);
     const AttentionGate g{.qg = qg, .gate = gate};
-    b.matmul(l.wo, attend_segments(c, p, il, ex, &prep, &g), a.out);
+    b.matmul(l.wo, attend_segments(c, p, il, ex, &prep, &g, &l.wo), a.out);
     ar.release(mark);
   }
 

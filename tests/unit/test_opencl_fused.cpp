@@ -296,6 +296,8 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                dkn = upload(dev, kn), dkc = upload(dev, kc), dvc = upload(dev, vc),
                dslots = upload(dev, slots), dpos = upload(dev, pos), dout(dev, q.size() * sizeof(float));
   const float kq_scale = 1.0f / std::sqrt((float)D);
+  const std::vector<float> q0 = q,
+                           k0 = k;  // the device's inputs (its step normalizes and rotates them in place)
   // The CPU: one sequence at a time.
   th.cpu.qk_norm_rope(q.data(), k.data(), c.norms ? qn.data() : nullptr, c.norms ? kn.data() : nullptr,
                       pos.data(), S, H, Hk, D, c.n_rot, 1e6f, 1.0f, c.mode, 1e-6f);
@@ -329,35 +331,60 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                     .freq_base = 1e6f,
                     .mode = c.mode,
                     .eps = 1e-6f};
-  ASSERT_TRUE(f->decode_attention({.q = c.gated ? ptr<float>(dqg) : ptr<float>(dq),
-                                   .k = ptr<float>(dk),
-                                   .v = ptr<float>(dv),
-                                   .k_cache = dkc.data(),
-                                   .v_cache = dvc.data(),
-                                   .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
-                                   .slots = ptr<int32_t>(dslots),
-                                   .pos = ptr<int32_t>(dpos),
-                                   .max_pos = *std::max_element(pos.begin(), pos.end()),
-                                   .out = ptr<float>(dout),
-                                   .n_seq = S,
-                                   .n_head = H,
-                                   .n_head_kv = Hk,
-                                   .head_dim = D,
-                                   .n_ctx = n_ctx,
-                                   .kq_scale = kq_scale,
-                                   .sliding_window = c.window,
-                                   .k_type = DType::F16,
-                                   .v_type = DType::F16,
-                                   .prep = &prep,
-                                   .gate = c.gated ? ptr<float>(dqg) + D : nullptr,
-                                   .gate_stride = c.gated ? 2 * D : 0,
-                                   .q_stride = c.gated ? 2 * D : 0}));
+  auto attend = [&](DType out_type) {
+    dev.copy_from_host(dq.data(), q0.data(), q0.size() * sizeof(float));
+    dev.copy_from_host(dqg.data(), qg.data(), qg.size() * sizeof(float));
+    dev.copy_from_host(dk.data(), k0.data(), k0.size() * sizeof(float));
+    return f->decode_attention({.q = c.gated ? ptr<float>(dqg) : ptr<float>(dq),
+                                .k = ptr<float>(dk),
+                                .v = ptr<float>(dv),
+                                .k_cache = dkc.data(),
+                                .v_cache = dvc.data(),
+                                .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
+                                .slots = ptr<int32_t>(dslots),
+                                .pos = ptr<int32_t>(dpos),
+                                .max_pos = *std::max_element(pos.begin(), pos.end()),
+                                .out = ptr<float>(dout),
+                                .n_seq = S,
+                                .n_head = H,
+                                .n_head_kv = Hk,
+                                .head_dim = D,
+                                .n_ctx = n_ctx,
+                                .kq_scale = kq_scale,
+                                .sliding_window = c.window,
+                                .k_type = DType::F16,
+                                .v_type = DType::F16,
+                                .prep = &prep,
+                                .gate = c.gated ? ptr<float>(dqg) + D : nullptr,
+                                .gate_stride = c.gated ? 2 * D : 0,
+                                .q_stride = c.gated ? 2 * D : 0,
+                                .out_type = out_type});
+  };
+  ASSERT_TRUE(attend(DType::F32));
   EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);
   // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
   const std::vector<uint16_t> got_k = download<uint16_t>(dev, dkc, kc.size()),
                               got_v = download<uint16_t>(dev, dvc, vc.size());
   EXPECT_LT(rel_err(widen(got_k), widen(kc)), 1e-3f);
   EXPECT_EQ(got_v, vc);
+  // Told the output projection's type, the step also rounds out for it in the same launch (blocks across
+  // heads: the last group of the heads a block spans): the projection then takes one launch, no rounding of
+  // its own, and gives what it gives when it rounds a copy of out itself, bit for bit.
+  auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
+  for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16}) {
+    const int64_t unit = opencl::block_elems(t);
+    if ((H * D) % unit) continue;
+    const bool tail = (D % unit == 0 || unit % D == 0) && H % std::max<int64_t>(1, unit / D) == 0;
+    RandomWeight wo(dev, t, H * D, 64, 1, rng);
+    DeviceBuffer dy(dev, S * 64 * 4), dy2(dev, S * 64 * 4), dcopy(dev, q.size() * sizeof(float));
+    ASSERT_TRUE(attend(t));
+    const uint64_t e0 = ocl.enqueue_count();
+    dev.matmul(wo.dev, ptr<float>(dout), S, ptr<float>(dy));
+    EXPECT_EQ(ocl.enqueue_count() - e0, tail ? 1u : 2u) << dtype_name(t);
+    dev.copy(dcopy.data(), dout.data(), q.size() * sizeof(float));
+    dev.matmul(wo.dev, ptr<float>(dcopy), S, ptr<float>(dy2));
+    EXPECT_EQ(download<float>(dev, dy, S * 64), download<float>(dev, dy2, S * 64)) << dtype_name(t);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -133,7 +133,7 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 // (kernels_ops.h, kernels_fused.h, the prefill's ops), attention, Gated DeltaNet, and a weight type's matmul
 // program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
 ProgramText ops_program_text(bool correctly_rounded_divide);
-ProgramText attention_program_text();
+ProgramText attention_program_text(bool correctly_rounded_divide);
 ProgramText gdn_program_text();
 ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
@@ -326,8 +326,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~18 KiB of local memory).
-    if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 20 * 1024) {
+    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~20 KiB of local memory).
+    if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 24 * 1024) {
       launch(attention_kernel("attention_block"), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
              {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
              (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
@@ -336,7 +336,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     launch(attention_kernel("attention"), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q,
            a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
            a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)a.head_dim, nullptr,
-           (cl_int)0, (cl_int)0);
+           (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -439,7 +439,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
   cl_kernel attention_kernel(const char* kernel) {
-    return program(attention_, [] { return attention_program_text(); }).kernel(kernel);
+    return program(attention_, [&] { return attention_program_text(info_.correctly_rounded_divide); })
+        .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) {
     return program(gdn_, [] { return gdn_program_text(); }).kernel(kernel);

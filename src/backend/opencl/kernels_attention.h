@@ -56,9 +56,11 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
 kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
                       int window, global const int* slots, int use_slots, long slot_stride, int q_stride,
-                      global const float* gate, int gate_stride, int has_gate) {
+                      global const float* gate, int gate_stride, int has_gate, int out_mode,
+                      global float* outq, volatile global int* counters) {
   local float qs[ATT_MAXD];
   local float ps[ATT_WG], ls[ATT_WG];
+  local int pi[ATT_WG], flag;
   const int h = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
   const int hk = h / (n_head / n_head_kv);
@@ -128,22 +130,36 @@ kernel void attention(global const float* q, global const half* kc, global const
   global const float* gr = gate + (t * n_head + h) * gate_stride;
   for (int a = 0; a < ATT_DPT; ++a) {
     const int dd = lid + a * ATT_WG;
-    if (dd < d) o[dd] = has_gate ? acc[a] * sigmoid_f(gr[dd]) : acc[a];
+    if (dd < d) acc[a] = has_gate ? acc[a] * sigmoid_f(gr[dd]) : acc[a];
+    if (dd < d) o[dd] = acc[a];
   }
+  // out_mode >= 0: the output also rounded for the projection that reads it (round_unit): values alone by
+  // each group; blocks (modes 0, 1) by the last group of the heads a block spans (hpu of them; the host
+  // launches only where d and the block divide one another), from the heads' outputs in global memory.
+  if (out_mode >= 2)
+    for (int a = 0; a < ATT_DPT; ++a) {
+      const int dd = lid + a * ATT_WG;
+      if (dd < d) outq[(t * n_head + h) * d + dd] = round_elem(acc[a], out_mode);
+    }
+  if (out_mode != 0 && out_mode != 1) return;  // the same for every group
+  const int unit = out_mode == 0 ? 32 : 256, hpu = d >= unit ? 1 : unit / d, h0 = h - h % hpu;
+  const int last = last_group(counters + t * (n_head / hpu) + h / hpu, hpu, &flag);
+  volatile global const float* xr = out + (t * n_head + h0) * d;
+  for (int b = 0; b < hpu * d / unit; ++b)
+    round_block_group_v(xr, outq + (t * n_head + h0) * d, out_mode, b, ATT_WG, last, ps, pi);
 }
 
 // Prefill: ATT_QB consecutive tokens (t0 = ATT_QB * group 1, fewer at the batch's end) of head `group 0` per
 // work-group, without slots, so each key tile's K and V rows are read once for the block. Per query the sums
 // are attention's, in its order (the same bits where there is no sliding window): the scores summed one value
-// at a time; pass 1's running max and sum by work-item u alone over the tile's keys of query u; pass 2's
-// weights rounded to f16, each work-item adding its dims' V products key by key (weight 0 past a query's
-// last key).
+// at a time; pass 1's running max and sum per work-item over its keys, then a tree; pass 2's weights rounded
+// to f16, each work-item adding its dims' V products key by key (weight 0 past a query's last key).
 #define ATT_QB 8
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
                             int d, int n_kv, float kq_scale, int window) {
   local float qs[ATT_QB * ATT_MAXD];
-  local float ps[ATT_QB * ATT_WG];
+  local float ps[ATT_QB * ATT_WG], ls[ATT_QB * ATT_WG];
   local float stat[2 * ATT_QB];
   const int h = get_group_id(0), lid = get_local_id(0);
   const int t0 = get_group_id(1) * ATT_QB, nq = min(ATT_QB, n_tokens - t0);
@@ -193,26 +209,40 @@ kernel void attention_block(global const float* q, global const half* kc, global
     for (int u = 0; u < ATT_QB; ++u)                                                      \
       ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;    \
   }
-  // Pass 1: work-item u < nq keeps query u's running max and sum.
-  float mx = -INFINITY, l = 0.0f;
+  // Pass 1, as attention's: work-item lid keeps each query's running max and sum over its keys blo + lid,
+  // blo + lid + ATT_WG, ... (the same keys as attention's work-item lid where blo == lo), then a tree per query
+  // combines the work-items' pairs (ps: the maxima, ls: the sums).
+  float mx[ATT_QB], l[ATT_QB];
+  for (int u = 0; u < ATT_QB; ++u) mx[u] = -INFINITY, l[u] = 0.0f;
   for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
     ATT_BLOCK_SCORES(j0)
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid < nq && j0 <= hi[lid] && j0 + ATT_WG > lo[lid]) {
-      const int u = lid, i0 = max(0, lo[u] - j0), nt = min(ATT_WG, hi[u] - j0 + 1);
-      float tmax = -INFINITY;
-      for (int i = i0; i < nt; ++i) tmax = max(tmax, ps[u * ATT_WG + i]);
-      const float mnew = max(mx, tmax);
-      float tsum = 0.0f;
-      for (int i = i0; i < nt; ++i) tsum += exp(ps[u * ATT_WG + i] - mnew);
-      l = l * exp(mx - mnew) + tsum;
-      mx = mnew;
+    for (int u = 0; u < ATT_QB; ++u) {
+      const float sc = ps[u * ATT_WG + lid];
+      if (sc == -INFINITY) continue;
+      const float mnew = max(mx[u], sc);
+      l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
+      mx[u] = mnew;
     }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int u = 0; u < ATT_QB; ++u) {
+    ps[u * ATT_WG + lid] = mx[u];
+    ls[u * ATT_WG + lid] = l[u];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = ATT_WG / 2; s > 0; s >>= 1) {
+    if (lid < s)
+      for (int u = 0; u < ATT_QB; ++u) {
+        const int i = u * ATT_WG + lid;
+        const float ma = ps[i], mb = ps[i + s], m = max(ma, mb);
+        if (m > -INFINITY) ls[i] = ls[i] * exp(ma - m) + ls[i + s] * exp(mb - m);
+        ps[i] = m;
+      }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   if (lid < ATT_QB) {
-    stat[lid] = mx;
-    stat[ATT_QB + lid] = l > 0.0f ? 1.0f / l : 0.0f;
+    stat[lid] = ps[lid * ATT_WG];
+    stat[ATT_QB + lid] = ls[lid * ATT_WG] > 0.0f ? 1.0f / ls[lid * ATT_WG] : 0.0f;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   // Pass 2.

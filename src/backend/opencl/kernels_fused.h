@@ -416,24 +416,6 @@ MV_KERNEL void gemv_multi(global const uchar* w0, global const uchar* w1, global
   if (on && get_local_id(0) == 0) y[r * ldy + f] = s;
 }
 
-// The last of `total` work-groups to pass here (after its work-items wrote the group's results) gets 1, the
-// others 0, every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the
-// others' results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
-int last_group(volatile global int* cnt, int total, local int* flag) {
-  mem_fence(CLK_GLOBAL_MEM_FENCE);  // each writer's results before the group's count
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    const int last = atomic_inc(cnt) == total - 1;
-    if (last) atomic_xchg(cnt, 0);
-    *flag = last;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  const int r = *flag;
-  mem_fence(CLK_GLOBAL_MEM_FENCE);
-  return r;
-}
-
 // Group (e, t): token t's row cur = rmsnorm(x[t] + d[t]) * nw (k values, as add_rmsnorm_round4 computes it) in
 // local memory, logits[t][e] = router row e . cur, cur into cur_out and, rounded for the gate/up product
 // (round_unit, mode >= 0), into xq: group e writes blocks (or values) e, e + n_expert, ...; so the residual

@@ -105,10 +105,16 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
       const int j = j0 + jl;
       const bool on = j < dv;
       float s[GDN_NR];
+#pragma unroll
+      for (int u = 0; u < GDN_NR; ++u) {  // every load first, then the sums
+        const int i = r + u * R;
+        s[u] = on && i < dk ? S[(long)i * dv + j] : 0.0f;
+      }
       float part = 0.0f;
+#pragma unroll
       for (int u = 0; u < GDN_NR; ++u) {
         const int i = r + u * R;
-        s[u] = on && i < dk ? S[(long)i * dv + j] * decay : 0.0f;
+        s[u] *= decay;
         part += i < dk ? ks[i] * s[u] : 0.0f;
       }
       ra[lid] = part;
@@ -117,6 +123,7 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
       for (int p = 0; p < R; ++p) delta += ra[p * C + jl];
       delta = on ? (v[t * v_stride + (long)h * dv + j] - delta) * b : 0.0f;
       float po = 0.0f;
+#pragma unroll
       for (int u = 0; u < GDN_NR; ++u) {
         const int i = r + u * R;
         if (on && i < dk) {
@@ -135,12 +142,12 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
         ss += o * o;
       }
     }
-    // The gated norm of the token's head: the sum of squares by a tree, then each r == 0 work-item its own
-    // columns (its own writes).
-    ra[lid] = ss;
+    // The gated norm of the token's head: the sum of squares by a tree over the C work-items that hold one
+    // (r == 0: the first C), then each of them its own columns (its own writes).
+    if (r == 0) ra[lid] = ss;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int sh = GDN_MAXWG / 2; sh > 0; sh >>= 1) {
-      if (lid < sh && lid + sh < wg) ra[lid] += ra[lid + sh];
+      if (sh < C && lid < sh && lid + sh < C) ra[lid] += ra[lid + sh];
       barrier(CLK_LOCAL_MEM_FENCE);
     }
     const float inv = 1.0f / sqrt(ra[0] / (float)dv + eps);

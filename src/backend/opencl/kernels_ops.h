@@ -80,6 +80,24 @@ void round_unit(global const float* xr, global float* yr, int mode, int b) {
     for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
   }
 }
+// The last of `total` work-groups to pass here (after its work-items wrote the group's results) gets 1, the
+// others 0, every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the
+// others' results must go through volatile pointers (an SM's L1 may hold lines from before their writes).
+int last_group(volatile global int* cnt, int total, local int* flag) {
+  mem_fence(CLK_GLOBAL_MEM_FENCE);  // each writer's results before the group's count
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    const int last = atomic_inc(cnt) == total - 1;
+    if (last) atomic_xchg(cnt, 0);
+    *flag = last;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  const int r = *flag;
+  mem_fence(CLK_GLOBAL_MEM_FENCE);
+  return r;
+}
+
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
 // wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
 // value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep

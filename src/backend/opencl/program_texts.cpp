@@ -31,7 +31,11 @@ ProgramText ops_program_text(bool correctly_rounded_divide) {
           correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
 }
 
-ProgramText attention_program_text() { return {with_common({kAttentionSource}), ""}; }
+// The decode kernel rounds its output for the projection as ops' round_blocks does.
+ProgramText attention_program_text(bool correctly_rounded_divide) {
+  return {with_common({kAttentionSource}),
+          correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
+}
 
 ProgramText gdn_program_text() { return {with_common({kGdnSource}), ""}; }
 
