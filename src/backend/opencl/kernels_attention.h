@@ -10,8 +10,8 @@
 // the first keeps the running max and sum of the softmax (online, each work-item over its own keys, then a
 // tree over the work-items), the second recomputes the scores and
 // adds each normalized weight, rounded to f16 as the CPU (and llama.cpp's f16 V product) rounds it, times V
-// (each work-item owns head_dim / ATT_WG output dims, head_dim <= ATT_MAXD). The scores cost twice, but
-// the output matches the CPU's to ~1e-6, so a model's routing near-ties resolve the same way on both.
+// (each work-item owns head_dim / ATT_WG output dims, in pairs, head_dim <= ATT_MAXD). The scores cost twice,
+// but the output matches the CPU's to ~1e-6, so a model's routing near-ties resolve the same way on both.
 #pragma once
 #include <string_view>
 
@@ -101,8 +101,10 @@ kernel void attention(global const float* q, global const half* kc, global const
   mx = ps[0];
   l = ls[0];
   barrier(CLK_LOCAL_MEM_FENCE);
-  // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V (key by key in order; 8
-  // keys' loads in flight).
+  // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V (key by key in order).
+  // Work-item lid owns dims 2 lid + 2 ATT_WG a and the next (ATT_DIM(i): acc[i]'s), read as pairs, 16 keys'
+  // loads in flight.
+#define ATT_DIM(i) (2 * lid + 2 * ATT_WG * ((i) / 2) + (i) % 2)
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   float acc[ATT_DPT];
   for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
@@ -111,36 +113,45 @@ kernel void attention(global const float* q, global const half* kc, global const
     ps[lid] = j <= hi ? round_f16(exp(score(qs, kc + j * kv_row + hk * d, d, kq_scale) - mx) * inv) : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, hi - j0 + 1);
-    for (int a = 0; a < ATT_DPT; ++a) {
-      const int dd = lid + a * ATT_WG;
+    for (int a = 0; a < ATT_DPT / 2; ++a) {
+      const int dd = ATT_DIM(2 * a);
       if (dd >= d) break;
-      float v = acc[a];
+      const bool pair = dd + 1 < d;
+      float v0 = acc[2 * a], v1 = acc[2 * a + 1];
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
-      for (int i0 = 0; i0 < nt; i0 += 8) {
-        float vv[8];
-        for (int u = 0; u < 8; ++u) vv[u] = i0 + u < nt ? vload_half((i0 + u) * kv_row, vr) : 0.0f;
-        for (int u = 0; u < 8; ++u)
-          if (i0 + u < nt) v += ps[i0 + u] * vv[u];
+      for (int i0 = 0; i0 < nt; i0 += 16) {
+        float2 vv[16];
+        for (int u = 0; u < 16; ++u)
+          vv[u] = i0 + u >= nt ? (float2)(0.0f)
+                  : pair       ? vload_half2(0, vr + (i0 + u) * kv_row)
+                               : (float2)(vload_half((i0 + u) * kv_row, vr), 0.0f);
+        for (int u = 0; u < 16; ++u)
+          if (i0 + u < nt) {
+            v0 += ps[i0 + u] * vv[u].x;
+            v1 += ps[i0 + u] * vv[u].y;
+          }
       }
-      acc[a] = v;
+      acc[2 * a] = v0;
+      acc[2 * a + 1] = v1;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   global float* o = out + (t * n_head + h) * d;
   global const float* gr = gate + (t * n_head + h) * gate_stride;
-  for (int a = 0; a < ATT_DPT; ++a) {
-    const int dd = lid + a * ATT_WG;
-    if (dd < d) acc[a] = has_gate ? acc[a] * sigmoid_f(gr[dd]) : acc[a];
-    if (dd < d) o[dd] = acc[a];
+  for (int i = 0; i < ATT_DPT; ++i) {
+    const int dd = ATT_DIM(i);
+    if (dd < d) acc[i] = has_gate ? acc[i] * sigmoid_f(gr[dd]) : acc[i];
+    if (dd < d) o[dd] = acc[i];
   }
   // out_mode >= 0: the output also rounded for the projection that reads it (round_unit): values alone by
   // each group; blocks (modes 0, 1) by the last group of the heads a block spans (hpu of them; the host
   // launches only where d and the block divide one another), from the heads' outputs in global memory.
   if (out_mode >= 2)
-    for (int a = 0; a < ATT_DPT; ++a) {
-      const int dd = lid + a * ATT_WG;
-      if (dd < d) outq[(t * n_head + h) * d + dd] = round_elem(acc[a], out_mode);
+    for (int i = 0; i < ATT_DPT; ++i) {
+      const int dd = ATT_DIM(i);
+      if (dd < d) outq[(t * n_head + h) * d + dd] = round_elem(acc[i], out_mode);
     }
+#undef ATT_DIM
   if (out_mode != 0 && out_mode != 1) return;  // the same for every group
   const int unit = out_mode == 0 ? 32 : 256, hpu = d >= unit ? 1 : unit / d, h0 = h - h % hpu;
   const int last = last_group(counters + t * (n_head / hpu) + h / hpu, hpu, &flag);
