@@ -1,11 +1,11 @@
 // The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
-// costs microseconds of host time (NVIDIA's: ~11), so a decode step is counted in launches: per MoE layer of
-// qwen3moe, 9 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
-// q/k norms, RoPE and the k/v store: one;
-// attention: one; wo: rounding + gemv; the residual add, the FFN norm and its rounding: one; the router's
-// product with the top-k in its last groups: one; gate/up with SwiGLU, the last group of each slot rounding
-// its row: one; down with the weighted combine and the residual add, the last group of each token writing
-// the next layer's norm: one) instead of 29 with the plain ops, and none of them waits for the host.
+// costs microseconds of host time (NVIDIA's: 8-11), so a decode step is counted in launches: per MoE layer
+// of qwen3moe, 7 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
+// q/k norms, RoPE and the k/v store: one; attention, its output rounded for wo as it is written: one; wo:
+// one gemv; the residual add, the FFN norm and rounding, the router's product and the top-k in its last
+// groups: one; gate/up with SwiGLU, the last group of each slot rounding its row: one; down with the
+// weighted combine and the residual add, the last group of each token writing the next layer's norm: one)
+// instead of 29 with the plain ops, and none of them waits for the host.
 #include "backend/opencl/backend_impl.h"
 
 namespace xpert::opencl {
