@@ -15,6 +15,8 @@
 #pragma once
 #include <cstdint>
 
+#include "quant/dtype.h"
+
 namespace xpert {
 
 struct GdnShape {
@@ -65,5 +67,8 @@ struct GdnLayerParams {
   const float* dt_bias;  // [n_v_heads]
   const float* a;        // [n_v_heads]  -exp(A_log)
   const float* norm;     // [head_v_dim]
+  // The weight type of the output projection that reads out next (F32: none given): a backend may write
+  // that product's input form of out in the same launch (OpenCL: out rounded as the CPU rounds activations).
+  DType out_type = DType::F32;
 };
 }  // namespace xpert

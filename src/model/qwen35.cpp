@@ -267,7 +267,8 @@ class Qwen35 : public Model {
     const GdnLayerParams p{.conv1d = l.ssm_conv1d.f32(),
                            .dt_bias = l.ssm_dt.f32(),
                            .a = l.ssm_a.f32(),
-                           .norm = l.ssm_norm.f32()};
+                           .norm = l.ssm_norm.f32(),
+                           .out_type = l.ssm_out.type};
     const std::vector<BatchSegment>& segs = ex.segments();
     const bool rows = segs.size() > 1 && std::all_of(segs.begin(), segs.end(),
                                                      [](const BatchSegment& g) { return g.n_tokens == 1; });

@@ -229,6 +229,61 @@ TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
     }
 }
 
+// A Gated DeltaNet step in its recurrent form (decode), told its output projection's type, rounds out for it
+// in the same launch (Q4_K: a block spans two heads of 128, the last of their groups rounds it): the
+// projection then takes one launch and gives what it gives when it rounds a copy of out itself, bit for bit.
+// The chunked form (a prompt of kChunkedMinTokens or more) leaves the rounding to the projection.
+TEST(OpenCLFused, GatedDeltaNetRoundsItsOutputForTheProjection) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  std::mt19937 rng(47);
+  const GdnShape s{
+      .d_conv = 4, .n_k_heads = 2, .n_v_heads = 4, .head_k_dim = 128, .head_v_dim = 128, .eps = 1e-6f};
+  const int64_t CD = s.conv_dim(), Hv = s.n_v_heads, VD = s.value_dim();
+  std::vector<float> a = random_vec(Hv, rng);
+  for (float& v : a) v = -std::exp(v * 0.5f);
+  const std::vector<float> conv1d = random_vec(CD * s.d_conv, rng, 0.5f), dt = random_vec(Hv, rng),
+                           norm = random_vec(s.head_v_dim, rng);
+  for (DeltaRuleForm form : {DeltaRuleForm::automatic, DeltaRuleForm::recurrent}) {
+    const std::shared_ptr<Backend> bp = make_opencl_backend(0, form);
+    Backend& b = *bp;
+    auto& ocl = dynamic_cast<opencl::OpenclBackend&>(b);
+    DeviceBuffer d_conv1d = upload(b, conv1d), d_dt = upload(b, dt), d_a = upload(b, a),
+                 d_norm = upload(b, norm);
+    DeviceBuffer d_conv_state = upload(b, std::vector<float>(s.conv_state_size(), 0.0f)),
+                 d_ssm_state = upload(b, std::vector<float>(s.ssm_state_size(), 0.0f));
+    for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16})
+      for (int64_t T : {1, 3}) {
+        const bool tail = form == DeltaRuleForm::recurrent || T < kChunkedMinTokens;
+        DeviceBuffer d_qkv = upload(b, random_vec(T * CD, rng)), d_z = upload(b, random_vec(T * VD, rng)),
+                     d_alpha = upload(b, random_vec(T * Hv, rng)),
+                     d_beta = upload(b, random_vec(T * Hv, rng)), d_out(b, T * VD * sizeof(float)),
+                     d_copy(b, T * VD * sizeof(float));
+        RandomWeight wo(b, t, VD, 64, 1, rng);
+        DeviceBuffer dy(b, T * 64 * 4), dy2(b, T * 64 * 4);
+        b.gated_delta_net(s,
+                          {.conv1d = ptr<float>(d_conv1d),
+                           .dt_bias = ptr<float>(d_dt),
+                           .a = ptr<float>(d_a),
+                           .norm = ptr<float>(d_norm),
+                           .out_type = t},
+                          {.qkv = ptr<float>(d_qkv),
+                           .z = ptr<float>(d_z),
+                           .alpha = ptr<float>(d_alpha),
+                           .beta = ptr<float>(d_beta),
+                           .n_tokens = T},
+                          ptr<float>(d_conv_state), ptr<float>(d_ssm_state), ptr<float>(d_out));
+        const uint64_t e0 = ocl.enqueue_count();
+        b.matmul(wo.dev, ptr<float>(d_out), T, ptr<float>(dy));
+        EXPECT_EQ(ocl.enqueue_count() - e0, tail ? 1u : 2u) << dtype_name(t) << " T=" << T;
+        b.copy(d_copy.data(), d_out.data(), T * VD * sizeof(float));
+        b.matmul(wo.dev, ptr<float>(d_copy), T, ptr<float>(dy2));
+        EXPECT_EQ(download<float>(b, dy, T * 64), download<float>(b, dy2, T * 64))
+            << dtype_name(t) << " T=" << T;
+      }
+  }
+}
+
 // The GPU-width Q4_K and Q6_K matvecs read 16-byte vectors of activations, Q4_K weights 16 bytes and Q6_K
 // weights 2 at a time: a weight view that breaks the alignment is refused with a message before any launch (a
 // misaligned vector load would fault on a GPU, or read wrong bytes).

@@ -134,7 +134,7 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 // program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
 ProgramText ops_program_text(bool correctly_rounded_divide);
 ProgramText attention_program_text(bool correctly_rounded_divide);
-ProgramText gdn_program_text();
+ProgramText gdn_program_text(bool correctly_rounded_divide);
 ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
 bool xmx_weight_type(DType t);
@@ -443,7 +443,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
         .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) {
-    return program(gdn_, [] { return gdn_program_text(); }).kernel(kernel);
+    return program(gdn_, [&] { return gdn_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
   // The largest work-group kernel k runs with on this device (its registers may allow fewer than the
   // device's maximum), at most cap.

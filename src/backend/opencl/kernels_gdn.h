@@ -86,8 +86,9 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
                                  long qk_stride, long v_stride, global const float* g, global const float* beta,
                                  global float* state, global float* out, int n_tokens, int n_k_heads,
                                  int n_v_heads, int dk, int dv, global const float* norm_w, global const float* z,
-                                 float eps, int R) {
+                                 float eps, int R, int out_mode, global float* outq, volatile global int* counters) {
   local float qs[GDN_MAXDK], ks[GDN_MAXDK], ra[GDN_MAXWG], rb[GDN_MAXWG];
+  local int ri[GDN_MAXWG], flag;
   const int h = get_group_id(0), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
   const int C = wg / R, jl = lid % C, r = lid / C;
   global float* S = state + (long)h * dk * dv;
@@ -152,9 +153,24 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
     }
     const float inv = 1.0f / sqrt(ra[0] / (float)dv + eps);
     global const float* z_t = z + ((long)t * n_v_heads + h) * dv;
+    global float* q_t = outq + ((long)t * n_v_heads + h) * dv;
     if (r == 0)
-      for (int j = jl; j < dv; j += C) o_t[j] = (o_t[j] * inv) * norm_w[j] * silu_f(z_t[j]);
+      for (int j = jl; j < dv; j += C) {
+        const float y = (o_t[j] * inv) * norm_w[j] * silu_f(z_t[j]);
+        o_t[j] = y;
+        if (out_mode >= 2) q_t[j] = round_elem(y, out_mode);
+      }
     barrier(CLK_LOCAL_MEM_FENCE);
+    // out_mode 0, 1: the output rounded for the projection in blocks (round_unit) by the last group of the
+    // heads a block spans (hpu of them; the host launches this only where dv and the block divide one
+    // another), from the heads' outputs in global memory.
+    if (out_mode == 0 || out_mode == 1) {
+      const int unit = out_mode == 0 ? 32 : 256, hpu = dv >= unit ? 1 : unit / dv, h0 = h - h % hpu;
+      const int last = last_group(counters + (long)t * (n_v_heads / hpu) + h / hpu, hpu, &flag);
+      volatile global const float* xr = out + ((long)t * n_v_heads + h0) * dv;
+      for (int bl = 0; bl < hpu * dv / unit; ++bl)
+        round_block_group_v(xr, outq + ((long)t * n_v_heads + h0) * dv, out_mode, bl, wg, last, ra, ri);
+    }
   }
 }
 

@@ -37,7 +37,11 @@ ProgramText attention_program_text(bool correctly_rounded_divide) {
           correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
 }
 
-ProgramText gdn_program_text() { return {with_common({kGdnSource}), ""}; }
+// The recurrent kernel rounds its output for the projection as ops' round_blocks does.
+ProgramText gdn_program_text(bool correctly_rounded_divide) {
+  return {with_common({kGdnSource}),
+          correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
+}
 
 ProgramText matmul_program_text(DType t, const MatmulBuild& b) {
   static const std::string tiles =
