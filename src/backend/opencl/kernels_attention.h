@@ -22,30 +22,22 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
 
-// q.k * kq_scale, k read from the f16 cache: 64 halves loaded at once (16 loads in flight, not one trip to
-// memory per value), then summed in the order of one value at a time (the same bits as that loop).
+// q.k * kq_scale, k read from the f16 cache: up to 64 halves loaded at once (16 loads in flight, not one trip
+// to memory per value), then summed in the order of one value at a time (the same bits as that loop).
 float score(local const float* qs, global const half* kr, int d, float kq_scale) {
   float dot = 0.0f;
   int i = 0;
-  for (; i + 64 <= d; i += 64) {
+  while (i + 4 <= d) {
+    const int n4 = min(16, (d - i) / 4);
     float4 k[16];
-    for (int u = 0; u < 16; ++u) k[u] = vload_half4(0, kr + i + 4 * u);
-    for (int u = 0; u < 16; ++u) {
+    for (int u = 0; u < 16; ++u) k[u] = u < n4 ? vload_half4(0, kr + i + 4 * u) : (float4)(0.0f);
+    for (int u = 0; u < n4; ++u) {
       dot += qs[i + 4 * u] * k[u].x;
       dot += qs[i + 4 * u + 1] * k[u].y;
       dot += qs[i + 4 * u + 2] * k[u].z;
       dot += qs[i + 4 * u + 3] * k[u].w;
     }
-  }
-  for (; i + 32 <= d; i += 32) {
-    float4 k[8];
-    for (int u = 0; u < 8; ++u) k[u] = vload_half4(0, kr + i + 4 * u);
-    for (int u = 0; u < 8; ++u) {
-      dot += qs[i + 4 * u] * k[u].x;
-      dot += qs[i + 4 * u + 1] * k[u].y;
-      dot += qs[i + 4 * u + 2] * k[u].z;
-      dot += qs[i + 4 * u + 3] * k[u].w;
-    }
+    i += 4 * n4;
   }
   for (; i < d; ++i) dot += qs[i] * vload_half(i, kr);
   return dot * kq_scale;
