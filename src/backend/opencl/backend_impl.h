@@ -476,6 +476,19 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       launch(ops("round_activations"), {(size_t)k, (size_t)m}, {}, x, (cl_int)k, xq, (cl_int)mode);
     return xq;
   }
+  // How a decode kernel writing rows of n_head heads of head_dim rounds them for the projection of type t
+  // that reads them next, in the same launch (round_mode; kernels_ops.h round_head_blocks): -1 where it
+  // does not (no type given, tails off, or a rounding block and a head that do not divide one another).
+  int head_round_mode(DType t, int64_t rows, int64_t n_head, int64_t head_dim) {
+    int64_t unit = 1;
+    if (!fused_ || !tails_ || t == DType::F32 || !weight_macro(t) || (n_head * head_dim) % block_elems(t))
+      return -1;
+    const int mode = round_mode(t, &unit);
+    if (mode != 0 && mode != 1) return mode;
+    const int64_t hpu = head_dim >= unit ? 1 : unit / head_dim;
+    return (head_dim % unit && unit % head_dim) || n_head % hpu || rows * (n_head / hpu) > kCounters ? -1
+                                                                                                     : mode;
+  }
   void check_kv_type(DType t) {
     if (t != DType::F16)
       fail("{}: a {} KV cache is not supported on OpenCL devices yet (use an f16 KV cache)", name(),

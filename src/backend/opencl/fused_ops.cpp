@@ -125,19 +125,8 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
          (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
          (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
          d.slots, slot_halves, (cl_int)q_stride);
-  // The output rounded for its projection in the same launch, where a rounding block and a head divide one
-  // another (blocks across heads: the last group of the heads it spans rounds it).
   const int64_t q_dim = d.n_head * d.head_dim;
-  int64_t unit = 1;
-  int mode =
-      tails_ && d.out_type != DType::F32 && weight_macro(d.out_type) && q_dim % block_elems(d.out_type) == 0
-          ? round_mode(d.out_type, &unit)
-          : -1;
-  if (mode == 0 || mode == 1) {
-    const int64_t hpu = d.head_dim >= unit ? 1 : unit / d.head_dim;
-    if ((d.head_dim % unit && unit % d.head_dim) || d.n_head % hpu || d.n_seq * (d.n_head / hpu) > kCounters)
-      mode = -1;
-  }
+  const int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
   launch(attention_kernel("attention"), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q,
          d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim,

@@ -144,12 +144,8 @@ kernel void attention(global const float* q, global const half* kc, global const
       if (dd < d) outq[(t * n_head + h) * d + dd] = round_elem(acc[i], out_mode);
     }
 #undef ATT_DIM
-  if (out_mode != 0 && out_mode != 1) return;  // the same for every group
-  const int unit = out_mode == 0 ? 32 : 256, hpu = d >= unit ? 1 : unit / d, h0 = h - h % hpu;
-  const int last = last_group(counters + t * (n_head / hpu) + h / hpu, hpu, &flag);
-  volatile global const float* xr = out + (t * n_head + h0) * d;
-  for (int b = 0; b < hpu * d / unit; ++b)
-    round_block_group_v(xr, outq + (t * n_head + h0) * d, out_mode, b, ATT_WG, last, ps, pi);
+  if (out_mode == 0 || out_mode == 1)  // the same for every group
+    round_head_blocks(out, outq, t, h, n_head, d, out_mode, ATT_WG, counters, &flag, ps, pi);
 }
 
 // Prefill: ATT_QB consecutive tokens (t0 = ATT_QB * group 1, fewer at the batch's end) of head `group 0` per

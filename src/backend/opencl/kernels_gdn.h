@@ -161,16 +161,10 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
         if (out_mode >= 2) q_t[j] = round_elem(y, out_mode);
       }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // out_mode 0, 1: the output rounded for the projection in blocks (round_unit) by the last group of the
-    // heads a block spans (hpu of them; the host launches this only where dv and the block divide one
-    // another), from the heads' outputs in global memory.
-    if (out_mode == 0 || out_mode == 1) {
-      const int unit = out_mode == 0 ? 32 : 256, hpu = dv >= unit ? 1 : unit / dv, h0 = h - h % hpu;
-      const int last = last_group(counters + (long)t * (n_v_heads / hpu) + h / hpu, hpu, &flag);
-      volatile global const float* xr = out + ((long)t * n_v_heads + h0) * dv;
-      for (int bl = 0; bl < hpu * dv / unit; ++bl)
-        round_block_group_v(xr, outq + ((long)t * n_v_heads + h0) * dv, out_mode, bl, wg, last, ra, ri);
-    }
+    // out_mode 0, 1: the output rounded for the projection in blocks, by the last group of the heads a
+    // block spans.
+    if (out_mode == 0 || out_mode == 1)
+      round_head_blocks(out, outq, t, h, n_v_heads, dv, out_mode, wg, counters, &flag, ra, ri);
   }
 }
 

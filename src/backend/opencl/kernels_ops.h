@@ -152,6 +152,18 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
 ROUND_BLOCK_GROUP(round_block_group, global)
 ROUND_BLOCK_GROUP(round_block_group_v, volatile global)
 ROUND_BLOCK_GROUP(round_block_group_l, local)
+// Token t's output head h (of n_head, d values each, in out) rounded for the projection that reads it, in
+// blocks (mode 0, 1: round_unit) by the last group of the heads a block spans (hpu of them; the host asks
+// only where d and the block divide one another), from the heads' outputs in global memory; every group of
+// the launch takes the same barriers. rv / ri: wg entries of local memory.
+void round_head_blocks(volatile global const float* out, global float* outq, long t, int h, int n_head, int d,
+                       int mode, int wg, volatile global int* counters, local int* flag, local float* rv,
+                       local int* ri) {
+  const int unit = mode == 0 ? 32 : 256, hpu = d >= unit ? 1 : unit / d, h0 = h - h % hpu;
+  const int last = last_group(counters + t * (n_head / hpu) + h / hpu, hpu, flag);
+  const long row = (t * n_head + h0) * d;
+  for (int b = 0; b < hpu * d / unit; ++b) round_block_group_v(out + row, outq + row, mode, b, wg, last, rv, ri);
+}
 #pragma OPENCL FP_CONTRACT ON
 // MoE routing of token t on the device (decode-sized batches), by the wg work-items of a group: softmax over
 // the router's logits l, the k most probable experts (ties: the lower index first) with their probabilities

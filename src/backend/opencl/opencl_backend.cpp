@@ -303,17 +303,7 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
     if (C < 1)
       fail("{}: Gated DeltaNet key heads of {} need work-groups of {} (this device allows {})", name(), dk, R,
            kernel_max_group(rec, kGdnMaxWg));
-    // The output rounded for its projection in the same launch (p.out_type), where a rounding block and a
-    // head divide one another (blocks across heads: the last group of the heads it spans rounds it).
-    int64_t unit = 1;
-    int mode = fused_ && p.out_type != DType::F32 && weight_macro(p.out_type) &&
-                       (Hv * dv) % block_elems(p.out_type) == 0
-                   ? round_mode(p.out_type, &unit)
-                   : -1;
-    if (mode == 0 || mode == 1) {
-      const int64_t hpu = dv >= unit ? 1 : unit / dv;
-      if ((dv % unit && unit % dv) || Hv % hpu || T * (Hv / hpu) > kCounters) mode = -1;
-    }
+    const int mode = head_round_mode(p.out_type, T, Hv, dv);
     float* outq = mode >= 0 ? preround_buffer(T * Hv * dv) : nullptr;
     launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
            ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps,
