@@ -14,10 +14,11 @@
 // Q K^T (QK), T = (I - A)^-1 by forward substitution in local memory, u = T (beta v), w = T (beta e^G k),
 // and, since v_new = u - w S makes o = e^G q S + QK v_new = (e^G q - QK w) S + QK u, also q' = e^G q - QK w
 // and QK u: the scan then needs no Q K^T of its own. delta_chunk_scan, per (value head, block of state
-// columns), runs the chunks in order; the state is column-separable, so work-item j owns column j (in
-// the state buffer, as the recurrent kernel): v_new = u - w S and o = scale (q' S + QK u) in one pass over
-// S, then S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i. The workspace (global) holds per
-// (chunk, head) block: G [64], QK [64][64], u (later v_new) [64][dv], w [64][dk], q' [64][dk], QK u [64][dv].
+// columns; the state is column-separable), runs the chunks in order with its block of S in local memory:
+// v_new = u - w S and o = scale (q' S + QK u), then S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i,
+// each a product of the chunk with the state at its start, spread over all the group's work-items. The
+// workspace (global) holds per (chunk, head) block: G [64], QK [64][64], u [64][dv], w [64][dk], q' [64][dk],
+// QK u [64][dv].
 #pragma once
 #include <string_view>
 
@@ -27,6 +28,9 @@ inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_MAXDK 512
 #define GDN_MAXWG 1024  // the recurrent kernel's work-group at most
 #define GDN_NR 16       // state rows a work-item of the recurrent kernel holds
+#define GDN_SR 16       // state rows a work-item of the chunk scan updates
+#define GDN_SCAN_CB 32  // the chunk scan's column block at most
+#define GDN_SCAN_S 4096 // its block of the state in local memory (dk x columns), floats at most
 
 // The layer's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the state keeps
 // the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the gates g =
@@ -266,49 +270,71 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
     }
 }
 
-// Work-group (column block, value head h); work-item j = state column j (S[r][j] in the state buffer).
-// v_new overwrites u in the workspace (each work-item its own column).
+// Work-group (column block, value head h) of CB x R work-items: work-item (jl, sl) has state column j = the
+// block's first + jl and row slice sl (rows sl * GDN_SR, + GDN_SR; R = ceil(dk / GDN_SR)). The block of the state
+// (dk x CB) stays in local memory for the whole prompt. A chunk needs only the state at its start, so its two
+// steps are products of the chunk with that block: (1) v_new = u - w S and o = scale (q' S + QK u), work-item
+// (jl, sl) for tokens sl, sl + R, ... two at a time (one read of S for both), v_new into local memory;
+// (2) S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i, the slice's rows in registers. Each sum runs in the
+// order of the CPU's.
 kernel void delta_chunk_scan(global const float* k, long qk_stride, global float* state, global float* out,
                              int n_tokens, int n_k_heads, int n_v_heads, int dk, int dv, global const float* ws_g,
-                             global float* ws_u, global const float* ws_w, global const float* ws_qp,
+                             global const float* ws_u, global const float* ws_w, global const float* ws_qp,
                              global const float* ws_qku) {
-  local float G[GDN_C], ed[GDN_C];
-  const int h = get_group_id(1), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
-  const int j = get_global_id(0);
+  local float Sl[GDN_SCAN_S], VN[GDN_C * GDN_SCAN_CB], G[GDN_C], ed[GDN_C];
+  const int h = get_group_id(2), kh = h % n_k_heads;
+  const int jl = get_local_id(0), CB = get_local_size(0), sl = get_local_id(1), R = get_local_size(1);
+  const int lin = sl * CB + jl, wg = CB * R, j = get_group_id(0) * CB + jl, r0 = sl * GDN_SR;
+  const int nr = min(GDN_SR, dk - r0);
+  const bool col = j < dv;
   global float* S = state + (long)h * dk * dv;
   const float scale = 1.0f / sqrt((float)dk);
+  for (int r = sl; r < dk; r += R) Sl[r * CB + jl] = col ? S[(long)r * dv + j] : 0.0f;
   const long n_chunks = ((long)n_tokens + GDN_C - 1) / GDN_C;
   for (long c = 0; c < n_chunks; ++c) {
     const long t0 = c * GDN_C, base = c * n_v_heads + h;
     const int L = (int)min((long)GDN_C, (long)n_tokens - t0);
+    barrier(CLK_LOCAL_MEM_FENCE);  // the block of S whole; the last chunk's G and ed read
+    for (int i = lin; i < GDN_C; i += wg) G[i] = ws_g[base * GDN_C + i];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int i = lid; i < GDN_C; i += wg) G[i] = ws_g[base * GDN_C + i];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int i = lid; i < L; i += wg) ed[i] = exp(G[L - 1] - G[i]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (j >= dv) continue;
-    global float* U = ws_u + base * GDN_C * dv;
+    for (int i = lin; i < L; i += wg) ed[i] = exp(G[L - 1] - G[i]);
+    global const float* U = ws_u + base * GDN_C * dv;
     global const float* W = ws_w + base * GDN_C * dk;
     global const float* QP = ws_qp + base * GDN_C * dk;
     global const float* QKU = ws_qku + base * GDN_C * dv;
-    for (int i = 0; i < L; ++i) {
-      float vn = U[i * dv + j], o = 0.0f;
+    for (int i = sl; col && i < L; i += 2 * R) {
+      const int i2 = i + R < L ? i + R : i;  // the pair's second token (the first again past the chunk)
+      global const float *w0 = W + i * dk, *w1 = W + i2 * dk, *q0 = QP + i * dk, *q1 = QP + i2 * dk;
+      float vn0 = U[i * dv + j], vn1 = U[i2 * dv + j], o0 = 0.0f, o1 = 0.0f;
       for (int r = 0; r < dk; ++r) {
-        const float s = S[(long)r * dv + j];
-        vn -= W[i * dk + r] * s;
-        o += QP[i * dk + r] * s;
+        const float s = Sl[r * CB + jl];
+        vn0 -= w0[r] * s;
+        o0 += q0[r] * s;
+        vn1 -= w1[r] * s;
+        o1 += q1[r] * s;
       }
-      U[i * dv + j] = vn;
-      out[((t0 + i) * n_v_heads + h) * dv + j] = (o + QKU[i * dv + j]) * scale;
+      VN[i * CB + jl] = vn0;
+      out[((t0 + i) * n_v_heads + h) * dv + j] = (o0 + QKU[i * dv + j]) * scale;
+      VN[i2 * CB + jl] = vn1;
+      out[((t0 + i2) * n_v_heads + h) * dv + j] = (o1 + QKU[i2 * dv + j]) * scale;
     }
+    barrier(CLK_LOCAL_MEM_FENCE);  // v_new and ed whole; every read of the chunk's S done
+    if (!col) continue;
     const float e_last = exp(G[L - 1]);
-    global const float* kc = k + t0 * qk_stride + (long)kh * dk;
-    for (int r = 0; r < dk; ++r) {
-      float s = S[(long)r * dv + j] * e_last;
-      for (int i = 0; i < L; ++i) s += (kc[i * qk_stride + r] * ed[i]) * U[i * dv + j];
-      S[(long)r * dv + j] = s;
+    float acc[GDN_SR];
+    for (int rr = 0; rr < GDN_SR; ++rr) acc[rr] = rr < nr ? Sl[(r0 + rr) * CB + jl] * e_last : 0.0f;
+    global const float* kc = k + t0 * qk_stride + (long)kh * dk + r0;
+    for (int i = 0; i < L; ++i) {
+      const float v = VN[i * CB + jl], e = ed[i];
+      global const float* ki = kc + i * qk_stride;
+      for (int rr = 0; rr < GDN_SR; ++rr)
+        if (rr < nr) acc[rr] += (ki[rr] * e) * v;
     }
+    for (int rr = 0; rr < GDN_SR; ++rr)
+      if (rr < nr) Sl[(r0 + rr) * CB + jl] = acc[rr];
   }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int r = sl; col && r < dk; r += R) S[(long)r * dv + j] = Sl[r * CB + jl];
 }
 
 // Per row of n (one value head of one token): out = rmsnorm(out) * w * silu(z), in place.

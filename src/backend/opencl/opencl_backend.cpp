@@ -273,8 +273,16 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  if (info_.max_work_group_size < (size_t)kGdnChunk)
-    form = DeltaRuleForm::recurrent;  // the prep kernel's group
+  // The chunk scan's group: scan_cb state columns by scan_r row slices, its block of S (dk x scan_cb) in
+  // local memory. Narrow column blocks on a CPU: more groups for the few heads of a layer (the scan is serial
+  // over chunks).
+  cl_kernel scan = form == DeltaRuleForm::chunked ? gdn("delta_chunk_scan") : nullptr;
+  const int64_t scan_r = (dk + kGdnSr - 1) / kGdnSr;
+  const int64_t scan_cb = scan ? std::min<int64_t>({dv, info_.is_cpu() ? 16 : kGdnScanCb, kGdnScanS / dk,
+                                                    kernel_max_group(scan, kGdnMaxWg) / scan_r})
+                               : 0;
+  if (info_.max_work_group_size < (size_t)kGdnChunk || scan_cb < 1)
+    form = DeltaRuleForm::recurrent;  // the prep kernel's group, or the scan's
   if (form == DeltaRuleForm::chunked) {
     // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
     const int64_t blocks = groups(T, kGdnChunk) * Hv, C = kGdnChunk;
@@ -287,12 +295,9 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
     launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * kGdnChunk, (size_t)Hv}, {(size_t)kGdnChunk, 1}, q,
            k, v, (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv,
            ws_g, ws_qk, ws_u, ws_w, ws_qp, ws_qku);
-    // Narrow column blocks: more work-groups for the few heads of a layer (the scan is serial over chunks).
-    const size_t wg =
-        (size_t)std::min<int64_t>({dv, info_.is_cpu() ? 16 : 32, (int64_t)info_.max_work_group_size});
-    launch(gdn("delta_chunk_scan"), {groups(dv, (int64_t)wg) * wg, (size_t)Hv}, {wg, 1}, k, (cl_long)CD,
-           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp,
-           ws_qku);
+    launch(scan, {groups(dv, scan_cb) * (size_t)scan_cb, (size_t)scan_r, (size_t)Hv},
+           {(size_t)scan_cb, (size_t)scan_r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk,
+           (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
     launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   } else {
     // R row slices of kGdnNr rows, as many of the dv columns at once as the kernel's group allows; the
