@@ -264,11 +264,13 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   float* g = ar.take<float>(T * Hv);
   float* beta = ar.take<float>(T * Hv);
   // The convolution, q and k (the first 2 * key_dim channels) normalized per head, and the gates: one launch,
-  // a group per q/k head and per kRedWg v channels.
+  // a group per q/k head and per kRedWg v channels, and per block of kGdnPrepTokens tokens (at least the
+  // convolution's state rows: only the first block reads the state).
   const int64_t prep_groups = 2 * Hk + (int64_t)groups(CD - 2 * s.key_dim(), kRedWg);
-  launch(gdn("gdn_prep"), {(size_t)prep_groups * kRedWg}, {kRedWg}, in.qkv, (cl_int)T, (cl_int)CD, p.conv1d,
-         (cl_int)s.d_conv, conv_state, conv, (cl_int)dk, (cl_int)Hk, s.eps, in.alpha, in.beta, p.dt_bias, p.a,
-         (cl_int)Hv, g, beta);
+  const int64_t block_tokens = std::max<int64_t>(kGdnPrepTokens, s.d_conv - 1);
+  launch(gdn("gdn_prep"), {(size_t)prep_groups * kRedWg, groups(T, block_tokens)}, {kRedWg, 1}, in.qkv,
+         (cl_int)T, (cl_int)block_tokens, (cl_int)CD, p.conv1d, (cl_int)s.d_conv, conv_state, conv,
+         (cl_int)dk, (cl_int)Hk, s.eps, in.alpha, in.beta, p.dt_bias, p.a, (cl_int)Hv, g, beta);
   const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
