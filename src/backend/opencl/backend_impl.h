@@ -45,7 +45,8 @@ constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most
 constexpr int kGdnNr = 16;                  // GDN_NR, kernels_gdn.h: state rows a work-item of it holds
-constexpr int kGdnChunk = 64;               // GDN_C, kernels_gdn.h: also the prep kernel's work-group size
+constexpr int kGdnChunk = 64;    // GDN_C, kernels_gdn.h: also the prep kernel's work-group at least
+constexpr int kGdnPrepWg = 256;  // GDN_PREP_WG, kernels_gdn.h: the prep kernel's work-group at most
 // GDN_SR, GDN_SCAN_CB, GDN_SCAN_S (kernels_gdn.h): state rows a work-item of the chunk scan updates, its
 // column block at most, its block of the state in local memory (floats) at most.
 constexpr int kGdnSr = 16, kGdnScanCb = 32, kGdnScanS = 4096;

@@ -9,7 +9,7 @@
 // step sit in local memory.
 //
 // The chunked form (prefill; the algorithm of delta_rule_chunked on the CPU and gdn_chunked.cu on CUDA,
-// chunks of GDN_C = 64 tokens) is two kernels. delta_chunk_prep, a work-group of 64 per (chunk, value
+// chunks of GDN_C = 64 tokens) is two kernels. delta_chunk_prep, a work-group per (chunk, value
 // head), does everything that does not need the state, for all chunks at once: the decayed K K^T (A) and
 // Q K^T (QK), T = (I - A)^-1 by forward substitution in local memory, u = T (beta v), w = T (beta e^G k),
 // and, since v_new = u - w S makes o = e^G q S + QK v_new = (e^G q - QK w) S + QK u, also q' = e^G q - QK w
@@ -176,15 +176,19 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
 
 #define GDN_C 64
 #define GDN_P (GDN_C + 1)  // row pitch of A in local memory
+#define GDN_PREP_WG 256    // delta_chunk_prep's work-group where the device allows it
 
-// Work-group (chunk c, value head h) of GDN_C work-items. Rows past the chunk's L tokens are never read.
+// Work-group (chunk c, value head h) of wg >= GDN_C work-items (the host takes GDN_PREP_WG where it can: more
+// work-items a group, each with less to walk). Rows past the chunk's L tokens are never read. Every sum runs in
+// the order of the CPU's.
 kernel void delta_chunk_prep(global const float* q, global const float* k, global const float* v, long qk_stride,
                              long v_stride, global const float* g, global const float* beta, int n_tokens,
                              int n_k_heads, int n_v_heads, int dk, int dv, global float* ws_g, global float* ws_qk,
                              global float* ws_u, global float* ws_w, global float* ws_qp, global float* ws_qku) {
   local float A[GDN_C * GDN_P];
-  local float G[GDN_C], B[GDN_C], old[GDN_C];
+  local float G[GDN_C], B[GDN_C], eG[GDN_C], old[GDN_C];
   const int c = get_group_id(0), h = get_group_id(1), kh = h % n_k_heads, lid = get_local_id(0);
+  const int wg = get_local_size(0);
   const long t0 = (long)c * GDN_C;
   const int L = (int)min((long)GDN_C, (long)n_tokens - t0);
   const long base = (long)c * n_v_heads + h;
@@ -197,32 +201,37 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
   global float* QP = ws_qp + base * GDN_C * dk;
   global float* QKU = ws_qku + base * GDN_C * dv;
 
-  G[lid] = lid < L ? g[(t0 + lid) * n_v_heads + h] : 0.0f;
-  B[lid] = lid < L ? beta[(t0 + lid) * n_v_heads + h] : 0.0f;
+  if (lid < GDN_C) {
+    G[lid] = lid < L ? g[(t0 + lid) * n_v_heads + h] : 0.0f;
+    B[lid] = lid < L ? beta[(t0 + lid) * n_v_heads + h] : 0.0f;
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
   if (lid == 0) {  // cumulative log decay, in order as the CPU sums it
     float cum = 0.0f;
     for (int i = 0; i < GDN_C; ++i) G[i] = cum += G[i];
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  ws_g[base * GDN_C + lid] = G[lid];
+  if (lid < GDN_C) {
+    ws_g[base * GDN_C + lid] = G[lid];
+    eG[lid] = exp(G[lid]);
+  }
 
-  // Row i = lid: A (strictly lower) and the decayed q.k scores (lower with the diagonal).
-  if (lid < L) {
-    const int i = lid;
-    global const float* ki = kc + i * qk_stride;
-    global const float* qi = qc + i * qk_stride;
-    for (int j = 0; j <= i; ++j) {
-      global const float* kj = kc + j * qk_stride;
-      float kk = 0.0f, qk = 0.0f;
-      for (int d = 0; d < dk; ++d) {
-        kk += ki[d] * kj[d];
-        qk += qi[d] * kj[d];
-      }
-      const float e = exp(G[i] - G[j]);
-      A[i * GDN_P + j] = j < i ? -B[i] * kk * e : 0.0f;
-      QK[i * GDN_C + j] = qk * e;
+  // A (strictly lower) and the decayed q.k scores (lower with the diagonal), a work-item per pair (i, j <= i)
+  // of the triangle in turn (pair p = i (i + 1) / 2 + j).
+  for (int p = lid; p < L * (L + 1) / 2; p += wg) {
+    int i = (int)((sqrt(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
+    while (i * (i + 1) / 2 > p) --i;
+    while ((i + 1) * (i + 2) / 2 <= p) ++i;
+    const int j = p - i * (i + 1) / 2;
+    global const float *ki = kc + i * qk_stride, *qi = qc + i * qk_stride, *kj = kc + j * qk_stride;
+    float kk = 0.0f, qk = 0.0f;
+    for (int d = 0; d < dk; ++d) {
+      kk += ki[d] * kj[d];
+      qk += qi[d] * kj[d];
     }
+    const float e = exp(G[i] - G[j]);
+    A[i * GDN_P + j] = j < i ? -B[i] * kk * e : 0.0f;
+    QK[i * GDN_C + j] = qk * e;
   }
   // T - I in A by forward substitution, row by row (rows m < i final):
   // T[i][j] = A[i][j] + sum_{j<m<i} A[i][m] T[m][j], the sum in increasing m as on the CPU.
@@ -238,37 +247,35 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 
-  // Column d per work-item: u = T (B v), w = T (B e^G k), T = A + I.
-  for (int d = lid; d < dv; d += GDN_C)
+  // A column of u = T (B v) (d < dv) or of w = T (B e^G k) per work-item, T = A + I.
+  for (int d = lid; d < dv + dk; d += wg)
     for (int i = 0; i < L; ++i) {
       float acc = 0.0f;
-      for (int j = 0; j <= i; ++j) acc += ((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * vc[j * v_stride + d];
-      U[i * dv + d] = acc;
+      if (d < dv) {
+        for (int j = 0; j <= i; ++j) acc += ((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * vc[j * v_stride + d];
+        U[i * dv + d] = acc;
+      } else {
+        for (int j = 0; j <= i; ++j)
+          acc += (((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * eG[j]) * kc[j * qk_stride + d - dv];
+        W[i * dk + d - dv] = acc;
+      }
     }
-  for (int d = lid; d < dk; d += GDN_C)
-    for (int i = 0; i < L; ++i) {
-      float acc = 0.0f;
-      for (int j = 0; j <= i; ++j)
-        acc += (((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * exp(G[j])) * kc[j * qk_stride + d];
-      W[i * dk + d] = acc;
-    }
-  // QK into A (T is no longer needed); the barrier publishes the other rows' global writes.
+  // QK into A (T is no longer needed); the barrier publishes the global writes of u, w and QK.
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  if (lid < L)
-    for (int j = 0; j <= lid; ++j) A[lid * GDN_P + j] = QK[lid * GDN_C + j];
+  for (int p = lid; p < L * GDN_C; p += wg)
+    if (p % GDN_C <= p / GDN_C) A[p / GDN_C * GDN_P + p % GDN_C] = QK[p];
   barrier(CLK_LOCAL_MEM_FENCE);
-  // q' = e^G q - QK w and QK u, per column (the columns of u and w this work-item wrote itself).
-  for (int d = lid; d < dk; d += GDN_C)
+  // A column of q' = e^G q - QK w (d < dk) or of QK u per work-item.
+  for (int d = lid; d < dk + dv; d += wg)
     for (int i = 0; i < L; ++i) {
       float acc = 0.0f;
-      for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * W[m * dk + d];
-      QP[i * dk + d] = qc[i * qk_stride + d] * exp(G[i]) - acc;
-    }
-  for (int d = lid; d < dv; d += GDN_C)
-    for (int i = 0; i < L; ++i) {
-      float acc = 0.0f;
-      for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * U[m * dv + d];
-      QKU[i * dv + d] = acc;
+      if (d < dk) {
+        for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * W[m * dk + d];
+        QP[i * dk + d] = qc[i * qk_stride + d] * eG[i] - acc;
+      } else {
+        for (int m = 0; m <= i; ++m) acc += A[i * GDN_P + m] * U[m * dv + d - dk];
+        QKU[i * dv + d - dk] = acc;
+      }
     }
 }
 

@@ -275,15 +275,18 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  // The chunk scan's group: scan_cb state columns by scan_r row slices, its block of S (dk x scan_cb) in
-  // local memory. Narrow column blocks on a CPU: more groups for the few heads of a layer (the scan is serial
-  // over chunks).
-  cl_kernel scan = form == DeltaRuleForm::chunked ? gdn("delta_chunk_scan") : nullptr;
+  // The chunked form's groups: the prep kernel's as large as it runs (kGdnChunk at least); the scan's, scan_cb
+  // state columns by scan_r row slices, its block of S (dk x scan_cb) in local memory. Narrow column blocks
+  // on a CPU: more groups for the few heads of a layer (the scan is serial over chunks).
+  const bool chunked = form == DeltaRuleForm::chunked;
+  cl_kernel prep = chunked ? gdn("delta_chunk_prep") : nullptr,
+            scan = chunked ? gdn("delta_chunk_scan") : nullptr;
+  const int64_t prep_wg = prep ? kernel_max_group(prep, kGdnPrepWg) : 0;
   const int64_t scan_r = (dk + kGdnSr - 1) / kGdnSr;
   const int64_t scan_cb = scan ? std::min<int64_t>({dv, info_.is_cpu() ? 16 : kGdnScanCb, kGdnScanS / dk,
                                                     kernel_max_group(scan, kGdnMaxWg) / scan_r})
                                : 0;
-  if (info_.max_work_group_size < (size_t)kGdnChunk || scan_cb < 1)
+  if (prep_wg < kGdnChunk || scan_cb < 1)
     form = DeltaRuleForm::recurrent;  // the prep kernel's group, or the scan's
   if (form == DeltaRuleForm::chunked) {
     // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
@@ -294,9 +297,9 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
     float* ws_w = ar.take<float>(blocks * C * dk);
     float* ws_qp = ar.take<float>(blocks * C * dk);
     float* ws_qku = ar.take<float>(blocks * C * dv);
-    launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * kGdnChunk, (size_t)Hv}, {(size_t)kGdnChunk, 1}, q,
-           k, v, (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv,
-           ws_g, ws_qk, ws_u, ws_w, ws_qp, ws_qku);
+    launch(prep, {groups(T, kGdnChunk) * (size_t)prep_wg, (size_t)Hv}, {(size_t)prep_wg, 1}, q, k, v,
+           (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g,
+           ws_qk, ws_u, ws_w, ws_qp, ws_qku);
     launch(scan, {groups(dv, scan_cb) * (size_t)scan_cb, (size_t)scan_r, (size_t)Hv},
            {(size_t)scan_cb, (size_t)scan_r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk,
            (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
