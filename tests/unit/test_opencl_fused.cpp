@@ -163,6 +163,46 @@ TEST(OpenCLFused, MatmulsMatchCpu) {
     }
 }
 
+// Q4_K_M gives some layers' v (or Gated DeltaNet qkv) projection Q6_K, the others Q4_K: the products of mixed
+// types take one launch per type and round x once per rounding mode (Q4_K and Q6_K round alike; Q8_0 by 32,
+// F16 to halves), and match the CPU's.
+TEST(OpenCLFused, MatmulsOfMixedTypesLaunchOncePerType) {
+  DEVICE_OR_SKIP();
+  auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
+  Threads th;
+  std::mt19937 rng(43);
+  const int64_t E = 2048;
+  struct Mix {
+    std::vector<DType> types;
+    uint64_t launches;  // products + roundings
+  };
+  for (const Mix& mix : {Mix{{DType::Q4_K, DType::Q4_K, DType::Q6_K}, 2 + 1},
+                         Mix{{DType::Q6_K, DType::Q4_K, DType::Q4_K, DType::Q4_K}, 2 + 1},
+                         Mix{{DType::Q8_0, DType::Q4_K, DType::F16, DType::Q8_0}, 3 + 3}}) {
+    const int64_t rows[] = {1024, 512, 512, 32};
+    std::vector<std::unique_ptr<RandomWeight>> w;
+    for (size_t i = 0; i < mix.types.size(); ++i)
+      w.push_back(std::make_unique<RandomWeight>(dev, mix.types[i], E, rows[i], 1, rng));
+    for (int64_t m : {1, 3}) {
+      const std::vector<float> x = random_vec(m * E, rng);
+      DeviceBuffer dx = upload(dev, x);
+      std::vector<DeviceBuffer> dy;
+      std::vector<Backend::MatmulJob> jobs;
+      for (size_t i = 0; i < w.size(); ++i) dy.emplace_back(dev, m * rows[i] * 4);
+      for (size_t i = 0; i < w.size(); ++i) jobs.push_back({&w[i]->dev, ptr<float>(dy[i])});
+      const uint64_t e0 = ocl.enqueue_count();
+      dev.matmuls(ptr<float>(dx), m, jobs);
+      EXPECT_EQ(ocl.enqueue_count() - e0, mix.launches) << mix.types.size() << " matrices, m=" << m;
+      for (size_t i = 0; i < w.size(); ++i) {
+        std::vector<float> ref(m * rows[i]);
+        th.cpu.matmul(w[i]->host, x.data(), m, ref.data(), 0);
+        EXPECT_LT(rel_err(download<float>(dev, dy[i], ref.size()), ref), 1e-4f)
+            << dtype_name(mix.types[i]) << " (job " << i << "), m=" << m;
+      }
+    }
+  }
+}
+
 // Where the device can require subgroups of a size that divides a row's work-items (Intel's extensions: CI's
 // Intel CPU runtime, not PoCL 3.1), the matvecs sum a row by sub_group_reduce_add: at the CPU width (4) in
 // one subgroup, at the GPU width (32) in two of 16. XPERT_OPENCL_OPTS subgroups=0 keeps the tree in local

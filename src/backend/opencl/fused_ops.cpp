@@ -1,11 +1,11 @@
 // The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
 // costs microseconds of host time (NVIDIA's: 8-11), so a decode step is counted in launches: per MoE layer
 // of qwen3moe, 7 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
-// q/k norms, RoPE and the k/v store: one; attention, its output rounded for wo as it is written: one; wo:
-// one gemv; the residual add, the FFN norm and rounding, the router's product and the top-k in its last
-// groups: one; gate/up with SwiGLU, the last group of each slot rounding its row: one; down with the
-// weighted combine and the residual add, the last group of each token writing the next layer's norm: one)
-// instead of 29 with the plain ops, and none of them waits for the host.
+// two where Q4_K_M gives v more bits; q/k norms, RoPE and the k/v store: one; attention, its output rounded
+// for wo as it is written: one; wo: one gemv; the residual add, the FFN norm and rounding, the router's
+// product and the top-k in its last groups: one; gate/up with SwiGLU, the last group of each slot rounding
+// its row: one; down with the weighted combine and the residual add, the last group of each token writing the
+// next layer's norm: one) instead of 29 with the plain ops, and none of them waits for the host.
 #include "backend/opencl/backend_impl.h"
 
 namespace xpert::opencl {
@@ -37,33 +37,56 @@ int OpenclBackend::round_mode(DType t, int64_t* unit) {
   return mode;
 }
 
+// One gemv_multi per weight type among the jobs (Q4_K_M gives a layer's v or GDN qkv projection Q6_K in some
+// layers, the others Q4_K), x rounded once per rounding mode (Q4_K and Q6_K round alike, and the MoE layer's
+// last kernel may have rounded it already).
 void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
   auto plain = [&] { Backend::matmuls(x, m, jobs); };
   if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 4) return plain();
-  const DType t = jobs[0].w->type;
   const int64_t k = jobs[0].w->ne[0];
   for (const MatmulJob& j : jobs)
-    if (j.w->type != t || j.w->ne[0] != k) return plain();
-  if (!weight_macro(t)) return plain();
+    if (j.w->ne[0] != k || !weight_macro(j.w->type)) return plain();
+  std::vector<DType> types;  // in the order the jobs first name them
+  for (const MatmulJob& j : jobs)
+    if (std::find(types.begin(), types.end(), j.w->type) == types.end()) types.push_back(j.w->type);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  const float* xq = rounded_activations(t, x, m, k);
-  const void* w[4] = {nullptr, nullptr, nullptr, nullptr};
-  float* y[4] = {nullptr, nullptr, nullptr, nullptr};
-  cl_int n[4] = {0, 0, 0, 0}, ldy[4] = {0, 0, 0, 0};
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    w[i] = jobs[i].w->data;
-    y[i] = jobs[i].y;
-    n[i] = (cl_int)jobs[i].w->ne[1];
-    ldy[i] = (cl_int)(jobs[i].ldy ? jobs[i].ldy : jobs[i].w->ne[1]);
+  // Every rounding first: a rounding launch does not write x, so what was rounded before stays valid.
+  const Prerounded before = pre_;
+  std::vector<std::pair<int, const float*>> rounded;  // (mode, rows)
+  std::vector<const float*> xq(types.size());
+  for (size_t ti = 0; ti < types.size(); ++ti) {
+    const int mode = round_mode(types[ti]);
+    auto it = std::find_if(rounded.begin(), rounded.end(), [&](const auto& r) { return r.first == mode; });
+    if (it == rounded.end()) {
+      pre_ = before;
+      rounded.emplace_back(mode, rounded_activations(types[ti], x, m, k));
+      it = rounded.end() - 1;
+    }
+    xq[ti] = it->second;
   }
-  for (const void* wi : w)
-    if (wi) check_mv_aligned(t, wi, xq);
-  preround_mode_ = round_mode(t);  // what the MoE layer's last kernel rounds the next layer's input for
-  const cl_int n_total = n[0] + n[1] + n[2] + n[3];
-  launch(matmul_program(t).kernel("gemv_multi"), {groups(n_total, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
-         {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], w[3], (cl_ulong)row_bytes(t, k), n[0], n[1], n[2],
-         y[0], y[1], y[2], y[3], ldy[0], ldy[1], ldy[2], ldy[3], xq, (cl_int)k, (cl_int)k, n_total);
+  preround_mode_ =
+      round_mode(types[0]);  // what the MoE layer's last kernel rounds the next layer's input for
+  for (size_t ti = 0; ti < types.size(); ++ti) {
+    const DType t = types[ti];
+    const void* w[4] = {nullptr, nullptr, nullptr, nullptr};
+    float* y[4] = {nullptr, nullptr, nullptr, nullptr};
+    cl_int n[4] = {0, 0, 0, 0}, ldy[4] = {0, 0, 0, 0};
+    int g = 0;
+    for (const MatmulJob& j : jobs) {
+      if (j.w->type != t) continue;
+      check_mv_aligned(t, j.w->data, xq[ti]);
+      w[g] = j.w->data;
+      y[g] = j.y;
+      n[g] = (cl_int)j.w->ne[1];
+      ldy[g++] = (cl_int)(j.ldy ? j.ldy : j.w->ne[1]);
+    }
+    const cl_int n_total = n[0] + n[1] + n[2] + n[3];
+    launch(matmul_program(t).kernel("gemv_multi"), {groups(n_total, mv_r_) * mv_wg_, (size_t)(m * mv_r_)},
+           {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], w[3], (cl_ulong)row_bytes(t, k), n[0], n[1],
+           n[2], y[0], y[1], y[2], y[3], ldy[0], ldy[1], ldy[2], ldy[3], xq[ti], (cl_int)k, (cl_int)k,
+           n_total);
+  }
   ar.release(mark);
 }
 
