@@ -44,8 +44,11 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
   auto plain = [&] { Backend::matmuls(x, m, jobs); };
   if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 4) return plain();
   const int64_t k = jobs[0].w->ne[0];
-  for (const MatmulJob& j : jobs)
-    if (j.w->ne[0] != k || !weight_macro(j.w->type)) return plain();
+  for (const MatmulJob& j : jobs) {
+    const float* y = j.y;  // an output over x: one by one, as the plain form runs them
+    if (j.w->ne[0] != k || !weight_macro(j.w->type) || (x >= y && x < y + m * (j.ldy ? j.ldy : j.w->ne[1])))
+      return plain();
+  }
   std::vector<DType> types;  // in the order the jobs first name them
   for (const MatmulJob& j : jobs)
     if (std::find(types.begin(), types.end(), j.w->type) == types.end()) types.push_back(j.w->type);
