@@ -1,24 +1,24 @@
 // OpenCL C of the whole-model backend's Gated DeltaNet mixer (backend/gated_delta_net.h has the math and
-// the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k and the decay and beta gates in one
-// kernel (gdn_prep), the delta rule in its recurrent form with the gated RMS norm (decode: two launches a
-// layer), or in its chunked form followed by the gated RMS norm. Core OpenCL C 1.2.
+// the CPU reference): causal conv1d + SiLU, per-head L2 norms of q and k, the decay and beta gates, the delta
+// rule and the gated RMS norm. Core OpenCL C 1.2.
 //
-// The recurrent delta rule (decode) runs one work-group per value head; its work-items split the head's state
+// The recurrent form (decode, short prompts) is one launch a layer, one work-group per value head: the group
+// computes its own head's inputs (conv, norms, gates), then its work-items split the head's state
 // S [head_k_dim][head_v_dim] by columns and by row slices, each holding its share in registers for a token
 // (the state buffer is read and written once a token, coalesced across the work-group); q_t and k_t of the
 // step sit in local memory.
 //
 // The chunked form (prefill; the algorithm of delta_rule_chunked on the CPU and gdn_chunked.cu on CUDA,
-// chunks of GDN_C = 64 tokens) is two kernels. delta_chunk_prep, a work-group per (chunk, value
-// head), does everything that does not need the state, for all chunks at once: the decayed K K^T (A) and
-// Q K^T (QK), T = (I - A)^-1 by forward substitution in local memory, u = T (beta v), w = T (beta e^G k),
-// and, since v_new = u - w S makes o = e^G q S + QK v_new = (e^G q - QK w) S + QK u, also q' = e^G q - QK w
-// and QK u: the scan then needs no Q K^T of its own. delta_chunk_scan, per (value head, block of state
-// columns; the state is column-separable), runs the chunks in order with its block of S in local memory:
-// v_new = u - w S and o = scale (q' S + QK u), then S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i,
-// each a product of the chunk with the state at its start, spread over all the group's work-items. The
-// workspace (global) holds per (chunk, head) block: G [64], QK [64][64], u [64][dv], w [64][dk], q' [64][dk],
-// QK u [64][dv].
+// chunks of GDN_C = 64 tokens) takes its inputs from gdn_prep, then two kernels and the norm.
+// delta_chunk_prep, a work-group per (chunk, value head), does everything that does not need the state, for
+// all chunks at once: the decayed K K^T (A) and Q K^T (QK), T = (I - A)^-1 by forward substitution in local
+// memory, u = T (beta v), w = T (beta e^G k), and, since v_new = u - w S makes o = e^G q S + QK v_new = (e^G
+// q - QK w) S + QK u, also q' = e^G q - QK w and QK u: the scan then needs no Q K^T of its own.
+// delta_chunk_scan, per (value head, block of state columns; the state is column-separable), runs the chunks
+// in order with its block of S in local memory: v_new = u - w S and o = scale (q' S + QK u), then S =
+// e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i, each a product of the chunk with the state at its start,
+// spread over all the group's work-items. The workspace (global) holds per (chunk, head) block: G [64], QK
+// [64][64], u [64][dv], w [64][dk], q' [64][dk], QK u [64][dv].
 #pragma once
 #include <string_view>
 
@@ -32,9 +32,9 @@ inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_SCAN_CB 32  // the chunk scan's column block at most
 #define GDN_SCAN_S 4096 // its block of the state in local memory (dk x columns), floats at most
 
-// The layer's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the state keeps
-// the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the gates g =
-// softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group (gr, tb) takes
+// The chunked form's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the
+// state keeps the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the gates
+// g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group (gr, tb) takes
 // the tokens of block tb (block_tokens each) and: for gr < 2 * n_k_heads, q/k head gr (channels gr * dk, + dk),
 // normalized as it goes; for the others, RED_WG v channels each, and group 2 * n_k_heads the block's gates too.
 // Only the first block reads the state (block_tokens >= d_conv - 1 or all the tokens, so no later window
@@ -82,35 +82,102 @@ kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int 
     }
 }
 
-// Work-group h (value head) of C x R work-items: work-item (jl = lid % C, r = lid / C) holds rows r, r + R, ...
+// The causal conv1d + SiLU of channel c for token t: the window's rows before the prompt from the state (rows of
+// `channels`), the others from x.
+float conv_silu(global const float* x, global const float* state, global const float* w, int channels, int d_conv,
+                int t, int c) {
+  const int ns = d_conv - 1;
+  float s = 0.0f;
+  for (int j = 0; j < d_conv; ++j) {
+    const int r = t + j;
+    const float v = r < ns ? state[(long)r * channels + c] : x[(long)(r - ns) * channels + c];
+    s += v * w[(long)c * d_conv + j];
+  }
+  return silu_f(s);
+}
+
+// Channel c's state after the prompt of n_tokens: the last d_conv - 1 rows of its window.
+void conv_shift(global const float* x, global float* state, int channels, int d_conv, int n_tokens, int c) {
+  const int ns = d_conv - 1;
+  for (int r = 0; r < ns; ++r) {
+    const int src = n_tokens + r;  // window row
+    state[(long)r * channels + c] = src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
+  }
+}
+
+// The sums of a and b over the group's wg work-items (any wg), in a[0] and b[0].
+void group_sum2(local float* a, local float* b, int lid, int wg) {
+  int s = 1;
+  while (2 * s < wg) s *= 2;
+  for (; s > 0; s >>= 1) {
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < s && lid + s < wg) {
+      a[lid] += a[lid + s];
+      b[lid] += b[lid + s];
+    }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+// A layer's decode (or short prompt) in one launch: work-group h (value head) takes the layer's inputs for its
+// head itself, as gdn_prep does for all (the causal conv1d + SiLU of its key head's q and k channels, their L2
+// norms, of its v channels; its gates g and beta), then the delta rule and the gated RMS norm.
+// The state: C x R work-items, work-item (jl = lid % C, r = lid / C) holds rows r, r + R, ...
 // (GDN_NR at most: R * GDN_NR >= dk) of state columns jl, jl + C, ... in turn, in registers: one pass over the
 // state a token, every load of a work-item in flight at once (a work-item walking a whole column waited a trip
 // to memory per row: ~59 us a layer on an H200). S k and the output q S are summed over the R row slices in
 // local memory. Each token's output of the head then takes the gated RMS norm (the sum of squares by a tree
 // over the group): out = rmsnorm(out) * norm_w * silu(z).
-kernel void delta_rule_recurrent(global const float* q, global const float* k, global const float* v,
-                                 long qk_stride, long v_stride, global const float* g, global const float* beta,
-                                 global float* state, global float* out, int n_tokens, int n_k_heads,
-                                 int n_v_heads, int dk, int dv, global const float* norm_w, global const float* z,
-                                 float eps, int R, int out_mode, global float* outq, volatile global int* counters) {
+// The convolution's state: a group shifts its v channels after the prompt; the q and k channels are shared by
+// the value heads of one key head (h % n_k_heads), so the last of them to finish (last_group on
+// conv_counters[kh]) shifts those, after every one of them has read the old rows.
+kernel void delta_rule_recurrent(global const float* x, int channels, global const float* conv_w, int d_conv,
+                                 global float* conv_state, global const float* alpha, global const float* beta_in,
+                                 global const float* dt_bias, global const float* a, global float* state,
+                                 global float* out, int n_tokens, int n_k_heads, int n_v_heads, int dk, int dv,
+                                 global const float* norm_w, global const float* z, float eps, int R, int out_mode,
+                                 global float* outq, volatile global int* counters,
+                                 volatile global int* conv_counters) {
   local float qs[GDN_MAXDK], ks[GDN_MAXDK], ra[GDN_MAXWG], rb[GDN_MAXWG];
   local int ri[GDN_MAXWG], flag;
   const int h = get_group_id(0), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
-  const int C = wg / R, jl = lid % C, r = lid / C;
+  const int C = wg / R, jl = lid % C, r = lid / C, key_dim = n_k_heads * dk;
+  const int v0 = 2 * key_dim + h * dv;  // the head's first v channel
   global float* S = state + (long)h * dk * dv;
   const float scale = 1.0f / sqrt((float)dk);
   for (int t = 0; t < n_tokens; ++t) {
-    for (int i = lid; i < dk; i += wg) {
-      qs[i] = q[t * qk_stride + kh * dk + i];
-      ks[i] = k[t * qk_stride + kh * dk + i];
+    // q and k of the key head: channel kh dk + i of q (i < dk) and of k (key_dim + ...), normalized.
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = lid; i < 2 * dk; i += wg) {
+      const int iq = i < dk ? i : i - dk;
+      const float y = conv_silu(x, conv_state, conv_w, channels, d_conv, t, (i < dk ? 0 : key_dim) + kh * dk + iq);
+      if (i < dk) {
+        qs[iq] = y;
+        sq += y * y;
+      } else {
+        ks[iq] = y;
+        sk += y * y;
+      }
+    }
+    ra[lid] = sq;
+    rb[lid] = sk;
+    group_sum2(ra, rb, lid, wg);
+    const float inq = 1.0f / sqrt(ra[0] + eps), ink = 1.0f / sqrt(rb[0] + eps);
+    for (int i = lid; i < 2 * dk; i += wg) {
+      if (i < dk) qs[i] *= inq;
+      else ks[i - dk] *= ink;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const float decay = exp(g[(long)t * n_v_heads + h]), b = beta[(long)t * n_v_heads + h];
+    // The gates, as gdn_prep computes them.
+    const long th = (long)t * n_v_heads + h;
+    const float xa = alpha[th] + dt_bias[h];
+    const float decay = exp((xa > 20.0f ? xa : log(1.0f + exp(xa))) * a[h]), b = sigmoid_f(beta_in[th]);
     global float* o_t = out + ((long)t * n_v_heads + h) * dv;
     float ss = 0.0f;
     for (int j0 = 0; j0 < dv; j0 += C) {
       const int j = j0 + jl;
       const bool on = j < dv;
+      const float vj = on ? conv_silu(x, conv_state, conv_w, channels, d_conv, t, v0 + j) : 0.0f;
       float s[GDN_NR];
 #pragma unroll
       for (int u = 0; u < GDN_NR; ++u) {  // every load first, then the sums
@@ -128,7 +195,7 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
       barrier(CLK_LOCAL_MEM_FENCE);
       float delta = 0.0f;
       for (int p = 0; p < R; ++p) delta += ra[p * C + jl];
-      delta = on ? (v[t * v_stride + (long)h * dv + j] - delta) * b : 0.0f;
+      delta = on ? (vj - delta) * b : 0.0f;
       float po = 0.0f;
 #pragma unroll
       for (int u = 0; u < GDN_NR; ++u) {
@@ -172,6 +239,13 @@ kernel void delta_rule_recurrent(global const float* q, global const float* k, g
     if (out_mode == 0 || out_mode == 1)
       round_head_blocks(out, outq, t, h, n_v_heads, dv, out_mode, wg, counters, &flag, ra, ri);
   }
+  // The convolution's state after the prompt, once every work-item's reads of the old rows are done.
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  for (int j = lid; j < dv; j += wg) conv_shift(x, conv_state, channels, d_conv, n_tokens, v0 + j);
+  const int siblings = (n_v_heads - kh + n_k_heads - 1) / n_k_heads;  // value heads h' = kh (mod n_k_heads)
+  if (last_group(conv_counters + kh, siblings, &flag))
+    for (int i = lid; i < 2 * dk; i += wg)
+      conv_shift(x, conv_state, channels, d_conv, n_tokens, (i < dk ? 0 : key_dim) + kh * dk + (i < dk ? i : i - dk));
 }
 
 #define GDN_C 64

@@ -258,20 +258,6 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   if (T <= 0) return;
   if (dk > kGdnMaxDk)
     fail("{}: Gated DeltaNet key heads of {} > {} are not supported", name(), dk, kGdnMaxDk);
-  Arena& ar = scratch();
-  const size_t mark = ar.mark();
-  float* conv = ar.take<float>(T * CD);
-  float* g = ar.take<float>(T * Hv);
-  float* beta = ar.take<float>(T * Hv);
-  // The convolution, q and k (the first 2 * key_dim channels) normalized per head, and the gates: one launch,
-  // a group per q/k head and per kRedWg v channels, and per block of kGdnPrepTokens tokens (at least the
-  // convolution's state rows: only the first block reads the state).
-  const int64_t prep_groups = 2 * Hk + (int64_t)groups(CD - 2 * s.key_dim(), kRedWg);
-  const int64_t block_tokens = std::max<int64_t>(kGdnPrepTokens, s.d_conv - 1);
-  launch(gdn("gdn_prep"), {(size_t)prep_groups * kRedWg, groups(T, block_tokens)}, {kRedWg, 1}, in.qkv,
-         (cl_int)T, (cl_int)block_tokens, (cl_int)CD, p.conv1d, (cl_int)s.d_conv, conv_state, conv,
-         (cl_int)dk, (cl_int)Hk, s.eps, in.alpha, in.beta, p.dt_bias, p.a, (cl_int)Hv, g, beta);
-  const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
@@ -288,38 +274,58 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
                                : 0;
   if (prep_wg < kGdnChunk || scan_cb < 1)
     form = DeltaRuleForm::recurrent;  // the prep kernel's group, or the scan's
-  if (form == DeltaRuleForm::chunked) {
-    // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
-    const int64_t blocks = groups(T, kGdnChunk) * Hv, C = kGdnChunk;
-    float* ws_g = ar.take<float>(blocks * C);
-    float* ws_qk = ar.take<float>(blocks * C * C);
-    float* ws_u = ar.take<float>(blocks * C * dv);
-    float* ws_w = ar.take<float>(blocks * C * dk);
-    float* ws_qp = ar.take<float>(blocks * C * dk);
-    float* ws_qku = ar.take<float>(blocks * C * dv);
-    launch(prep, {groups(T, kGdnChunk) * (size_t)prep_wg, (size_t)Hv}, {(size_t)prep_wg, 1}, q, k, v,
-           (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g,
-           ws_qk, ws_u, ws_w, ws_qp, ws_qku);
-    launch(scan, {groups(dv, scan_cb) * (size_t)scan_cb, (size_t)scan_r, (size_t)Hv},
-           {(size_t)scan_cb, (size_t)scan_r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk,
-           (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
-    launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
-  } else {
-    // R row slices of kGdnNr rows, as many of the dv columns at once as the kernel's group allows; the
-    // gated norm in the same launch.
+  if (form == DeltaRuleForm::recurrent) {
+    // One launch: each group (a value head) its own convolution, norms and gates, the delta rule in R row
+    // slices of kGdnNr rows by as many of the dv columns at once as the kernel's group allows, the gated
+    // norm, and (mode >= 0) the output rounded for ssm_out. Counters: the rounding's first, then one per key
+    // head for the convolution's state.
     cl_kernel rec = gdn("delta_rule_recurrent");
     const int64_t R = (dk + kGdnNr - 1) / kGdnNr,
                   C = std::min<int64_t>(dv, kernel_max_group(rec, kGdnMaxWg) / R);
     if (C < 1)
       fail("{}: Gated DeltaNet key heads of {} need work-groups of {} (this device allows {})", name(), dk, R,
            kernel_max_group(rec, kGdnMaxWg));
-    const int mode = head_round_mode(p.out_type, T, Hv, dv);
+    if (Hk > kCounters) fail("{}: Gated DeltaNet layers of more than {} key heads", name(), kCounters);
+    int mode = head_round_mode(p.out_type, T, Hv, dv);
+    if ((mode == 0 || mode == 1) && T * Hv + Hk > kCounters) mode = -1;
+    const int64_t conv_counters = mode == 0 || mode == 1 ? T * Hv : 0;
     float* outq = mode >= 0 ? preround_buffer(T * Hv * dv) : nullptr;
-    launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, q, k, v, (cl_long)CD, (cl_long)CD, g, beta,
-           ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps,
-           (cl_int)R, (cl_int)mode, outq, counters_);
+    launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, in.qkv, (cl_int)CD, p.conv1d, (cl_int)s.d_conv,
+           conv_state, in.alpha, in.beta, p.dt_bias, p.a, ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv,
+           (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps, (cl_int)R, (cl_int)mode, outq, counters_,
+           counters_ + conv_counters);
     if (mode >= 0) pre_ = {out, outq, T, Hv * dv, mode};
+    return;
   }
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  float* conv = ar.take<float>(T * CD);
+  float* g = ar.take<float>(T * Hv);
+  float* beta = ar.take<float>(T * Hv);
+  // The convolution, q and k (the first 2 * key_dim channels) normalized per head, and the gates: one launch,
+  // a group per q/k head and per kRedWg v channels, and per block of kGdnPrepTokens tokens (at least the
+  // convolution's state rows: only the first block reads the state).
+  const int64_t prep_groups = 2 * Hk + (int64_t)groups(CD - 2 * s.key_dim(), kRedWg);
+  const int64_t block_tokens = std::max<int64_t>(kGdnPrepTokens, s.d_conv - 1);
+  launch(gdn("gdn_prep"), {(size_t)prep_groups * kRedWg, groups(T, block_tokens)}, {kRedWg, 1}, in.qkv,
+         (cl_int)T, (cl_int)block_tokens, (cl_int)CD, p.conv1d, (cl_int)s.d_conv, conv_state, conv,
+         (cl_int)dk, (cl_int)Hk, s.eps, in.alpha, in.beta, p.dt_bias, p.a, (cl_int)Hv, g, beta);
+  const float *q = conv, *k = conv + s.key_dim(), *v = conv + 2 * s.key_dim();
+  // The workspace, per (chunk, value head) block: G, QK, u, w, q', QK u (kernels_gdn.h).
+  const int64_t blocks = groups(T, kGdnChunk) * Hv, C = kGdnChunk;
+  float* ws_g = ar.take<float>(blocks * C);
+  float* ws_qk = ar.take<float>(blocks * C * C);
+  float* ws_u = ar.take<float>(blocks * C * dv);
+  float* ws_w = ar.take<float>(blocks * C * dk);
+  float* ws_qp = ar.take<float>(blocks * C * dk);
+  float* ws_qku = ar.take<float>(blocks * C * dv);
+  launch(prep, {groups(T, kGdnChunk) * (size_t)prep_wg, (size_t)Hv}, {(size_t)prep_wg, 1}, q, k, v,
+         (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g,
+         ws_qk, ws_u, ws_w, ws_qp, ws_qku);
+  launch(scan, {groups(dv, scan_cb) * (size_t)scan_cb, (size_t)scan_r, (size_t)Hv},
+         {(size_t)scan_cb, (size_t)scan_r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk,
+         (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
+  launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);
 }
 
