@@ -430,30 +430,34 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     dev.copy_from_host(dq.data(), q0.data(), q0.size() * sizeof(float));
     dev.copy_from_host(dqg.data(), qg.data(), qg.size() * sizeof(float));
     dev.copy_from_host(dk.data(), k0.data(), k0.size() * sizeof(float));
-    return f->decode_attention({.q = c.gated ? ptr<float>(dqg) : ptr<float>(dq),
-                                .k = ptr<float>(dk),
-                                .v = ptr<float>(dv),
-                                .k_cache = dkc.data(),
-                                .v_cache = dvc.data(),
-                                .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
-                                .slots = ptr<int32_t>(dslots),
-                                .pos = ptr<int32_t>(dpos),
-                                .max_pos = *std::max_element(pos.begin(), pos.end()),
-                                .out = ptr<float>(dout),
-                                .n_seq = S,
-                                .n_head = H,
-                                .n_head_kv = Hk,
-                                .head_dim = D,
-                                .n_ctx = n_ctx,
-                                .kq_scale = kq_scale,
-                                .sliding_window = c.window,
-                                .k_type = DType::F16,
-                                .v_type = DType::F16,
-                                .prep = &prep,
-                                .gate = c.gated ? ptr<float>(dqg) + D : nullptr,
-                                .gate_stride = c.gated ? 2 * D : 0,
-                                .q_stride = c.gated ? 2 * D : 0,
-                                .out_type = out_type});
+    const uint64_t e0 = dynamic_cast<opencl::OpenclBackend&>(dev).enqueue_count();
+    const std::optional<Act> r = f->decode_attention({.q = c.gated ? ptr<float>(dqg) : ptr<float>(dq),
+                                                      .k = ptr<float>(dk),
+                                                      .v = ptr<float>(dv),
+                                                      .k_cache = dkc.data(),
+                                                      .v_cache = dvc.data(),
+                                                      .slot_stride = (int64_t)(slot_elems * sizeof(uint16_t)),
+                                                      .slots = ptr<int32_t>(dslots),
+                                                      .pos = ptr<int32_t>(dpos),
+                                                      .max_pos = *std::max_element(pos.begin(), pos.end()),
+                                                      .out = ptr<float>(dout),
+                                                      .n_seq = S,
+                                                      .n_head = H,
+                                                      .n_head_kv = Hk,
+                                                      .head_dim = D,
+                                                      .n_ctx = n_ctx,
+                                                      .kq_scale = kq_scale,
+                                                      .sliding_window = c.window,
+                                                      .k_type = DType::F16,
+                                                      .v_type = DType::F16,
+                                                      .prep = &prep,
+                                                      .gate = c.gated ? ptr<float>(dqg) + D : nullptr,
+                                                      .gate_stride = c.gated ? 2 * D : 0,
+                                                      .q_stride = c.gated ? 2 * D : 0,
+                                                      .out_type = out_type});
+    // The norms, RoPE, the k/v store, the attention (and out's rounding for the projection): one launch.
+    EXPECT_EQ(dynamic_cast<opencl::OpenclBackend&>(dev).enqueue_count() - e0, 1u);
+    return r;
   };
   ASSERT_TRUE(attend(DType::F32));
   EXPECT_LT(rel_err(download<float>(dev, dout, ref.size()), ref), 2e-4f);

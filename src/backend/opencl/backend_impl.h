@@ -341,7 +341,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     launch(attention_kernel("attention"), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q,
            a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
            a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)a.head_dim, nullptr,
-           (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr);
+           (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr, (cl_int)0, nullptr, nullptr, nullptr,
+           (cl_int)0, nullptr, (cl_int)0, (cl_int)0, 1.0f, 1.0f, (cl_int)0, 0.0f);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;

@@ -126,15 +126,15 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
                                  freq_base, freq_scale, mode, eps);
   if (n_tokens <= 0) return;
   const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
-  launch(ops("qk_norm_rope_store"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q,
-         k, nullptr, q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos,
-         (cl_int)n_head, (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale,
-         freq_scale, (cl_int)(mode == RopeMode::neox), eps, (cl_int)0, nullptr, nullptr, nullptr, (cl_long)0,
-         (cl_int)head_dim);
+  launch(ops("qk_norm_rope"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
+         q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
+         (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
+         (cl_int)(mode == RopeMode::neox), eps, (cl_int)head_dim);
 }
 
-// Two launches: q/k norms and RoPE with the k/v store, then the attention of every sequence over its slot
-// (and Qwen3.5's output gate: q and the gate interleaved per head, q_stride = gate_stride = 2 head_dim).
+// One launch: each group (head, sequence) normalizes and rotates its q head and its KV head's new k, stores
+// the k/v rows, then attends over its slot (kernels_attention.h); Qwen3.5's output gate too (q and the gate
+// interleaved per head, q_stride = gate_stride = 2 head_dim).
 std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   if (d.k_type != DType::F16 || d.v_type != DType::F16 || d.head_dim > kAttMaxD || d.n_head_kv <= 0 ||
       d.n_head % d.n_head_kv || d.n_seq <= 0 || d.slot_stride % 2)
@@ -145,12 +145,6 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   const int64_t n_rot = p && p->n_rot >= 2 ? p->n_rot : 0;
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
   const cl_long slot_halves = d.slot_stride / 2;
-  launch(ops("qk_norm_rope_store"), {(size_t)(d.n_head + 2 * d.n_head_kv) * kRedWg, (size_t)d.n_seq},
-         {kRedWg, 1}, d.q, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm),
-         p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
-         (cl_int)d.head_dim, (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
-         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)1, d.k_cache, d.v_cache,
-         d.slots, slot_halves, (cl_int)q_stride);
   const int64_t q_dim = d.n_head * d.head_dim;
   const int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
@@ -158,7 +152,9 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
          d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim,
          (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves,
          (cl_int)q_stride, d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq,
-         counters_);
+         counters_, (cl_int)1, d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm),
+         p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale,
+         p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f);
   if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
   return Act::of(d.out, d.n_seq, q_dim);
 }

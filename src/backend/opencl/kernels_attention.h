@@ -21,6 +21,9 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_WG 64
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
+#if ATT_WG != RED_WG
+#error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
+#endif
 
 // q.k * kq_scale, k read from the f16 cache: up to 64 halves loaded at once (16 loads in flight, not one trip
 // to memory per value), then summed in the order of one value at a time (the same bits as that loop).
@@ -45,12 +48,21 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
 
 // q head (t, h) at q + (t * n_head + h) * q_stride; with has_gate, the output is multiplied by sigmoid(gate)
 // (Qwen3.5's gated attention: gate head (t, h) at gate + (t * n_head + h) * gate_stride).
-kernel void attention(global const float* q, global const half* kc, global const half* vc, global float* out,
+//
+// With slots, the step's own k/v rows: a.store (prep non-null) has each group normalize and rotate its q head
+// and its KV head's new k (as qk_norm_rope does, the same sums; prep's fields: q/k norm weights or null,
+// n_rot 0 for none) and store that k and v as f16 at row pos[t] of the slot before it reads the cache. The
+// n_head / n_head_kv groups of one KV head write the same bits to the same row; each reads it back only
+// after its own writes (barrier): no group depends on another's. wg_sum's trees need ATT_WG == RED_WG.
+kernel void attention(global const float* q, global half* kc, global half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
                       int window, global const int* slots, int use_slots, long slot_stride, int q_stride,
                       global const float* gate, int gate_stride, int has_gate, int out_mode,
-                      global float* outq, volatile global int* counters) {
-  local float qs[ATT_MAXD];
+                      global float* outq, volatile global int* counters, int store, global const float* k_new,
+                      global const float* v_new, global const float* q_norm, int has_qn,
+                      global const float* k_norm, int has_kn, int n_rot, float theta_scale, float freq_scale,
+                      int neox, float eps) {
+  local float qs[ATT_MAXD], kb[ATT_MAXD];
   local float ps[ATT_WG], ls[ATT_WG];
   local int pi[ATT_WG], flag;
   const int h = get_group_id(0), lid = get_local_id(0);
@@ -58,15 +70,51 @@ kernel void attention(global const float* q, global const half* kc, global const
   const int hk = h / (n_head / n_head_kv);
   const long kv_row = (long)n_head_kv * d;
   global const float* qr = q + (t * n_head + h) * q_stride;
-  for (int i = lid; i < d; i += ATT_WG) qs[i] = round_f16(qr[i]);
-  barrier(CLK_LOCAL_MEM_FENCE);
-
   const int p = pos[t];
   if (use_slots) {  // a decode step: token t is its sequence's last, over its slot's rows 0..p
     kc += (long)slots[t] * slot_stride;
     vc += (long)slots[t] * slot_stride;
     n_kv = p + 1;
   }
+  // Every group takes the same barriers, store or not (PoCL wants no barrier under a branch).
+  global const float* kr = store ? k_new + (t * n_head_kv + hk) * d : qr;
+  global const float* vr = store ? v_new + (t * n_head_kv + hk) * d : qr;
+  float sq = 0.0f, sk = 0.0f;
+  for (int i = lid; store && i < d; i += ATT_WG) {
+    sq += qr[i] * qr[i];
+    sk += kr[i] * kr[i];
+  }
+  sq = wg_sum(sq, ps);
+  sk = wg_sum(sk, ps);
+  const float scq = 1.0f / sqrt(sq / (float)d + eps), sck = 1.0f / sqrt(sk / (float)d + eps);
+  const int nq = store && has_qn, nk = store && has_kn;
+  for (int i = lid; i < d; i += ATT_WG) {
+    qs[i] = nq ? (qr[i] * scq) * q_norm[i] : qr[i];
+    kb[i] = nk ? (kr[i] * sck) * k_norm[i] : kr[i];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; store && i < n_rot / 2; i += ATT_WG) {  // the angle by repeated multiplication, as rope
+    float theta = (float)p;
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    const float th = freq_scale * theta;
+    const float c = cos(th), sn = sin(th);
+    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+    const float q0 = qs[a], q1 = qs[b], k0 = kb[a], k1 = kb[b];
+    qs[a] = q0 * c - q1 * sn;
+    qs[b] = q0 * sn + q1 * c;
+    kb[a] = k0 * c - k1 * sn;
+    kb[b] = k0 * sn + k1 * c;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; i < d; i += ATT_WG) {
+    if (store) {
+      vstore_half_rte(kb[i], (long)p * kv_row + (long)hk * d + i, kc);
+      vstore_half_rte(vr[i], (long)p * kv_row + (long)hk * d + i, vc);
+    }
+    qs[i] = round_f16(qs[i]);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+
   const int lo = window > 0 ? max(0, p - window + 1) : 0;
   const int hi = min(p, n_kv - 1);
   // Pass 1: each work-item the running max and sum of exp over its own keys lo + lid, lo + lid + ATT_WG, ...

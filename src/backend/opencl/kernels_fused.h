@@ -4,9 +4,9 @@
 // kFusedOpsSource (appended to the ops program, so it rounds divisions like round_activations):
 //   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight
 //                       type (round_unit) into yq, in one work-group per row.
-//   qk_norm_rope_store  per (head, token): q and k heads normalized (optional weights) and rotated in place,
-//                       as qk_norm_rope; with a cache, the token's k and v heads stored as f16 at its
-//                       position of its slot (a decode step's store_kv).
+//   qk_norm_rope        per (head, token): q and k heads normalized (optional weights) and rotated in place,
+//                       as qk_norm_rope (a decode step's attention kernel does the same itself, with the
+//                       k/v store).
 //   empty_kernel(16), empty_kernel_int
 //                       nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
@@ -160,26 +160,19 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
 #pragma OPENCL FP_CONTRACT ON
 
 // Group (hh, t): hh < n_head: q head hh (q_stride floats apart: d, or 2d where a gate sits beside each); then
-// n_head_kv k heads; then (with store) n_head_kv v heads.
-// Each head is normalized (its weights given) then rotated, as rmsnorm then rope; k and v heads are stored
-// as f16 (rounded to nearest even) at row pos[t] of slot slots[t] (slot_stride halves apart).
-kernel void qk_norm_rope_store(global float* q, global float* k, global const float* v, global const float* q_norm,
-                               int has_qn, global const float* k_norm, int has_kn, global const int* pos,
-                               int n_head, int n_head_kv, int d, int n_rot, float theta_scale, float freq_scale,
-                               int neox, float eps, int store, global half* kc, global half* vc,
-                               global const int* slots, long slot_stride, int q_stride) {
+// n_head_kv k heads. Each head is normalized (its weights given) then rotated, as rmsnorm then rope.
+kernel void qk_norm_rope(global float* q, global float* k, global const float* q_norm, int has_qn,
+                         global const float* k_norm, int has_kn, global const int* pos, int n_head, int d, int n_rot,
+                         float theta_scale, float freq_scale, int neox, float eps, int q_stride) {
   local float hb[512];
   local float buf[RED_WG];
   const int hh = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
-  const int kind = hh < n_head ? 0 : hh < n_head + n_head_kv ? 1 : 2;  // q, k, v
-  const int h = kind == 0 ? hh : kind == 1 ? hh - n_head : hh - n_head - n_head_kv;
-  const long row = store ? (long)slots[t] * slot_stride + (long)pos[t] * n_head_kv * d + (long)h * d : 0;
-  global const float* src = kind == 0 ? q + (t * n_head + h) * q_stride
-                            : kind == 1 ? k + (t * n_head_kv + h) * d
-                                        : v + (t * n_head_kv + h) * d;
-  global const float* nw = kind == 0 ? q_norm : k_norm;
-  const int has_norm = kind == 0 ? has_qn : kind == 1 ? has_kn : 0;
+  const int is_q = hh < n_head, h = is_q ? hh : hh - n_head;
+  const int n_head_kv = get_num_groups(0) - n_head;
+  global float* src = is_q ? q + (t * n_head + h) * q_stride : k + (t * n_head_kv + h) * d;
+  global const float* nw = is_q ? q_norm : k_norm;
+  const int has_norm = is_q ? has_qn : has_kn;
   // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
   float s = 0.0f;
   for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
@@ -188,8 +181,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
   for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
   barrier(CLK_LOCAL_MEM_FENCE);
   // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
-  const int pairs = kind == 2 ? 0 : n_rot / 2;
-  for (int i = lid; i < pairs; i += RED_WG) {
+  for (int i = lid; i < n_rot / 2; i += RED_WG) {
     float theta = (float)pos[t];
     for (int j = 0; j < i; ++j) theta *= theta_scale;
     const float th = freq_scale * theta;
@@ -200,11 +192,7 @@ kernel void qk_norm_rope_store(global float* q, global float* k, global const fl
     hb[b] = x0 * sn + x1 * c;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; i < d; i += RED_WG) {
-    if (kind == 0) q[(t * n_head + h) * q_stride + i] = hb[i];
-    if (kind == 1) k[(t * n_head_kv + h) * d + i] = hb[i];
-    if (store && kind != 0) vstore_half_rte(hb[i], row + i, kind == 1 ? kc : vc);
-  }
+  for (int i = lid; i < d; i += RED_WG) src[i] = hb[i];
 }
 
 // A barrier across every work-group of a launch whose groups are all resident at once (a persistent launch):
