@@ -1,7 +1,7 @@
 // The whole-model OpenCL backend's fused forms (kernels_fused.h). On a discrete GPU's OpenCL each enqueue
 // costs microseconds of host time (NVIDIA's: 8-11), so a decode step is counted in launches: per MoE layer
-// of qwen3moe, 7 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
-// two where Q4_K_M gives v more bits; q/k norms, RoPE and the k/v store: one; attention, its output rounded
+// of qwen3moe, 6 (qkv: one gemv over the three matrices, its input rounded by the last layer's down kernel;
+// two where Q4_K_M gives v more bits; q/k norms, RoPE, the k/v store and the attention, its output rounded
 // for wo as it is written: one; wo: one gemv; the residual add, the FFN norm and rounding, the router's
 // product and the top-k in its last groups: one; gate/up with SwiGLU, the last group of each slot rounding
 // its row: one; down with the weighted combine and the residual add, the last group of each token writing the
