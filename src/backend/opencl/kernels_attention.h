@@ -49,11 +49,11 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
 // q head (t, h) at q + (t * n_head + h) * q_stride; with has_gate, the output is multiplied by sigmoid(gate)
 // (Qwen3.5's gated attention: gate head (t, h) at gate + (t * n_head + h) * gate_stride).
 //
-// With slots, the step's own k/v rows: a.store (prep non-null) has each group normalize and rotate its q head
-// and its KV head's new k (as qk_norm_rope does, the same sums; prep's fields: q/k norm weights or null,
-// n_rot 0 for none) and store that k and v as f16 at row pos[t] of the slot before it reads the cache. The
-// n_head / n_head_kv groups of one KV head write the same bits to the same row; each reads it back only
-// after its own writes (barrier): no group depends on another's. wg_sum's trees need ATT_WG == RED_WG.
+// store (a decode step, with slots): each group first normalizes (has_qn / has_kn: weights given) and rotates
+// (n_rot > 0) its q head and its KV head's new k (k_new), as qk_norm_rope does with the same sums, and stores
+// that k and v_new as f16 at row pos[t] of the slot, before it reads the cache. The n_head / n_head_kv groups
+// of one KV head write the same bits to the same row; each reads it back only after its own writes (barrier):
+// no group depends on another's. wg_sum's trees need ATT_WG == RED_WG.
 kernel void attention(global const float* q, global half* kc, global half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
                       int window, global const int* slots, int use_slots, long slot_stride, int q_stride,

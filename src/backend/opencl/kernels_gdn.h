@@ -33,17 +33,19 @@ inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_SCAN_S 4096 // its block of the state in local memory (dk x columns), floats at most
 
 // The chunked form's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the
-// state keeps the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the gates
-// g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group (gr, tb) takes
-// the tokens of block tb (block_tokens each) and: for gr < 2 * n_k_heads, q/k head gr (channels gr * dk, + dk),
-// normalized as it goes; for the others, RED_WG v channels each, and group 2 * n_k_heads the block's gates too.
+// state keeps the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the
+// gates g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group
+// (gr, tb) takes the tokens of block tb (block_tokens each) and: for gr < 2 * n_k_heads, q/k head gr
+// (channels gr * dk, + dk), normalized as it goes; for the others, RED_WG v channels each, and group
+// 2 * n_k_heads the block's gates too.
 // Only the first block reads the state (block_tokens >= d_conv - 1 or all the tokens, so no later window
 // reaches it), and it alone then shifts the state (per channel, by the work-item that read it: in place is
 // safe). Every group takes the norm's barriers.
-kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int channels, global const float* w,
-                     int d_conv, global float* state, global float* out, int dk, int n_k_heads, float eps,
-                     global const float* alpha, global const float* beta_in, global const float* dt_bias,
-                     global const float* a, int n_v_heads, global float* g, global float* beta) {
+kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int channels,
+                     global const float* w, int d_conv, global float* state, global float* out, int dk,
+                     int n_k_heads, float eps, global const float* alpha, global const float* beta_in,
+                     global const float* dt_bias, global const float* a, int n_v_heads, global float* g,
+                     global float* beta) {
   local float buf[RED_WG];
   const int gr = get_group_id(0), tb = get_group_id(1), lid = get_local_id(0), qk = gr < 2 * n_k_heads;
   const int c0 = qk ? gr * dk : 2 * n_k_heads * dk + (gr - 2 * n_k_heads) * RED_WG;
@@ -82,10 +84,10 @@ kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int 
     }
 }
 
-// The causal conv1d + SiLU of channel c for token t: the window's rows before the prompt from the state (rows of
-// `channels`), the others from x.
-float conv_silu(global const float* x, global const float* state, global const float* w, int channels, int d_conv,
-                int t, int c) {
+// The causal conv1d + SiLU of channel c for token t: the window's rows before the prompt from the state
+// (rows of `channels`), the others from x.
+float conv_silu(global const float* x, global const float* state, global const float* w, int channels,
+                int d_conv, int t, int c) {
   const int ns = d_conv - 1;
   float s = 0.0f;
   for (int j = 0; j < d_conv; ++j) {
@@ -101,7 +103,8 @@ void conv_shift(global const float* x, global float* state, int channels, int d_
   const int ns = d_conv - 1;
   for (int r = 0; r < ns; ++r) {
     const int src = n_tokens + r;  // window row
-    state[(long)r * channels + c] = src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
+    state[(long)r * channels + c] =
+        src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
   }
 }
 
@@ -119,25 +122,25 @@ void group_sum2(local float* a, local float* b, int lid, int wg) {
   barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// A layer's decode (or short prompt) in one launch: work-group h (value head) takes the layer's inputs for its
-// head itself, as gdn_prep does for all (the causal conv1d + SiLU of its key head's q and k channels, their L2
-// norms, of its v channels; its gates g and beta), then the delta rule and the gated RMS norm.
-// The state: C x R work-items, work-item (jl = lid % C, r = lid / C) holds rows r, r + R, ...
-// (GDN_NR at most: R * GDN_NR >= dk) of state columns jl, jl + C, ... in turn, in registers: one pass over the
-// state a token, every load of a work-item in flight at once (a work-item walking a whole column waited a trip
-// to memory per row: ~59 us a layer on an H200). S k and the output q S are summed over the R row slices in
+// A layer's decode (or short prompt) in one launch: work-group h (value head) takes the layer's inputs for
+// its head itself, as gdn_prep does for all (the causal conv1d + SiLU of its key head's q and k channels,
+// their L2 norms, of its v channels; its gates g and beta), then the delta rule and the gated RMS norm.
+// The state: C x R work-items, work-item (jl = lid % C, r = lid / C) holds rows r, r + R, ... (GDN_NR at
+// most: R * GDN_NR >= dk) of state columns jl, jl + C, ... in turn, in registers: one pass over the state a
+// token, every load of a work-item in flight at once (a work-item walking a whole column waited a trip to
+// memory per row: ~59 us a layer on an H200). S k and the output q S are summed over the R row slices in
 // local memory. Each token's output of the head then takes the gated RMS norm (the sum of squares by a tree
 // over the group): out = rmsnorm(out) * norm_w * silu(z).
 // The convolution's state: a group shifts its v channels after the prompt; the q and k channels are shared by
 // the value heads of one key head (h % n_k_heads), so the last of them to finish (last_group on
 // conv_counters[kh]) shifts those, after every one of them has read the old rows.
-kernel void delta_rule_recurrent(global const float* x, int channels, global const float* conv_w, int d_conv,
-                                 global float* conv_state, global const float* alpha, global const float* beta_in,
-                                 global const float* dt_bias, global const float* a, global float* state,
-                                 global float* out, int n_tokens, int n_k_heads, int n_v_heads, int dk, int dv,
-                                 global const float* norm_w, global const float* z, float eps, int R, int out_mode,
-                                 global float* outq, volatile global int* counters,
-                                 volatile global int* conv_counters) {
+kernel void delta_rule_recurrent(global const float* x, int channels, global const float* conv_w,
+                                 int d_conv, global float* conv_state, global const float* alpha,
+                                 global const float* beta_in, global const float* dt_bias,
+                                 global const float* a, global float* state, global float* out, int n_tokens,
+                                 int n_k_heads, int n_v_heads, int dk, int dv, global const float* norm_w,
+                                 global const float* z, float eps, int R, int out_mode, global float* outq,
+                                 volatile global int* counters, volatile global int* conv_counters) {
   local float qs[GDN_MAXDK], ks[GDN_MAXDK], ra[GDN_MAXWG], rb[GDN_MAXWG];
   local int ri[GDN_MAXWG], flag;
   const int h = get_group_id(0), kh = h % n_k_heads, lid = get_local_id(0), wg = get_local_size(0);
@@ -150,7 +153,8 @@ kernel void delta_rule_recurrent(global const float* x, int channels, global con
     float sq = 0.0f, sk = 0.0f;
     for (int i = lid; i < 2 * dk; i += wg) {
       const int iq = i < dk ? i : i - dk;
-      const float y = conv_silu(x, conv_state, conv_w, channels, d_conv, t, (i < dk ? 0 : key_dim) + kh * dk + iq);
+      const int c = (i < dk ? 0 : key_dim) + kh * dk + iq;
+      const float y = conv_silu(x, conv_state, conv_w, channels, d_conv, t, c);
       if (i < dk) {
         qs[iq] = y;
         sq += y * y;
@@ -244,17 +248,19 @@ kernel void delta_rule_recurrent(global const float* x, int channels, global con
   for (int j = lid; j < dv; j += wg) conv_shift(x, conv_state, channels, d_conv, n_tokens, v0 + j);
   const int siblings = (n_v_heads - kh + n_k_heads - 1) / n_k_heads;  // value heads h' = kh (mod n_k_heads)
   if (last_group(conv_counters + kh, siblings, &flag))
-    for (int i = lid; i < 2 * dk; i += wg)
-      conv_shift(x, conv_state, channels, d_conv, n_tokens, (i < dk ? 0 : key_dim) + kh * dk + (i < dk ? i : i - dk));
+    for (int i = lid; i < 2 * dk; i += wg) {
+      const int c = (i < dk ? 0 : key_dim) + kh * dk + (i < dk ? i : i - dk);
+      conv_shift(x, conv_state, channels, d_conv, n_tokens, c);
+    }
 }
 
 #define GDN_C 64
 #define GDN_P (GDN_C + 1)  // row pitch of A in local memory
 #define GDN_PREP_WG 256    // delta_chunk_prep's work-group where the device allows it
 
-// Work-group (chunk c, value head h) of wg >= GDN_C work-items (the host takes GDN_PREP_WG where it can: more
-// work-items a group, each with less to walk). Rows past the chunk's L tokens are never read. Every sum runs in
-// the order of the CPU's.
+// Work-group (chunk c, value head h) of wg >= GDN_C work-items (the host takes GDN_PREP_WG where it can:
+// more work-items a group, each with less to walk). Rows past the chunk's L tokens are never read. Every sum
+// runs in the order of the CPU's.
 kernel void delta_chunk_prep(global const float* q, global const float* k, global const float* v, long qk_stride,
                              long v_stride, global const float* g, global const float* beta, int n_tokens,
                              int n_k_heads, int n_v_heads, int dk, int dv, global float* ws_g, global float* ws_qk,
@@ -326,7 +332,8 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
     for (int i = 0; i < L; ++i) {
       float acc = 0.0f;
       if (d < dv) {
-        for (int j = 0; j <= i; ++j) acc += ((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * vc[j * v_stride + d];
+        for (int j = 0; j <= i; ++j)
+          acc += ((j == i ? 1.0f : A[i * GDN_P + j]) * B[j]) * vc[j * v_stride + d];
         U[i * dv + d] = acc;
       } else {
         for (int j = 0; j <= i; ++j)
@@ -354,12 +361,12 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
 }
 
 // Work-group (column block, value head h) of CB x R work-items: work-item (jl, sl) has state column j = the
-// block's first + jl and row slice sl (rows sl * GDN_SR, + GDN_SR; R = ceil(dk / GDN_SR)). The block of the state
-// (dk x CB) stays in local memory for the whole prompt. A chunk needs only the state at its start, so its two
-// steps are products of the chunk with that block: (1) v_new = u - w S and o = scale (q' S + QK u), work-item
-// (jl, sl) for tokens sl, sl + R, ... two at a time (one read of S for both), v_new into local memory;
-// (2) S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i, the slice's rows in registers. Each sum runs in the
-// order of the CPU's.
+// block's first + jl and row slice sl (rows sl * GDN_SR, + GDN_SR; R = ceil(dk / GDN_SR)). The block of the
+// state (dk x CB) stays in local memory for the whole prompt. A chunk needs only the state at its start, so
+// its two steps are products of the chunk with that block: (1) v_new = u - w S and o = scale (q' S + QK u),
+// work-item (jl, sl) for tokens sl, sl + R, ... two at a time (one read of S for both), v_new into local
+// memory; (2) S = e^G_last S + sum_i (k_i e^(G_last - G_i)) v_new_i, the slice's rows in registers. Each sum
+// runs in the order of the CPU's.
 kernel void delta_chunk_scan(global const float* k, long qk_stride, global float* state, global float* out,
                              int n_tokens, int n_k_heads, int n_v_heads, int dk, int dv, global const float* ws_g,
                              global const float* ws_u, global const float* ws_w, global const float* ws_qp,
