@@ -93,17 +93,11 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
     kb[i] = nk ? (kr[i] * sck) * k_norm[i] : kr[i];
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; store && i < n_rot / 2; i += ATT_WG) {  // the angle by repeated multiplication, as rope
-    float theta = (float)p;
-    for (int j = 0; j < i; ++j) theta *= theta_scale;
-    const float th = freq_scale * theta;
-    const float c = cos(th), sn = sin(th);
-    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-    const float q0 = qs[a], q1 = qs[b], k0 = kb[a], k1 = kb[b];
-    qs[a] = q0 * c - q1 * sn;
-    qs[b] = q0 * sn + q1 * c;
-    kb[a] = k0 * c - k1 * sn;
-    kb[b] = k0 * sn + k1 * c;
+  for (int i = lid; store && i < n_rot / 2; i += ATT_WG) {
+    int a, b;
+    const float2 cs = rope_pair(p, i, n_rot, neox, theta_scale, freq_scale, &a, &b);
+    rotate_local(qs, a, b, cs);
+    rotate_local(kb, a, b, cs);
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; i < d; i += ATT_WG) {

@@ -180,16 +180,10 @@ kernel void qk_norm_rope(global float* q, global float* k, global const float* q
   const float scale = 1.0f / sqrt(s / (float)d + eps);
   for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
   barrier(CLK_LOCAL_MEM_FENCE);
-  // The angle built by repeated multiplication, as the rope kernel (and the CPU) builds it.
   for (int i = lid; i < n_rot / 2; i += RED_WG) {
-    float theta = (float)pos[t];
-    for (int j = 0; j < i; ++j) theta *= theta_scale;
-    const float th = freq_scale * theta;
-    const float c = cos(th), sn = sin(th);
-    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-    const float x0 = hb[a], x1 = hb[b];
-    hb[a] = x0 * c - x1 * sn;
-    hb[b] = x0 * sn + x1 * c;
+    int a, b;
+    const float2 cs = rope_pair(pos[t], i, n_rot, neox, theta_scale, freq_scale, &a, &b);
+    rotate_local(hb, a, b, cs);
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; i < d; i += RED_WG) src[i] = hb[i];

@@ -32,58 +32,6 @@ inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_SCAN_CB 32  // the chunk scan's column block at most
 #define GDN_SCAN_S 4096 // its block of the state in local memory (dk x columns), floats at most
 
-// The chunked form's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the
-// state keeps the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the
-// gates g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group
-// (gr, tb) takes the tokens of block tb (block_tokens each) and: for gr < 2 * n_k_heads, q/k head gr
-// (channels gr * dk, + dk), normalized as it goes; for the others, RED_WG v channels each, and group
-// 2 * n_k_heads the block's gates too.
-// Only the first block reads the state (block_tokens >= d_conv - 1 or all the tokens, so no later window
-// reaches it), and it alone then shifts the state (per channel, by the work-item that read it: in place is
-// safe). Every group takes the norm's barriers.
-kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int channels,
-                     global const float* w, int d_conv, global float* state, global float* out, int dk,
-                     int n_k_heads, float eps, global const float* alpha, global const float* beta_in,
-                     global const float* dt_bias, global const float* a, int n_v_heads, global float* g,
-                     global float* beta) {
-  local float buf[RED_WG];
-  const int gr = get_group_id(0), tb = get_group_id(1), lid = get_local_id(0), qk = gr < 2 * n_k_heads;
-  const int c0 = qk ? gr * dk : 2 * n_k_heads * dk + (gr - 2 * n_k_heads) * RED_WG;
-  const int c1 = qk ? c0 + dk : min(c0 + RED_WG, channels);
-  const int ns = d_conv - 1, t0 = tb * block_tokens, t1 = min(t0 + block_tokens, n_tokens);
-  for (int t = t0; t < t1; ++t) {
-    float ss = 0.0f;
-    for (int c = c0 + lid; c < c1; c += RED_WG) {
-      float s = 0.0f;
-      for (int j = 0; j < d_conv; ++j) {
-        const int r = t + j;
-        const float v = r < ns ? state[(long)r * channels + c] : x[(long)(r - ns) * channels + c];
-        s += v * w[(long)c * d_conv + j];
-      }
-      const float y = silu_f(s);
-      out[(long)t * channels + c] = y;
-      ss += y * y;
-    }
-    ss = wg_sum(ss, buf);
-    const float inv = 1.0f / sqrt(ss + eps);
-    if (qk)
-      for (int c = c0 + lid; c < c1; c += RED_WG) out[(long)t * channels + c] *= inv;
-  }
-  for (int c = c0 + lid; tb == 0 && c < c1; c += RED_WG)
-    for (int r = 0; r < ns; ++r) {
-      const int src = n_tokens + r;  // window row
-      state[(long)r * channels + c] = src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
-    }
-  if (gr == 2 * n_k_heads)
-    for (long i = (long)t0 * n_v_heads + lid; i < (long)t1 * n_v_heads; i += RED_WG) {
-      const int h = i % n_v_heads;
-      const float xa = alpha[i] + dt_bias[h];
-      const float sp = xa > 20.0f ? xa : log(1.0f + exp(xa));
-      g[i] = sp * a[h];
-      beta[i] = sigmoid_f(beta_in[i]);
-    }
-}
-
 // The causal conv1d + SiLU of channel c for token t: the window's rows before the prompt from the state
 // (rows of `channels`), the others from x.
 float conv_silu(global const float* x, global const float* state, global const float* w, int channels,
@@ -106,6 +54,48 @@ void conv_shift(global const float* x, global float* state, int channels, int d_
     state[(long)r * channels + c] =
         src < ns ? state[(long)src * channels + c] : x[(long)(src - ns) * channels + c];
   }
+}
+
+// The chunked form's inputs in one launch: the causal conv1d + SiLU of every channel over every token (the
+// state keeps the last d_conv-1 rows of the window), the L2 norm of each token's q and k heads, and the
+// gates g = softplus(alpha + dt_bias) * a (log decay), beta = sigmoid(beta) per (token, value head). Group
+// (gr, tb) takes the tokens of block tb (block_tokens each) and: for gr < 2 * n_k_heads, q/k head gr
+// (channels gr * dk, + dk), normalized as it goes; for the others, RED_WG v channels each, and group
+// 2 * n_k_heads the block's gates too.
+// Only the first block reads the state (block_tokens >= d_conv - 1 or all the tokens, so no later window
+// reaches it), and it alone then shifts the state (per channel, by the work-item that read it: in place is
+// safe). Every group takes the norm's barriers.
+kernel void gdn_prep(global const float* x, int n_tokens, int block_tokens, int channels,
+                     global const float* w, int d_conv, global float* state, global float* out, int dk,
+                     int n_k_heads, float eps, global const float* alpha, global const float* beta_in,
+                     global const float* dt_bias, global const float* a, int n_v_heads, global float* g,
+                     global float* beta) {
+  local float buf[RED_WG];
+  const int gr = get_group_id(0), tb = get_group_id(1), lid = get_local_id(0), qk = gr < 2 * n_k_heads;
+  const int c0 = qk ? gr * dk : 2 * n_k_heads * dk + (gr - 2 * n_k_heads) * RED_WG;
+  const int c1 = qk ? c0 + dk : min(c0 + RED_WG, channels);
+  const int t0 = tb * block_tokens, t1 = min(t0 + block_tokens, n_tokens);
+  for (int t = t0; t < t1; ++t) {
+    float ss = 0.0f;
+    for (int c = c0 + lid; c < c1; c += RED_WG) {
+      const float y = conv_silu(x, state, w, channels, d_conv, t, c);
+      out[(long)t * channels + c] = y;
+      ss += y * y;
+    }
+    ss = wg_sum(ss, buf);
+    const float inv = 1.0f / sqrt(ss + eps);
+    if (qk)
+      for (int c = c0 + lid; c < c1; c += RED_WG) out[(long)t * channels + c] *= inv;
+  }
+  for (int c = c0 + lid; tb == 0 && c < c1; c += RED_WG) conv_shift(x, state, channels, d_conv, n_tokens, c);
+  if (gr == 2 * n_k_heads)
+    for (long i = (long)t0 * n_v_heads + lid; i < (long)t1 * n_v_heads; i += RED_WG) {
+      const int h = i % n_v_heads;
+      const float xa = alpha[i] + dt_bias[h];
+      const float sp = xa > 20.0f ? xa : log(1.0f + exp(xa));
+      g[i] = sp * a[h];
+      beta[i] = sigmoid_f(beta_in[i]);
+    }
 }
 
 // The sums of a and b over the group's wg work-items (any wg), in a[0] and b[0].

@@ -245,6 +245,24 @@ void route_token(volatile global const float* l, int n_expert, int k, int norm, 
     weights[t * k + j] = w;
   }
 }
+
+// RoPE of pair i at position pos: its two dims (NeoX: i and i + n_rot / 2, else 2i and 2i + 1) in *a and *b,
+// and the cosine and sine of its angle, built by repeated multiplication as the CPU (and ggml) builds it, so
+// it rounds the same way.
+float2 rope_pair(int pos, int i, int n_rot, int neox, float theta_scale, float freq_scale, int* a, int* b) {
+  float theta = (float)pos;
+  for (int j = 0; j < i; ++j) theta *= theta_scale;
+  const float th = freq_scale * theta;
+  *a = neox ? i : 2 * i;
+  *b = neox ? i + n_rot / 2 : 2 * i + 1;
+  return (float2)(cos(th), sin(th));
+}
+// v's dims a and b rotated by cs = (cosine, sine).
+void rotate_local(local float* v, int a, int b, float2 cs) {
+  const float x0 = v[a], x1 = v[b];
+  v[a] = x0 * cs.x - x1 * cs.y;
+  v[b] = x0 * cs.y + x1 * cs.x;
+}
 )CLC";
 
 inline constexpr std::string_view kOpsSource = R"CLC(
@@ -262,23 +280,19 @@ kernel void rmsnorm(global const float* x, global const float* w, int has_w, glo
   for (int i = lid; i < n; i += RED_WG) yr[i] = has_w ? (xr[i] * scale) * w[i] : xr[i] * scale;
 }
 
-// Work-item (t, i): pair i of token t, every head. The angle is built by repeated multiplication as the
-// CPU (and ggml) does, so it rounds the same way. neox: pairs (i, i + n_rot/2), else (2i, 2i+1).
+// Work-item (t, i): pair i of token t, every head (rope_pair).
 kernel void rope(global float* x, global const int* pos, int n_heads, int head_dim, int n_rot, float theta_scale,
                  float freq_scale, int neox) {
   const int i = get_global_id(0);
   const long t = get_global_id(1);
   if (i >= n_rot / 2) return;
-  float theta = (float)pos[t];
-  for (int j = 0; j < i; ++j) theta *= theta_scale;
-  const float th = freq_scale * theta;
-  const float c = cos(th), s = sin(th);
-  const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+  int a, b;
+  const float2 cs = rope_pair(pos[t], i, n_rot, neox, theta_scale, freq_scale, &a, &b);
   for (int h = 0; h < n_heads; ++h) {
     global float* v = x + (t * n_heads + h) * head_dim;
     const float x0 = v[a], x1 = v[b];
-    v[a] = x0 * c - x1 * s;
-    v[b] = x0 * s + x1 * c;
+    v[a] = x0 * cs.x - x1 * cs.y;
+    v[b] = x0 * cs.y + x1 * cs.x;
   }
 }
 
