@@ -383,6 +383,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   bool fuses_attention_gate() const override { return true; }
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;
+  // gated_delta_net's two forms (opencl_backend.cpp).
+  void gdn_recurrent(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                     float* ssm_state, float* out);
+  void gdn_chunked(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in, float* conv_state,
+                   float* ssm_state, float* out, int64_t prep_wg, int64_t r, int64_t cb);
 
   // prefill_xmx.cpp: whether t's prefill GEMMs run on the XMX kernels: the device offers
   // cl_intel_subgroup_matrix_multiply_accumulate, and at t's first use its program built and xmx_self_check

@@ -68,8 +68,8 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     }
     xq[ti] = it->second;
   }
-  preround_mode_ =
-      round_mode(types[0]);  // what the MoE layer's last kernel rounds the next layer's input for
+  // What the MoE layer's last kernel rounds the next layer's input for.
+  preround_mode_ = round_mode(types[0]);
   for (size_t ti = 0; ti < types.size(); ++ti) {
     const DType t = types[ti];
     const void* w[4] = {nullptr, nullptr, nullptr, nullptr};

@@ -253,50 +253,59 @@ void OpenclBackend::moe_small_batch(const MoeFfn& m, const float* x, int64_t n, 
 
 void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                                     float* conv_state, float* ssm_state, float* out) {
-  const int64_t T = in.n_tokens, Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k_dim, dv = s.head_v_dim;
-  const int64_t CD = s.conv_dim();
+  const int64_t T = in.n_tokens, dk = s.head_k_dim, dv = s.head_v_dim;
   if (T <= 0) return;
   if (dk > kGdnMaxDk)
     fail("{}: Gated DeltaNet key heads of {} > {} are not supported", name(), dk, kGdnMaxDk);
   DeltaRuleForm form = gdn_form_;
   if (form == DeltaRuleForm::automatic)
     form = T >= kChunkedMinTokens ? DeltaRuleForm::chunked : DeltaRuleForm::recurrent;
-  // The chunked form's groups: the prep kernel's as large as it runs (kGdnChunk at least); the scan's, scan_cb
-  // state columns by scan_r row slices, its block of S (dk x scan_cb) in local memory. Narrow column blocks
-  // on a CPU: more groups for the few heads of a layer (the scan is serial over chunks).
-  const bool chunked = form == DeltaRuleForm::chunked;
-  cl_kernel prep = chunked ? gdn("delta_chunk_prep") : nullptr,
-            scan = chunked ? gdn("delta_chunk_scan") : nullptr;
-  const int64_t prep_wg = prep ? kernel_max_group(prep, kGdnPrepWg) : 0;
-  const int64_t scan_r = (dk + kGdnSr - 1) / kGdnSr;
-  const int64_t scan_cb = scan ? std::min<int64_t>({dv, info_.is_cpu() ? 16 : kGdnScanCb, kGdnScanS / dk,
-                                                    kernel_max_group(scan, kGdnMaxWg) / scan_r})
-                               : 0;
-  if (prep_wg < kGdnChunk || scan_cb < 1)
-    form = DeltaRuleForm::recurrent;  // the prep kernel's group, or the scan's
-  if (form == DeltaRuleForm::recurrent) {
-    // One launch: each group (a value head) its own convolution, norms and gates, the delta rule in R row
-    // slices of kGdnNr rows by as many of the dv columns at once as the kernel's group allows, the gated
-    // norm, and (mode >= 0) the output rounded for ssm_out. Counters: the rounding's first, then one per key
-    // head for the convolution's state.
-    cl_kernel rec = gdn("delta_rule_recurrent");
-    const int64_t R = (dk + kGdnNr - 1) / kGdnNr,
-                  C = std::min<int64_t>(dv, kernel_max_group(rec, kGdnMaxWg) / R);
-    if (C < 1)
-      fail("{}: Gated DeltaNet key heads of {} need work-groups of {} (this device allows {})", name(), dk, R,
-           kernel_max_group(rec, kGdnMaxWg));
-    if (Hk > kCounters) fail("{}: Gated DeltaNet layers of more than {} key heads", name(), kCounters);
-    int mode = head_round_mode(p.out_type, T, Hv, dv);
-    if ((mode == 0 || mode == 1) && T * Hv + Hk > kCounters) mode = -1;
-    const int64_t conv_counters = mode == 0 || mode == 1 ? T * Hv : 0;
-    float* outq = mode >= 0 ? preround_buffer(T * Hv * dv) : nullptr;
-    launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, in.qkv, (cl_int)CD, p.conv1d, (cl_int)s.d_conv,
-           conv_state, in.alpha, in.beta, p.dt_bias, p.a, ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv,
-           (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps, (cl_int)R, (cl_int)mode, outq, counters_,
-           counters_ + conv_counters);
-    if (mode >= 0) pre_ = {out, outq, T, Hv * dv, mode};
-    return;
+  if (form == DeltaRuleForm::chunked) {
+    // The prep kernel's group as large as it runs (kGdnChunk at least); the scan's: cb state columns by r row
+    // slices, its block of S (dk x cb) in local memory. Narrow column blocks on a CPU: more groups for the
+    // few heads of a layer (the scan is serial over chunks). The recurrent form where they do not fit.
+    const int64_t prep_wg = kernel_max_group(gdn("delta_chunk_prep"), kGdnPrepWg);
+    const int64_t r = (dk + kGdnSr - 1) / kGdnSr;
+    const int64_t cb = std::min<int64_t>({dv, info_.is_cpu() ? 16 : kGdnScanCb, kGdnScanS / dk,
+                                          kernel_max_group(gdn("delta_chunk_scan"), kGdnMaxWg) / r});
+    if (prep_wg >= kGdnChunk && cb >= 1)
+      return gdn_chunked(s, p, in, conv_state, ssm_state, out, prep_wg, r, cb);
   }
+  gdn_recurrent(s, p, in, conv_state, ssm_state, out);
+}
+
+// One launch: each group (a value head) its own convolution, norms and gates, the delta rule in R row slices
+// of kGdnNr rows by as many of the dv columns at once as the kernel's group allows, the gated norm, and
+// (mode >= 0) the output rounded for ssm_out. Counters: the rounding's first, then one per key head for the
+// convolution's state.
+void OpenclBackend::gdn_recurrent(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                  float* conv_state, float* ssm_state, float* out) {
+  const int64_t T = in.n_tokens, Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k_dim, dv = s.head_v_dim;
+  cl_kernel rec = gdn("delta_rule_recurrent");
+  const int64_t R = (dk + kGdnNr - 1) / kGdnNr,
+                C = std::min<int64_t>(dv, kernel_max_group(rec, kGdnMaxWg) / R);
+  if (C < 1)
+    fail("{}: Gated DeltaNet key heads of {} need work-groups of {} (this device allows {})", name(), dk, R,
+         kernel_max_group(rec, kGdnMaxWg));
+  if (Hk > kCounters) fail("{}: Gated DeltaNet layers of more than {} key heads", name(), kCounters);
+  int mode = head_round_mode(p.out_type, T, Hv, dv);
+  if ((mode == 0 || mode == 1) && T * Hv + Hk > kCounters) mode = -1;
+  const int64_t conv_counters = mode == 0 || mode == 1 ? T * Hv : 0;
+  float* outq = mode >= 0 ? preround_buffer(T * Hv * dv) : nullptr;
+  launch(rec, {(size_t)(Hv * C * R)}, {(size_t)(C * R)}, in.qkv, (cl_int)s.conv_dim(), p.conv1d,
+         (cl_int)s.d_conv, conv_state, in.alpha, in.beta, p.dt_bias, p.a, ssm_state, out, (cl_int)T,
+         (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, p.norm, in.z, s.eps, (cl_int)R, (cl_int)mode, outq,
+         counters_, counters_ + conv_counters);
+  if (mode >= 0) pre_ = {out, outq, T, Hv * dv, mode};
+}
+
+// gdn_prep (the inputs of every head), delta_chunk_prep, delta_chunk_scan (groups of cb columns by r row
+// slices), then the gated norm.
+void OpenclBackend::gdn_chunked(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
+                                float* conv_state, float* ssm_state, float* out, int64_t prep_wg, int64_t r,
+                                int64_t cb) {
+  const int64_t T = in.n_tokens, Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k_dim, dv = s.head_v_dim;
+  const int64_t CD = s.conv_dim();
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* conv = ar.take<float>(T * CD);
@@ -319,12 +328,12 @@ void OpenclBackend::gated_delta_net(const GdnShape& s, const GdnLayerParams& p, 
   float* ws_w = ar.take<float>(blocks * C * dk);
   float* ws_qp = ar.take<float>(blocks * C * dk);
   float* ws_qku = ar.take<float>(blocks * C * dv);
-  launch(prep, {groups(T, kGdnChunk) * (size_t)prep_wg, (size_t)Hv}, {(size_t)prep_wg, 1}, q, k, v,
-         (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g,
-         ws_qk, ws_u, ws_w, ws_qp, ws_qku);
-  launch(scan, {groups(dv, scan_cb) * (size_t)scan_cb, (size_t)scan_r, (size_t)Hv},
-         {(size_t)scan_cb, (size_t)scan_r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk,
-         (cl_int)Hv, (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
+  launch(gdn("delta_chunk_prep"), {groups(T, kGdnChunk) * (size_t)prep_wg, (size_t)Hv}, {(size_t)prep_wg, 1},
+         q, k, v, (cl_long)CD, (cl_long)CD, g, beta, (cl_int)T, (cl_int)Hk, (cl_int)Hv, (cl_int)dk,
+         (cl_int)dv, ws_g, ws_qk, ws_u, ws_w, ws_qp, ws_qku);
+  launch(gdn("delta_chunk_scan"), {groups(dv, cb) * (size_t)cb, (size_t)r, (size_t)Hv},
+         {(size_t)cb, (size_t)r, 1}, k, (cl_long)CD, ssm_state, out, (cl_int)T, (cl_int)Hk, (cl_int)Hv,
+         (cl_int)dk, (cl_int)dv, ws_g, ws_u, ws_w, ws_qp, ws_qku);
   launch(gdn("gated_rmsnorm"), {(size_t)(T * Hv) * kRedWg}, {kRedWg}, out, p.norm, in.z, (cl_int)dv, s.eps);
   ar.release(mark);
 }
