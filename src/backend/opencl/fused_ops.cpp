@@ -93,10 +93,19 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
   ar.release(mark);
 }
 
+// A decode-sized norm (a layer's first, the output norm, a dense layer's) also rounds y for the products that
+// read it next, in the mode of the last q/k/v product (preround_mode_), so their own rounding launch is
+// skipped where the mode matches (rounded_activations finds it).
 Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                                float eps) {
-  if (!fused_ || !d) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // without d: the plain rmsnorm
-  add_rmsnorm_round(d, x, w, y, rows, n, eps, nullptr, -1);
+  int mode = fused_ && tails_ && rows <= kGemvMaxRows && (preround_mode_ == 0 || preround_mode_ == 1)
+                 ? preround_mode_
+                 : -1;
+  if (mode >= 0 && n % (mode == 0 ? 32 : 256)) mode = -1;
+  if (!fused_ || (!d && mode < 0)) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // the plain ops
+  float* yq = mode >= 0 ? preround_buffer(rows * n) : nullptr;
+  add_rmsnorm_round(d, x, w, y, rows, n, eps, yq, mode);
+  if (mode >= 0) pre_ = {y, yq, rows, n, mode};
   return Act::of(y, rows, n);
 }
 
