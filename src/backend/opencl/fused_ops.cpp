@@ -49,28 +49,29 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     if (j.w->ne[0] != k || !weight_macro(j.w->type) || (x >= y && x < y + m * (j.ldy ? j.ldy : j.w->ne[1])))
       return plain();
   }
-  std::vector<DType> types;  // in the order the jobs first name them
+  DType types[4];  // in the order the jobs first name them (at most 4 jobs: no allocation a decode step)
+  int n_types = 0;
   for (const MatmulJob& j : jobs)
-    if (std::find(types.begin(), types.end(), j.w->type) == types.end()) types.push_back(j.w->type);
+    if (std::find(types, types + n_types, j.w->type) == types + n_types) types[n_types++] = j.w->type;
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  // Every rounding first: a rounding launch does not write x, so what was rounded before stays valid.
+  // Every rounding first: a rounding launch does not write x, so what was rounded before stays valid. A type
+  // that rounds as an earlier one reads that one's rows.
   const Prerounded before = pre_;
-  std::vector<std::pair<int, const float*>> rounded;  // (mode, rows)
-  std::vector<const float*> xq(types.size());
-  for (size_t ti = 0; ti < types.size(); ++ti) {
-    const int mode = round_mode(types[ti]);
-    auto it = std::find_if(rounded.begin(), rounded.end(), [&](const auto& r) { return r.first == mode; });
-    if (it == rounded.end()) {
-      pre_ = before;
-      rounded.emplace_back(mode, rounded_activations(types[ti], x, m, k));
-      it = rounded.end() - 1;
+  const float* xq[4];
+  for (int ti = 0; ti < n_types; ++ti) {
+    int same = 0;
+    while (same < ti && round_mode(types[same]) != round_mode(types[ti])) ++same;
+    if (same < ti) {
+      xq[ti] = xq[same];
+      continue;
     }
-    xq[ti] = it->second;
+    pre_ = before;
+    xq[ti] = rounded_activations(types[ti], x, m, k);
   }
   // What the MoE layer's last kernel rounds the next layer's input for.
   preround_mode_ = round_mode(types[0]);
-  for (size_t ti = 0; ti < types.size(); ++ti) {
+  for (int ti = 0; ti < n_types; ++ti) {
     const DType t = types[ti];
     const void* w[4] = {nullptr, nullptr, nullptr, nullptr};
     float* y[4] = {nullptr, nullptr, nullptr, nullptr};
