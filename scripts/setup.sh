@@ -51,9 +51,11 @@ from importlib.metadata import PackageNotFoundError, version
 for spec in sys.argv[1:]:  # a name, or name==version (pinned: another version counts as missing)
     name, _, want = spec.partition("==")
     try:
-        if want and version(name) != want:
-            print(spec)
+        have = version(name)  # looked up for every package: a missing one raises
     except PackageNotFoundError:
+        print(spec)
+        continue
+    if want and have != want:
         print(spec)
 PYEOF
 )
