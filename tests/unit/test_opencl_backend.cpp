@@ -253,6 +253,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, OpenCLBackendAttention,
                                            AttCase{9, 70, 6, 2, 128, 0},    // prefill after a prefix, GQA
                                            AttCase{12, 90, 4, 1, 256, 16},  // sliding window, MQA, wide heads
                                            AttCase{1, 200, 4, 2, 64, 32},
+                                           AttCase{1, 600, 4, 2, 64, 0},  // past the kept scores (ATT_KEEP)
                                            AttCase{1, 70, 4, 2, 33,
                                                    0}));  // odd head_dim: V read in pairs but one
 

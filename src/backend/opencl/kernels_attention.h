@@ -21,19 +21,21 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_WG 64
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
+#define ATT_KEEP 512  // pass 1's scores kept in local memory for pass 2 where a query's keys are at most this many
 #if ATT_WG != RED_WG
 #error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
 #endif
 
-// q.k * kq_scale, k read from the f16 cache: up to 64 halves loaded at once (16 loads in flight, not one trip
-// to memory per value), then summed in the order of one value at a time (the same bits as that loop).
+// q.k * kq_scale, k read from the f16 cache: up to 128 halves loaded at once (32 loads in flight, not one trip
+// to memory per value; a head of 128 in one trip), then summed in the order of one value at a time (the same
+// bits as that loop).
 float score(local const float* qs, global const half* kr, int d, float kq_scale) {
   float dot = 0.0f;
   int i = 0;
   while (i + 4 <= d) {
-    const int n4 = min(16, (d - i) / 4);
-    float4 k[16];
-    for (int u = 0; u < 16; ++u) k[u] = u < n4 ? vload_half4(0, kr + i + 4 * u) : (float4)(0.0f);
+    const int n4 = min(32, (d - i) / 4);
+    float4 k[32];
+    for (int u = 0; u < 32; ++u) k[u] = u < n4 ? vload_half4(0, kr + i + 4 * u) : (float4)(0.0f);
     for (int u = 0; u < n4; ++u) {
       dot += qs[i + 4 * u] * k[u].x;
       dot += qs[i + 4 * u + 1] * k[u].y;
@@ -63,7 +65,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
                       global const float* k_norm, int has_kn, int n_rot, float theta_scale, float freq_scale,
                       int neox, float eps) {
   local float qs[ATT_MAXD], kb[ATT_MAXD];
-  local float ps[ATT_WG], ls[ATT_WG];
+  local float ps[ATT_WG], ls[ATT_WG], kept[ATT_KEEP];
   local int pi[ATT_WG], flag;
   const int h = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
@@ -110,13 +112,15 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
 
   const int lo = window > 0 ? max(0, p - window + 1) : 0;
-  const int hi = min(p, n_kv - 1);
+  const int hi = min(p, n_kv - 1), keep = hi - lo < ATT_KEEP;
   // Pass 1: each work-item the running max and sum of exp over its own keys lo + lid, lo + lid + ATT_WG, ...
   // (no barrier between its keys, so its loads of one key need not wait for the group), then one tree
-  // combines the work-items' pairs.
+  // combines the work-items' pairs. Where they fit, the scores stay in `kept` for pass 2, which reads them in
+  // the same work-item (key j0 + lid of each tile): not computed and read from the cache twice.
   float mx = -INFINITY, l = 0.0f;
   for (int j = lo + lid; j <= hi; j += ATT_WG) {
     const float sc = score(qs, kc + j * kv_row + hk * d, d, kq_scale);
+    if (keep) kept[j - lo] = sc;
     const float mnew = max(mx, sc);
     l = l * exp(mx - mnew) + exp(sc - mnew);
     mx = mnew;
@@ -136,7 +140,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   l = ls[0];
   barrier(CLK_LOCAL_MEM_FENCE);
   // Pass 2: the normalized weights, rounded to f16 as the CPU rounds them, times V (key by key in order).
-  // Work-item lid owns dims 2 lid + 2 ATT_WG a and the next (ATT_DIM(i): acc[i]'s), read as pairs, 16 keys'
+  // Work-item lid owns dims 2 lid + 2 ATT_WG a and the next (ATT_DIM(i): acc[i]'s), read as pairs, 32 keys'
   // loads in flight.
 #define ATT_DIM(i) (2 * lid + 2 * ATT_WG * ((i) / 2) + (i) % 2)
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -144,7 +148,8 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
   for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
     const int j = j0 + lid;
-    ps[lid] = j <= hi ? round_f16(exp(score(qs, kc + j * kv_row + hk * d, d, kq_scale) - mx) * inv) : 0.0f;
+    const float sc = j > hi ? 0.0f : keep ? kept[j - lo] : score(qs, kc + j * kv_row + hk * d, d, kq_scale);
+    ps[lid] = j <= hi ? round_f16(exp(sc - mx) * inv) : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, hi - j0 + 1);
     for (int a = 0; a < ATT_DPT / 2; ++a) {
@@ -153,13 +158,13 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
       const bool pair = dd + 1 < d;
       float v0 = acc[2 * a], v1 = acc[2 * a + 1];
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
-      for (int i0 = 0; i0 < nt; i0 += 16) {
-        float2 vv[16];
-        for (int u = 0; u < 16; ++u)
+      for (int i0 = 0; i0 < nt; i0 += 32) {
+        float2 vv[32];
+        for (int u = 0; u < 32; ++u)
           vv[u] = i0 + u >= nt ? (float2)(0.0f)
                   : pair       ? vload_half2(0, vr + (i0 + u) * kv_row)
                                : (float2)(vload_half((i0 + u) * kv_row, vr), 0.0f);
-        for (int u = 0; u < 16; ++u)
+        for (int u = 0; u < 32; ++u)
           if (i0 + u < nt) {
             v0 += ps[i0 + u] * vv[u].x;
             v1 += ps[i0 + u] * vv[u].y;
