@@ -21,14 +21,15 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_WG 64
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
-#define ATT_KEEP 512  // pass 1's scores kept in local memory for pass 2 where a query's keys are at most this many
+// Pass 1's scores are kept in local memory for pass 2 where a query has at most ATT_KEEP keys.
+#define ATT_KEEP 512
 #if ATT_WG != RED_WG
 #error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
 #endif
 
-// q.k * kq_scale, k read from the f16 cache: up to 128 halves loaded at once (32 loads in flight, not one trip
-// to memory per value; a head of 128 in one trip), then summed in the order of one value at a time (the same
-// bits as that loop).
+// q.k * kq_scale, k read from the f16 cache: up to 128 halves loaded at once (32 loads in flight, not one
+// trip to memory per value; a head of 128 in one trip), then summed in the order of one value at a time (the
+// same bits as that loop).
 float score(local const float* qs, global const half* kr, int d, float kq_scale) {
   float dot = 0.0f;
   int i = 0;
