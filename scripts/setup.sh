@@ -44,22 +44,9 @@ if ((${#missing[@]})); then
 fi
 
 PY="${PYTHON:-python3}"
-# One interpreter for every check (a `pip show` per package takes a second each).
-mapfile -t pip_missing < <("$PY" - "${PIP_PACKAGES[@]}" <<'PYEOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-for spec in sys.argv[1:]:  # a name, or name==version (pinned: another version counts as missing)
-    name, _, want = spec.partition("==")
-    try:
-        have = version(name)  # looked up for every package: a missing one raises
-    except PackageNotFoundError:
-        print(spec)
-        continue
-    if want and have != want:
-        print(spec)
-PYEOF
-)
-if ((${#pip_missing[@]})); then
+pip_out=$("$PY" scripts/pip_missing.py "${PIP_PACKAGES[@]}")  # a check that fails stops setup here (set -e)
+if [[ -n $pip_out ]]; then
+  mapfile -t pip_missing <<<"$pip_out"
   echo "setup: installing Python packages: ${pip_missing[*]}"
   "$PY" -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
 fi
