@@ -8,10 +8,11 @@
 // One work-group of ATT_WG work-items per (head, token): the query (rounded to f16, as the CPU does) sits
 // in local memory; each tile of ATT_WG keys gets one score per work-item. Two passes over the key tiles:
 // the first keeps the running max and sum of the softmax (online, each work-item over its own keys, then a
-// tree over the work-items), the second recomputes the scores and
-// adds each normalized weight, rounded to f16 as the CPU (and llama.cpp's f16 V product) rounds it, times V
-// (each work-item owns head_dim / ATT_WG output dims, in pairs, head_dim <= ATT_MAXD). The scores cost twice,
-// but the output matches the CPU's to ~1e-6, so a model's routing near-ties resolve the same way on both.
+// tree over the work-items), the second takes the scores again (kept in local memory where a query has at
+// most ATT_KEEP keys, computed again past that) and adds each normalized weight, rounded to f16 as the CPU
+// (and llama.cpp's f16 V product) rounds it, times V (each work-item owns head_dim / ATT_WG output dims, in
+// pairs, head_dim <= ATT_MAXD). Two passes, but the output matches the CPU's to ~1e-6, so a model's routing
+// near-ties resolve the same way on both.
 #pragma once
 #include <string_view>
 
