@@ -22,6 +22,13 @@
 #                                       # (XPERT_OPENCL_OPTS profile); OCL_PREFILL=1: also pp512's device time per
 #                                       # kernel and pp512 with XPERT_OPENCL_OPTS=prefill=0 (the kernels of before);
 #                                       # the driver's compiled programs (PTX) in $OUT/ocl_ptx.tar for bench/sass.sh
+#   bench/h200_carry.sh oclab           # the whole model through NVIDIA's OpenCL alone (opencl:0 is the GPU):
+#                                       # BINS (builds in .devbin, default xpert) x VARIANTS (XPERT_OPENCL_OPTS
+#                                       # values; `default`, the default, for none) in turn, tg128 (and pp512 with
+#                                       # OCL_PP=1) of PRESETS (default both), ROUNDS times, with the enqueues
+#                                       # a step; then CUDA's tg128 (and pp512) of each preset, the device time
+#                                       # per kernel of the first binary (OCL_PROFILE=1) and the registers and
+#                                       # spills ptxas reports for the programs NVIDIA's driver cached
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -220,6 +227,49 @@ case "${1:-}" in
     # The programs NVIDIA's driver compiled (PTX) in one file, for bench/sass.sh on the development machine.
     tar -cf "$OUT/ocl_ptx.tar" -C "$W/cache/xpert/opencl" . 2>/dev/null || echo "no program cache to return"
     ;;
+  oclab)  # OCL_LIB: the OpenCL driver to list alone (default NVIDIA's)
+    icd=$W/icd-oclab
+    mkdir -p "$icd" && rm -f "$icd"/* && echo "${OCL_LIB:=/usr/local/nvidia/lib64/libnvidia-opencl.so.1}" >"$icd/one.icd"
+    export OCL_ICD_VENDORS=$icd OCL_ICD_FILENAMES=$OCL_LIB XDG_CACHE_HOME=$W/cache
+    bins=(${BINS:-xpert})
+    if [[ -n ${OCL_PP:-} ]]; then tests="-p 512 -n 128"; else tests="-p 0 -n 128"; fi
+    {
+      for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
+        f=$(synth "$preset" | tail -1)
+        for ((round = 1; round <= ${ROUNDS:-1}; ++round)); do
+          for b in "${bins[@]}"; do
+            for v in ${VARIANTS:-default}; do  # default: no switch but stats
+              opts=stats
+              [[ $v == default ]] || opts=$v:stats
+              o=$(XPERT_OPENCL_OPTS=$opts timeout "${OCL_TIMEOUT:-150}" ".devbin/$b" -v bench -m "$f" $tests -r 2 \
+                --device opencl:0 2>&1)
+              rc=$?
+              r=$(grep -E '\| *(pp|tg)' <<<"$o" | awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')
+              e=$(grep -o 'the last step[^:]*: [0-9]* enqueues' <<<"$o" | tail -1 | grep -o '[0-9]* enqueues')
+              echo "$preset round $round $b $v: ${r:-(rc $rc: $(tail -1 <<<"$o"))}, ${e:-? enqueues} a step ($(date -u +%T))"
+            done
+          done
+        done
+        echo "$preset cuda: $(timeout 120 "$X" bench -m "$f" $tests -r 2 --device cuda:0 2>&1 | grep -E '\| *(pp|tg)' |
+          awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')"
+        if [[ -n ${OCL_PROFILE:-} ]]; then
+          echo "## $preset, ${bins[0]}: device time per kernel (tg32)"
+          XPERT_OPENCL_OPTS=profile timeout "${OCL_TIMEOUT:-150}" ".devbin/${bins[0]}" bench -m "$f" -p 0 -n 32 -r 1 \
+            --device opencl:0 2>&1 | grep -E -A40 'device time per kernel' | grep -E '^ +[0-9]|device time'
+        fi
+      done
+      echo "## registers and spills (ptxas -v of the PTX NVIDIA's driver cached; a file per program text)"
+      mkdir -p "$W/ptx"
+      for c in "$W"/cache/xpert/opencl/*; do
+        [[ -f $c && -x /usr/local/cuda/bin/ptxas ]] || continue
+        n=$(basename "$c")
+        tr -d '\000' <"$c" >"$W/ptx/$n.ptx"
+        /usr/local/cuda/bin/ptxas -arch=sm_90 -v "$W/ptx/$n.ptx" -o /dev/null 2>&1 |
+          awk -v f="${n:0:40}" '/Compiling entry/ {k = $0; sub(/.*function ./, "", k); sub(/. for .*/, "", k)}
+            /spill stores/ {s = $5 " B spilled"} /Used [0-9]+ registers/ {print f, k, $5, "registers,", s}'
+      done | sort -u
+    } 2>&1 | tee "$OUT/oclab.md"
+    ;;
   depth)
     f=$(synth qwen3.5-35b-a3b | tail -1)
     d=${2:-0,8192,32768,131072}
@@ -327,7 +377,7 @@ PY
       done
     done 2>&1 | tee "$OUT/steps.md"
     ;;
-  *) echo "usage: $0 llama|pack|unpack|tests|cuda|het|tier|batch|hbatch|ocl [PRESET]|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
+  *) echo "usage: $0 llama|pack|unpack|tests|cuda|het|tier|batch|hbatch|ocl [PRESET]|oclab|depth [DEPTHS]|trace [PRESETS]|floor|kstat [PRESETS]|ksrc [PRESET]|prof PRESET N ARGS...|ab|steps" >&2
     exit 2
     ;;
 esac
