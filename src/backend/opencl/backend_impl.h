@@ -753,7 +753,14 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     int64_t rows = 0, k = 0;
     int mode = -1;
   } pre_;
-  int preround_mode_ = -1;  // the rounding of the last matmuls() (a layer's q/k/v)
+  DType preround_type_ = DType::F32;  // the weights of the last matmuls() (a layer's q/k/v): none rounded yet
+  // The block rounding (mode 0 or 1) that the last matmuls()'s weights take, for rows of n; -1 where they
+  // take none or a block does not divide n. A norm writing those rows rounds them in the same launch.
+  int preround_block_mode(int64_t n) const {
+    int64_t unit = 1;
+    const int mode = round_mode(preround_type_, &unit);
+    return (mode == 0 || mode == 1) && n % unit == 0 ? mode : -1;
+  }
   float* preq_ = nullptr;
   int64_t preq_cap_ = 0;
   float* preround_buffer(int64_t n) {

@@ -70,7 +70,7 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
     xq[ti] = rounded_activations(types[ti], x, m, k);
   }
   // What the MoE layer's last kernel rounds the next layer's input for.
-  preround_mode_ = round_mode(types[0]);
+  preround_type_ = types[0];
   for (int ti = 0; ti < n_types; ++ti) {
     const DType t = types[ti];
     const void* w[4] = {nullptr, nullptr, nullptr, nullptr};
@@ -95,14 +95,11 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
 }
 
 // A decode-sized norm (a layer's first, the output norm, a dense layer's) also rounds y for the products that
-// read it next, in the mode of the last q/k/v product (preround_mode_), so their own rounding launch is
+// read it next, in the mode of the last q/k/v product (preround_block_mode), so their own rounding launch is
 // skipped where the mode matches (rounded_activations finds it).
 Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                                float eps) {
-  int mode = fused_ && tails_ && rows <= kGemvMaxRows && (preround_mode_ == 0 || preround_mode_ == 1)
-                 ? preround_mode_
-                 : -1;
-  if (mode >= 0 && n % (mode == 0 ? 32 : 256)) mode = -1;
+  const int mode = fused_ && tails_ && rows <= kGemvMaxRows ? preround_block_mode(n) : -1;
   if (!fused_ || (!d && mode < 0)) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // the plain ops
   float* yq = mode >= 0 ? preround_buffer(rows * n) : nullptr;
   add_rmsnorm_round(d, x, w, y, rows, n, eps, yq, mode);
@@ -237,7 +234,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
   const bool norm_tail = next_w && tails_;
   // The next norm rounded for the next layer's q/k/v product too (its weights' type as the last matmuls
   // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
-  const int next_mode = norm_tail && (preround_mode_ == 0 || preround_mode_ == 1) ? preround_mode_ : -1;
+  const int next_mode = norm_tail ? preround_block_mode(E) : -1;
   float* next_q = next_mode >= 0 ? preround_buffer(n * E) : nullptr;
   check_mv_aligned(m.down.type, m.down.data, down_in);
   if (shared) check_mv_aligned(m.down.type, m.shared_down.data, down_in);

@@ -150,8 +150,12 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   for (int i = 0; i < ATT_DPT; ++i) acc[i] = 0.0f;
   for (int j0 = lo; j0 <= hi; j0 += ATT_WG) {
     const int j = j0 + lid;
-    const float sc = j > hi ? 0.0f : keep ? kept[j - lo] : score(qs, kc + j * kv_row + hk * d, d, kq_scale);
-    ps[lid] = j <= hi ? round_f16(exp(sc - mx) * inv) : 0.0f;
+    float wt = 0.0f;
+    if (j <= hi) {
+      const float sc = keep ? kept[j - lo] : score(qs, kc + j * kv_row + hk * d, d, kq_scale);
+      wt = round_f16(exp(sc - mx) * inv);
+    }
+    ps[lid] = wt;
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, hi - j0 + 1);
     for (int a = 0; a < ATT_DPT / 2; ++a) {
