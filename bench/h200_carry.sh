@@ -27,8 +27,9 @@
 #                                       # values; `default`, the default, for none) in turn, tg128 (and pp512 with
 #                                       # OCL_PP=1) of PRESETS (default both), ROUNDS times, with the enqueues
 #                                       # a step; then CUDA's tg128 (and pp512) of each preset, the device time
-#                                       # per kernel of the first binary (OCL_PROFILE=1) and the registers and
-#                                       # spills ptxas reports for the programs NVIDIA's driver cached
+#                                       # per kernel (OCL_PROFILE=1; of OCL_PROFILE_BINS, default the first
+#                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32") and the registers
+#                                       # and spills ptxas reports for the programs NVIDIA's driver cached
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -252,11 +253,13 @@ case "${1:-}" in
         done
         echo "$preset cuda: $(timeout 120 "$X" bench -m "$f" $tests -r 2 --device cuda:0 2>&1 | grep -E '\| *(pp|tg)' |
           awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')"
-        if [[ -n ${OCL_PROFILE:-} ]]; then
-          echo "## $preset, ${bins[0]}: device time per kernel (tg32)"
-          XPERT_OPENCL_OPTS=profile timeout "${OCL_TIMEOUT:-150}" ".devbin/${bins[0]}" bench -m "$f" -p 0 -n 32 -r 1 \
+        # OCL_PROFILE_TESTS: what the profile runs (default tg32; "-p 512 -n 0": the warm-up and one pp512
+        # pass); OCL_PROFILE_BINS: whose (default the first of BINS).
+        for b in ${OCL_PROFILE:+${OCL_PROFILE_BINS:-${bins[0]}}}; do
+          echo "## $preset, $b: device time per kernel (${OCL_PROFILE_TESTS:=-p 0 -n 32})"
+          XPERT_OPENCL_OPTS=profile timeout "${OCL_TIMEOUT:-150}" ".devbin/$b" bench -m "$f" $OCL_PROFILE_TESTS -r 1 \
             --device opencl:0 2>&1 | grep -E -A40 'device time per kernel' | grep -E '^ +[0-9]|device time'
-        fi
+        done
       done
       echo "## registers and spills (ptxas -v of the PTX NVIDIA's driver cached; a file per program text)"
       mkdir -p "$W/ptx"

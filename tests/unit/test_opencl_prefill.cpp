@@ -50,27 +50,29 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
   DEVICE_OR_SKIP();
   const DType type = GetParam();
   std::mt19937 rng(71 + (int)type);
-  // 200 features (a partial second 128-feature tile, its second half partial too), 100 rows (a partial
-  // 64-row tile), rows of 512 (two K-quant blocks).
-  const int64_t k = 512, n = 200, m = 100, ldy = n + 8;
+  // 200 features (one 256-feature tile, its second half partial), rows of 512 (two K-quant blocks); 100 rows
+  // (32-row tiles on a device of few compute units: a partial one) and 300 (64-row tiles, a partial one).
+  const int64_t k = 512, n = 200, ldy = n + 8;
   const std::vector<float> wf = random_vec(n * k, rng, 0.05f);
   const size_t rb = row_bytes(type, k);
   std::vector<uint8_t> wq(rb * n);
   for (int64_t r = 0; r < n; ++r) quantize_row(type, wf.data() + r * k, wq.data() + r * rb, k);
-  const std::vector<float> x = random_vec(m * k, rng);
-  std::vector<float> ref(m * n);
-  cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);
-  DeviceBuffer wbuf = upload(dev, wq), xbuf = upload(dev, x);
-  DeviceBuffer ybuf = upload(dev, std::vector<float>(m * ldy, 7.0f));
+  DeviceBuffer wbuf = upload(dev, wq);
   Weight w{.type = type, .data = wbuf.data(), .ne = {k, n, 1}, .n_bytes = wq.size()};
-  dev.matmul(w, ptr<float>(xbuf), m, ptr<float>(ybuf), ldy);
-  const std::vector<float> got = download<float>(dev, ybuf, m * ldy);
-  std::vector<float> packed(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    std::copy(got.begin() + i * ldy, got.begin() + i * ldy + n, packed.begin() + i * n);
-    EXPECT_EQ(got[i * ldy + n], 7.0f) << "row " << i << ": a column past n was written";
+  for (const int64_t m : {100, 300}) {
+    const std::vector<float> x = random_vec(m * k, rng);
+    std::vector<float> ref(m * n);
+    cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);
+    DeviceBuffer xbuf = upload(dev, x), ybuf = upload(dev, std::vector<float>(m * ldy, 7.0f));
+    dev.matmul(w, ptr<float>(xbuf), m, ptr<float>(ybuf), ldy);
+    const std::vector<float> got = download<float>(dev, ybuf, m * ldy);
+    std::vector<float> packed(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy(got.begin() + i * ldy, got.begin() + i * ldy + n, packed.begin() + i * n);
+      EXPECT_EQ(got[i * ldy + n], 7.0f) << "row " << i << " of " << m << ": a column past n was written";
+    }
+    EXPECT_LT(rel_err(packed, ref), 1e-5f) << dtype_name(type) << ", " << m << " rows";
   }
-  EXPECT_LT(rel_err(packed, ref), 1e-5f) << dtype_name(type);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,

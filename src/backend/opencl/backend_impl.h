@@ -41,6 +41,15 @@ constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
 // Work-items of an XMX prefill tile per row of it (XT_WG, kernels_prefill_xmx.h).
 constexpr int64_t kXmxWgRows = 4;
+// A prefill tile of bm rows: its work-group (one dimension) and the output columns it covers (a gate/up tile:
+// half as many features, each a gate and an up column). The XMX forms: kXmxWgRows * bm work-items over 128;
+// the f32 tiles (kernels_prefill.h): 4 * bm over 256.
+struct TileShape {
+  size_t wg, cols;
+};
+inline TileShape tile_shape(bool xmx, int64_t bm) {
+  return {(size_t)((xmx ? kXmxWgRows : 4) * bm), xmx ? (size_t)128 : (size_t)256};
+}
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most

@@ -3,16 +3,16 @@
 // 1.2 (no subgroups, no fp16 arithmetic), f32 FMA.
 //
 // kPrefillTileSource is appended to each weight type's matmul program (after kMatmulSource: dequant32) twice,
-// once per row tile: with PT_RM 4 (BM = 64 rows per work-group) and PT_RM 2 (BM = 32), names suffixed by
-// PT_SUF (_m64, _m32). A work-group of 256 = 16 x 16 computes 128 columns x BM rows: work-item (tx, ty) holds
-// columns 4 tx + c and 64 + 4 tx + c (c < 4) for rows PT_RM ty + r. Per 32-deep step of k, every work-item
-// dequantizes half a chunk of one column's weights into local memory (ws[k][column]: two work-items a weight
-// row) and loads 4 of the BM x 32 activations (xs[k][row]: eight a row); then every work-item does
-// 32 x 8 x PT_RM FMAs from three vector reads of local memory per k.
-//   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
-//   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..63
-//                   gate features f0.., 64..127 the same up features; h = silu(gate) * up (SwiGLU fused); the
-//                   activation row of grouped row g is token row_slot[g] / k_used of x
+// once per row tile: with PT_TYN 8 (BM = 64 rows, 256 work-items a group) and PT_TYN 4 (BM = 32, 128), names
+// suffixed by PT_SUF (_m64, _m32). A work-group computes 256 columns x BM rows, each work-item an 8 x 8 block
+// in registers (columns 4 tx + c and 128 + 4 tx + c, rows 8 ty + r), so local memory, read four 16-byte
+// vectors a k for 64 FMAs, keeps up with the FMA units. Per 16-deep step of k, every work-item dequantizes
+// 16 weights of 256 / (work-items) rows into local memory (ws[k][column]) and loads one float4 of the BM x 16
+// activations (xs[k][row]).
+//   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 256 consecutive features)
+//   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
+//                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
+//                   the activation row of grouped row g is token row_slot[g] / k_used of x
 //   moe_down_t      grouped rows: yg[g] = h[g] . down_e^T
 //
 // kPrefillOpsSource (appended to the ops program): moe_group, the device-side grouping of (token, slot) by
@@ -22,11 +22,10 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the two instantiations of kPrefillTileSource: a work-item's half of a chunk's
-// bytes in registers (pt_raw: two work-items per weight row, each the row's weights 16 hf .. 16 hf + 15 of
-// the chunk), loaded a k-step ahead of the math that dequantizes them (pt_deq), so the loads of chunk j + 1 are
-// in flight while chunk j is multiplied. Q4_K and Q6_K (wide loads); other types are read at dequantization
-// (dequant32). pt_deq gives dequant32's values.
+// Once per matmul program, before the two instantiations of kPrefillTileSource: half of a chunk's bytes in
+// registers (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math
+// that dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K
+// and Q6_K (wide loads); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
 #if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
 #define PT_RAW 1
@@ -92,59 +91,67 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 )CLC";
 
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
-#define PT_BM (16 * PT_RM)
-#define PT_XN (PT_BM / 32)
+#define PT_BM (8 * PT_TYN)
+#define PT_NW (32 * PT_TYN)
+#define PT_WU (256 / PT_NW)
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
 #define PT_NAME(n) PT_CAT(n, PT_SUF)
 
-// The tile's product over k into acc[8][PT_RM] (declared by the kernel, so it stays in registers): wa / wb are
-// the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr[i] is activation row
-// (tid >> 3) + 32 i of the tile (null: past its end, read as 0), i < PT_XN.
-// Loads, every work-item a share (coalesced as far as rows allow): weight row tid >> 1, its half tid & 1 of
-// the chunk (one 16-byte load of quants and one of the block's scales for Q4_K: two rows' 32 bytes a line per
-// pair of work-items, where one work-item a row read 12 scattered words); activations: 4 floats of row
-// (tid >> 3) + 32 i, eight work-items a row's 128 bytes.
-// Products: work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a
-// warp of 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
+// The tile's product over k into acc[8][8] (declared by the kernel, so it stays in registers): wa / wb are
+// the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
+// activation row tid % PT_BM of the tile (null: past its end, read as 0).
+// A step is 16 of k. Loads, every work-item a share: weight rows tid + PT_NW u (u < PT_WU), each the step's
+// half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a warp
+// stores 32 consecutive columns of ws (no bank conflict); activations: the float4 tid / PT_BM of row
+// tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are in flight during the
+// products.
+// Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
+// rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
+// FMA instructions, so local memory keeps up with the FMA units; 8 x 2 had 10 for 16).
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
-    const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
-    const int tx_ = PT_TX(tid_), ty_ = PT_TY(tid_);                                                           \
+    const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
+    const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM;                                                         \
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
-      for (int r_ = 0; r_ < PT_RM; ++r_) acc[j_][r_] = 0.0f;                                                  \
-    const int chunks_ = ((k) + 31) / 32;                                                                      \
-    const int wr_ = tid_ >> 1, half_ = tid_ & 1, xp_ = tid_ & 7, xm_ = tid_ >> 3;                             \
-    global const uchar* wrow_ = wr_ < 64 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 64) * (row_bytes); \
-    const int wvalid_ = wr_ < 64 ? wr_ < (na) : wr_ - 64 < (nb);                                              \
+      for (int r_ = 0; r_ < 8; ++r_) acc[j_][r_] = 0.0f;                                                      \
+    const int steps_ = ((k) + 15) / 16;                                                                       \
+    global const uchar* wrow_[PT_WU];                                                                         \
+    int wvalid_[PT_WU];                                                                                       \
+    for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                      \
+      const int wr_ = tid_ + PT_NW * u_;                                                                      \
+      wrow_[u_] = wr_ < 128 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 128) * (row_bytes);      \
+      wvalid_[u_] = wr_ < 128 ? wr_ < (na) : wr_ - 128 < (nb);                                                \
+    }                                                                                                         \
     PT_RAW_DECL                                                                                               \
-    float4 xv_[PT_XN];                                                                                        \
     PT_RAW_LOAD(0)                                                                                            \
-    PT_LOAD_X(xr, k, 0)                                                                                       \
-    for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
-      float wv_[16];                                                                                          \
-      if (wvalid_) {                                                                                          \
-        PT_DEQ(wrow_, j_, (k), wv_);                                                                          \
-      } else {                                                                                                \
-        for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                       \
+    float4 xv_ = ld_x4((xr), 4 * xp_, (k));                                                                   \
+    for (int s_ = 0; s_ < steps_; ++s_) {                                                                     \
+      for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                    \
+        float wv_[16];                                                                                        \
+        if (wvalid_[u_]) {                                                                                    \
+          PT_DEQ(wrow_[u_], u_, s_, (k), wv_);                                                                \
+        } else {                                                                                              \
+          for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                     \
+        }                                                                                                     \
+        for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                         \
       }                                                                                                       \
-      for (int i_ = 0; i_ < 16; ++i_) (ws)[(16 * half_ + i_) * 128 + wr_] = wv_[i_];                          \
-      for (int it_ = 0; it_ < PT_XN; ++it_) {                                                                 \
-        (xs)[(4 * xp_ + 0) * PT_BM + xm_ + 32 * it_] = xv_[it_].x;                                            \
-        (xs)[(4 * xp_ + 1) * PT_BM + xm_ + 32 * it_] = xv_[it_].y;                                            \
-        (xs)[(4 * xp_ + 2) * PT_BM + xm_ + 32 * it_] = xv_[it_].z;                                            \
-        (xs)[(4 * xp_ + 3) * PT_BM + xm_ + 32 * it_] = xv_[it_].w;                                            \
-      }                                                                                                       \
+      (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                              \
+      (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                              \
+      (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                              \
+      (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                              \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
-      if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                    \
-        PT_RAW_LOAD(j_ + 1)                                                                                   \
-        PT_LOAD_X(xr, k, j_ + 1)                                                                              \
+      if (s_ + 1 < steps_) { /* the next step's loads, in flight during the products */                      \
+        PT_RAW_LOAD(s_ + 1)                                                                                   \
+        xv_ = ld_x4((xr), (s_ + 1) * 16 + 4 * xp_, (k));                                                      \
       }                                                                                                       \
-      _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
-        const float4 a0_ = *(local const float4*)((ws) + kk_ * 128 + 4 * tx_);                                \
-        const float4 a1_ = *(local const float4*)((ws) + kk_ * 128 + 64 + 4 * tx_);                           \
-        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
-        for (int r_ = 0; r_ < PT_RM; ++r_) {                                                                  \
+      _Pragma("unroll 4") for (int kk_ = 0; kk_ < 16; ++kk_) {                                                \
+        const float4 a0_ = *(local const float4*)((ws) + kk_ * 256 + 4 * tx_);                                \
+        const float4 a1_ = *(local const float4*)((ws) + kk_ * 256 + 128 + 4 * tx_);                          \
+        const float4 b0_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_);                              \
+        const float4 b1_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_ + 4);                          \
+        const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};                         \
+        for (int r_ = 0; r_ < 8; ++r_) {                                                                      \
           acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
           acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
           acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
@@ -158,87 +165,70 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
-#if PT_RM == 4
-#define PT_LOAD_B(p)                               \
-  const float4 b4_ = *(local const float4*)(p); \
-  const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
-#else
-#define PT_LOAD_B(p)                               \
-  const float2 b2_ = *(local const float2*)(p); \
-  const float b_[2] = {b2_.x, b2_.y};
-#endif
-// This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
-#define PT_LOAD_X(xr, k, jj) \
-  for (int it_ = 0; it_ < PT_XN; ++it_) xv_[it_] = ld_x4((xr)[it_], (jj) * 32 + 4 * xp_, (k));
 #if defined(PT_RAW)
-#define PT_RAW_DECL pt_raw raw_;
-#define PT_RAW_LOAD(jj) \
-  if (wvalid_) raw_ = pt_load(wrow_, (jj), half_);
-#define PT_DEQ(row, jj, k, w) pt_deq(&raw_, (jj), (w))
+#define PT_RAW_DECL pt_raw raw_[PT_WU];
+#define PT_RAW_LOAD(ss)                                                          \
+  for (int u_ = 0; u_ < PT_WU; ++u_)                                              \
+    if (wvalid_[u_]) raw_[u_] = pt_load(wrow_[u_], (ss) >> 1, (ss) & 1);
+#define PT_DEQ(row, u, ss, k, w) pt_deq(&raw_[u], (ss) >> 1, (w))
 #else
 #define PT_RAW_DECL
-#define PT_RAW_LOAD(jj)
-#define PT_DEQ(row, jj, k, w)                                 \
-  {                                                           \
-    float w32_[32];                                           \
-    dequant32((row), (jj), (k), w32_);                        \
-    for (int i_ = 0; i_ < 16; ++i_) (w)[i_] = w32_[16 * half_ + i_]; \
+#define PT_RAW_LOAD(ss)
+#define PT_DEQ(row, u, ss, k, w)                                             \
+  {                                                                          \
+    float w32_[32];                                                          \
+    dequant32((row), (ss) >> 1, (k), w32_);                                  \
+    for (int i_ = 0; i_ < 16; ++i_) (w)[i_] = w32_[16 * ((ss) & 1) + i_];    \
   }
 #endif
-// This work-item's tx / ty (as PT_TILE_MM maps them).
-// (A warp over 16 tx x 2 ty instead lost: pp512 1,130 against 1,524-1,575 t/s, H200, 2026-12-04 16:47.)
-#define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
-#define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
+// Column j of a work-item's acc: 4 tx + j, then 128 + 4 tx + j - 4.
+#define PT_COL(tx, j) ((j) < 4 ? 4 * (tx) + (j) : 128 + 4 * (tx) + (j) - 4)
 
-// Work-group (i, j): features 128 i .., rows BM j ...
-kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
-                            int n_out, global float* y, int ldy, int m) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
-  const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  global const float* xr[PT_XN];
-  for (int i = 0; i < PT_XN; ++i) {
-    const int row = m0 + (tid >> 3) + 32 * i;
-    xr[i] = row < m ? x + (long)row * ldx : 0;
-  }
-  float acc[8][PT_RM];
-  PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
-             min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RM; ++r) {
-    const int rr = m0 + PT_RM * ty + r;
+// Work-group (i, j) of PT_NW: features 256 i .., rows PT_BM j ...
+kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
+void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
+                     int n_out, global float* y, int ldy, int m) {
+  local float ws[16 * 256] __attribute__((aligned(16)));
+  local float xs[16 * PT_BM] __attribute__((aligned(16)));
+  const int n0 = get_group_id(0) * 256, m0 = get_group_id(1) * PT_BM;
+  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
+  const int row = m0 + tid % PT_BM;
+  global const float* xr = row < m ? x + (long)row * ldx : 0;
+  float acc[8][8];
+  PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
+             min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
+  for (int r = 0; r < 8; ++r) {
+    const int rr = m0 + 8 * ty + r;
     if (rr >= m) break;
     for (int j = 0; j < 8; ++j) {
-      const int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+      const int n = n0 + PT_COL(tx, j);
       if (n < n_out) y[(long)rr * ldy + n] = acc[j][r];
     }
   }
 }
 
-// Work-group (i, t): gate and up features 64 i .. of tile t (tiles: expert, first grouped row, end; n_tiles[0]
-// of them). h: G rows of n_ff.
-kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ulong row_bytes,
-                                   ulong expert_stride, global const int* tiles, global const int* n_tiles,
-                                   global const int* row_slot, int k_used, global const float* x, int ldx, int k,
-                                   int n_ff, global float* h) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+// Work-group (i, t): gate and up features 128 i .. of tile t (tiles: expert, first grouped row, end;
+// n_tiles[0] of them). h: G rows of n_ff.
+kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
+void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ulong row_bytes,
+                            ulong expert_stride, global const int* tiles, global const int* n_tiles,
+                            global const int* row_slot, int k_used, global const float* x, int ldx, int k,
+                            int n_ff, global float* h) {
+  local float ws[16 * 256] __attribute__((aligned(16)));
+  local float xs[16 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;  // the whole group: before any barrier
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
-  const int f0 = get_group_id(0) * 64;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  global const float* xr[PT_XN];
-  for (int i = 0; i < PT_XN; ++i) {
-    const int g = g0 + (tid >> 3) + 32 * i;
-    xr[i] = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
-  }
+  const int f0 = get_group_id(0) * 128;
+  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
+  const int g = g0 + tid % PT_BM;
+  global const float* xr = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
-  float acc[8][PT_RM];
-  const int nv = min(64, n_ff - f0);
+  float acc[8][8];
+  const int nv = min(128, n_ff - f0);
   PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RM; ++r) {
-    const int gg = g0 + PT_RM * ty + r;
+  for (int r = 0; r < 8; ++r) {
+    const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
     for (int c = 0; c < 4; ++c) {
       const int f = f0 + 4 * tx + c;
@@ -247,45 +237,41 @@ kernel void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar*
   }
 }
 
-// Work-group (i, t): output features 128 i .. of tile t; hq: G rows of k; yg: G rows of n_out.
-kernel void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert_stride,
-                                global const int* tiles, global const int* n_tiles, global const float* hq, int k,
-                                int n_out, global float* yg) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+// Work-group (i, t): output features 256 i .. of tile t; hq: G rows of k; yg: G rows of n_out.
+kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
+void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert_stride,
+                         global const int* tiles, global const int* n_tiles, global const float* hq, int k,
+                         int n_out, global float* yg) {
+  local float ws[16 * 256] __attribute__((aligned(16)));
+  local float xs[16 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
-  const int n0 = get_group_id(0) * 128;
-  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
-  global const float* xr[PT_XN];
-  for (int i = 0; i < PT_XN; ++i) {
-    const int g = g0 + (tid >> 3) + 32 * i;
-    xr[i] = g < g1 ? hq + (long)g * k : 0;
-  }
+  const int n0 = get_group_id(0) * 256;
+  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
+  const int g = g0 + tid % PT_BM;
+  global const float* xr = g < g1 ? hq + (long)g * k : 0;
   global const uchar* we = down + (ulong)e * expert_stride;
-  float acc[8][PT_RM];
-  PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
-             min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RM; ++r) {
-    const int gg = g0 + PT_RM * ty + r;
+  float acc[8][8];
+  PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
+             min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
+  for (int r = 0; r < 8; ++r) {
+    const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
     for (int j = 0; j < 8; ++j) {
-      const int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+      const int n = n0 + PT_COL(tx, j);
       if (n < n_out) yg[(long)gg * n_out + n] = acc[j][r];
     }
   }
 }
 #undef PT_BM
-#undef PT_XN
-#undef PT_LOAD_B
-#undef PT_LOAD_X
+#undef PT_NW
+#undef PT_WU
 #undef PT_RAW_DECL
 #undef PT_RAW_LOAD
 #undef PT_DEQ
+#undef PT_COL
 #undef PT_TILE_MM
-#undef PT_TX
-#undef PT_TY
 )CLC";
 
 inline constexpr std::string_view kPrefillOpsSource = R"CLC(

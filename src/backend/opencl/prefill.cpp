@@ -16,24 +16,22 @@ namespace xpert::opencl {
 void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx,
                                int64_t m, float* y, int64_t ldy) {
   check_row(t, k);
+  const bool xmx = use_xmx(t);
+  const int64_t cols = (int64_t)tile_shape(xmx, 32).cols;
   // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
-  // projections, the router: few features).
+  // projections, the router: few features) or the device takes no f32 tile of 256 work-items.
   const size_t units = std::max<uint32_t>(info_.compute_units, 1);
-  const bool small = groups(n, 128) * groups(m, 64) < 2 * units;
+  const bool small = groups(n, cols) * groups(m, 64) < 2 * units || (!xmx && info_.max_work_group_size < 256);
   const int64_t bm = small ? 32 : 64;
   // Fewer 32-row tiles than a fifth of the compute units (the router's 128 features of 512 rows on the
-  // H200's 132: 16): the earlier 64 x 32 tile's twice as many work-groups finish first (208 us against 351
-  // there).
-  if (groups(n, 128) * groups(m, 32) * 5 < units || !q4k_rows_aligned(t, w))
+  // H200's 132: 16): the earlier 64 x 32 tile's more work-groups finish first (208 us against 351 there).
+  if (groups(n, cols) * groups(m, 32) * 5 < units || !q4k_rows_aligned(t, w) ||
+      info_.max_work_group_size < tile_shape(xmx, 32).wg)
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  const char* kernel = small ? "gemm_t_m32" : "gemm_t_m64";
-  if (use_xmx(t))  // one dimension of kXmxWgRows bm work-items a group
-    launch(xmx_program(t).kernel(kernel), {groups(n, 128) * kXmxWgRows * bm, groups(m, bm)},
-           {(size_t)(kXmxWgRows * bm), 1}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n,
-           y, (cl_int)ldy, (cl_int)m);
-  else
-    launch(matmul_program(t).kernel(kernel), {groups(n, 128) * 16, groups(m, bm) * 16}, {16, 16}, w,
-           (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
+  const TileShape ts = tile_shape(xmx, bm);
+  launch((xmx ? xmx_program(t) : matmul_program(t)).kernel(small ? "gemm_t_m32" : "gemm_t_m64"),
+         {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, w, (cl_ulong)row_bytes(t, k), x,
+         (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
 }
 
 bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
@@ -49,8 +47,7 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
                                 float* out) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   const int64_t bm = moe_bm_;
-  // The XMX forms (first: a first use self-checks them): one dimension of kXmxWgRows bm work-items a group;
-  // the f32 ones: 16 x 16.
+  // The XMX forms where the device has them (a first use self-checks them), else the f32 tiles.
   const bool gx = use_xmx(m.gate.type), dx = use_xmx(m.down.type);
   // Tiles: at most one partial tile per expert beside the full ones.
   const int64_t max_tiles = S / bm + std::min(X, S);
@@ -68,18 +65,17 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
   const float* xq = rounded_activations(m.gate.type, x, n, E);
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
-  const size_t gw = gx ? kXmxWgRows * bm : 16, gw1 = gx ? 1 : 16, dw = dx ? kXmxWgRows * bm : 16,
-               dw1 = dx ? 1 : 16;
+  const TileShape gs = tile_shape(gx, bm), ds = tile_shape(dx, bm);
   const cl_kernel gate_up = (gx ? xmx_program(m.gate.type) : matmul_program(m.gate.type))
                                 .kernel(std::string("moe_gate_up_t") + sfx);
-  launch(gate_up, {groups(F, 64) * gw, (size_t)max_tiles * gw1}, {gw, gw1}, m.gate.data, m.up.data,
+  launch(gate_up, {groups(F, gs.cols / 2) * gs.wg, (size_t)max_tiles}, {gs.wg, 1}, m.gate.data, m.up.data,
          (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tiles_d, n_tiles_d, row_slot_d, (cl_int)K, xq,
          (cl_int)E, (cl_int)E, (cl_int)F, h);
   const float* hq = rounded_activations(m.down.type, h, S, F);
   float* yg = ar.take<float>(S * E);
   const cl_kernel down =
       (dx ? xmx_program(m.down.type) : matmul_program(m.down.type)).kernel(std::string("moe_down_t") + sfx);
-  launch(down, {groups(E, 128) * dw, (size_t)max_tiles * dw1}, {dw, dw1}, m.down.data, (cl_ulong)down_row,
+  launch(down, {groups(E, ds.cols) * ds.wg, (size_t)max_tiles}, {ds.wg, 1}, m.down.data, (cl_ulong)down_row,
          (cl_ulong)(down_row * E), tiles_d, n_tiles_d, hq, (cl_int)F, (cl_int)E, yg);
   elementwise("moe_combine", n * E, yg, slot_row_d, weights_d, (cl_int)K, (cl_int)E, out, (cl_long)(n * E));
   ar.release(mark);

@@ -103,18 +103,18 @@ bool OpenclBackend::xmx_self_check(DType t) {
   // One kernel's result, by the f32 (xmx = false) or the XMX program: y of m x n.
   auto run = [&](Prog& prog, bool xmx, const std::string& kernel, int64_t bm) {
     float* y = output(m * n);
-    const size_t wg = xmx ? kXmxWgRows * bm : 16, wg1 = xmx ? 1 : 16, per = wg;
+    const TileShape ts = tile_shape(xmx, bm);
+    const cl_kernel kern = prog.kernel(kernel + (bm == 64 ? "_m64" : "_m32"));
     if (kernel == "gemm_t")
-      launch(prog.kernel(kernel + (bm == 64 ? "_m64" : "_m32")), {groups(n, 128) * per, groups(m, bm) * wg1},
-             {wg, wg1}, gate_d, (cl_ulong)rb, x_d, (cl_int)k, (cl_int)k, (cl_int)n, y, (cl_int)n, (cl_int)m);
+      launch(kern, {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, (cl_ulong)rb, x_d,
+             (cl_int)k, (cl_int)k, (cl_int)n, y, (cl_int)n, (cl_int)m);
     else if (kernel == "moe_gate_up_t")
-      launch(prog.kernel(kernel + (bm == 64 ? "_m64" : "_m32")), {groups(n, 64) * per, groups(m, bm) * wg1},
-             {wg, wg1}, gate_d, up_d, (cl_ulong)rb, (cl_ulong)(rb * n), tiles_d, n_tiles_d, row_slot_d,
-             (cl_int)1, x_d, (cl_int)k, (cl_int)k, (cl_int)n, y);
-    else
-      launch(prog.kernel(kernel + (bm == 64 ? "_m64" : "_m32")), {groups(n, 128) * per, groups(m, bm) * wg1},
-             {wg, wg1}, gate_d, (cl_ulong)rb, (cl_ulong)(rb * n), tiles_d, n_tiles_d, x_d, (cl_int)k,
+      launch(kern, {groups(n, ts.cols / 2) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, up_d, (cl_ulong)rb,
+             (cl_ulong)(rb * n), tiles_d, n_tiles_d, row_slot_d, (cl_int)1, x_d, (cl_int)k, (cl_int)k,
              (cl_int)n, y);
+    else
+      launch(kern, {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, (cl_ulong)rb,
+             (cl_ulong)(rb * n), tiles_d, n_tiles_d, x_d, (cl_int)k, (cl_int)n, y);
     std::vector<float> h(m * n);
     copy_to_host(h.data(), y, h.size() * sizeof(float));
     return h;
