@@ -2,13 +2,13 @@
 // blocks read in place, for dense matrices and for a MoE layer's experts grouped on the device. Core OpenCL C
 // 1.2 (no subgroups, no fp16 arithmetic), f32 FMA.
 //
-// kPrefillTileSource is appended to each weight type's matmul program (after kMatmulSource: dequant32) twice,
-// once per row tile: with PT_TYN 8 (BM = 64 rows, 256 work-items a group) and PT_TYN 4 (BM = 32, 128), names
-// suffixed by PT_SUF (_m64, _m32). A work-group computes 256 columns x BM rows, each work-item an 8 x 8 block
-// in registers (columns 4 tx + c and 128 + 4 tx + c, rows 8 ty + r), so local memory, read four 16-byte
-// vectors a k for 64 FMAs, keeps up with the FMA units. Per 16-deep step of k, every work-item dequantizes
-// 16 weights of 256 / (work-items) rows into local memory (ws[k][column]) and loads one float4 of the BM x 16
-// activations (xs[k][row]).
+// kPrefillTileSource is appended to each weight type's matmul program (after kMatmulSource: dequant32) once
+// per tile form (program_texts.cpp): PT_BM rows x 256 columns a work-group, each work-item 8 columns x PT_RR
+// rows in registers (columns 4 tx + c and 128 + 4 tx + c, rows PT_RR ty + r), 32 PT_BM / PT_RR work-items;
+// names suffixed by PT_SUF: _m64 (64 rows, PT_RR 8), _m32 (32, 8) and, gemm_t alone, _r4 (32, 4) and _r2
+// (32, 2) for dense products too small to give 8 x 8 blocks enough warps. Per 16-deep step of k, the weights
+// of 256 rows are dequantized into local memory (ws[k][column]) and the BM x 16 activations loaded
+// (xs[k][row]).
 //   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 256 consecutive features)
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
 //                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
@@ -91,41 +91,41 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 )CLC";
 
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
-#define PT_BM (8 * PT_TYN)
-#define PT_NW (32 * PT_TYN)
-#define PT_WU (256 / PT_NW)
+#define PT_NW (32 * PT_BM / PT_RR)
+#define PT_WU (PT_NW >= 256 ? 1 : 256 / PT_NW)
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
 #define PT_NAME(n) PT_CAT(n, PT_SUF)
 
-// The tile's product over k into acc[8][8] (declared by the kernel, so it stays in registers): wa / wb are
-// the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
+// The tile's product over k into acc[8][PT_RR] (declared by the kernel, so it stays in registers): wa / wb
+// are the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
 // activation row tid % PT_BM of the tile (null: past its end, read as 0).
-// A step is 16 of k. Loads, every work-item a share: weight rows tid + PT_NW u (u < PT_WU), each the step's
-// half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a warp
-// stores 32 consecutive columns of ws (no bank conflict); activations: the float4 tid / PT_BM of row
-// tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are in flight during the
-// products.
+// A step is 16 of k. Loads, the first 256 work-items a share: weight rows tid + PT_NW u (u < PT_WU), each the
+// step's half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a
+// warp stores 32 consecutive columns of ws (no bank conflict); activations, the first 4 PT_BM work-items: the
+// float4 tid / PT_BM of row tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are
+// in flight during the products.
 // Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
-// rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
-// FMA instructions, so local memory keeps up with the FMA units; 8 x 2 had 10 for 16).
+// rows PT_RR ty + r (r < PT_RR): per k, two 16-byte reads of ws and PT_RR floats of xs for 8 PT_RR FMAs (a
+// warp at PT_RR 8: 16 wavefronts of local memory for 64 FMA instructions, so local memory keeps up with the
+// FMA units; 8 x 2 has 10 for 16, but four times the warps for a product of few rows and features).
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
     const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
-    const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM;                                                         \
+    const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM, xl_ = xp_ < 4;                                          \
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
-      for (int r_ = 0; r_ < 8; ++r_) acc[j_][r_] = 0.0f;                                                      \
+      for (int r_ = 0; r_ < PT_RR; ++r_) acc[j_][r_] = 0.0f;                                                  \
     const int steps_ = ((k) + 15) / 16;                                                                       \
     global const uchar* wrow_[PT_WU];                                                                         \
     int wvalid_[PT_WU];                                                                                       \
     for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                      \
       const int wr_ = tid_ + PT_NW * u_;                                                                      \
       wrow_[u_] = wr_ < 128 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 128) * (row_bytes);      \
-      wvalid_[u_] = wr_ < 128 ? wr_ < (na) : wr_ - 128 < (nb);                                                \
+      wvalid_[u_] = wr_ < 128 ? wr_ < (na) : wr_ < 256 && wr_ - 128 < (nb);                                   \
     }                                                                                                         \
     PT_RAW_DECL                                                                                               \
     PT_RAW_LOAD(0)                                                                                            \
-    float4 xv_ = ld_x4((xr), 4 * xp_, (k));                                                                   \
+    float4 xv_ = ld_x4(xl_ ? (xr) : 0, 4 * xp_, (k));                                                         \
     for (int s_ = 0; s_ < steps_; ++s_) {                                                                     \
       for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                    \
         float wv_[16];                                                                                        \
@@ -134,24 +134,25 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
         } else {                                                                                              \
           for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                     \
         }                                                                                                     \
-        for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                         \
+        if (tid_ + PT_NW * u_ < 256)                                                                          \
+          for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                       \
       }                                                                                                       \
-      (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                              \
-      (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                              \
-      (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                              \
-      (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                              \
+      if (xl_) {                                                                                              \
+        (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                            \
+        (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                            \
+        (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                            \
+        (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                            \
+      }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
       if (s_ + 1 < steps_) { /* the next step's loads, in flight during the products */                      \
         PT_RAW_LOAD(s_ + 1)                                                                                   \
-        xv_ = ld_x4((xr), (s_ + 1) * 16 + 4 * xp_, (k));                                                      \
+        xv_ = ld_x4(xl_ ? (xr) : 0, (s_ + 1) * 16 + 4 * xp_, (k));                                            \
       }                                                                                                       \
       _Pragma("unroll 4") for (int kk_ = 0; kk_ < 16; ++kk_) {                                                \
         const float4 a0_ = *(local const float4*)((ws) + kk_ * 256 + 4 * tx_);                                \
         const float4 a1_ = *(local const float4*)((ws) + kk_ * 256 + 128 + 4 * tx_);                          \
-        const float4 b0_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_);                              \
-        const float4 b1_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_ + 4);                          \
-        const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};                         \
-        for (int r_ = 0; r_ < 8; ++r_) {                                                                      \
+        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RR * ty_)                                                           \
+        for (int r_ = 0; r_ < PT_RR; ++r_) {                                                                  \
           acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
           acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
           acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
@@ -165,6 +166,19 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
+#if PT_RR == 8
+#define PT_LOAD_B(p)                                                          \
+  const float4 b0_ = *(local const float4*)(p), b1_ = *(local const float4*)((p) + 4); \
+  const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};
+#elif PT_RR == 4
+#define PT_LOAD_B(p)                               \
+  const float4 b4_ = *(local const float4*)(p); \
+  const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
+#else
+#define PT_LOAD_B(p)                               \
+  const float2 b2_ = *(local const float2*)(p); \
+  const float b_[2] = {b2_.x, b2_.y};
+#endif
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_[PT_WU];
 #define PT_RAW_LOAD(ss)                                                          \
@@ -194,11 +208,11 @@ void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float*
   const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
   const int row = m0 + tid % PT_BM;
   global const float* xr = row < m ? x + (long)row * ldx : 0;
-  float acc[8][8];
+  float acc[8][PT_RR];
   PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
              min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
-  for (int r = 0; r < 8; ++r) {
-    const int rr = m0 + 8 * ty + r;
+  for (int r = 0; r < PT_RR; ++r) {
+    const int rr = m0 + PT_RR * ty + r;
     if (rr >= m) break;
     for (int j = 0; j < 8; ++j) {
       const int n = n0 + PT_COL(tx, j);
@@ -207,6 +221,7 @@ void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float*
   }
 }
 
+#if PT_RR == 8  // the grouped MoE products: 8 x 8 blocks (tiles of few rows, but many of them)
 // Work-group (i, t): gate and up features 128 i .. of tile t (tiles: expert, first grouped row, end;
 // n_tiles[0] of them). h: G rows of n_ff.
 kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
@@ -224,11 +239,11 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
-  float acc[8][8];
+  float acc[8][PT_RR];
   const int nv = min(128, n_ff - f0);
   PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc)
-  for (int r = 0; r < 8; ++r) {
-    const int gg = g0 + 8 * ty + r;
+  for (int r = 0; r < PT_RR; ++r) {
+    const int gg = g0 + PT_RR * ty + r;
     if (gg >= g1) break;
     for (int c = 0; c < 4; ++c) {
       const int f = f0 + 4 * tx + c;
@@ -252,11 +267,11 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? hq + (long)g * k : 0;
   global const uchar* we = down + (ulong)e * expert_stride;
-  float acc[8][8];
+  float acc[8][PT_RR];
   PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
              min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
-  for (int r = 0; r < 8; ++r) {
-    const int gg = g0 + 8 * ty + r;
+  for (int r = 0; r < PT_RR; ++r) {
+    const int gg = g0 + PT_RR * ty + r;
     if (gg >= g1) break;
     for (int j = 0; j < 8; ++j) {
       const int n = n0 + PT_COL(tx, j);
@@ -264,9 +279,10 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
     }
   }
 }
-#undef PT_BM
+#endif
 #undef PT_NW
 #undef PT_WU
+#undef PT_LOAD_B
 #undef PT_RAW_DECL
 #undef PT_RAW_LOAD
 #undef PT_DEQ

@@ -44,8 +44,14 @@ ProgramText gdn_program_text(bool correctly_rounded_divide) {
 }
 
 ProgramText matmul_program_text(DType t, const MatmulBuild& b) {
-  static const std::string tiles =
-      per_tile_size(kPrefillTileSource, "PT_TYN", "PT_SUF", {{8, "_m64"}, {4, "_m32"}});
+  static const std::string tiles = [] {
+    std::string r;
+    for (const auto& [bm, rr, suffix] : kF32Tiles)
+      r += fmt::format("\n#define PT_BM {}\n#define PT_RR {}\n#define PT_SUF {}\n{}\n", bm, rr, suffix,
+                       kPrefillTileSource) +
+           "#undef PT_BM\n#undef PT_RR\n#undef PT_SUF\n";
+    return r;
+  }();
   return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}), matmul_options(t, b)};
 }
 
