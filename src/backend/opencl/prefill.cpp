@@ -29,7 +29,7 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   int64_t bm = small ? 32 : 64, rr = 8;
   const char* suffix = small ? "_m32" : "_m64";
   // The f32 tiles: 8 x 8 blocks a work-item where they give 8 warps (of 32) a compute unit, else 8 x 4 or
-  // 8 x 2 (H100, qwen3.5-35b-a3b pp512: its products of 2,048 and 4,096 features took 18 % more device time
+  // 8 x 2 (H100, qwen3.5-35b-a3b pp512: its products of 2,048 and 4,096 features took 23 % more device time
   // in 8 x 8 blocks than in the 8 x 2 / 8 x 4 blocks of 128 columns before, at 2-4 warps a compute unit).
   const size_t warps8 = groups(n, cols) * groups(m, 32) * 4;  // 32-row tiles of 8 x 8: 4 warps each
   if (!xmx && small && warps8 < 8 * units) {
