@@ -346,8 +346,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~20 KiB of local memory).
-    if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 24 * 1024) {
+    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~29 KiB of local memory).
+    if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
       launch(attention_kernel("attention_block"), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
              {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
              (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
