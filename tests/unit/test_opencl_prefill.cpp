@@ -50,10 +50,9 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
   DEVICE_OR_SKIP();
   const DType type = GetParam();
   std::mt19937 rng(71 + (int)type);
-  // 200 features (one 256-feature tile, its second half partial), rows of 512 (two K-quant blocks). On a
-  // device of two compute units (PoCL and Intel's runtime on CI's two cores), each row count takes another
-  // tile form (prefill.cpp gemm_tiled), each with a partial tile: 20 rows 8 x 2 blocks a work-item, 50 rows
-  // 8 x 4, 100 rows 8 x 8 in 32-row tiles, 300 rows in 64-row tiles.
+  // 200 features (two 128-feature tiles, the second's second half partial), rows of 512 (two K-quant
+  // blocks). On a device of two compute units (PoCL and Intel's runtime on CI's two cores), 50 rows take
+  // 32-row tiles and 300 rows 64-row ones (prefill.cpp gemm_tiled), each with a partial tile.
   const int64_t k = 512, n = 200, ldy = n + 8;
   const std::vector<float> wf = random_vec(n * k, rng, 0.05f);
   const size_t rb = row_bytes(type, k);
@@ -61,7 +60,7 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
   for (int64_t r = 0; r < n; ++r) quantize_row(type, wf.data() + r * k, wq.data() + r * rb, k);
   DeviceBuffer wbuf = upload(dev, wq);
   Weight w{.type = type, .data = wbuf.data(), .ne = {k, n, 1}, .n_bytes = wq.size()};
-  for (const int64_t m : {20, 50, 100, 300}) {
+  for (const int64_t m : {50, 300}) {
     const std::vector<float> x = random_vec(m * k, rng);
     std::vector<float> ref(m * n);
     cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);

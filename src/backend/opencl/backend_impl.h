@@ -41,21 +41,17 @@ constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
 // Work-items of an XMX prefill tile per row of it (XT_WG, kernels_prefill_xmx.h).
 constexpr int64_t kXmxWgRows = 4;
-// The f32 prefill tiles' forms (kernels_prefill.h): rows a work-group, rows a work-item, name suffix.
-struct F32Tile {
-  int bm, rr;
-  const char* suffix;
-};
-inline constexpr F32Tile kF32Tiles[] = {{64, 8, "_m64"}, {32, 8, "_m32"}, {32, 4, "_r4"}, {32, 2, "_r2"}};
-// A prefill tile of bm rows (rr rows a work-item for the f32 forms): its work-group (one dimension) and the
+// A MoE prefill tile of bm rows (kernels_prefill.h: _m64, _m32): its work-group (one dimension) and the
 // output columns it covers (a gate/up tile: half as many features, each a gate and an up column). The XMX
-// forms: kXmxWgRows * bm work-items over 128; the f32 tiles: 32 * bm / rr over 256.
+// forms: kXmxWgRows * bm work-items over 128; the f32 tiles: 4 bm over 256.
 struct TileShape {
   size_t wg, cols;
 };
-inline TileShape tile_shape(bool xmx, int64_t bm, int64_t rr = 8) {
-  return {(size_t)(xmx ? kXmxWgRows * bm : 32 * bm / rr), xmx ? (size_t)128 : (size_t)256};
+inline TileShape tile_shape(bool xmx, int64_t bm) {
+  return {(size_t)(xmx ? kXmxWgRows * bm : 4 * bm), xmx ? (size_t)128 : (size_t)256};
 }
+// The dense f32 tile: 128 columns a work-group of 16 x 16 (kPrefillDenseTileSource), as the XMX forms' 128.
+constexpr int64_t kDenseTileCols = 128;
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most

@@ -2,14 +2,19 @@
 // blocks read in place, for dense matrices and for a MoE layer's experts grouped on the device. Core OpenCL C
 // 1.2 (no subgroups, no fp16 arithmetic), f32 FMA.
 //
-// kPrefillTileSource is appended to each weight type's matmul program (after kMatmulSource: dequant32) once
-// per tile form (program_texts.cpp): PT_BM rows x 256 columns a work-group, each work-item 8 columns x PT_RR
-// rows in registers (columns 4 tx + c and 128 + 4 tx + c, rows PT_RR ty + r), 32 PT_BM / PT_RR work-items;
-// names suffixed by PT_SUF: _m64 (64 rows, PT_RR 8), _m32 (32, 8) and, gemm_t alone, _r4 (32, 4) and _r2
-// (32, 2) for dense products too small to give 8 x 8 blocks enough warps. Per 16-deep step of k, the weights
-// of 256 rows are dequantized into local memory (ws[k][column]) and the BM x 16 activations loaded
-// (xs[k][row]).
-//   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 256 consecutive features)
+// Two tile texts, appended to each weight type's matmul program (after kMatmulSource: dequant32) once per
+// form (program_texts.cpp); names suffixed by PT_SUF, _m64 (64 rows a work-group) and _m32 (32 rows):
+// - kPrefillDenseTileSource, the dense product gemm_t: 128 columns x 16 PT_RM rows a work-group of 16 x 16,
+//   each work-item 8 columns x PT_RM rows (PT_RM 4: _m64, 2: _m32); per 32-deep chunk of k, the weights of
+//   128 rows dequantized into local memory (ws[k][column]) and the activations loaded (xs[k][row]).
+// - kPrefillTileSource, the grouped MoE products: 256 columns x PT_BM rows a work-group of 4 PT_BM, each
+//   work-item an 8 x 8 block (columns 4 tx + c and 128 + 4 tx + c, rows 8 ty + r), per 16-deep step of k.
+// 8 x 8 blocks need a quarter of the local-memory reads per FMA of 8 x 2 (NVIDIA: 16 wavefronts for 64 FMA
+// instructions, against 10 for 16), and a MoE layer's many expert tiles give them warps enough; the dense
+// products at 512 rows, which give 8 x 8 blocks 2-4 warps a compute unit, lost in them (H100, qwen3.5-35b-a3b
+// pp512: 185 ms for the dense products of two passes, in 8 x 8, 8 x 4 and 8 x 2 blocks of 256 columns,
+// against 146 in these; 2026-12-05).
+//   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
 //                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
 //                   the activation row of grouped row g is token row_slot[g] / k_used of x
@@ -22,7 +27,7 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the two instantiations of kPrefillTileSource: half of a chunk's bytes in
+// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in
 // registers (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math
 // that dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K
 // and Q6_K (wide loads); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
@@ -90,7 +95,144 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 #endif
 )CLC";
 
+inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
+#define PT_BM (16 * PT_RM)
+#define PT_XN (PT_BM / 32)
+#define PT_CAT2(a, b) a##b
+#define PT_CAT(a, b) PT_CAT2(a, b)
+#define PT_NAME(n) PT_CAT(n, PT_SUF)
+
+// The tile's product over k into acc[8][PT_RM] (declared by the kernel, so it stays in registers): wa / wb are
+// the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr[i] is activation row
+// (tid >> 3) + 32 i of the tile (null: past its end, read as 0), i < PT_XN.
+// Loads, every work-item a share (coalesced as far as rows allow): weight row tid >> 1, its half tid & 1 of
+// the chunk (one 16-byte load of quants and one of the block's scales for Q4_K: two rows' 32 bytes a line per
+// pair of work-items, where one work-item a row read 12 scattered words); activations: 4 floats of row
+// (tid >> 3) + 32 i, eight work-items a row's 128 bytes.
+// Products: work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a
+// warp of 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
+#define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
+  {                                                                                                           \
+    const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
+    const int tx_ = PT_TX(tid_), ty_ = PT_TY(tid_);                                                           \
+    for (int j_ = 0; j_ < 8; ++j_)                                                                            \
+      for (int r_ = 0; r_ < PT_RM; ++r_) acc[j_][r_] = 0.0f;                                                  \
+    const int chunks_ = ((k) + 31) / 32;                                                                      \
+    const int wr_ = tid_ >> 1, half_ = tid_ & 1, xp_ = tid_ & 7, xm_ = tid_ >> 3;                             \
+    global const uchar* wrow_ = wr_ < 64 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 64) * (row_bytes); \
+    const int wvalid_ = wr_ < 64 ? wr_ < (na) : wr_ - 64 < (nb);                                              \
+    PT_RAW_DECL                                                                                               \
+    float4 xv_[PT_XN];                                                                                        \
+    PT_RAW_LOAD(0)                                                                                            \
+    PT_LOAD_X(xr, k, 0)                                                                                       \
+    for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
+      float wv_[16];                                                                                          \
+      if (wvalid_) {                                                                                          \
+        PT_DEQ(wrow_, j_, (k), wv_);                                                                          \
+      } else {                                                                                                \
+        for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                       \
+      }                                                                                                       \
+      for (int i_ = 0; i_ < 16; ++i_) (ws)[(16 * half_ + i_) * 128 + wr_] = wv_[i_];                          \
+      for (int it_ = 0; it_ < PT_XN; ++it_) {                                                                 \
+        (xs)[(4 * xp_ + 0) * PT_BM + xm_ + 32 * it_] = xv_[it_].x;                                            \
+        (xs)[(4 * xp_ + 1) * PT_BM + xm_ + 32 * it_] = xv_[it_].y;                                            \
+        (xs)[(4 * xp_ + 2) * PT_BM + xm_ + 32 * it_] = xv_[it_].z;                                            \
+        (xs)[(4 * xp_ + 3) * PT_BM + xm_ + 32 * it_] = xv_[it_].w;                                            \
+      }                                                                                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+      if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                    \
+        PT_RAW_LOAD(j_ + 1)                                                                                   \
+        PT_LOAD_X(xr, k, j_ + 1)                                                                              \
+      }                                                                                                       \
+      _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
+        const float4 a0_ = *(local const float4*)((ws) + kk_ * 128 + 4 * tx_);                                \
+        const float4 a1_ = *(local const float4*)((ws) + kk_ * 128 + 64 + 4 * tx_);                           \
+        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
+        for (int r_ = 0; r_ < PT_RM; ++r_) {                                                                  \
+          acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
+          acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
+          acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
+          acc[3][r_] = fma(a0_.w, b_[r_], acc[3][r_]);                                                        \
+          acc[4][r_] = fma(a1_.x, b_[r_], acc[4][r_]);                                                        \
+          acc[5][r_] = fma(a1_.y, b_[r_], acc[5][r_]);                                                        \
+          acc[6][r_] = fma(a1_.z, b_[r_], acc[6][r_]);                                                        \
+          acc[7][r_] = fma(a1_.w, b_[r_], acc[7][r_]);                                                        \
+        }                                                                                                     \
+      }                                                                                                       \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
+    }                                                                                                         \
+  }
+#if PT_RM == 4
+#define PT_LOAD_B(p)                               \
+  const float4 b4_ = *(local const float4*)(p); \
+  const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
+#else
+#define PT_LOAD_B(p)                               \
+  const float2 b2_ = *(local const float2*)(p); \
+  const float b_[2] = {b2_.x, b2_.y};
+#endif
+// This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
+#define PT_LOAD_X(xr, k, jj) \
+  for (int it_ = 0; it_ < PT_XN; ++it_) xv_[it_] = ld_x4((xr)[it_], (jj) * 32 + 4 * xp_, (k));
+#if defined(PT_RAW)
+#define PT_RAW_DECL pt_raw raw_;
+#define PT_RAW_LOAD(jj) \
+  if (wvalid_) raw_ = pt_load(wrow_, (jj), half_);
+#define PT_DEQ(row, jj, k, w) pt_deq(&raw_, (jj), (w))
+#else
+#define PT_RAW_DECL
+#define PT_RAW_LOAD(jj)
+#define PT_DEQ(row, jj, k, w)                                 \
+  {                                                           \
+    float w32_[32];                                           \
+    dequant32((row), (jj), (k), w32_);                        \
+    for (int i_ = 0; i_ < 16; ++i_) (w)[i_] = w32_[16 * half_ + i_]; \
+  }
+#endif
+// This work-item's tx / ty (as PT_TILE_MM maps them).
+// (A warp over 16 tx x 2 ty instead lost: pp512 1,130 against 1,524-1,575 t/s, H200, 2026-12-04 16:47.)
+#define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
+#define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
+
+// Work-group (i, j) of 16 x 16: features 128 i .., rows PT_BM j ...
+kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
+                            int n_out, global float* y, int ldy, int m) {
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+  const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
+  const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
+  global const float* xr[PT_XN];
+  for (int i = 0; i < PT_XN; ++i) {
+    const int row = m0 + (tid >> 3) + 32 * i;
+    xr[i] = row < m ? x + (long)row * ldx : 0;
+  }
+  float acc[8][PT_RM];
+  PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 64) * row_bytes, row_bytes, min(64, n_out - n0),
+             min(64, n_out - n0 - 64), k, xr, ws, xs, acc)
+  for (int r = 0; r < PT_RM; ++r) {
+    const int rr = m0 + PT_RM * ty + r;
+    if (rr >= m) break;
+    for (int j = 0; j < 8; ++j) {
+      const int n = n0 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+      if (n < n_out) y[(long)rr * ldy + n] = acc[j][r];
+    }
+  }
+}
+
+#undef PT_BM
+#undef PT_XN
+#undef PT_LOAD_B
+#undef PT_LOAD_X
+#undef PT_RAW_DECL
+#undef PT_RAW_LOAD
+#undef PT_DEQ
+#undef PT_TILE_MM
+#undef PT_TX
+#undef PT_TY
+)CLC";
+
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
+#define PT_RR 8
 #define PT_NW (32 * PT_BM / PT_RR)
 #define PT_WU (PT_NW >= 256 ? 1 : 256 / PT_NW)
 #define PT_CAT2(a, b) a##b
@@ -107,8 +249,7 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // in flight during the products.
 // Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
 // rows PT_RR ty + r (r < PT_RR): per k, two 16-byte reads of ws and PT_RR floats of xs for 8 PT_RR FMAs (a
-// warp at PT_RR 8: 16 wavefronts of local memory for 64 FMA instructions, so local memory keeps up with the
-// FMA units; 8 x 2 has 10 for 16, but four times the warps for a product of few rows and features).
+// warp: 16 wavefronts of local memory for 64 FMA instructions, so local memory keeps up with the FMA units).
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
     const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
@@ -166,19 +307,9 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
-#if PT_RR == 8
 #define PT_LOAD_B(p)                                                          \
   const float4 b0_ = *(local const float4*)(p), b1_ = *(local const float4*)((p) + 4); \
   const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};
-#elif PT_RR == 4
-#define PT_LOAD_B(p)                               \
-  const float4 b4_ = *(local const float4*)(p); \
-  const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
-#else
-#define PT_LOAD_B(p)                               \
-  const float2 b2_ = *(local const float2*)(p); \
-  const float b_[2] = {b2_.x, b2_.y};
-#endif
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_[PT_WU];
 #define PT_RAW_LOAD(ss)                                                          \
@@ -198,30 +329,6 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // Column j of a work-item's acc: 4 tx + j, then 128 + 4 tx + j - 4.
 #define PT_COL(tx, j) ((j) < 4 ? 4 * (tx) + (j) : 128 + 4 * (tx) + (j) - 4)
 
-// Work-group (i, j) of PT_NW: features 256 i .., rows PT_BM j ...
-kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
-void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
-                     int n_out, global float* y, int ldy, int m) {
-  local float ws[16 * 256] __attribute__((aligned(16)));
-  local float xs[16 * PT_BM] __attribute__((aligned(16)));
-  const int n0 = get_group_id(0) * 256, m0 = get_group_id(1) * PT_BM;
-  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
-  const int row = m0 + tid % PT_BM;
-  global const float* xr = row < m ? x + (long)row * ldx : 0;
-  float acc[8][PT_RR];
-  PT_TILE_MM(w + (ulong)n0 * row_bytes, w + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
-             min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RR; ++r) {
-    const int rr = m0 + PT_RR * ty + r;
-    if (rr >= m) break;
-    for (int j = 0; j < 8; ++j) {
-      const int n = n0 + PT_COL(tx, j);
-      if (n < n_out) y[(long)rr * ldy + n] = acc[j][r];
-    }
-  }
-}
-
-#if PT_RR == 8  // the grouped MoE products: 8 x 8 blocks (tiles of few rows, but many of them)
 // Work-group (i, t): gate and up features 128 i .. of tile t (tiles: expert, first grouped row, end;
 // n_tiles[0] of them). h: G rows of n_ff.
 kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
@@ -279,7 +386,7 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
     }
   }
 }
-#endif
+#undef PT_RR
 #undef PT_NW
 #undef PT_WU
 #undef PT_LOAD_B

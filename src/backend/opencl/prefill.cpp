@@ -17,33 +17,22 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
                                int64_t m, float* y, int64_t ldy) {
   check_row(t, k);
   const bool xmx = use_xmx(t);
-  const int64_t cols = (int64_t)tile_shape(xmx, 32).cols;
-  const size_t units = std::max<uint32_t>(info_.compute_units, 1);
+  const size_t units = std::max<uint32_t>(info_.compute_units, 1), col_groups = groups(n, kDenseTileCols);
   // Fewer 32-row tiles than a fifth of the compute units (the router's 128 features of 512 rows on the
   // H200's 132: 16): the earlier 64 x 32 tile's more work-groups finish first (208 us against 351 there).
-  if (groups(n, cols) * groups(m, 32) * 5 < units || !q4k_rows_aligned(t, w))
+  if (col_groups * groups(m, 32) * 5 < units || !q4k_rows_aligned(t, w))
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit.
-  const bool small = groups(n, cols) * groups(m, 64) < 2 * units;
-  int64_t bm = small ? 32 : 64, rr = 8;
-  const char* suffix = small ? "_m32" : "_m64";
-  // The f32 tiles: 8 x 8 blocks a work-item where they give 8 warps (of 32) a compute unit, else 8 x 4 or
-  // 8 x 2 (H100, qwen3.5-35b-a3b pp512: its products of 2,048 and 4,096 features took 23 % more device time
-  // in 8 x 8 blocks than in the 8 x 2 / 8 x 4 blocks of 128 columns before, at 2-4 warps a compute unit).
-  const size_t warps8 = groups(n, cols) * groups(m, 32) * 4;  // 32-row tiles of 8 x 8: 4 warps each
-  // A form whose work-group this device cannot run with the kernel's registers: the next smaller one.
-  auto runs = [&](const char* sfx, int64_t wg) {
-    return kernel_max_group(matmul_program(t).kernel(std::string("gemm_t") + sfx), wg) >= wg;
-  };
-  if (!xmx && small && warps8 < 8 * units) {
-    const bool r2 = 2 * warps8 < 8 * units && runs("_r2", tile_shape(false, 32, 2).wg);
-    bm = 32, rr = r2 ? 2 : 4, suffix = r2 ? "_r2" : "_r4";
-  }
-  const TileShape ts = tile_shape(xmx, bm, rr);
-  const cl_kernel kernel = (xmx ? xmx_program(t) : matmul_program(t)).kernel(std::string("gemm_t") + suffix);
-  if (kernel_max_group(kernel, (int64_t)ts.wg) < (int64_t)ts.wg)
+  // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
+  // projections, the router: few features).
+  const int64_t bm = col_groups * groups(m, 64) < 2 * units ? 32 : 64;
+  const std::string name = bm == 32 ? "gemm_t_m32" : "gemm_t_m64";
+  // One dimension of kXmxWgRows bm work-items (XMX), or 16 x 16 (the f32 tile).
+  const size_t wg = xmx ? (size_t)(kXmxWgRows * bm) : 16, wg1 = xmx ? 1 : 16;
+  const cl_kernel kernel = (xmx ? xmx_program(t) : matmul_program(t)).kernel(name);
+  // A kernel whose work-group this device cannot run with its registers (CL_KERNEL_WORK_GROUP_SIZE).
+  if (kernel_max_group(kernel, (int64_t)(wg * wg1)) < (int64_t)(wg * wg1))
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  launch(kernel, {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, w, (cl_ulong)row_bytes(t, k), x,
+  launch(kernel, {col_groups * wg, groups(m, bm) * wg1}, {wg, wg1}, w, (cl_ulong)row_bytes(t, k), x,
          (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
 }
 

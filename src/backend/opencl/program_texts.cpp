@@ -44,14 +44,9 @@ ProgramText gdn_program_text(bool correctly_rounded_divide) {
 }
 
 ProgramText matmul_program_text(DType t, const MatmulBuild& b) {
-  static const std::string tiles = [] {
-    std::string r;
-    for (const auto& [bm, rr, suffix] : kF32Tiles)
-      r += fmt::format("\n#define PT_BM {}\n#define PT_RR {}\n#define PT_SUF {}\n{}\n", bm, rr, suffix,
-                       kPrefillTileSource) +
-           "#undef PT_BM\n#undef PT_RR\n#undef PT_SUF\n";
-    return r;
-  }();
+  static const std::string tiles =
+      per_tile_size(kPrefillDenseTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}}) +
+      per_tile_size(kPrefillTileSource, "PT_BM", "PT_SUF", {{64, "_m64"}, {32, "_m32"}});
   return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}), matmul_options(t, b)};
 }
 
