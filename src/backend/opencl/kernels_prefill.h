@@ -27,11 +27,24 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in
-// registers (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math
-// that dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K
-// and Q6_K (wide loads); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
+// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers (pt_raw: the
+// row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that dequantizes them
+// (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and Q6_K (wide loads);
+// other types are read at dequantization (dequant32). pt_deq gives dequant32's values. Also both tiles' FMAs
+// of one k (PT_FMA8).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
+// acc[j][r] += the weight of a work-item's column j (a0's for j < 4, a1's for j >= 4) x b[r], for r < rows.
+#define PT_FMA8(a0, a1, b, acc, rows)                 \
+  for (int r_ = 0; r_ < (rows); ++r_) {              \
+    acc[0][r_] = fma((a0).x, (b)[r_], acc[0][r_]); \
+    acc[1][r_] = fma((a0).y, (b)[r_], acc[1][r_]); \
+    acc[2][r_] = fma((a0).z, (b)[r_], acc[2][r_]); \
+    acc[3][r_] = fma((a0).w, (b)[r_], acc[3][r_]); \
+    acc[4][r_] = fma((a1).x, (b)[r_], acc[4][r_]); \
+    acc[5][r_] = fma((a1).y, (b)[r_], acc[5][r_]); \
+    acc[6][r_] = fma((a1).z, (b)[r_], acc[6][r_]); \
+    acc[7][r_] = fma((a1).w, (b)[r_], acc[7][r_]); \
+  }
 #if defined(WT_Q4_K) && !defined(NO_WIDE_LOADS)
 #define PT_RAW 1
 // The block's bytes 0..15 (d, dmin, the 12 scale bytes) and half hf of the 32 quant bytes of the chunk's
@@ -148,16 +161,7 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
         const float4 a0_ = *(local const float4*)((ws) + kk_ * 128 + 4 * tx_);                                \
         const float4 a1_ = *(local const float4*)((ws) + kk_ * 128 + 64 + 4 * tx_);                           \
         PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
-        for (int r_ = 0; r_ < PT_RM; ++r_) {                                                                  \
-          acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
-          acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
-          acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
-          acc[3][r_] = fma(a0_.w, b_[r_], acc[3][r_]);                                                        \
-          acc[4][r_] = fma(a1_.x, b_[r_], acc[4][r_]);                                                        \
-          acc[5][r_] = fma(a1_.y, b_[r_], acc[5][r_]);                                                        \
-          acc[6][r_] = fma(a1_.z, b_[r_], acc[6][r_]);                                                        \
-          acc[7][r_] = fma(a1_.w, b_[r_], acc[7][r_]);                                                        \
-        }                                                                                                     \
+        PT_FMA8(a0_, a1_, b_, acc, PT_RM)                                                                     \
       }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
@@ -293,16 +297,7 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
         const float4 a0_ = *(local const float4*)((ws) + kk_ * 256 + 4 * tx_);                                \
         const float4 a1_ = *(local const float4*)((ws) + kk_ * 256 + 128 + 4 * tx_);                          \
         PT_LOAD_B((xs) + kk_ * PT_BM + PT_RR * ty_)                                                           \
-        for (int r_ = 0; r_ < PT_RR; ++r_) {                                                                  \
-          acc[0][r_] = fma(a0_.x, b_[r_], acc[0][r_]);                                                        \
-          acc[1][r_] = fma(a0_.y, b_[r_], acc[1][r_]);                                                        \
-          acc[2][r_] = fma(a0_.z, b_[r_], acc[2][r_]);                                                        \
-          acc[3][r_] = fma(a0_.w, b_[r_], acc[3][r_]);                                                        \
-          acc[4][r_] = fma(a1_.x, b_[r_], acc[4][r_]);                                                        \
-          acc[5][r_] = fma(a1_.y, b_[r_], acc[5][r_]);                                                        \
-          acc[6][r_] = fma(a1_.z, b_[r_], acc[6][r_]);                                                        \
-          acc[7][r_] = fma(a1_.w, b_[r_], acc[7][r_]);                                                        \
-        }                                                                                                     \
+        PT_FMA8(a0_, a1_, b_, acc, PT_RR)                                                                     \
       }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
