@@ -2,17 +2,19 @@
 // MoE; fused_ops.cpp: the fused decode forms). Internal to backend/opencl.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <span>
 #include <map>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
 #include "backend/cpu/moe.h"
 #include "backend/experts.h"
 #include "backend/gated_delta_net.h"
@@ -20,17 +22,17 @@
 #include "backend/opencl/command_buffer.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/kernels_attention.h"
+#include "backend/opencl/kernels_fused.h"
 #include "backend/opencl/kernels_gdn.h"
 #include "backend/opencl/kernels_matmul.h"
-#include "backend/opencl/kernels_fused.h"
-#include "backend/opencl/switches.h"
 #include "backend/opencl/kernels_ops.h"
+#include "backend/opencl/opencl_backend.h"
 #include "backend/opencl/program_cache.h"
+#include "backend/opencl/switches.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "quant/dtype.h"
-#include "backend/opencl/opencl_backend.h"
 
 namespace xpert::opencl {
 
@@ -50,8 +52,13 @@ struct TileShape {
 inline TileShape tile_shape(bool xmx, int64_t bm) {
   return {(size_t)(xmx ? kXmxWgRows * bm : 4 * bm), xmx ? (size_t)128 : (size_t)256};
 }
-// The dense f32 tile: 128 columns a work-group of 16 x 16 (kPrefillDenseTileSource), as the XMX forms' 128.
+// The dense prefill tile (gemm_t) of bm rows over 128 columns: its work-group, {kXmxWgRows * bm, 1} for the
+// XMX forms, {16, 16} for the f32 tile (kPrefillDenseTileSource); the global size is groups(n, 128) x
+// groups(m, bm) of it.
 constexpr int64_t kDenseTileCols = 128;
+inline std::array<size_t, 2> dense_tile_group(bool xmx, int64_t bm) {
+  return xmx ? std::array<size_t, 2>{(size_t)(kXmxWgRows * bm), 1} : std::array<size_t, 2>{16, 16};
+}
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most

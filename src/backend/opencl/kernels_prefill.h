@@ -7,8 +7,9 @@
 // - kPrefillDenseTileSource, the dense product gemm_t: 128 columns x 16 PT_RM rows a work-group of 16 x 16,
 //   each work-item 8 columns x PT_RM rows (PT_RM 4: _m64, 2: _m32); per 32-deep chunk of k, the weights of
 //   128 rows dequantized into local memory (ws[k][column]) and the activations loaded (xs[k][row]).
-// - kPrefillTileSource, the grouped MoE products: 256 columns x PT_BM rows a work-group of 4 PT_BM, each
-//   work-item an 8 x 8 block (columns 4 tx + c and 128 + 4 tx + c, rows 8 ty + r), per 16-deep step of k.
+// - kPrefillTileSource, the grouped MoE products: 256 columns x 8 PT_TYN rows a work-group of 32 PT_TYN
+//   (PT_TYN 8: _m64, 4: _m32), each work-item an 8 x 8 block (columns 4 tx + c and 128 + 4 tx + c, rows
+//   8 ty + r), per 16-deep step of k.
 // 8 x 8 blocks need a quarter of the local-memory reads per FMA of 8 x 2 (NVIDIA: 16 wavefronts for 64 FMA
 // instructions, against 10 for 16), and a MoE layer's many expert tiles give them warps enough; the dense
 // products at 512 rows, which give 8 x 8 blocks 2-4 warps a compute unit, lost in them (H100, qwen3.5-35b-a3b
@@ -236,41 +237,41 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
 )CLC";
 
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
-#define PT_RR 8
-#define PT_NW (32 * PT_BM / PT_RR)
-#define PT_WU (PT_NW >= 256 ? 1 : 256 / PT_NW)
+#define PT_BM (8 * PT_TYN)
+#define PT_NW (32 * PT_TYN)
+#define PT_WU (256 / PT_NW)
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
 #define PT_NAME(n) PT_CAT(n, PT_SUF)
 
-// The tile's product over k into acc[8][PT_RR] (declared by the kernel, so it stays in registers): wa / wb
-// are the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
+// The tile's product over k into acc[8][8] (declared by the kernel, so it stays in registers): wa / wb are
+// the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
 // activation row tid % PT_BM of the tile (null: past its end, read as 0).
-// A step is 16 of k. Loads, the first 256 work-items a share: weight rows tid + PT_NW u (u < PT_WU), each the
-// step's half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a
-// warp stores 32 consecutive columns of ws (no bank conflict); activations, the first 4 PT_BM work-items: the
-// float4 tid / PT_BM of row tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are
-// in flight during the products.
+// A step is 16 of k. Loads, every work-item a share: weight rows tid + PT_NW u (u < PT_WU), each the step's
+// half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a warp
+// stores 32 consecutive columns of ws (no bank conflict); activations: the float4 tid / PT_BM of row
+// tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are in flight during the
+// products.
 // Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
-// rows PT_RR ty + r (r < PT_RR): per k, two 16-byte reads of ws and PT_RR floats of xs for 8 PT_RR FMAs (a
-// warp: 16 wavefronts of local memory for 64 FMA instructions, so local memory keeps up with the FMA units).
+// rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
+// FMA instructions, so local memory keeps up with the FMA units; the dense tile's 8 x 2 has 10 for 16).
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
   {                                                                                                           \
     const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
-    const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM, xl_ = xp_ < 4;                                          \
+    const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM;                                                         \
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
-      for (int r_ = 0; r_ < PT_RR; ++r_) acc[j_][r_] = 0.0f;                                                  \
+      for (int r_ = 0; r_ < 8; ++r_) acc[j_][r_] = 0.0f;                                                      \
     const int steps_ = ((k) + 15) / 16;                                                                       \
     global const uchar* wrow_[PT_WU];                                                                         \
     int wvalid_[PT_WU];                                                                                       \
     for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                      \
       const int wr_ = tid_ + PT_NW * u_;                                                                      \
       wrow_[u_] = wr_ < 128 ? (wa) + (ulong)wr_ * (row_bytes) : (wb) + (ulong)(wr_ - 128) * (row_bytes);      \
-      wvalid_[u_] = wr_ < 128 ? wr_ < (na) : wr_ < 256 && wr_ - 128 < (nb);                                   \
+      wvalid_[u_] = wr_ < 128 ? wr_ < (na) : wr_ - 128 < (nb);                                                \
     }                                                                                                         \
     PT_RAW_DECL                                                                                               \
     PT_RAW_LOAD(0)                                                                                            \
-    float4 xv_ = ld_x4(xl_ ? (xr) : 0, 4 * xp_, (k));                                                         \
+    float4 xv_ = ld_x4((xr), 4 * xp_, (k));                                                                   \
     for (int s_ = 0; s_ < steps_; ++s_) {                                                                     \
       for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                    \
         float wv_[16];                                                                                        \
@@ -279,32 +280,28 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
         } else {                                                                                              \
           for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                     \
         }                                                                                                     \
-        if (tid_ + PT_NW * u_ < 256)                                                                          \
-          for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                       \
+        for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                         \
       }                                                                                                       \
-      if (xl_) {                                                                                              \
-        (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                            \
-        (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                            \
-        (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                            \
-        (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                            \
-      }                                                                                                       \
+      (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                              \
+      (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                              \
+      (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                              \
+      (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                              \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
       if (s_ + 1 < steps_) { /* the next step's loads, in flight during the products */                      \
         PT_RAW_LOAD(s_ + 1)                                                                                   \
-        xv_ = ld_x4(xl_ ? (xr) : 0, (s_ + 1) * 16 + 4 * xp_, (k));                                            \
+        xv_ = ld_x4((xr), (s_ + 1) * 16 + 4 * xp_, (k));                                                      \
       }                                                                                                       \
       _Pragma("unroll 4") for (int kk_ = 0; kk_ < 16; ++kk_) {                                                \
         const float4 a0_ = *(local const float4*)((ws) + kk_ * 256 + 4 * tx_);                                \
         const float4 a1_ = *(local const float4*)((ws) + kk_ * 256 + 128 + 4 * tx_);                          \
-        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RR * ty_)                                                           \
-        PT_FMA8(a0_, a1_, b_, acc, PT_RR)                                                                     \
+        const float4 b0_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_);                              \
+        const float4 b1_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_ + 4);                          \
+        const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};                         \
+        PT_FMA8(a0_, a1_, b_, acc, 8)                                                                         \
       }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
-#define PT_LOAD_B(p)                                                          \
-  const float4 b0_ = *(local const float4*)(p), b1_ = *(local const float4*)((p) + 4); \
-  const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_[PT_WU];
 #define PT_RAW_LOAD(ss)                                                          \
@@ -341,11 +338,11 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
-  float acc[8][PT_RR];
+  float acc[8][8];
   const int nv = min(128, n_ff - f0);
   PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RR; ++r) {
-    const int gg = g0 + PT_RR * ty + r;
+  for (int r = 0; r < 8; ++r) {
+    const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
     for (int c = 0; c < 4; ++c) {
       const int f = f0 + 4 * tx + c;
@@ -369,11 +366,11 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? hq + (long)g * k : 0;
   global const uchar* we = down + (ulong)e * expert_stride;
-  float acc[8][PT_RR];
+  float acc[8][8];
   PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
              min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
-  for (int r = 0; r < PT_RR; ++r) {
-    const int gg = g0 + PT_RR * ty + r;
+  for (int r = 0; r < 8; ++r) {
+    const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
     for (int j = 0; j < 8; ++j) {
       const int n = n0 + PT_COL(tx, j);
@@ -381,10 +378,9 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
     }
   }
 }
-#undef PT_RR
+#undef PT_BM
 #undef PT_NW
 #undef PT_WU
-#undef PT_LOAD_B
 #undef PT_RAW_DECL
 #undef PT_RAW_LOAD
 #undef PT_DEQ

@@ -25,10 +25,9 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
   // projections, the router: few features).
   const int64_t bm = col_groups * groups(m, 64) < 2 * units ? 32 : 64;
-  const std::string name = bm == 32 ? "gemm_t_m32" : "gemm_t_m64";
-  // One dimension of kXmxWgRows bm work-items (XMX), or 16 x 16 (the f32 tile).
-  const size_t wg = xmx ? (size_t)(kXmxWgRows * bm) : 16, wg1 = xmx ? 1 : 16;
-  const cl_kernel kernel = (xmx ? xmx_program(t) : matmul_program(t)).kernel(name);
+  const auto [wg, wg1] = dense_tile_group(xmx, bm);
+  const cl_kernel kernel =
+      (xmx ? xmx_program(t) : matmul_program(t)).kernel(bm == 32 ? "gemm_t_m32" : "gemm_t_m64");
   // A kernel whose work-group this device cannot run with its registers (CL_KERNEL_WORK_GROUP_SIZE).
   if (kernel_max_group(kernel, (int64_t)(wg * wg1)) < (int64_t)(wg * wg1))
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);

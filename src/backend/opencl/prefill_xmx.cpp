@@ -105,18 +105,18 @@ bool OpenclBackend::xmx_self_check(DType t) {
     float* y = output(m * n);
     const TileShape ts = tile_shape(xmx, bm);
     const cl_kernel kern = prog.kernel(kernel + (bm == 64 ? "_m64" : "_m32"));
-    // gemm_t: as gemm_tiled launches it (the f32 form in groups of 16 x 16).
-    const size_t wg = xmx ? ts.wg : 16, wg1 = xmx ? 1 : 16;
-    if (kernel == "gemm_t")
+    if (kernel == "gemm_t") {
+      const auto [wg, wg1] = dense_tile_group(xmx, bm);  // as gemm_tiled launches it
       launch(kern, {groups(n, kDenseTileCols) * wg, groups(m, bm) * wg1}, {wg, wg1}, gate_d, (cl_ulong)rb,
              x_d, (cl_int)k, (cl_int)k, (cl_int)n, y, (cl_int)n, (cl_int)m);
-    else if (kernel == "moe_gate_up_t")
+    } else if (kernel == "moe_gate_up_t") {
       launch(kern, {groups(n, ts.cols / 2) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, up_d, (cl_ulong)rb,
              (cl_ulong)(rb * n), tiles_d, n_tiles_d, row_slot_d, (cl_int)1, x_d, (cl_int)k, (cl_int)k,
              (cl_int)n, y);
-    else
+    } else {
       launch(kern, {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, (cl_ulong)rb,
              (cl_ulong)(rb * n), tiles_d, n_tiles_d, x_d, (cl_int)k, (cl_int)n, y);
+    }
     std::vector<float> h(m * n);
     copy_to_host(h.data(), y, h.size() * sizeof(float));
     return h;

@@ -46,7 +46,7 @@ ProgramText gdn_program_text(bool correctly_rounded_divide) {
 ProgramText matmul_program_text(DType t, const MatmulBuild& b) {
   static const std::string tiles =
       per_tile_size(kPrefillDenseTileSource, "PT_RM", "PT_SUF", {{4, "_m64"}, {2, "_m32"}}) +
-      per_tile_size(kPrefillTileSource, "PT_BM", "PT_SUF", {{64, "_m64"}, {32, "_m32"}});
+      per_tile_size(kPrefillTileSource, "PT_TYN", "PT_SUF", {{8, "_m64"}, {4, "_m32"}});
   return {with_common({kMatmulSource, kFusedMatmulSource, kPrefillRawSource, tiles}), matmul_options(t, b)};
 }
 
