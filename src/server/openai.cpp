@@ -247,15 +247,16 @@ void sampling(const ojson& body, SamplingParams& sp) {
 std::vector<std::string> stops(const ojson& body, const char* name, size_t max) {
   const ojson* v = field(body, name);
   if (!v) return {};
-  if (v->is_string()) return {v->get<std::string>()};
-  if (!v->is_array())
+  if (!v->is_string() && !v->is_array())
     bad(name, fmt::format("'{}' must be a string or an array of strings, got {}", name, type_name(*v)));
-  if (v->size() > max)
+  if (v->is_array() && v->size() > max)
     bad(name, fmt::format("'{}' has {} entries; at most {} are allowed", name, v->size(), max));
+  // An empty stop string stops nothing, so it is left out: the stop indices the engine reports (Anthropic's
+  // stop_sequence) then count the strings that remain.
   std::vector<std::string> out;
-  for (const ojson& s : *v) {
+  for (const ojson& s : v->is_string() ? ojson::array({*v}) : *v) {
     if (!s.is_string()) bad(name, fmt::format("'{}' entries must be strings, got {}", name, type_name(s)));
-    out.push_back(s.get<std::string>());
+    if (!s.get_ref<const std::string&>().empty()) out.push_back(s.get<std::string>());
   }
   return out;
 }

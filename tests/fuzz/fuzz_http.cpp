@@ -9,10 +9,12 @@
 // would answer 500 instead of naming the field); an ApiError that is not a 4xx; a body larger than the
 // limit reaching a handler; parsed parameters out of their documented ranges; a response on the wire
 // that is not HTTP/1.1 with a status line.
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,11 +22,7 @@
 #include <memory>
 #include <string>
 
-#include <fmt/format.h>
-#include <zlib.h>
-
-#include <algorithm>
-
+#include "../common/request_checks.h"
 #include "server/access.h"
 #include "server/api_requests.h"
 #include "server/http_guard.h"
@@ -41,47 +39,10 @@ constexpr size_t kMaxBody = 64 << 10;
   __builtin_trap();
 }
 
-void check_sampling(const xpert::SamplingParams& sp) {
-  if (!std::isfinite(sp.temperature) || sp.temperature < 0) defect("temperature out of range", std::to_string(sp.temperature));
-  if (!std::isfinite(sp.top_p) || sp.top_p < 0 || sp.top_p > 1) defect("top_p out of range", std::to_string(sp.top_p));
-  if (!std::isfinite(sp.min_p) || sp.min_p < 0 || sp.min_p > 1) defect("min_p out of range", std::to_string(sp.min_p));
-  if (!std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty) || !std::isfinite(sp.repeat_penalty))
-    defect("penalty not finite", "");
-  for (auto& [id, bias] : sp.logit_bias)
-    if (id < 0 || !std::isfinite(bias)) defect("logit_bias entry out of range", std::to_string(id));
-}
-
-void check_gen(const xpert::GenerateParams& g) {
-  check_sampling(g.sampling);
-  if (g.max_tokens < 0) defect("negative max_tokens", std::to_string(g.max_tokens));
-  if (g.top_logprobs > 20) defect("top_logprobs above 20", std::to_string(g.top_logprobs));
-  for (const std::string& s : g.stop)
-    if (s.empty()) defect("empty stop string", "");
-}
-
-// What each route runs before it renders a prompt and submits.
+// What each route runs before it renders a prompt and submits, and the parameters' ranges.
 void parse_for(const std::string& path, const std::string& body) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions") {
-    const CompletionRequest r = parse_completion_request(body, path == "/v1/chat/completions");
-    if (r.n < 1) defect("n below 1", std::to_string(r.n));
-    if (r.include_usage && !r.stream) defect("stream_options without stream", "");
-    if (r.chat && !r.messages.is_array()) defect("messages not an array", "");
-    check_gen(r.gen);
-  } else if (path == "/v1/messages" || path == "/v1/messages/count_tokens") {
-    const MessagesRequest r = parse_messages_request(body, path == "/v1/messages");
-    if (!r.chat.messages.is_array()) defect("messages not an array", "");
-    for (const ojson& m : r.chat.messages)
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) defect("message without a role", m.dump());
-    check_gen(r.gen);
-  } else if (path == "/v1/responses") {
-    // One stored conversation, as if an earlier response had been kept.
-    const ResponsesRequest r = parse_responses_request(body, [](const std::string& id) -> std::optional<ojson> {
-      if (id != "resp_kept") return std::nullopt;
-      return ojson::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "hello"}}});
-    });
-    if (!r.messages.is_array()) defect("messages not an array", "");
-    check_gen(r.gen.gen);
-  }
+  if (const std::string d = checks::check_request(path, body); !d.empty())
+    defect("parameters out of range", d);
 }
 
 bool gzip(const std::string& in, std::string& out) {

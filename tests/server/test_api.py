@@ -86,6 +86,8 @@ def test_stop_string(client, server):
     r = client.completions.create(model=server.model_id, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=[stop, "zzz"])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == text[: text.index(stop)]
+    e = client.completions.create(model=server.model_id, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=["", stop])
+    assert e.choices[0].text == r.choices[0].text  # an empty stop string stops nothing
     s = client.completions.create(model=server.model_id, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=stop,
                                   stream=True)
     assert "".join(p.choices[0].text for p in s if p.choices) == r.choices[0].text

@@ -63,6 +63,9 @@ def test_messages_prefill_and_stop_sequence(claude, server):
     assert "," in free, free
     m = claude.messages.create(model="x", max_tokens=12, extra_body=T0, messages=msgs, stop_sequences=["#", ","])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == ","
+    # An empty stop sequence stops nothing, and the one reported is still the one that matched.
+    e = claude.messages.create(model="x", max_tokens=12, extra_body=T0, messages=msgs, stop_sequences=["", "#", ","])
+    assert e.stop_sequence == "," and e.content[0].text == m.content[0].text
     assert m.content[0].text == free[:free.index(",")]
 
 
