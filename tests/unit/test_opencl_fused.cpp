@@ -13,6 +13,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul.h"
 #include "backend/opencl/backend_impl.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
@@ -712,6 +713,42 @@ TEST(OpenCLFused, LaunchProbeRuns) {
   EXPECT_EQ(download<float>(*b, buf, 3), (std::vector<float>{2, 4, 6}));
 }
 
+// nv_regs: NVIDIA's register cap where the device offers cl_nv_compiler_options (the products still right),
+// elsewhere a message naming the switch instead of a build option the compiler would refuse.
+TEST(OpenCLFused, RegisterCapOnlyWhereOffered) {
+  DEVICE_OR_SKIP();
+  (void)dev;
+  setenv("XPERT_OPENCL_OPTS", "nv_regs=128", 1);
+  std::shared_ptr<Backend> b;
+  std::string error;
+  try {
+    b = make_opencl_backend(0);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  unsetenv("XPERT_OPENCL_OPTS");
+  const bool offered = opencl::device_info(0).extensions.find("cl_nv_compiler_options") != std::string::npos;
+  if (!offered) {
+    EXPECT_FALSE(b);
+    EXPECT_NE(error.find("nv_regs=128"), std::string::npos) << error;
+    EXPECT_NE(error.find("cl_nv_compiler_options"), std::string::npos) << error;
+    return;
+  }
+  ASSERT_TRUE(b) << error;
+  std::mt19937 rng(5);
+  const int64_t k = 256, n = 64, m = 40;
+  const std::vector<float> wf = random_vec(n * k, rng, 0.05f), x = random_vec(m * k, rng);
+  std::vector<uint8_t> wq(row_bytes(DType::Q4_K, k) * n);
+  for (int64_t r = 0; r < n; ++r)
+    quantize_row(DType::Q4_K, wf.data() + r * k, wq.data() + r * row_bytes(DType::Q4_K, k), k);
+  std::vector<float> ref(m * n);
+  cpu::matmul_reference(DType::Q4_K, wq.data(), n, k, x.data(), m, ref.data(), n);
+  DeviceBuffer wbuf = upload(*b, wq), xbuf = upload(*b, x), ybuf = upload(*b, std::vector<float>(m * n));
+  Weight w{.type = DType::Q4_K, .data = wbuf.data(), .ne = {k, n, 1}, .n_bytes = wq.size()};
+  b->matmul(w, ptr<float>(xbuf), m, ptr<float>(ybuf), n);
+  EXPECT_LT(rel_err(download<float>(*b, ybuf, m * n), ref), 1e-5f);
+}
+
 }  // namespace
 // XPERT_OPENCL_OPTS: items by commas or colons, bare names switch on; a bad item stops with its name.
 TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
@@ -743,8 +780,13 @@ TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
   EXPECT_EQ(s.mv_wg, 16);
   EXPECT_EQ(s.arg_sets, 8);
   EXPECT_EQ(s.mv_r, 8);
-  for (const char* bad :
-       {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x", "mv_r=3", "mv_r=32"}) {
+  EXPECT_EQ(d.ksplit, 0);
+  EXPECT_EQ(d.nv_regs, 0);
+  const opencl::Switches k = with("ksplit=1:nv_regs=128");
+  EXPECT_EQ(k.ksplit, 1);
+  EXPECT_EQ(k.nv_regs, 128);
+  for (const char* bad : {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x", "mv_r=3",
+                          "mv_r=32", "ksplit=-1", "ksplit=65", "nv_regs=16", "nv_regs=256"}) {
     try {
       with(bad);
       ADD_FAILURE() << bad << " was accepted";

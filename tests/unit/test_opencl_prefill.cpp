@@ -76,9 +76,74 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
   }
 }
 
+// The product split along k (gemm_split: gemm_tk_m32 into planes, sum_planes), forced with XPERT_OPENCL_OPTS
+// ksplit (the automatic rule splits only where the tiles are fewer than the compute units, never on CI's
+// two): k of 1,000 for F32 (four slices of 256, the last one 232), 1,024 in two slices of 512 and in four of
+// 256. 40 rows, 200 features (a partial tile each way).
+TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
+  const DType type = GetParam();
+  std::mt19937 rng(91 + (int)type);
+  for (const auto& [k, slices] : std::vector<std::pair<int64_t, int>>{{1000, 4}, {1024, 2}, {1024, 4}}) {
+    if (k % opencl::block_elems(type) != 0) continue;
+    const int64_t n = 200, m = 40, ldy = n + 8;
+    const std::vector<float> wf = random_vec(n * k, rng, 0.05f);
+    const size_t rb = row_bytes(type, k);
+    std::vector<uint8_t> wq(rb * n);
+    for (int64_t r = 0; r < n; ++r) quantize_row(type, wf.data() + r * k, wq.data() + r * rb, k);
+    const std::vector<float> x = random_vec(m * k, rng);
+    std::vector<float> ref(m * n);
+    cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);
+    uint64_t enqueues[2] = {0, 0};
+    for (const int split : {1, slices}) {  // ksplit=1: the same product whole, for its launch count
+      Backend* d = device_with(fmt::format("ksplit={}", split));
+      if (!d) GTEST_SKIP() << "no OpenCL device with SVM";
+      auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
+      DeviceBuffer wbuf = upload(*d, wq), xbuf = upload(*d, x),
+                   ybuf = upload(*d, std::vector<float>(m * ldy, 7.0f));
+      Weight w{.type = type, .data = wbuf.data(), .ne = {k, n, 1}, .n_bytes = wq.size()};
+      const uint64_t e0 = ocl.enqueue_count();
+      d->matmul(w, ptr<float>(xbuf), m, ptr<float>(ybuf), ldy);
+      const std::vector<float> got = download<float>(*d, ybuf, m * ldy);
+      enqueues[split > 1] = ocl.enqueue_count() - e0;
+      std::vector<float> packed(m * n);
+      for (int64_t i = 0; i < m; ++i) {
+        std::copy(got.begin() + i * ldy, got.begin() + i * ldy + n, packed.begin() + i * n);
+        EXPECT_EQ(got[i * ldy + n], 7.0f) << "row " << i << ": a column past n was written";
+      }
+      EXPECT_LT(rel_err(packed, ref), 1e-5f)
+          << dtype_name(type) << ", k " << k << " in " << split << " slices";
+    }
+    // The split form is one launch more: the sum of its planes.
+    EXPECT_EQ(enqueues[1], enqueues[0] + 1)
+        << dtype_name(type) << ", k " << k << " in " << slices << " slices";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          ::testing::Values(DType::F32, DType::Q8_0, DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// gemm_tiled's choice of slices: about two work-groups a compute unit where the 32-row tiles are fewer than
+// the units, in whole 256-element slices, at most 16; a forced count as far as k allows.
+TEST(OpenCLPrefillGemm, SplitRule) {
+  using opencl::k_split;
+  // The H100's 132 units: qwen3's router (16 tiles, k 2,048) in 8 slices of 256; its k / v projections (64
+  // tiles) in 4 of 512; the q projection (512 tiles) not at all.
+  EXPECT_EQ(k_split(16, 132, 2048, 0).slices, 8);
+  EXPECT_EQ(k_split(16, 132, 2048, 0).kc, 256);
+  EXPECT_EQ(k_split(64, 132, 2048, 0).slices, 4);
+  EXPECT_EQ(k_split(64, 132, 2048, 0).kc, 512);
+  EXPECT_EQ(k_split(512, 132, 2048, 0).slices, 1);
+  EXPECT_EQ(k_split(1, 132, 65536, 0).slices, 16);
+  EXPECT_EQ(k_split(16, 132, 256, 0).slices, 1);  // one slice of k: nothing to split
+  EXPECT_EQ(k_split(1, 2, 4096, 0).slices, 4);    // CI's two units, one tile
+  EXPECT_EQ(k_split(2, 2, 4096, 0).slices, 1);
+  EXPECT_EQ(k_split(16, 132, 2048, 1).slices, 1);   // ksplit=1: never
+  EXPECT_EQ(k_split(512, 132, 1000, 3).slices, 2);  // 4 blocks in 3 wanted: 2 of 512
+  EXPECT_EQ(k_split(512, 132, 1000, 3).kc, 512);
+  EXPECT_EQ(k_split(512, 132, 1000, 4).slices, 4);
+  EXPECT_EQ(k_split(512, 132, 1000, 4).kc, 256);
+}
 
 // --- memory: freed blocks kept for reuse -------------------------------------------------------------------
 

@@ -138,14 +138,17 @@ struct MatmulBuild {
   // MV_SG: the matvecs' subgroups of this many work-items (cl_intel_required_subgroup_size; divides mv_wg),
   // a row summed by sub_group_reduce_add instead of a tree in local memory. 0: none.
   int sub_group = 0;
+  // -cl-nv-maxrregcount (NVIDIA's cl_nv_compiler_options): registers a work-item at most. 0: the compiler's.
+  int max_registers = 0;
 };
 
 // A weight type's matmul program's build options.
 inline std::string matmul_options(DType t, const MatmulBuild& b) {
-  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
+  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
                      b.wide_loads ? "" : " -DNO_WIDE_LOADS",
                      b.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
-                     b.sub_group ? fmt::format(" -DMV_SG={}", b.sub_group) : "");
+                     b.sub_group ? fmt::format(" -DMV_SG={}", b.sub_group) : "",
+                     b.max_registers ? fmt::format(" -cl-nv-maxrregcount={}", b.max_registers) : "");
 }
 
 // prefill_xmx.cpp: the XMX prefill program (kernels_prefill_xmx.h) of a weight type, exactly as the backend
@@ -163,6 +166,23 @@ ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
+
+// gemm_tiled's split of k for a product of `tiles` 32-row tiles on `units` compute units: slices of kc
+// elements (a multiple of 256: whole blocks of every weight type; the last slice takes what is left).
+// forced (XPERT_OPENCL_OPTS ksplit): 0 picks about two work-groups a unit where the tiles are fewer than the
+// units (at most 16 slices), 1 never splits, N > 1 asks for N. One slice: no split.
+struct KSplit {
+  int64_t slices = 1, kc = 0;
+};
+inline KSplit k_split(int64_t tiles, int64_t units, int64_t k, int forced) {
+  int64_t want = forced;
+  if (forced == 0) want = tiles >= units ? 1 : std::min<int64_t>(16, (2 * units + tiles - 1) / tiles);
+  const int64_t blocks = (k + 255) / 256;
+  want = std::min(want, blocks);
+  if (want < 2) return {};
+  const int64_t kc = (blocks + want - 1) / want * 256;
+  return {(k + kc - 1) / kc, kc};
+}
 
 class OpenclBackend final : public Backend, public DecodeFusions, public PassGraphs {
  public:
@@ -203,6 +223,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     while (mv_r_ > 1 && (size_t)(mv_wg_ * mv_r_) > info_.max_work_group_size) mv_r_ /= 2;
     if (sw.subgroups) mv_sg_ = info_.matvec_sub_group(mv_wg_);
     wide_loads_ = sw.wide;
+    if (sw.nv_regs) {
+      if (info_.extensions.find("cl_nv_compiler_options") == std::string::npos)
+        fail("XPERT_OPENCL_OPTS: nv_regs={}: {} lacks cl_nv_compiler_options (NVIDIA's OpenCL only)",
+             sw.nv_regs, info_.name);
+      max_registers_ = sw.nv_regs;
+    }
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
@@ -212,6 +238,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     fused_ = sw.fused;
     prefill_ = sw.prefill;
     moe_bm_ = sw.moe_bm;
+    ksplit_ = sw.ksplit;
     if (sw.probe) probe_launches();
   }
 
@@ -422,7 +449,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
             .mv_r = mv_r_,
             .wide_loads = wide_loads_,
             .correctly_rounded_divide = info_.correctly_rounded_divide,
-            .sub_group = mv_sg_};
+            .sub_group = mv_sg_,
+            .max_registers = max_registers_};
   }
   // Tests: the XMX kernels on a device without the extension (PoCL), over an emulation of its builtins in
   // OpenCL C (prelude, put before the program's source; options added to its build options) at subgroups of
@@ -637,12 +665,15 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
            (cl_int)0, y, y, y, y, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, (cl_int)ldy, x, (cl_int)k, (cl_int)k,
            (cl_int)n);
   }
-  // prefill.cpp: 128 features x 64 rows per work-group, register-tiled (kernels_prefill.h).
+  // prefill.cpp: 128 features x 64 or 32 rows per work-group, register-tiled (kernels_prefill.h); a product
+  // of too few tiles for the device split along k (gemm_split, k_split).
   void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
                   float* y, int64_t ldy);
+  void gemm_split(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
+                  float* y, int64_t ldy, KSplit ks);
   // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
   // of local memory or 256 work-items a group) gemm_small, the earlier 64 x 32 tile (gemm_tiled takes it too
-  // for products of too few tiles to fill the device).
+  // for products of too few tiles to fill the device that it does not split).
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
     if (prefill_ && info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256)
@@ -742,6 +773,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   bool host_weights_ = false;  // reads_host_weights (XPERT_OPENCL_OPTS host_weights=0: off)
   bool prefill_ = true;  // XPERT_OPENCL_OPTS prefill=0: the earlier gemm and the host's MoE routing
   int moe_bm_ = 32;      // XPERT_OPENCL_OPTS moe_bm: rows per grouped tile of moe_prefill (32 or 64)
+  int ksplit_ = 0;       // XPERT_OPENCL_OPTS ksplit: slices of k for gemm_tiled's narrow products (0: auto)
   bool wide_loads_ = true;
   bool arg_cache_ = true;
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
@@ -763,6 +795,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   int mv_wg_ = 32;
   int mv_r_ = 4;   // MV_R, kernels_fused.h
   int mv_sg_ = 0;  // MV_SG, kernels_matmul.h
+  int max_registers_ = 0;  // XPERT_OPENCL_OPTS nv_regs: the matmul programs' -cl-nv-maxrregcount
   // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
   // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
   struct Prerounded {

@@ -1,7 +1,7 @@
 // OpenCL C of the whole-model backend's small ops (opencl_backend.h): elementwise, rmsnorm, rope, f16
-// stores, row gathers and the MoE gather / combine. Core OpenCL C 1.2 only: halves are read and written
-// with vload_half / vstore_half_rte, no fp16 arithmetic, no subgroups. kClCommonSource is prepended to
-// every program of the backend.
+// stores, row gathers, the MoE gather / combine, the sum of a split product's planes. Core OpenCL C 1.2
+// only: halves are read and written with vload_half / vstore_half_rte, no fp16 arithmetic, no subgroups.
+// kClCommonSource is prepended to every program of the backend.
 //
 // Reductions run over one work-group of RED_WG (a power of two) work-items through local memory.
 #pragma once
@@ -413,6 +413,16 @@ kernel void moe_combine(global const float* yg, global const int* slot_row, glob
     if (g >= 0) acc += weights[t * k + j] * yg[(long)g * width + c];
   }
   out[i] = acc;
+}
+
+// y[r][c] = the sum over s < n_planes of planes[s][r][c], in plane order (gemm_tk's partial sums: planes of
+// plane floats, rows of n).
+kernel void sum_planes(global const float* planes, int n_planes, long plane, int n, int m, global float* y, int ldy) {
+  const int c = get_global_id(0), r = get_global_id(1);
+  if (c >= n || r >= m) return;
+  float acc = 0.0f;
+  for (int s = 0; s < n_planes; ++s) acc += planes[s * plane + (long)r * n + c];
+  y[(long)r * ldy + c] = acc;
 }
 )CLC";
 

@@ -16,6 +16,7 @@
 // pp512: 185 ms for the dense products of two passes, in 8 x 8, 8 x 4 and 8 x 2 blocks of 256 columns,
 // against 146 in these; 2026-12-05).
 //   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
+//   gemm_tk         the same split along k into planes of partial sums (a product of few tiles)
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
 //                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
 //                   the activation row of grouped row g is token row_slot[g] / k_used of x
@@ -199,11 +200,9 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
 #define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
 #define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
 
-// Work-group (i, j) of 16 x 16: features 128 i .., rows PT_BM j ...
-kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
-                            int n_out, global float* y, int ldy, int m) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+// Work-group (i, j) of 16 x 16: features 128 i .., rows PT_BM j ...; its locals come from the kernel.
+void PT_NAME(gemm_t_group)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
+                           int n_out, global float* y, int ldy, int m, local float* ws, local float* xs) {
   const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   global const float* xr[PT_XN];
@@ -222,6 +221,26 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
       if (n < n_out) y[(long)rr * ldy + n] = acc[j][r];
     }
   }
+}
+
+kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
+                            int n_out, global float* y, int ldy, int m) {
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+  PT_NAME(gemm_t_group)(w, row_bytes, x, ldx, k, n_out, y, ldy, m, ws, xs);
+}
+
+// A product split along k (prefill.cpp gemm_tiled: products of too few tiles to fill the device): work-group
+// (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of 256 so whole blocks of every
+// weight type: kc_bytes of each row) into plane s of y, m rows of ldy from y + s m ldy; sum_planes adds the
+// planes.
+kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
+                             int kc, ulong kc_bytes, int n_out, global float* y, int ldy, int m) {
+  local float ws[32 * 128] __attribute__((aligned(16)));
+  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+  const int s = get_group_id(2);
+  PT_NAME(gemm_t_group)(w + s * kc_bytes, row_bytes, x + s * kc, ldx, min(kc, k - s * kc), n_out,
+                        y + (long)s * m * ldy, ldy, m, ws, xs);
 }
 
 #undef PT_BM

@@ -56,7 +56,11 @@ Switches read_switches() {
     else if (key == "moe_bm") {
       s.moe_bm = int_value(key, v, 32, 64);
       if (s.moe_bm != 32 && s.moe_bm != 64) fail("XPERT_OPENCL_OPTS: moe_bm={}: expected 32 or 64", v);
-    } else if (key == "probe")
+    } else if (key == "ksplit")
+      s.ksplit = int_value(key, v, 0, 64);
+    else if (key == "nv_regs")
+      s.nv_regs = int_value(key, v, 32, 255);
+    else if (key == "probe")
       s.probe = off_value(key, v);
     else if (key == "stats")
       s.stats = off_value(key, v);
@@ -74,7 +78,7 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "graphs, host_weights, subgroups, prefill, moe_bm, probe, stats, profile)",
+          "graphs, host_weights, subgroups, prefill, moe_bm, ksplit, nv_regs, probe, stats, profile)",
           item);
     }
   }

@@ -17,6 +17,13 @@
 //                (cl_khr_command_buffer); XPERT_GRAPHS=0 turns off every backend's recorded steps
 //   prefill=0    the earlier prefill products: the 64 x 32 gemm and the MoE routed on the host (prefill.cpp)
 //   moe_bm=N     rows per tile of the grouped MoE prefill products (32 or 64; default 32)
+//   ksplit=N     slices of k a dense prefill product of too few tiles is split into (prefill.cpp gemm_tiled):
+//                0 chosen from the device's compute units (default), 1 never split, N > 1 always N (as far
+//                as k has 256-element slices)
+//   nv_regs=N    the matmul programs built with -cl-nv-maxrregcount=N (32..255; NVIDIA's
+//   cl_nv_compiler_options:
+//                elsewhere an error), for the grouped MoE prefill tiles' registers (151-159 at _m32 on an
+//                H100)
 //   probe        log what an enqueue costs (at start; an SVM pointer, an int, a cl_mem argument)
 //   stats        log enqueues and blocking calls per decode step, the step's host time in launches and its
 //                wall time from read to read (at exit)
@@ -30,6 +37,8 @@ struct Switches {
   bool fused = true, tail = true, arg_cache = true, wide = true, prefill = true, graphs = true,
        host_weights = true, subgroups = true;
   int moe_bm = 32;
+  int ksplit = 0;
+  int nv_regs = 0;  // 0: the compiler's choice
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default
