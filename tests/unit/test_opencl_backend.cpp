@@ -485,9 +485,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // the recurrent kernel's row slices not whole (40 = 3 x 16 - 8) and more columns than
                       // its group holds at once (column blocks, the last one short)
                       GdnCase{1, 2, 40, 1500, {1, 3}},
-                      // the chunk scan's block of 15 columns (its local state holds 4,096 / 272) by 17 row
-                      // slices, the last one short
-                      GdnCase{1, 1, 272, 40, {70}}),
+                      // the chunk scan's block of 14 columns (its local state holds 4,096 / 276) by 35 row
+                      // slices of 8, the last one short (4 rows)
+                      GdnCase{1, 1, 276, 40, {70}}),
     [](const ::testing::TestParamInfo<GdnCase>& i) {
       return fmt::format("k{}x{}_v{}x{}", i.param.n_k_heads, i.param.head_k_dim, i.param.n_v_heads, i.param.head_v_dim);
     });

@@ -67,7 +67,7 @@ constexpr int kGdnChunk = 64;    // GDN_C, kernels_gdn.h: also the prep kernel's
 constexpr int kGdnPrepWg = 256;  // GDN_PREP_WG, kernels_gdn.h: the prep kernel's work-group at most
 // GDN_SR, GDN_SCAN_CB, GDN_SCAN_S (kernels_gdn.h): state rows a work-item of the chunk scan updates, its
 // column block at most, its block of the state in local memory (floats) at most.
-constexpr int kGdnSr = 16, kGdnScanCb = 32, kGdnScanS = 4096;
+constexpr int kGdnSr = 8, kGdnScanCb = 32, kGdnScanS = 4096;
 constexpr int64_t kGdnPrepTokens = 16;  // tokens a group of gdn_prep takes (one convolution state read each)
 // A matmul with more activation rows than this takes the tiled kernel.
 constexpr int64_t kGemvMaxRows = 8;

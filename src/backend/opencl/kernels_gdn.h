@@ -28,7 +28,7 @@ inline constexpr std::string_view kGdnSource = R"CLC(
 #define GDN_MAXDK 512
 #define GDN_MAXWG 1024  // the recurrent kernel's work-group at most
 #define GDN_NR 16       // state rows a work-item of the recurrent kernel holds
-#define GDN_SR 16       // state rows a work-item of the chunk scan updates
+#define GDN_SR 8        // state rows a work-item of the chunk scan updates
 #define GDN_SCAN_CB 32  // the chunk scan's column block at most
 #define GDN_SCAN_S 4096 // its block of the state in local memory (dk x columns), floats at most
 
