@@ -20,6 +20,7 @@
 #include "backend/opencl/opencl_backend.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "quant/quant.h"
 
 namespace xpert::cltest {
 
@@ -50,6 +51,28 @@ inline std::vector<float> random_vec(int64_t n, std::mt19937& rng, float scale =
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// n rows of k weights drawn as random_vec(n * k, rng, 0.05f), quantized as type: the bytes a device reads.
+inline std::vector<uint8_t> random_weights(DType type, int64_t n, int64_t k, std::mt19937& rng) {
+  const std::vector<float> wf = random_vec(n * k, rng, 0.05f);
+  const size_t rb = row_bytes(type, k);
+  std::vector<uint8_t> wq(rb * n);
+  for (int64_t r = 0; r < n; ++r) quantize_row(type, wf.data() + r * k, wq.data() + r * rb, k);
+  return wq;
+}
+
+// The first n values of each of y's m rows of ldy (a product written into a wider output); *untouched:
+// whether every row's value n still holds `sentinel` (the product wrote no column past n).
+inline std::vector<float> first_columns(const std::vector<float>& y, int64_t m, int64_t n, int64_t ldy,
+                                        float sentinel, bool* untouched) {
+  std::vector<float> packed(m * n);
+  *untouched = true;
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy(y.begin() + i * ldy, y.begin() + i * ldy + n, packed.begin() + i * n);
+    if (y[i * ldy + n] != sentinel) *untouched = false;
+  }
+  return packed;
 }
 
 // An attention case (n_tokens at pos0 after a prefix, heads, sliding window) and its random inputs: q, an f16

@@ -737,10 +737,8 @@ TEST(OpenCLFused, RegisterCapOnlyWhereOffered) {
   ASSERT_TRUE(b) << error;
   std::mt19937 rng(5);
   const int64_t k = 256, n = 64, m = 40;
-  const std::vector<float> wf = random_vec(n * k, rng, 0.05f), x = random_vec(m * k, rng);
-  std::vector<uint8_t> wq(row_bytes(DType::Q4_K, k) * n);
-  for (int64_t r = 0; r < n; ++r)
-    quantize_row(DType::Q4_K, wf.data() + r * k, wq.data() + r * row_bytes(DType::Q4_K, k), k);
+  const std::vector<uint8_t> wq = random_weights(DType::Q4_K, n, k, rng);
+  const std::vector<float> x = random_vec(m * k, rng);
   std::vector<float> ref(m * n);
   cpu::matmul_reference(DType::Q4_K, wq.data(), n, k, x.data(), m, ref.data(), n);
   DeviceBuffer wbuf = upload(*b, wq), xbuf = upload(*b, x), ybuf = upload(*b, std::vector<float>(m * n));
