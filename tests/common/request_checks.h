@@ -37,10 +37,12 @@ inline std::string gen_defect(const GenerateParams& g) {
   return "";
 }
 
-// The routes that parse a generating request's body.
-inline bool is_request_route(const std::string& path) {
-  return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
-         path == "/v1/messages/count_tokens" || path == "/v1/responses";
+// What a refusal must be: a 4xx with a message ("" when it is).
+inline std::string refusal_defect(const ApiError& e) {
+  if (e.status < 400 || e.status > 499)
+    return "an ApiError of status " + std::to_string(e.status) + ": " + e.what();
+  if (std::string(e.what()).empty()) return "an ApiError without a message";
+  return "";
 }
 
 // What each route runs before it renders a prompt and submits. /v1/responses has one stored conversation,

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 
@@ -97,8 +96,7 @@ struct Harness {
           parse_for(path, req.body);
           res.status = 200;
         } catch (const ApiError& e) {
-          if (e.status < 400 || e.status > 499) defect("ApiError not a 4xx", std::to_string(e.status) + " " + e.what());
-          if (std::strlen(e.what()) == 0) defect("ApiError without a message", "");
+          if (const std::string d = checks::refusal_defect(e); !d.empty()) defect("a bad refusal", d);
           res.status = e.status;
           res.set_content(e.what(), "text/plain");
         } catch (const std::exception& e) {

@@ -131,10 +131,7 @@ std::string verdict(const char* path, const ojson& body) {
     const std::string d = xpert::server::checks::check_request(path, body.dump());
     return d.empty() ? "" : "parsed out of range: " + d;
   } catch (const ApiError& e) {
-    if (e.status < 400 || e.status > 499)
-      return "an ApiError of status " + std::to_string(e.status) + ": " + e.what();
-    if (std::string(e.what()).empty()) return "an ApiError without a message";
-    return "";
+    return xpert::server::checks::refusal_defect(e);
   } catch (const std::exception& e) {
     return std::string("an exception other than ApiError (a 500): ") + e.what();
   }

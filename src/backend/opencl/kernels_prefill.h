@@ -33,8 +33,12 @@ namespace xpert::opencl {
 // row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that dequantizes them
 // (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and Q6_K (wide loads);
 // other types are read at dequantization (dequant32). pt_deq gives dequant32's values. Also both tiles' FMAs
-// of one k (PT_FMA8).
+// of one k (PT_FMA8) and their kernels' names (PT_NAME).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
+// A kernel's name in the form being built: n followed by PT_SUF (_m64, _m32).
+#define PT_CAT2(a, b) a##b
+#define PT_CAT(a, b) PT_CAT2(a, b)
+#define PT_NAME(n) PT_CAT(n, PT_SUF)
 // acc[j][r] += the weight of a work-item's column j (a0's for j < 4, a1's for j >= 4) x b[r], for r < rows.
 #define PT_FMA8(a0, a1, b, acc, rows)                 \
   for (int r_ = 0; r_ < (rows); ++r_) {              \
@@ -113,9 +117,6 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
 #define PT_BM (16 * PT_RM)
 #define PT_XN (PT_BM / 32)
-#define PT_CAT2(a, b) a##b
-#define PT_CAT(a, b) PT_CAT2(a, b)
-#define PT_NAME(n) PT_CAT(n, PT_SUF)
 
 // The tile's product over k into acc[8][PT_RM] (declared by the kernel, so it stays in registers): wa / wb are
 // the rows of columns 0 and 64 (na / nb of them valid, the rest read as 0); xr[i] is activation row
@@ -259,9 +260,6 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_BM (8 * PT_TYN)
 #define PT_NW (32 * PT_TYN)
 #define PT_WU (256 / PT_NW)
-#define PT_CAT2(a, b) a##b
-#define PT_CAT(a, b) PT_CAT2(a, b)
-#define PT_NAME(n) PT_CAT(n, PT_SUF)
 
 // The tile's product over k into acc[8][8] (declared by the kernel, so it stays in registers): wa / wb are
 // the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's

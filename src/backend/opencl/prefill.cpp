@@ -18,15 +18,15 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   check_row(t, k);
   const bool xmx = use_xmx(t);
   const size_t units = std::max<uint32_t>(info_.compute_units, 1), col_groups = groups(n, kDenseTileCols);
+  const size_t tiles32 = col_groups * groups(m, 32);
   if (!q4k_rows_aligned(t, w)) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   // Too few 32-row tiles for the compute units (the router's 128 features of 512 rows, the k / v projections
   // of 512): the f32 tile split along k, so each unit has a slice.
-  const KSplit ks =
-      xmx ? KSplit{} : k_split((int64_t)(col_groups * groups(m, 32)), (int64_t)units, k, ksplit_);
+  const KSplit ks = xmx ? KSplit{} : k_split((int64_t)tiles32, (int64_t)units, k, ksplit_);
   if (ks.slices > 1) return gemm_split(t, w, n, k, x, ldx, m, y, ldy, ks);
   // Fewer 32-row tiles than a fifth of the compute units (XPERT_OPENCL_OPTS ksplit=1, an XMX device): the
   // earlier 64 x 32 tile's more work-groups finish first (the router: 208 us against 351, H200).
-  if (col_groups * groups(m, 32) * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+  if (tiles32 * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
   // projections, the router: few features).
   const int64_t bm = col_groups * groups(m, 64) < 2 * units ? 32 : 64;
