@@ -269,8 +269,13 @@ TEST_P(OpenCLPrefillMoe, MatchesCpuAndHostRouting) {
   EXPECT_LT(rel_err(got["moe_bm=64"], got["moe_bm=32"]), 1e-6f);
   EXPECT_LT(rel_err(got["prefill=0"], got["moe_bm=32"]), 2e-3f);
   // Routed on the device: router, routing, grouping, two roundings, gate/up, down, combine; the host's
-  // routing uploads its tables and runs a product per expert and matrix.
-  EXPECT_LE(launches["moe_bm=32"], 8u);
+  // routing uploads its tables and runs a product per expert and matrix. The router's few features split
+  // along k on a device of many compute units (an H100: 2–7 tiles for 132), which adds the planes' sum.
+  const auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
+  const int64_t router_tiles = (X + opencl::kDenseTileCols - 1) / opencl::kDenseTileCols * ((n + 31) / 32);
+  const bool router_split =
+      opencl::k_split(router_tiles, std::max<uint32_t>(ocl.facts().compute_units, 1), E, 0).slices > 1;
+  EXPECT_LE(launches["moe_bm=32"], router_split ? 9u : 8u);
   EXPECT_GT(launches["prefill=0"], launches["moe_bm=32"]);
 }
 
