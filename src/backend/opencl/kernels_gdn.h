@@ -247,6 +247,8 @@ kernel void delta_rule_recurrent(global const float* x, int channels, global con
 #define GDN_C 64
 #define GDN_P (GDN_C + 1)  // row pitch of A in local memory
 #define GDN_PREP_WG 256    // delta_chunk_prep's work-group where the device allows it
+#define GDN_KT 32          // dims of the chunk's k and q in local memory at a time (the scores)
+#define GDN_PB 9           // score pairs a work-item holds (2,080 of a whole chunk in one pass of 256)
 
 // Work-group (chunk c, value head h) of wg >= GDN_C work-items (the host takes GDN_PREP_WG where it can:
 // more work-items a group, each with less to walk). Rows past the chunk's L tokens are never read. Every sum
@@ -255,7 +257,7 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
                              long v_stride, global const float* g, global const float* beta, int n_tokens,
                              int n_k_heads, int n_v_heads, int dk, int dv, global float* ws_g, global float* ws_qk,
                              global float* ws_u, global float* ws_w, global float* ws_qp, global float* ws_qku) {
-  local float A[GDN_C * GDN_P];
+  local float A[GDN_C * GDN_P], Kt[GDN_KT * GDN_P], Qt[GDN_KT * GDN_P];
   local float G[GDN_C], B[GDN_C], eG[GDN_C], old[GDN_C];
   const int c = get_group_id(0), h = get_group_id(1), kh = h % n_k_heads, lid = get_local_id(0);
   const int wg = get_local_size(0);
@@ -287,21 +289,47 @@ kernel void delta_chunk_prep(global const float* q, global const float* k, globa
   }
 
   // A (strictly lower) and the decayed q.k scores (lower with the diagonal), a work-item per pair (i, j <= i)
-  // of the triangle in turn (pair p = i (i + 1) / 2 + j).
-  for (int p = lid; p < L * (L + 1) / 2; p += wg) {
-    int i = (int)((sqrt(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
-    while (i * (i + 1) / 2 > p) --i;
-    while ((i + 1) * (i + 2) / 2 <= p) ++i;
-    const int j = p - i * (i + 1) / 2;
-    global const float *ki = kc + i * qk_stride, *qi = qc + i * qk_stride, *kj = kc + j * qk_stride;
-    float kk = 0.0f, qk = 0.0f;
-    for (int d = 0; d < dk; ++d) {
-      kk += ki[d] * kj[d];
-      qk += qi[d] * kj[d];
+  // of the triangle (pair p = i (i + 1) / 2 + j), GDN_PB pairs at a time. The chunk's k and q pass through
+  // local memory GDN_KT dims at a time, dim-major: a warp's pairs read one row i (a broadcast) and
+  // consecutive rows j (consecutive banks), where reading them from global memory touched a cache line per
+  // row. Each sum still runs over the dims in order.
+  const int np = L * (L + 1) / 2;
+  for (int p0 = 0; p0 < np; p0 += GDN_PB * wg) {
+    int pi[GDN_PB], pj[GDN_PB];
+    float kk[GDN_PB], qk[GDN_PB];
+#pragma unroll
+    for (int b = 0; b < GDN_PB; ++b) {
+      const int p = min(p0 + b * wg + lid, np - 1);  // past the triangle: the last pair again, not stored
+      int i = (int)((sqrt(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
+      while (i * (i + 1) / 2 > p) --i;
+      while ((i + 1) * (i + 2) / 2 <= p) ++i;
+      pi[b] = i, pj[b] = p - i * (i + 1) / 2, kk[b] = 0.0f, qk[b] = 0.0f;
     }
-    const float e = exp(G[i] - G[j]);
-    A[i * GDN_P + j] = j < i ? -B[i] * kk * e : 0.0f;
-    QK[i * GDN_C + j] = qk * e;
+    for (int d0 = 0; d0 < dk; d0 += GDN_KT) {
+      const int nd = min(GDN_KT, dk - d0);
+      barrier(CLK_LOCAL_MEM_FENCE);  // the previous dims read
+      for (int e = lid; e < L * GDN_KT; e += wg) {  // consecutive work-items: consecutive dims of a row
+        const int t = e / GDN_KT, d = e % GDN_KT;
+        Kt[d * GDN_P + t] = d < nd ? kc[t * qk_stride + d0 + d] : 0.0f;
+        Qt[d * GDN_P + t] = d < nd ? qc[t * qk_stride + d0 + d] : 0.0f;
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+      for (int d = 0; d < nd; ++d)
+#pragma unroll
+        for (int b = 0; b < GDN_PB; ++b) {
+          const float kj = Kt[d * GDN_P + pj[b]];
+          kk[b] += Kt[d * GDN_P + pi[b]] * kj;
+          qk[b] += Qt[d * GDN_P + pi[b]] * kj;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < GDN_PB; ++b) {
+      const int i = pi[b], j = pj[b];
+      if (p0 + b * wg + lid >= np) continue;
+      const float e = exp(G[i] - G[j]);
+      A[i * GDN_P + j] = j < i ? -B[i] * kk[b] * e : 0.0f;
+      QK[i * GDN_C + j] = qk[b] * e;
+    }
   }
   // T - I in A by forward substitution, row by row (rows m < i final):
   // T[i][j] = A[i][j] + sum_{j<m<i} A[i][m] T[m][j], the sum in increasing m as on the CPU.
