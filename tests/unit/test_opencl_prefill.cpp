@@ -71,10 +71,10 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
   }
 }
 
-// The product split along k (gemm_split: gemm_tk_m32 into planes, sum_planes), forced with XPERT_OPENCL_OPTS
-// ksplit (the automatic rule splits only where the tiles are fewer than the compute units, never on CI's
-// two): k of 1,000 for F32 (four slices of 256, the last one 232), 1,024 in two slices of 512 and in four of
-// 256. 40 rows, 200 features (a partial tile each way).
+// The product split along k (gemm_split: gemm_tk_m32 / gemm_tk_m64 into planes, sum_planes): forced with
+// XPERT_OPENCL_OPTS ksplit=N (32-row tiles), and as the device plans it (ksplit=0: on CI's two units, two
+// 64-row tiles in 2 slices). k of 1,000 for F32 (four slices of 256, the last one 232), 1,024 in two slices
+// of 512 and in four of 256. 40 rows, 200 features (a partial tile each way).
 TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
   const DType type = GetParam();
   std::mt19937 rng(91 + (int)type);
@@ -85,8 +85,8 @@ TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
     const std::vector<float> x = random_vec(m * k, rng);
     std::vector<float> ref(m * n);
     cpu::matmul_reference(type, wq.data(), n, k, x.data(), m, ref.data(), n);
-    uint64_t enqueues[2] = {0, 0};
-    for (const int split : {1, slices}) {  // ksplit=1: the same product whole, for its launch count
+    uint64_t whole = 0;
+    for (const int split : {1, slices, 0}) {  // ksplit=1: the same product whole, for its launch count
       Backend* d = device_with(fmt::format("ksplit={}", split));
       if (!d) GTEST_SKIP() << "no OpenCL device with SVM";
       auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
@@ -98,14 +98,18 @@ TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
       bool untouched = false;
       const std::vector<float> packed =
           first_columns(download<float>(*d, ybuf, m * ldy), m, n, ldy, 7.0f, &untouched);
-      enqueues[split > 1] = ocl.enqueue_count() - e0;
-      EXPECT_TRUE(untouched) << dtype_name(type) << ", k " << k << ": a column past n was written";
-      EXPECT_LT(rel_err(packed, ref), 1e-5f)
-          << dtype_name(type) << ", k " << k << " in " << split << " slices";
+      const uint64_t enqueues = ocl.enqueue_count() - e0;
+      const std::string what = fmt::format("{}, k {}, ksplit={}", dtype_name(type), k, split);
+      EXPECT_TRUE(untouched) << what << ": a column past n was written";
+      EXPECT_LT(rel_err(packed, ref), 1e-5f) << what;
+      // The split form is one launch more: the sum of its planes.
+      const opencl::DensePlan plan =
+          opencl::dense_plan(n, m, k, std::max<uint32_t>(ocl.facts().compute_units, 1), split);
+      if (split == 1)
+        whole = enqueues;
+      else
+        EXPECT_EQ(enqueues, whole + (plan.slices > 1 ? 1 : 0)) << what;
     }
-    // The split form is one launch more: the sum of its planes.
-    EXPECT_EQ(enqueues[1], enqueues[0] + 1)
-        << dtype_name(type) << ", k " << k << " in " << slices << " slices";
   }
 }
 
@@ -113,26 +117,35 @@ INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          ::testing::Values(DType::F32, DType::Q8_0, DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-// gemm_tiled's choice of slices: about two work-groups a compute unit where the 32-row tiles are fewer than
-// the units, in whole 256-element slices, at most 16; a forced count as far as k allows.
-TEST(OpenCLPrefillGemm, SplitRule) {
-  using opencl::k_split;
-  // The H100's 132 units: qwen3's router (16 tiles, k 2,048) in 8 slices of 256; its k / v projections (64
-  // tiles) in 4 of 512; the q projection (512 tiles) not at all.
-  EXPECT_EQ(k_split(16, 132, 2048, 0).slices, 8);
-  EXPECT_EQ(k_split(16, 132, 2048, 0).kc, 256);
-  EXPECT_EQ(k_split(64, 132, 2048, 0).slices, 4);
-  EXPECT_EQ(k_split(64, 132, 2048, 0).kc, 512);
-  EXPECT_EQ(k_split(512, 132, 2048, 0).slices, 1);
-  EXPECT_EQ(k_split(1, 132, 65536, 0).slices, 16);
-  EXPECT_EQ(k_split(16, 132, 256, 0).slices, 1);  // one slice of k: nothing to split
-  EXPECT_EQ(k_split(1, 2, 4096, 0).slices, 4);    // CI's two units, one tile
-  EXPECT_EQ(k_split(2, 2, 4096, 0).slices, 1);
-  EXPECT_EQ(k_split(16, 132, 2048, 1).slices, 1);   // ksplit=1: never
-  EXPECT_EQ(k_split(512, 132, 1000, 3).slices, 2);  // 4 blocks in 3 wanted: 2 of 512
-  EXPECT_EQ(k_split(512, 132, 1000, 3).kc, 512);
-  EXPECT_EQ(k_split(512, 132, 1000, 4).slices, 4);
-  EXPECT_EQ(k_split(512, 132, 1000, 4).kc, 256);
+// gemm_tiled's plan (dense_plan): 64-row tiles where they make about two work-groups a compute unit; fewer
+// of them split along k into about that many while the 32-row tiles cover the units; 32-row tiles split into
+// about two a unit below that (at most 16 slices, whole 256-element slices); ksplit=1 the rule before the
+// split; ksplit=N > 1 32-row tiles in N slices as far as k allows.
+TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
+  using opencl::dense_plan;
+  const auto is = [](opencl::DensePlan p, int64_t bm, int64_t slices, int64_t kc) {
+    return p.bm == bm && p.slices == slices && p.kc == kc;
+  };
+  // qwen3-30b-a3b at 512 rows on an H100's 132 units: the router (128 features) in 8 slices of 256; k / v
+  // (512) in 4 of 512; q (4,096: 256 tiles of 64 rows) whole; o (2,048 of k 4,096: 128 tiles) in 2 slices.
+  EXPECT_TRUE(is(dense_plan(128, 512, 2048, 132, 0), 32, 8, 256));
+  EXPECT_TRUE(is(dense_plan(512, 512, 2048, 132, 0), 32, 4, 512));
+  EXPECT_TRUE(is(dense_plan(4096, 512, 2048, 132, 0), 64, 1, 0));
+  EXPECT_TRUE(is(dense_plan(2048, 512, 4096, 132, 0), 64, 2, 2048));
+  EXPECT_TRUE(is(dense_plan(8192, 512, 2048, 132, 0), 64, 1, 0));
+  EXPECT_TRUE(is(dense_plan(1, 1, 65536, 132, 0), 32, 16, 4096));
+  EXPECT_TRUE(is(dense_plan(128, 512, 256, 132, 0), 32, 1, 0));  // one slice of k: nothing to split
+  // CI's two units: 200 features of 40 rows (two 64-row tiles) in 2 slices; one 32-row tile in 4.
+  EXPECT_TRUE(is(dense_plan(200, 40, 1024, 2, 0), 64, 2, 512));
+  EXPECT_TRUE(is(dense_plan(128, 20, 4096, 2, 0), 32, 4, 1024));
+  EXPECT_TRUE(is(dense_plan(2048, 512, 2048, 2, 0), 64, 1, 0));
+  // ksplit=1: never split, 32-row tiles below two 64-row ones a unit (qwen3's q took those).
+  EXPECT_TRUE(is(dense_plan(4096, 512, 2048, 132, 1), 32, 1, 0));
+  EXPECT_TRUE(is(dense_plan(8192, 512, 2048, 132, 1), 64, 1, 0));
+  EXPECT_TRUE(is(dense_plan(128, 512, 2048, 132, 1), 32, 1, 0));
+  // ksplit=N: 4 blocks in 3 wanted are 2 slices of 512; in 4, 4 of 256.
+  EXPECT_TRUE(is(dense_plan(200, 40, 1000, 132, 3), 32, 2, 512));
+  EXPECT_TRUE(is(dense_plan(200, 40, 1000, 132, 4), 32, 4, 256));
 }
 
 // --- memory: freed blocks kept for reuse -------------------------------------------------------------------
@@ -272,9 +285,8 @@ TEST_P(OpenCLPrefillMoe, MatchesCpuAndHostRouting) {
   // routing uploads its tables and runs a product per expert and matrix. The router's few features split
   // along k on a device of many compute units (an H100: 2–7 tiles for 132), which adds the planes' sum.
   const auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
-  const int64_t router_tiles = (X + opencl::kDenseTileCols - 1) / opencl::kDenseTileCols * ((n + 31) / 32);
   const bool router_split =
-      opencl::k_split(router_tiles, std::max<uint32_t>(ocl.facts().compute_units, 1), E, 0).slices > 1;
+      opencl::dense_plan(X, n, E, std::max<uint32_t>(ocl.facts().compute_units, 1), 0).slices > 1;
   EXPECT_LE(launches["moe_bm=32"], router_split ? 9u : 8u);
   EXPECT_GT(launches["prefill=0"], launches["moe_bm=32"]);
 }

@@ -167,21 +167,34 @@ bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
-// gemm_tiled's split of k for a product of `tiles` 32-row tiles on `units` compute units: slices of kc
-// elements (a multiple of 256: whole blocks of every weight type; the last slice takes what is left).
-// forced (XPERT_OPENCL_OPTS ksplit): 0 picks about two work-groups a unit where the tiles are fewer than the
-// units (at most 16 slices), 1 never splits, N > 1 asks for N. One slice: no split.
-struct KSplit {
-  int64_t slices = 1, kc = 0;
+// gemm_tiled's launch for a product of n features by m rows, k deep, on `units` compute units (the f32
+// tiles, not XMX): the tile's rows (bm, 32 or 64) and its split of k into slices of kc elements (a multiple
+// of 256: whole blocks of every weight type; the last slice takes what is left). A full device runs either
+// tile at about the same rate (an H100: three 32-row groups an SM or two 64-row ones), so the plan fills the
+// units and leaves no short last wave: 64-row tiles where they make about two groups a unit (15/16 of it
+// or more); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split along k
+// into about two a unit (qwen3's o projection: 128 tiles of 64 rows in 2 slices, where 256 of 32 rows
+// left a third of the H100 idle); where even the 32-row tiles are fewer than the units, 32-row tiles split
+// into about two a unit (at most 16 slices). forced (XPERT_OPENCL_OPTS ksplit): 0 plans as above, 1 never
+// splits (64-row tiles only from two a unit), N > 1 splits 32-row tiles into N. One slice: no split.
+struct DensePlan {
+  int64_t bm = 32, slices = 1, kc = 0;
 };
-inline KSplit k_split(int64_t tiles, int64_t units, int64_t k, int forced) {
-  int64_t want = forced;
-  if (forced == 0) want = tiles >= units ? 1 : std::min<int64_t>(16, (2 * units + tiles - 1) / tiles);
-  const int64_t blocks = (k + 255) / 256;
-  want = std::min(want, blocks);
-  if (want < 2) return {};
-  const int64_t kc = (blocks + want - 1) / want * 256;
-  return {(k + kc - 1) / kc, kc};
+inline DensePlan dense_plan(int64_t n, int64_t m, int64_t k, int64_t units, int forced) {
+  const int64_t cols = (n + kDenseTileCols - 1) / kDenseTileCols, g32 = cols * ((m + 31) / 32),
+                g64 = cols * ((m + 63) / 64);
+  const int64_t full = 2 * units, blocks = (k + 255) / 256;
+  auto split = [&](int64_t bm, int64_t want) {
+    want = std::min(want, blocks);
+    if (want < 2) return DensePlan{bm};
+    const int64_t kc = (blocks + want - 1) / want * 256;
+    return DensePlan{bm, (k + kc - 1) / kc, kc};
+  };
+  if (forced == 1) return {g64 < full ? 32 : 64};
+  if (forced > 1) return split(32, forced);
+  if (16 * g64 >= 15 * full) return {64};
+  if (g32 >= units) return split(64, full / g64);
+  return split(32, std::min<int64_t>(16, (full + g32 - 1) / g32));
 }
 
 class OpenclBackend final : public Backend, public DecodeFusions, public PassGraphs {
@@ -666,11 +679,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
            (cl_int)n);
   }
   // prefill.cpp: 128 features x 64 or 32 rows per work-group, register-tiled (kernels_prefill.h); a product
-  // of too few tiles for the device split along k (gemm_split, k_split).
+  // of too few tiles for the device split along k (gemm_split, dense_plan).
   void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
                   float* y, int64_t ldy);
   void gemm_split(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
-                  float* y, int64_t ldy, KSplit ks);
+                  float* y, int64_t ldy, DensePlan plan);
   // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
   // of local memory or 256 work-items a group) gemm_small, the earlier 64 x 32 tile (gemm_tiled takes it too
   // for products of too few tiles to fill the device that it does not split).

@@ -20,16 +20,14 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   const size_t units = std::max<uint32_t>(info_.compute_units, 1), col_groups = groups(n, kDenseTileCols);
   const size_t tiles32 = col_groups * groups(m, 32);
   if (!q4k_rows_aligned(t, w)) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  // Too few 32-row tiles for the compute units (the router's 128 features of 512 rows, the k / v projections
-  // of 512): the f32 tile split along k, so each unit has a slice.
-  const KSplit ks = xmx ? KSplit{} : k_split((int64_t)tiles32, (int64_t)units, k, ksplit_);
-  if (ks.slices > 1) return gemm_split(t, w, n, k, x, ldx, m, y, ldy, ks);
+  // The f32 tiles as dense_plan fills the compute units, split along k where the tiles are too few.
+  const DensePlan plan = xmx ? DensePlan{} : dense_plan(n, m, k, (int64_t)units, ksplit_);
+  if (plan.slices > 1) return gemm_split(t, w, n, k, x, ldx, m, y, ldy, plan);
   // Fewer 32-row tiles than a fifth of the compute units (XPERT_OPENCL_OPTS ksplit=1, an XMX device): the
   // earlier 64 x 32 tile's more work-groups finish first (the router: 208 us against 351, H200).
   if (tiles32 * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  // 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit (k / v
-  // projections, the router: few features).
-  const int64_t bm = col_groups * groups(m, 64) < 2 * units ? 32 : 64;
+  // XMX: 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit.
+  const int64_t bm = xmx ? (col_groups * groups(m, 64) < 2 * units ? 32 : 64) : plan.bm;
   const auto [wg, wg1] = dense_tile_group(xmx, bm);
   const cl_kernel kernel =
       (xmx ? xmx_program(t) : matmul_program(t)).kernel(bm == 32 ? "gemm_t_m32" : "gemm_t_m64");
@@ -40,21 +38,21 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
          (cl_int)ldx, (cl_int)k, (cl_int)n, y, (cl_int)ldy, (cl_int)m);
 }
 
-// 32-row f32 tiles over ks.slices slices of k (gemm_tk_m32), each into its plane of partial sums in scratch
-// memory, then the planes added in order (sum_planes): two launches.
+// plan.bm-row f32 tiles over plan.slices slices of k (gemm_tk_m32 / gemm_tk_m64), each into its plane of
+// partial sums in scratch memory, then the planes added in order (sum_planes): two launches.
 void OpenclBackend::gemm_split(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx,
-                               int64_t m, float* y, int64_t ldy, KSplit ks) {
-  const auto [wg, wg1] = dense_tile_group(false, 32);
-  const cl_kernel kernel = matmul_program(t).kernel("gemm_tk_m32");
+                               int64_t m, float* y, int64_t ldy, DensePlan plan) {
+  const auto [wg, wg1] = dense_tile_group(false, plan.bm);
+  const cl_kernel kernel = matmul_program(t).kernel(plan.bm == 32 ? "gemm_tk_m32" : "gemm_tk_m64");
   if (kernel_max_group(kernel, (int64_t)(wg * wg1)) < (int64_t)(wg * wg1))
     return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  float* planes = ar.take<float>(ks.slices * m * n);
-  launch(kernel, {groups(n, kDenseTileCols) * wg, groups(m, 32) * wg1, (size_t)ks.slices}, {wg, wg1, 1}, w,
-         (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)ks.kc, (cl_ulong)row_bytes(t, ks.kc),
-         (cl_int)n, planes, (cl_int)n, (cl_int)m);
-  launch(ops("sum_planes"), {groups(n, 64) * 64, (size_t)m}, {64, 1}, planes, (cl_int)ks.slices,
+  float* planes = ar.take<float>(plan.slices * m * n);
+  launch(kernel, {groups(n, kDenseTileCols) * wg, groups(m, plan.bm) * wg1, (size_t)plan.slices},
+         {wg, wg1, 1}, w, (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)plan.kc,
+         (cl_ulong)row_bytes(t, plan.kc), (cl_int)n, planes, (cl_int)n, (cl_int)m);
+  launch(ops("sum_planes"), {groups(n, 64) * 64, (size_t)m}, {64, 1}, planes, (cl_int)plan.slices,
          (cl_long)(m * n), (cl_int)n, (cl_int)m, y, (cl_int)ldy);
   ar.release(mark);
 }
