@@ -17,9 +17,10 @@
 //                (cl_khr_command_buffer); XPERT_GRAPHS=0 turns off every backend's recorded steps
 //   prefill=0    the earlier prefill products: the 64 x 32 gemm and the MoE routed on the host (prefill.cpp)
 //   moe_bm=N     rows per tile of the grouped MoE prefill products (32 or 64; default 32)
-//   ksplit=N     slices of k a dense prefill product of too few tiles is split into (prefill.cpp gemm_tiled):
-//                0 chosen from the device's compute units (default), 1 never split, N > 1 always N (as far
-//                as k has 256-element slices)
+//   ksplit=N     the dense prefill products' plan (backend_impl.h dense_plan, prefill.cpp gemm_tiled): 0
+//                the device's (default: tiles that fill the compute units, split along k where they are too
+//                few), 1 the earlier rule (never split), N > 1 32-row tiles in N slices of k (as far as k
+//                has 256-element slices)
 //   nv_regs=N    the matmul programs built with -cl-nv-maxrregcount=N (32..255; NVIDIA's
 //   cl_nv_compiler_options:
 //                elsewhere an error), for the grouped MoE prefill tiles' registers (151-159 at _m32 on an
