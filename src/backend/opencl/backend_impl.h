@@ -169,10 +169,10 @@ inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / p
 
 // gemm_tiled's launch for a product of n features by m rows, k deep, on `units` compute units (the f32
 // tiles, not XMX): the tile's rows (bm, 32 or 64) and its split of k into slices of kc elements (a multiple
-// of 256: whole blocks of every weight type; the last slice takes what is left). A full device runs either
-// tile at about the same rate (an H100: three 32-row groups an SM or two 64-row ones), so the plan fills the
-// units and leaves no short last wave: 64-row tiles where they make about two groups a unit (15/16 of it
-// or more); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split along k
+// of 256: whole blocks of every weight type; the last slice takes what is left). The plan fills the units
+// and leaves no short last wave (an H100 holds three 32-row groups an SM or two 64-row ones): 64-row tiles
+// where they make about two groups a unit (15/16 of it or more; qwen3's q: 256, where 512 of 32 rows were
+// 1.3 waves); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split along k
 // into about two a unit (qwen3's o projection: 128 tiles of 64 rows in 2 slices, where 256 of 32 rows
 // left a third of the H100 idle); where even the 32-row tiles are fewer than the units, 32-row tiles split
 // into about two a unit (at most 16 slices). forced (XPERT_OPENCL_OPTS ksplit): 0 plans as above, 1 never
