@@ -714,7 +714,8 @@ TEST(OpenCLFused, LaunchProbeRuns) {
 }
 
 // nv_regs: NVIDIA's register cap where the device offers cl_nv_compiler_options (the products still right),
-// elsewhere a message naming the switch instead of a build option the compiler would refuse.
+// elsewhere a message naming the switch instead of a build option the compiler would refuse (0, no cap,
+// is accepted everywhere).
 TEST(OpenCLFused, RegisterCapOnlyWhereOffered) {
   DEVICE_OR_SKIP();
   (void)dev;
@@ -732,6 +733,9 @@ TEST(OpenCLFused, RegisterCapOnlyWhereOffered) {
     EXPECT_FALSE(b);
     EXPECT_NE(error.find("nv_regs=128"), std::string::npos) << error;
     EXPECT_NE(error.find("cl_nv_compiler_options"), std::string::npos) << error;
+    setenv("XPERT_OPENCL_OPTS", "nv_regs=0", 1);  // the compiler's choice: nothing to refuse
+    EXPECT_NO_THROW(make_opencl_backend(0));
+    unsetenv("XPERT_OPENCL_OPTS");
     return;
   }
   ASSERT_TRUE(b) << error;
@@ -779,12 +783,13 @@ TEST(OpenCLSwitches, ParsesItemsAndRefusesBadOnes) {
   EXPECT_EQ(s.arg_sets, 8);
   EXPECT_EQ(s.mv_r, 8);
   EXPECT_EQ(d.ksplit, 0);
-  EXPECT_EQ(d.nv_regs, 0);
+  EXPECT_EQ(d.nv_regs, -1);  // kNvRegs where NVIDIA's compiler options are offered
   const opencl::Switches k = with("ksplit=1:nv_regs=128");
   EXPECT_EQ(k.ksplit, 1);
   EXPECT_EQ(k.nv_regs, 128);
+  EXPECT_EQ(with("nv_regs=0").nv_regs, 0);  // the compiler's choice
   for (const char* bad : {"bogus", "fused=2", "mv_wg=12", "mv_wg=512", "arg_sets=0", "arg_sets=x", "mv_r=3",
-                          "mv_r=32", "ksplit=-1", "ksplit=65", "nv_regs=16", "nv_regs=256"}) {
+                          "mv_r=32", "ksplit=-1", "ksplit=65", "nv_regs=16", "nv_regs=256", "nv_regs=-1"}) {
     try {
       with(bad);
       ADD_FAILURE() << bad << " was accepted";

@@ -65,6 +65,10 @@ constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the rec
 constexpr int kGdnNr = 16;                  // GDN_NR, kernels_gdn.h: state rows a work-item of it holds
 constexpr int kGdnChunk = 64;    // GDN_C, kernels_gdn.h: also the prep kernel's work-group at least
 constexpr int kGdnPrepWg = 256;  // GDN_PREP_WG, kernels_gdn.h: the prep kernel's work-group at most
+// The matmul programs' registers a work-item at most on NVIDIA's OpenCL (-cl-nv-maxrregcount;
+// XPERT_OPENCL_OPTS nv_regs): on an H100, qwen3.5-35b-a3b tg128 185.4 / 187.5 -> 191.5 / 193.5 t/s,
+// qwen3-30b-a3b 156.2 -> 158.3, pp512 +0.3 % (2026-12-05, perf-history/opencl.md).
+constexpr int kNvRegs = 128;
 // GDN_SR, GDN_SCAN_CB, GDN_SCAN_S (kernels_gdn.h): state rows a work-item of the chunk scan updates, its
 // column block at most, its block of the state in local memory (floats) at most.
 constexpr int kGdnSr = 8, kGdnScanCb = 32, kGdnScanS = 4096;
@@ -236,12 +240,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     while (mv_r_ > 1 && (size_t)(mv_wg_ * mv_r_) > info_.max_work_group_size) mv_r_ /= 2;
     if (sw.subgroups) mv_sg_ = info_.matvec_sub_group(mv_wg_);
     wide_loads_ = sw.wide;
-    if (sw.nv_regs) {
-      if (info_.extensions.find("cl_nv_compiler_options") == std::string::npos)
-        fail("XPERT_OPENCL_OPTS: nv_regs={}: {} lacks cl_nv_compiler_options (NVIDIA's OpenCL only)",
-             sw.nv_regs, info_.name);
-      max_registers_ = sw.nv_regs;
-    }
+    // NVIDIA's OpenCL: the matmul programs capped at kNvRegs registers a work-item unless nv_regs says.
+    const bool nv_options = info_.extensions.find("cl_nv_compiler_options") != std::string::npos;
+    if (sw.nv_regs > 0 && !nv_options)
+      fail("XPERT_OPENCL_OPTS: nv_regs={}: {} lacks cl_nv_compiler_options (NVIDIA's OpenCL only)",
+           sw.nv_regs, info_.name);
+    max_registers_ = sw.nv_regs >= 0 ? sw.nv_regs : nv_options ? kNvRegs : 0;
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
@@ -808,7 +812,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   int mv_wg_ = 32;
   int mv_r_ = 4;   // MV_R, kernels_fused.h
   int mv_sg_ = 0;  // MV_SG, kernels_matmul.h
-  int max_registers_ = 0;  // XPERT_OPENCL_OPTS nv_regs: the matmul programs' -cl-nv-maxrregcount
+  int max_registers_ = 0;  // the matmul programs' -cl-nv-maxrregcount (kNvRegs, XPERT_OPENCL_OPTS nv_regs)
   // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
   // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
   struct Prerounded {

@@ -58,9 +58,11 @@ Switches read_switches() {
       if (s.moe_bm != 32 && s.moe_bm != 64) fail("XPERT_OPENCL_OPTS: moe_bm={}: expected 32 or 64", v);
     } else if (key == "ksplit")
       s.ksplit = int_value(key, v, 0, 64);
-    else if (key == "nv_regs")
-      s.nv_regs = int_value(key, v, 32, 255);
-    else if (key == "probe")
+    else if (key == "nv_regs") {
+      s.nv_regs = int_value(key, v, 0, 255);
+      if (s.nv_regs > 0 && s.nv_regs < 32)
+        fail("XPERT_OPENCL_OPTS: nv_regs={}: expected 0 (the compiler's choice) or 32 to 255", v);
+    } else if (key == "probe")
       s.probe = off_value(key, v);
     else if (key == "stats")
       s.stats = off_value(key, v);

@@ -21,10 +21,10 @@
 //                the device's (default: tiles that fill the compute units, split along k where they are too
 //                few), 1 the earlier rule (never split), N > 1 32-row tiles in N slices of k (as far as k
 //                has 256-element slices)
-//   nv_regs=N    the matmul programs built with -cl-nv-maxrregcount=N (32..255; NVIDIA's
-//   cl_nv_compiler_options:
-//                elsewhere an error), for the grouped MoE prefill tiles' registers (151-159 at _m32 on an
-//                H100)
+//   nv_regs=N    the matmul programs' registers a work-item at most (-cl-nv-maxrregcount=N, 32..255; 0 the
+//                compiler's choice) where the device offers NVIDIA's cl_nv_compiler_options (elsewhere an
+//                error); default 128 there (decode kernels at higher occupancy: qwen3.5 tg128 +3 % on an
+//                H100), nothing elsewhere
 //   probe        log what an enqueue costs (at start; an SVM pointer, an int, a cl_mem argument)
 //   stats        log enqueues and blocking calls per decode step, the step's host time in launches and its
 //                wall time from read to read (at exit)
@@ -39,7 +39,7 @@ struct Switches {
        host_weights = true, subgroups = true;
   int moe_bm = 32;
   int ksplit = 0;
-  int nv_regs = 0;  // 0: the compiler's choice
+  int nv_regs = -1;  // -1: kNvRegs where offered; 0: the compiler's choice
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default
