@@ -122,30 +122,36 @@ INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
 // about two a unit below that (at most 16 slices, whole 256-element slices); ksplit=1 the rule before the
 // split; ksplit=N > 1 32-row tiles in N slices as far as k allows.
 TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
-  using opencl::dense_plan;
-  const auto is = [](opencl::DensePlan p, int64_t bm, int64_t slices, int64_t kc) {
-    return p.bm == bm && p.slices == slices && p.kc == kc;
+  struct Case {
+    int64_t n, m, k, units;
+    int forced;
+    opencl::DensePlan want;
+    const char* what;
   };
-  // qwen3-30b-a3b at 512 rows on an H100's 132 units: the router (128 features) in 8 slices of 256; k / v
-  // (512) in 4 of 512; q (4,096: 256 tiles of 64 rows) whole; o (2,048 of k 4,096: 128 tiles) in 2 slices.
-  EXPECT_TRUE(is(dense_plan(128, 512, 2048, 132, 0), 32, 8, 256));
-  EXPECT_TRUE(is(dense_plan(512, 512, 2048, 132, 0), 32, 4, 512));
-  EXPECT_TRUE(is(dense_plan(4096, 512, 2048, 132, 0), 64, 1, 0));
-  EXPECT_TRUE(is(dense_plan(2048, 512, 4096, 132, 0), 64, 2, 2048));
-  EXPECT_TRUE(is(dense_plan(8192, 512, 2048, 132, 0), 64, 1, 0));
-  EXPECT_TRUE(is(dense_plan(1, 1, 65536, 132, 0), 32, 16, 4096));
-  EXPECT_TRUE(is(dense_plan(128, 512, 256, 132, 0), 32, 1, 0));  // one slice of k: nothing to split
-  // CI's two units: 200 features of 40 rows (two 64-row tiles) in 2 slices; one 32-row tile in 4.
-  EXPECT_TRUE(is(dense_plan(200, 40, 1024, 2, 0), 64, 2, 512));
-  EXPECT_TRUE(is(dense_plan(128, 20, 4096, 2, 0), 32, 4, 1024));
-  EXPECT_TRUE(is(dense_plan(2048, 512, 2048, 2, 0), 64, 1, 0));
-  // ksplit=1: never split, 32-row tiles below two 64-row ones a unit (qwen3's q took those).
-  EXPECT_TRUE(is(dense_plan(4096, 512, 2048, 132, 1), 32, 1, 0));
-  EXPECT_TRUE(is(dense_plan(8192, 512, 2048, 132, 1), 64, 1, 0));
-  EXPECT_TRUE(is(dense_plan(128, 512, 2048, 132, 1), 32, 1, 0));
-  // ksplit=N: 4 blocks in 3 wanted are 2 slices of 512; in 4, 4 of 256.
-  EXPECT_TRUE(is(dense_plan(200, 40, 1000, 132, 3), 32, 2, 512));
-  EXPECT_TRUE(is(dense_plan(200, 40, 1000, 132, 4), 32, 4, 256));
+  // qwen3-30b-a3b at 512 rows on an H100's 132 units, then CI's two units, then the switch's forms.
+  const Case cases[] = {
+      {128, 512, 2048, 132, 0, {32, 8, 256}, "the router (128 features): 8 slices of 256"},
+      {512, 512, 2048, 132, 0, {32, 4, 512}, "k / v (512): 4 slices of 512"},
+      {4096, 512, 2048, 132, 0, {64, 1, 0}, "q (256 tiles of 64 rows): whole"},
+      {2048, 512, 4096, 132, 0, {64, 2, 2048}, "o (128 tiles of 64 rows, k 4,096): 2 slices"},
+      {8192, 512, 2048, 132, 0, {64, 1, 0}, "8,192 features: whole"},
+      {1, 1, 65536, 132, 0, {32, 16, 4096}, "one tile: 16 slices at most"},
+      {128, 512, 256, 132, 0, {32, 1, 0}, "one slice of k: nothing to split"},
+      {200, 40, 1024, 2, 0, {64, 2, 512}, "two units, two 64-row tiles: 2 slices"},
+      {128, 20, 4096, 2, 0, {32, 4, 1024}, "two units, one 32-row tile: 4 slices"},
+      {2048, 512, 2048, 2, 0, {64, 1, 0}, "two units, many tiles: whole"},
+      {4096, 512, 2048, 132, 1, {32, 1, 0}, "ksplit=1: 32-row tiles below two 64-row ones a unit"},
+      {8192, 512, 2048, 132, 1, {64, 1, 0}, "ksplit=1: 64-row tiles from two a unit"},
+      {128, 512, 2048, 132, 1, {32, 1, 0}, "ksplit=1: never split"},
+      {200, 40, 1000, 132, 3, {32, 2, 512}, "ksplit=3 of 4 blocks: 2 slices of 512"},
+      {200, 40, 1000, 132, 4, {32, 4, 256}, "ksplit=4 of 4 blocks: 4 slices of 256"},
+  };
+  for (const Case& c : cases) {
+    const opencl::DensePlan p = opencl::dense_plan(c.n, c.m, c.k, c.units, c.forced);
+    EXPECT_EQ(p.bm, c.want.bm) << c.what;
+    EXPECT_EQ(p.slices, c.want.slices) << c.what;
+    EXPECT_EQ(p.kc, c.want.kc) << c.what;
+  }
 }
 
 // --- memory: freed blocks kept for reuse -------------------------------------------------------------------
