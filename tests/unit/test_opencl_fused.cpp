@@ -728,7 +728,7 @@ TEST(OpenCLFused, RegisterCapOnlyWhereOffered) {
     error = e.what();
   }
   unsetenv("XPERT_OPENCL_OPTS");
-  const bool offered = opencl::device_info(0).extensions.find("cl_nv_compiler_options") != std::string::npos;
+  const bool offered = opencl::device_info(0).nv_compiler_options;
   if (!offered) {
     EXPECT_FALSE(b);
     EXPECT_NE(error.find("nv_regs=128"), std::string::npos) << error;

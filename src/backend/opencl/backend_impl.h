@@ -185,9 +185,8 @@ struct DensePlan {
   int64_t bm = 32, slices = 1, kc = 0;
 };
 inline DensePlan dense_plan(int64_t n, int64_t m, int64_t k, int64_t units, int forced) {
-  const int64_t cols = (n + kDenseTileCols - 1) / kDenseTileCols, g32 = cols * ((m + 31) / 32),
-                g64 = cols * ((m + 63) / 64);
-  const int64_t full = 2 * units, blocks = (k + 255) / 256;
+  const int64_t cols = (int64_t)groups(n, kDenseTileCols), g32 = cols * (int64_t)groups(m, 32),
+                g64 = cols * (int64_t)groups(m, 64), full = 2 * units, blocks = (int64_t)groups(k, 256);
   auto split = [&](int64_t bm, int64_t want) {
     want = std::min(want, blocks);
     if (want < 2) return DensePlan{bm};
@@ -241,11 +240,10 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     if (sw.subgroups) mv_sg_ = info_.matvec_sub_group(mv_wg_);
     wide_loads_ = sw.wide;
     // NVIDIA's OpenCL: the matmul programs capped at kNvRegs registers a work-item unless nv_regs says.
-    const bool nv_options = info_.extensions.find("cl_nv_compiler_options") != std::string::npos;
-    if (sw.nv_regs > 0 && !nv_options)
+    if (sw.nv_regs > 0 && !info_.nv_compiler_options)
       fail("XPERT_OPENCL_OPTS: nv_regs={}: {} lacks cl_nv_compiler_options (NVIDIA's OpenCL only)",
            sw.nv_regs, info_.name);
-    max_registers_ = sw.nv_regs >= 0 ? sw.nv_regs : nv_options ? kNvRegs : 0;
+    max_registers_ = sw.nv_regs >= 0 ? sw.nv_regs : info_.nv_compiler_options ? kNvRegs : 0;
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;

@@ -111,6 +111,7 @@ DeviceInfo describe(int index, cl_platform_id p, cl_device_id d) {
   i.intel_usm = has_extension(ext, "cl_intel_unified_shared_memory");
   i.intel_subgroup_mma = has_extension(ext, "cl_intel_subgroup_matrix_multiply_accumulate");
   i.command_buffer = has_extension(ext, "cl_khr_command_buffer");
+  i.nv_compiler_options = has_extension(ext, "cl_nv_compiler_options");
   if (i.intel_usm) i.usm_host_caps = device_value<cl_ulong>(d, CL_DEVICE_HOST_MEM_CAPABILITIES_INTEL);
 
   // Subgroup sizes: Intel lists the sizes a kernel may require; NVIDIA and AMD report their fixed width.

@@ -30,6 +30,7 @@ struct DeviceInfo {
   bool intel_subgroups = false, intel_required_subgroup_size = false, khr_subgroups = false;
   bool intel_usm = false, intel_subgroup_mma = false;
   bool command_buffer = false;  // cl_khr_command_buffer: a decode step recorded once, replayed
+  bool nv_compiler_options = false;  // cl_nv_compiler_options: -cl-nv-maxrregcount and the like
   std::string extensions;
   // "dddd:bb:dd.f" (lower-case hex) from cl_khr_pci_bus_info or NVIDIA's cl_nv_device_attribute_query; ""
   // where the device names none (PoCL, most CPUs): with cuda::DeviceInfo::pci_bus_id, whether an OpenCL

@@ -20,14 +20,14 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   const size_t units = std::max<uint32_t>(info_.compute_units, 1), col_groups = groups(n, kDenseTileCols);
   const size_t tiles32 = col_groups * groups(m, 32);
   if (!q4k_rows_aligned(t, w)) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  // The f32 tiles as dense_plan fills the compute units, split along k where the tiles are too few.
-  const DensePlan plan = xmx ? DensePlan{} : dense_plan(n, m, k, (int64_t)units, ksplit_);
+  // The tiles as dense_plan fills the compute units, split along k where they are too few (the f32 tiles;
+  // the XMX ones by the earlier rule, never split).
+  const DensePlan plan = dense_plan(n, m, k, (int64_t)units, xmx ? 1 : ksplit_);
   if (plan.slices > 1) return gemm_split(t, w, n, k, x, ldx, m, y, ldy, plan);
   // Fewer 32-row tiles than a fifth of the compute units (XPERT_OPENCL_OPTS ksplit=1, an XMX device): the
   // earlier 64 x 32 tile's more work-groups finish first (the router: 208 us against 351, H200).
   if (tiles32 * 5 < units) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
-  // XMX: 64-row tiles, or 32-row ones where those leave fewer than two work-groups per compute unit.
-  const int64_t bm = xmx ? (col_groups * groups(m, 64) < 2 * units ? 32 : 64) : plan.bm;
+  const int64_t bm = plan.bm;
   const auto [wg, wg1] = dense_tile_group(xmx, bm);
   const cl_kernel kernel =
       (xmx ? xmx_program(t) : matmul_program(t)).kernel(bm == 32 ? "gemm_t_m32" : "gemm_t_m64");
