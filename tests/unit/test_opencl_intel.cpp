@@ -70,7 +70,7 @@ void compile_for_intel(const std::vector<std::pair<std::string, opencl::ProgramT
 TEST(OpenCLIntelOfflineCompile, OpsAttentionGdnAndExpertProgramsBuild) {
   std::vector<std::pair<std::string, opencl::ProgramText>> programs = {
       {"ops", opencl::ops_program_text(true)},
-      {"attention", opencl::attention_program_text(true)},
+      {"attention", opencl::attention_program_text(true, 512)},
       {"gdn", opencl::gdn_program_text(true)},
   };
   for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::GPTQ4_G128, DType::GPTQ4Z_G32})

@@ -131,14 +131,27 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
   // qwen3-30b-a3b at 512 rows on an H100's 132 units, then CI's two units, then the switch's forms.
   const Case cases[] = {
       {128, 512, 2048, 132, 0, {32, 8, 256}, "the router (128 features): 8 slices of 256"},
-      {512, 512, 2048, 132, 0, {32, 4, 512}, "k / v (512): 4 slices of 512"},
+      {512, 512, 2048, 132, 0, {64, 8, 256}, "k / v (512): 64-row tiles in 8 slices of 256"},
+      {512,
+       40,
+       2048,
+       132,
+       0,
+       {32, 8, 256},
+       "k / v of 40 rows: 8 slices of 64-row tiles too few, 32-row ones"},
       {4096, 512, 2048, 132, 0, {64, 1, 0}, "q (256 tiles of 64 rows): whole"},
       {2048, 512, 4096, 132, 0, {64, 2, 2048}, "o (128 tiles of 64 rows, k 4,096): 2 slices"},
       {8192, 512, 2048, 132, 0, {64, 1, 0}, "8,192 features: whole"},
       {1, 1, 65536, 132, 0, {32, 16, 4096}, "one tile: 16 slices at most"},
       {128, 512, 256, 132, 0, {32, 1, 0}, "one slice of k: nothing to split"},
       {200, 40, 1024, 2, 0, {64, 2, 512}, "two units, two 64-row tiles: 2 slices"},
-      {128, 20, 4096, 2, 0, {32, 4, 1024}, "two units, one 32-row tile: 4 slices"},
+      {128,
+       20,
+       4096,
+       2,
+       0,
+       {32, 4, 1024},
+       "two units, one 32-row tile: 4 slices (a 64-row one mostly empty)"},
       {2048, 512, 2048, 2, 0, {64, 1, 0}, "two units, many tiles: whole"},
       {4096, 512, 2048, 132, 1, {32, 1, 0}, "ksplit=1: 32-row tiles below two 64-row ones a unit"},
       {8192, 512, 2048, 132, 1, {64, 1, 0}, "ksplit=1: 64-row tiles from two a unit"},
@@ -152,6 +165,18 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
     EXPECT_EQ(p.slices, c.want.slices) << c.what;
     EXPECT_EQ(p.kc, c.want.kc) << c.what;
   }
+}
+
+// The MoE prefill tiles' buffers: two where the device's local memory holds them (the _m64 form's 40 KiB:
+// NVIDIA's 48 KiB, an Intel GPU's 64), else one; pt_bufs=1 always one, pt_bufs=2 two or a refusal (0).
+TEST(OpenCLPrefillMoeTiles, TwoBuffersWhereTheyFit) {
+  EXPECT_EQ(opencl::kTwoTileBufsBytes, 40u * 1024);
+  EXPECT_EQ(opencl::tile_bufs_for(48 * 1024, 0), 2);
+  EXPECT_EQ(opencl::tile_bufs_for(40 * 1024, 0), 2);
+  EXPECT_EQ(opencl::tile_bufs_for(32 * 1024, 0), 1);
+  EXPECT_EQ(opencl::tile_bufs_for(64 * 1024, 1), 1);
+  EXPECT_EQ(opencl::tile_bufs_for(64 * 1024, 2), 2);
+  EXPECT_EQ(opencl::tile_bufs_for(32 * 1024, 2), 0);
 }
 
 // --- memory: freed blocks kept for reuse -------------------------------------------------------------------
@@ -215,10 +240,11 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
 }
 
 // Qwen3-30B-A3B's heads (32 / 4 of 128) over a prefix, a partial last block of 8 tokens; a sliding window
-// shorter than the block's span of keys, wide heads.
+// shorter than the block's span of keys, wide heads; blocks of more keys than pass 1 keeps scores for
+// (ATT_BKEEP 512: pass 2 computes them again).
 INSTANTIATE_TEST_SUITE_P(Shapes, OpenCLPrefillAttention,
                          ::testing::Values(AttCase{45, 100, 32, 4, 128, 0}, AttCase{30, 70, 4, 1, 256, 20},
-                                           AttCase{70, 0, 4, 2, 64, 0}),
+                                           AttCase{70, 0, 4, 2, 64, 0}, AttCase{20, 600, 4, 2, 64, 0}),
                          [](const auto& info) {
                            const AttCase& a = info.param;
                            return "t" + std::to_string(a.n_tokens) + "_p" + std::to_string(a.pos0) + "_d" +
@@ -265,7 +291,8 @@ TEST_P(OpenCLPrefillMoe, MatchesCpuAndHostRouting) {
 
   std::map<std::string, std::vector<float>> got;
   std::map<std::string, uint64_t> launches;
-  for (const std::string opts : {"moe_bm=32", "moe_bm=64", "prefill=0"}) {
+  for (const std::string opts :
+       {"moe_bm=32", "moe_bm=64", "moe_bm=32:pt_bufs=1", "moe_bm=64:pt_bufs=1", "prefill=0"}) {
     Backend& dev = *device_with(opts);
     LayerWeights lw = host;
     std::vector<DeviceBuffer> bufs;
@@ -286,6 +313,9 @@ TEST_P(OpenCLPrefillMoe, MatchesCpuAndHostRouting) {
   }
   // The same grouped rows by other tiles, and the host's grouping: each row's product is the same sum.
   EXPECT_LT(rel_err(got["moe_bm=64"], got["moe_bm=32"]), 1e-6f);
+  // One buffer or two (the device's default where it has the local memory): the same sums in the same order.
+  EXPECT_EQ(got["moe_bm=32:pt_bufs=1"], got["moe_bm=32"]);
+  EXPECT_EQ(got["moe_bm=64:pt_bufs=1"], got["moe_bm=64"]);
   EXPECT_LT(rel_err(got["prefill=0"], got["moe_bm=32"]), 2e-3f);
   // Routed on the device: router, routing, grouping, two roundings, gate/up, down, combine; the host's
   // routing uploads its tables and runs a product per expert and matrix. The router's few features split

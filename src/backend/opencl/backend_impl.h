@@ -144,12 +144,14 @@ struct MatmulBuild {
   int sub_group = 0;
   // -cl-nv-maxrregcount (NVIDIA's cl_nv_compiler_options): registers a work-item at most. 0: the compiler's.
   int max_registers = 0;
+  // PT_BUFS: the grouped MoE prefill tiles' steps in local memory, 1 or 2 (kernels_prefill.h).
+  int tile_bufs = 1;
 };
 
 // A weight type's matmul program's build options.
 inline std::string matmul_options(DType t, const MatmulBuild& b) {
-  return fmt::format("-D{} -DMV_WG={} -DMV_R={}{}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
-                     b.wide_loads ? "" : " -DNO_WIDE_LOADS",
+  return fmt::format("-D{} -DMV_WG={} -DMV_R={} -DPT_BUFS={}{}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
+                     b.tile_bufs, b.wide_loads ? "" : " -DNO_WIDE_LOADS",
                      b.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
                      b.sub_group ? fmt::format(" -DMV_SG={}", b.sub_group) : "",
                      b.max_registers ? fmt::format(" -cl-nv-maxrregcount={}", b.max_registers) : "");
@@ -163,13 +165,28 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 // (kernels_ops.h, kernels_fused.h, the prefill's ops), attention, Gated DeltaNet, and a weight type's matmul
 // program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
 ProgramText ops_program_text(bool correctly_rounded_divide);
-ProgramText attention_program_text(bool correctly_rounded_divide);
+// block_keep: attention_block's kept scores (ATT_BKEEP, att_block_keep).
+ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep);
+// attention_block keeps pass 1's scores of up to 512 keys for pass 2 (16 KiB more local memory, 44 in all)
+// where the device has 48 KiB a work-group; elsewhere pass 2 computes them again.
+inline int att_block_keep(uint64_t local_mem) { return local_mem >= 48 * 1024 ? 512 : 0; }
 ProgramText gdn_program_text(bool correctly_rounded_divide);
 ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
 bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
+
+// The grouped MoE prefill tiles' buffers (kernels_prefill.h PT_BUFS) on a device of local_mem bytes of local
+// memory a work-group: two where they fit (kTwoTileBufsBytes, the _m64 form's), else one; forced
+// (XPERT_OPENCL_OPTS pt_bufs) 1 or 2 as asked, 0 where two do not fit.
+inline constexpr uint64_t kTwoTileBufsBytes = 2 * 16 * (256 + 64) * sizeof(float);
+inline int tile_bufs_for(uint64_t local_mem, int forced) {
+  if (forced == 1) return 1;
+  const bool two = local_mem >= kTwoTileBufsBytes;
+  if (forced == 2) return two ? 2 : 0;
+  return two ? 2 : 1;
+}
 
 // gemm_tiled's launch for a product of n features by m rows, k deep, on `units` compute units (the f32
 // tiles, not XMX): the tile's rows (bm, 32 or 64) and its split of k into slices of kc elements (a multiple
@@ -178,9 +195,11 @@ inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / p
 // where they make about two groups a unit (15/16 of it or more; qwen3's q: 256, where 512 of 32 rows were
 // 1.3 waves); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split along k
 // into about two a unit (qwen3's o projection: 128 tiles of 64 rows in 2 slices, where 256 of 32 rows
-// left a third of the H100 idle); where even the 32-row tiles are fewer than the units, 32-row tiles split
-// into about two a unit (at most 16 slices). forced (XPERT_OPENCL_OPTS ksplit): 0 plans as above, 1 never
-// splits (64-row tiles only from two a unit), N > 1 splits 32-row tiles into N. One slice: no split.
+// left a third of the H100 idle); where even the 32-row tiles are fewer than the units, 64-row tiles split
+// into about two a unit where at most 16 slices get there and the rows fill them (qwen3's k and v: 32
+// tiles in 8 slices of 256, where 64 of 32 rows took 4 slices), else 32-row tiles split into about two a
+// unit (at most 16 slices; the router's 128 features). forced (XPERT_OPENCL_OPTS ksplit): 0 plans as above, 1
+// never splits (64-row tiles only from two a unit), N > 1 splits 32-row tiles into N. One slice: no split.
 struct DensePlan {
   int64_t bm = 32, slices = 1, kc = 0;
 };
@@ -197,6 +216,9 @@ inline DensePlan dense_plan(int64_t n, int64_t m, int64_t k, int64_t units, int 
   if (forced > 1) return split(32, forced);
   if (16 * g64 >= 15 * full) return {64};
   if (g32 >= units) return split(64, full / g64);
+  const bool rows64 = 8 * groups(m, 64) * 64 <= 9 * groups(m, 32) * 32;  // 64-row tiles waste few rows
+  if (rows64 && 16 * g64 * std::min<int64_t>(16, blocks) >= 15 * full)
+    return split(64, (full + g64 - 1) / g64);
   return split(32, std::min<int64_t>(16, (full + g32 - 1) / g32));
 }
 
@@ -244,6 +266,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("XPERT_OPENCL_OPTS: nv_regs={}: {} lacks cl_nv_compiler_options (NVIDIA's OpenCL only)",
            sw.nv_regs, info_.name);
     max_registers_ = sw.nv_regs >= 0 ? sw.nv_regs : info_.nv_compiler_options ? kNvRegs : 0;
+    tile_bufs_ = tile_bufs_for(info_.local_mem_bytes, sw.pt_bufs);
+    if (!tile_bufs_)
+      fail(
+          "XPERT_OPENCL_OPTS: pt_bufs=2: {} has {} KiB of local memory a work-group, two buffers of the MoE "
+          "prefill tiles need {} KiB",
+          info_.name, info_.local_mem_bytes / 1024, kTwoTileBufsBytes / 1024);
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
@@ -391,7 +419,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~29 KiB of local memory).
+    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~29 KiB of local memory, 44
+    // with the kept scores: att_block_keep).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
       launch(attention_kernel("attention_block"), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
              {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
@@ -465,7 +494,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
             .wide_loads = wide_loads_,
             .correctly_rounded_divide = info_.correctly_rounded_divide,
             .sub_group = mv_sg_,
-            .max_registers = max_registers_};
+            .max_registers = max_registers_,
+            .tile_bufs = tile_bufs_};
   }
   // Tests: the XMX kernels on a device without the extension (PoCL), over an emulation of its builtins in
   // OpenCL C (prelude, put before the program's source; options added to its build options) at subgroups of
@@ -511,7 +541,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
   cl_kernel attention_kernel(const char* kernel) {
-    return program(attention_, [&] { return attention_program_text(info_.correctly_rounded_divide); })
+    return program(attention_,
+                   [&] {
+                     return attention_program_text(info_.correctly_rounded_divide,
+                                                   att_block_keep(info_.local_mem_bytes));
+                   })
         .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) {
@@ -811,6 +845,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   int mv_r_ = 4;   // MV_R, kernels_fused.h
   int mv_sg_ = 0;  // MV_SG, kernels_matmul.h
   int max_registers_ = 0;  // the matmul programs' -cl-nv-maxrregcount (kNvRegs, XPERT_OPENCL_OPTS nv_regs)
+  int tile_bufs_ = 1;      // the MoE prefill tiles' buffers (tile_bufs_for, XPERT_OPENCL_OPTS pt_bufs)
   // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
   // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
   struct Prerounded {

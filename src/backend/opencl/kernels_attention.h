@@ -213,6 +213,13 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // H100, qwen3-30b-a3b pp512: 869 -> 414 us a launch (2026-12-05).
 #define ATT_QB 8
 #define ATT_KC 32
+// ATT_BKEEP (the program's options: 512 where the device has the local memory, else 0): pass 1's scores of
+// a block whose keys number at most this many are kept in local memory for pass 2, which then neither reads K
+// nor computes the scores again.
+#ifndef ATT_BKEEP
+#define ATT_BKEEP 0
+#endif
+#define ATT_BKEEP_ARR (ATT_BKEEP > 0 ? ATT_BKEEP : 1)
 #define ATT_KS (ATT_WG + 1)
 #if ATT_KC != 32
 #error "attention_block stages a chunk as 4 work-items of 8 dims a key"
@@ -224,6 +231,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
   local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
   local float ks[ATT_KC * ATT_KS];
   local float stat[2 * ATT_QB];
+  local float kept[ATT_QB * ATT_BKEEP_ARR];
   const int h = get_group_id(0), lid = get_local_id(0);
   const int t0 = get_group_id(1) * ATT_QB, nq = min(ATT_QB, n_tokens - t0);
   const int hk = h / (n_head / n_head_kv);
@@ -239,14 +247,17 @@ kernel void attention_block(global const float* q, global const half* kc, global
     hi[u] = u < nq ? min(p, n_kv - 1) : -1;
     if (u < nq) blo = min(blo, lo[u]), bhi = max(bhi, hi[u]);
   }
-  // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys). Staging:
-  // work-item lid loads dims 8 (lid % 4) .. + 7 of the chunk for keys lid / 4 + r ATT_WG / 4 (r < 4).
-#define ATT_BLOCK_SCORES(j0)                                                                      \
+  const int keep = bhi - blo < ATT_BKEEP;  // the same in every work-item
+  // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys), over the
+  // dims below dl (d; 0 where pass 2 takes them from kept: the loop's barriers still in every work-item's
+  // path, as PoCL wants). Staging: work-item lid loads dims 8 (lid % 4) .. + 7 of the chunk for keys
+  // lid / 4 + r ATT_WG / 4 (r < 4).
+#define ATT_BLOCK_SCORES(j0, dl)                                                                  \
   {                                                                                               \
     const int j = (j0) + lid;                                                                     \
     float dot[ATT_QB];                                                                            \
     for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f;                                               \
-    for (int i0 = 0; i0 < d; i0 += ATT_KC) {                                                      \
+    for (int i0 = 0; i0 < (dl); i0 += ATT_KC) {                                                   \
       const int nc = min(ATT_KC, d - i0), part = 8 * (lid % 4);                                   \
       barrier(CLK_LOCAL_MEM_FENCE); /* the last reads of ks (and the stores of qs) done */        \
       for (int r = 0; r < 4; ++r) {                                                               \
@@ -292,9 +303,10 @@ kernel void attention_block(global const float* q, global const half* kc, global
   float mx[ATT_QB], l[ATT_QB];
   for (int u = 0; u < ATT_QB; ++u) mx[u] = -INFINITY, l[u] = 0.0f;
   for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
-    ATT_BLOCK_SCORES(j0)
+    ATT_BLOCK_SCORES(j0, d)
     for (int u = 0; u < ATT_QB; ++u) {
       const float sc = ps[u * ATT_WG + lid];
+      if (keep && j0 + lid <= bhi) kept[u * ATT_BKEEP_ARR + j0 + lid - blo] = sc;
       if (sc == -INFINITY) continue;
       const float mnew = max(mx[u], sc);
       l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
@@ -327,9 +339,10 @@ kernel void attention_block(global const float* q, global const half* kc, global
   for (int u = 0; u < ATT_QB; ++u)
     for (int a = 0; a < ATT_DPT; ++a) acc[u][a] = 0.0f;
   for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
-    ATT_BLOCK_SCORES(j0)
+    ATT_BLOCK_SCORES(j0, keep ? 0 : d)
     for (int u = 0; u < ATT_QB; ++u) {
-      const float s = ps[u * ATT_WG + lid];
+      const float s = keep ? (j0 + lid <= bhi ? kept[u * ATT_BKEEP_ARR + j0 + lid - blo] : -INFINITY)
+                           : ps[u * ATT_WG + lid];
       ps[u * ATT_WG + lid] = s == -INFINITY ? 0.0f : round_f16(exp(s - stat[u]) * stat[ATT_QB + u]);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -369,6 +382,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 #undef ATT_BLOCK_SCORES
+#undef ATT_BKEEP_ARR
   for (int u = 0; u < nq; ++u) {
     global float* o = out + ((long)(t0 + u) * n_head + h) * d;
     for (int a = 0; a < ATT_DPT / 2; ++a) {

@@ -257,22 +257,31 @@ kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global cons
 )CLC";
 
 inline constexpr std::string_view kPrefillTileSource = R"CLC(
+#ifndef PT_BUFS
+#define PT_BUFS 1
+#endif
 #define PT_BM (8 * PT_TYN)
 #define PT_NW (32 * PT_TYN)
 #define PT_WU (256 / PT_NW)
 
 // The tile's product over k into acc[8][8] (declared by the kernel, so it stays in registers): wa / wb are
 // the weight rows of columns 0 and 128 (na / nb of them valid, the rest read as 0); xr is this work-item's
-// activation row tid % PT_BM of the tile (null: past its end, read as 0).
+// activation row tid % PT_BM of the tile (null: past its end, read as 0); nr of the tile's rows are valid.
 // A step is 16 of k. Loads, every work-item a share: weight rows tid + PT_NW u (u < PT_WU), each the step's
 // half of its 32-weight chunk (Q4_K: one 16-byte load of quants and one of the block's scales), so a warp
 // stores 32 consecutive columns of ws (no bank conflict); activations: the float4 tid / PT_BM of row
 // tid % PT_BM (a warp stores 32 consecutive rows of xs). The next step's loads are in flight during the
-// products.
+// products. PT_BUFS 2 (a device with the local memory for two steps: 36 KiB at _m32, 40 at _m64): each step's
+// weights and activations go to the other buffer, stored right after this step's products, so a step takes
+// one barrier instead of two and a warp's dequantization follows its own products without waiting for the
+// group's.
 // Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
 // rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
 // FMA instructions, so local memory keeps up with the FMA units; the dense tile's 8 x 2 has 10 for 16).
-#define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
+// A warp whose 8 rows are all past nr skips the products (it still loads its share and takes every barrier):
+// an expert's last tile is seldom full (qwen3-30b-a3b synth, pp512: 74 % of the 32-row tiles' rows hold a
+// token, 93 % of the warps' 8 rows), and the FMA issue slots it leaves go to the unit's other groups.
+#define PT_TILE_MM(wa, wb, row_bytes, na, nb, nr, k, xr, ws, xs, acc)                                         \
   {                                                                                                           \
     const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
     const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM;                                                         \
@@ -289,36 +298,53 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
     PT_RAW_DECL                                                                                               \
     PT_RAW_LOAD(0)                                                                                            \
     float4 xv_ = ld_x4((xr), 4 * xp_, (k));                                                                   \
+    PT_STORE(ws, xs, 0, 0)                                                                                    \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
     for (int s_ = 0; s_ < steps_; ++s_) {                                                                     \
-      for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                    \
-        float wv_[16];                                                                                        \
-        if (wvalid_[u_]) {                                                                                    \
-          PT_DEQ(wrow_[u_], u_, s_, (k), wv_);                                                                \
-        } else {                                                                                              \
-          for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                     \
-        }                                                                                                     \
-        for (int i_ = 0; i_ < 16; ++i_) (ws)[i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];                         \
-      }                                                                                                       \
-      (xs)[(4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                                              \
-      (xs)[(4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                                              \
-      (xs)[(4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                                              \
-      (xs)[(4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                                              \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
-      if (s_ + 1 < steps_) { /* the next step's loads, in flight during the products */                      \
+      const int b_ = s_ % PT_BUFS;                                                                            \
+      if (s_ + 1 < steps_) { /* the next step's loads, in flight during the products */                       \
         PT_RAW_LOAD(s_ + 1)                                                                                   \
         xv_ = ld_x4((xr), (s_ + 1) * 16 + 4 * xp_, (k));                                                      \
       }                                                                                                       \
-      _Pragma("unroll 4") for (int kk_ = 0; kk_ < 16; ++kk_) {                                                \
-        const float4 a0_ = *(local const float4*)((ws) + kk_ * 256 + 4 * tx_);                                \
-        const float4 a1_ = *(local const float4*)((ws) + kk_ * 256 + 128 + 4 * tx_);                          \
-        const float4 b0_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_);                              \
-        const float4 b1_ = *(local const float4*)((xs) + kk_ * PT_BM + 8 * ty_ + 4);                          \
-        const float b_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};                         \
-        PT_FMA8(a0_, a1_, b_, acc, 8)                                                                         \
+      if (8 * ty_ < (nr)) { /* uniform in a warp */                                                           \
+        local const float* wsb_ = (ws) + b_ * 16 * 256;                                                       \
+        local const float* xsb_ = (xs) + b_ * 16 * PT_BM;                                                     \
+        _Pragma("unroll 4") for (int kk_ = 0; kk_ < 16; ++kk_) {                                              \
+          const float4 a0_ = *(local const float4*)(wsb_ + kk_ * 256 + 4 * tx_);                              \
+          const float4 a1_ = *(local const float4*)(wsb_ + kk_ * 256 + 128 + 4 * tx_);                        \
+          const float4 b0_ = *(local const float4*)(xsb_ + kk_ * PT_BM + 8 * ty_);                            \
+          const float4 b1_ = *(local const float4*)(xsb_ + kk_ * PT_BM + 8 * ty_ + 4);                        \
+          const float bv_[8] = {b0_.x, b0_.y, b0_.z, b0_.w, b1_.x, b1_.y, b1_.z, b1_.w};                      \
+          PT_FMA8(a0_, a1_, bv_, acc, 8)                                                                      \
+        }                                                                                                     \
       }                                                                                                       \
+      PT_ONE_BUF_BARRIER                                                                                      \
+      if (s_ + 1 < steps_) PT_STORE(ws, xs, (s_ + 1) % PT_BUFS, s_ + 1)                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
+// Step ss's weights, dequantized, and activations (loaded into raw_ / xv_) into buffer b of ws / xs.
+#define PT_STORE(ws, xs, b, ss)                                                                               \
+  {                                                                                                           \
+    for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                      \
+      float wv_[16];                                                                                          \
+      if (wvalid_[u_]) {                                                                                      \
+        PT_DEQ(wrow_[u_], u_, (ss), (k), wv_);                                                                \
+      } else {                                                                                                \
+        for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                       \
+      }                                                                                                       \
+      for (int i_ = 0; i_ < 16; ++i_) (ws)[(b) * 16 * 256 + i_ * 256 + tid_ + PT_NW * u_] = wv_[i_];          \
+    }                                                                                                         \
+    (xs)[(b) * 16 * PT_BM + (4 * xp_ + 0) * PT_BM + xm_] = xv_.x;                                             \
+    (xs)[(b) * 16 * PT_BM + (4 * xp_ + 1) * PT_BM + xm_] = xv_.y;                                             \
+    (xs)[(b) * 16 * PT_BM + (4 * xp_ + 2) * PT_BM + xm_] = xv_.z;                                             \
+    (xs)[(b) * 16 * PT_BM + (4 * xp_ + 3) * PT_BM + xm_] = xv_.w;                                             \
+  }
+#if PT_BUFS == 1
+#define PT_ONE_BUF_BARRIER barrier(CLK_LOCAL_MEM_FENCE); /* the products read the buffer the next step fills */
+#else
+#define PT_ONE_BUF_BARRIER
+#endif
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_[PT_WU];
 #define PT_RAW_LOAD(ss)                                                          \
@@ -345,8 +371,8 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
                             ulong expert_stride, global const int* tiles, global const int* n_tiles,
                             global const int* row_slot, int k_used, global const float* x, int ldx, int k,
                             int n_ff, global float* h) {
-  local float ws[16 * 256] __attribute__((aligned(16)));
-  local float xs[16 * PT_BM] __attribute__((aligned(16)));
+  local float ws[PT_BUFS * 16 * 256] __attribute__((aligned(16)));
+  local float xs[PT_BUFS * 16 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;  // the whole group: before any barrier
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
@@ -357,7 +383,7 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
   float acc[8][8];
   const int nv = min(128, n_ff - f0);
-  PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, k, xr, ws, xs, acc)
+  PT_TILE_MM(gate + off, up + off, row_bytes, nv, nv, g1 - g0, k, xr, ws, xs, acc)
   for (int r = 0; r < 8; ++r) {
     const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
@@ -373,8 +399,8 @@ kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
 void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert_stride,
                          global const int* tiles, global const int* n_tiles, global const float* hq, int k,
                          int n_out, global float* yg) {
-  local float ws[16 * 256] __attribute__((aligned(16)));
-  local float xs[16 * PT_BM] __attribute__((aligned(16)));
+  local float ws[PT_BUFS * 16 * 256] __attribute__((aligned(16)));
+  local float xs[PT_BUFS * 16 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
   if (t >= n_tiles[0]) return;
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
@@ -385,7 +411,7 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
   global const uchar* we = down + (ulong)e * expert_stride;
   float acc[8][8];
   PT_TILE_MM(we + (ulong)n0 * row_bytes, we + (ulong)(n0 + 128) * row_bytes, row_bytes, min(128, n_out - n0),
-             min(128, n_out - n0 - 128), k, xr, ws, xs, acc)
+             min(128, n_out - n0 - 128), g1 - g0, k, xr, ws, xs, acc)
   for (int r = 0; r < 8; ++r) {
     const int gg = g0 + 8 * ty + r;
     if (gg >= g1) break;
@@ -403,6 +429,8 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
 #undef PT_DEQ
 #undef PT_COL
 #undef PT_TILE_MM
+#undef PT_STORE
+#undef PT_ONE_BUF_BARRIER
 )CLC";
 
 inline constexpr std::string_view kPrefillOpsSource = R"CLC(

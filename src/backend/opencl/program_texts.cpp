@@ -32,9 +32,10 @@ ProgramText ops_program_text(bool correctly_rounded_divide) {
 }
 
 // The decode kernel rounds its output for the projection as ops' round_blocks does.
-ProgramText attention_program_text(bool correctly_rounded_divide) {
+ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep) {
   return {with_common({kAttentionSource}),
-          correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
+          fmt::format("-DATT_BKEEP={}{}", block_keep,
+                      correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "")};
 }
 
 // The recurrent kernel rounds its output for the projection as ops' round_blocks does.

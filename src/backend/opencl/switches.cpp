@@ -56,7 +56,9 @@ Switches read_switches() {
     else if (key == "moe_bm") {
       s.moe_bm = int_value(key, v, 32, 64);
       if (s.moe_bm != 32 && s.moe_bm != 64) fail("XPERT_OPENCL_OPTS: moe_bm={}: expected 32 or 64", v);
-    } else if (key == "ksplit")
+    } else if (key == "pt_bufs")
+      s.pt_bufs = int_value(key, v, 1, 2);
+    else if (key == "ksplit")
       s.ksplit = int_value(key, v, 0, 64);
     else if (key == "nv_regs") {
       s.nv_regs = int_value(key, v, 0, 255);
@@ -80,7 +82,8 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "graphs, host_weights, subgroups, prefill, moe_bm, ksplit, nv_regs, probe, stats, profile)",
+          "graphs, host_weights, subgroups, prefill, moe_bm, pt_bufs, ksplit, nv_regs, probe, stats, "
+          "profile)",
           item);
     }
   }
