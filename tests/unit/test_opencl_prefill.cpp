@@ -118,9 +118,10 @@ INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // gemm_tiled's plan (dense_plan): 64-row tiles where they make about two work-groups a compute unit; fewer
-// of them split along k into about that many while the 32-row tiles cover the units; 32-row tiles split into
-// about two a unit below that (at most 16 slices, whole 256-element slices); ksplit=1 the rule before the
-// split; ksplit=N > 1 32-row tiles in N slices as far as k allows.
+// of them split along k into about that many while the 32-row tiles cover the units; below that 64-row tiles
+// in at most 16 slices where they reach about two a unit and the rows fill them, else 32-row tiles split into
+// about two a unit (at most 16 slices, whole 256-element slices); ksplit=1 the rule before the split;
+// ksplit=N > 1 32-row tiles in N slices as far as k allows.
 TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
   struct Case {
     int64_t n, m, k, units;
@@ -132,26 +133,14 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
   const Case cases[] = {
       {128, 512, 2048, 132, 0, {32, 8, 256}, "the router (128 features): 8 slices of 256"},
       {512, 512, 2048, 132, 0, {64, 8, 256}, "k / v (512): 64-row tiles in 8 slices of 256"},
-      {512,
-       40,
-       2048,
-       132,
-       0,
-       {32, 8, 256},
-       "k / v of 40 rows: 8 slices of 64-row tiles too few, 32-row ones"},
+      {512, 40, 2048, 132, 0, {32, 8, 256}, "k / v of 40 rows: 64-row tiles too few"},
       {4096, 512, 2048, 132, 0, {64, 1, 0}, "q (256 tiles of 64 rows): whole"},
       {2048, 512, 4096, 132, 0, {64, 2, 2048}, "o (128 tiles of 64 rows, k 4,096): 2 slices"},
       {8192, 512, 2048, 132, 0, {64, 1, 0}, "8,192 features: whole"},
       {1, 1, 65536, 132, 0, {32, 16, 4096}, "one tile: 16 slices at most"},
       {128, 512, 256, 132, 0, {32, 1, 0}, "one slice of k: nothing to split"},
       {200, 40, 1024, 2, 0, {64, 2, 512}, "two units, two 64-row tiles: 2 slices"},
-      {128,
-       20,
-       4096,
-       2,
-       0,
-       {32, 4, 1024},
-       "two units, one 32-row tile: 4 slices (a 64-row one mostly empty)"},
+      {128, 20, 4096, 2, 0, {32, 4, 1024}, "two units, 20 rows: 32-row tile, 4 slices"},
       {2048, 512, 2048, 2, 0, {64, 1, 0}, "two units, many tiles: whole"},
       {4096, 512, 2048, 132, 1, {32, 1, 0}, "ksplit=1: 32-row tiles below two 64-row ones a unit"},
       {8192, 512, 2048, 132, 1, {64, 1, 0}, "ksplit=1: 64-row tiles from two a unit"},

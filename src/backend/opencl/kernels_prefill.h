@@ -323,7 +323,8 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
-// Step ss's weights, dequantized, and activations (loaded into raw_ / xv_) into buffer b of ws / xs.
+// Step ss's weights, dequantized, and activations (loaded into raw_ / xv_) into buffer b of ws / xs; inside
+// PT_TILE_MM only (its locals: wrow_, wvalid_, raw_, xv_, tid_, xm_, xp_).
 #define PT_STORE(ws, xs, b, ss)                                                                               \
   {                                                                                                           \
     for (int u_ = 0; u_ < PT_WU; ++u_) {                                                                      \
