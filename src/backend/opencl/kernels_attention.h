@@ -215,7 +215,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 #define ATT_KC 32
 // ATT_BKEEP (the program's options: 512 where the device has the local memory, else 0): pass 1's scores of
 // a block whose keys number at most this many are kept in local memory for pass 2, which then neither reads K
-// nor computes the scores again.
+// nor computes the scores again (H200, qwen3-30b-a3b pp512: 288 us a launch, pp512 +4.3 %; 2026-12-06).
 #ifndef ATT_BKEEP
 #define ATT_BKEEP 0
 #endif
