@@ -234,6 +234,49 @@ TEST(OpenCLFused, MatmulsOfMixedTypesLaunchOncePerType) {
   }
 }
 
+// Prefill-sized rows (past kGemvMaxRows): each job's tiled product as matmul runs it alone, the same bits,
+// with x rounded once per rounding mode where the jobs one by one rounded it once each.
+TEST(OpenCLFused, PrefillMatmulsRoundOncePerMode) {
+  DEVICE_OR_SKIP();
+  auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
+  Threads th;
+  std::mt19937 rng(53);
+  const int64_t E = 512, m = opencl::kGemvMaxRows + 12;
+  struct Mix {
+    std::vector<DType> types;
+    uint64_t saved;  // roundings the one-by-one form launches and matmuls does not
+  };
+  for (const Mix& mix :
+       {Mix{{DType::Q4_K, DType::Q4_K, DType::Q6_K}, 2},
+        Mix{{DType::Q8_0, DType::Q4_K, DType::F16, DType::Q8_0}, 1}, Mix{{DType::F32, DType::Q4_K}, 0}}) {
+    const int64_t rows[] = {256, 128, 128, 64};
+    std::vector<std::unique_ptr<RandomWeight>> w;
+    for (size_t i = 0; i < mix.types.size(); ++i)
+      w.push_back(std::make_unique<RandomWeight>(dev, mix.types[i], E, rows[i], 1, rng));
+    const std::vector<float> x = random_vec(m * E, rng);
+    DeviceBuffer dx = upload(dev, x);
+    std::vector<DeviceBuffer> dy, dy1;
+    std::vector<Backend::MatmulJob> jobs;
+    for (size_t i = 0; i < w.size(); ++i)
+      dy.emplace_back(dev, m * rows[i] * 4), dy1.emplace_back(dev, m * rows[i] * 4);
+    for (size_t i = 0; i < w.size(); ++i) jobs.push_back({&w[i]->dev, ptr<float>(dy[i])});
+    uint64_t e0 = ocl.enqueue_count();
+    for (size_t i = 0; i < w.size(); ++i) dev.matmul(w[i]->dev, ptr<float>(dx), m, ptr<float>(dy1[i]), 0);
+    const uint64_t one_by_one = ocl.enqueue_count() - e0;
+    e0 = ocl.enqueue_count();
+    dev.matmuls(ptr<float>(dx), m, jobs);
+    EXPECT_EQ(one_by_one - (ocl.enqueue_count() - e0), mix.saved) << mix.types.size() << " matrices";
+    for (size_t i = 0; i < w.size(); ++i) {
+      const std::vector<float> got = download<float>(dev, dy[i], m * rows[i]);
+      EXPECT_EQ(got, download<float>(dev, dy1[i], m * rows[i]))
+          << dtype_name(mix.types[i]) << " (job " << i << ")";
+      std::vector<float> ref(m * rows[i]);
+      th.cpu.matmul(w[i]->host, x.data(), m, ref.data(), 0);
+      EXPECT_LT(rel_err(got, ref), 1e-4f) << dtype_name(mix.types[i]) << " (job " << i << ")";
+    }
+  }
+}
+
 // Where the device can require subgroups of a size that divides a row's work-items (Intel's extensions: CI's
 // Intel CPU runtime, not PoCL 3.1), the matvecs sum a row by sub_group_reduce_add: at the CPU width (4) in
 // one subgroup, at the GPU width (32) in two of 16. XPERT_OPENCL_OPTS subgroups=0 keeps the tree in local

@@ -39,16 +39,19 @@ int OpenclBackend::round_mode(DType t, int64_t* unit) {
 
 // One gemv_multi per weight type among the jobs (Q4_K_M gives a layer's v or GDN qkv projection Q6_K in some
 // layers, the others Q4_K), x rounded once per rounding mode (Q4_K and Q6_K round alike, and the MoE layer's
-// last kernel may have rounded it already).
+// last kernel may have rounded it already). Prefill-sized rows: a tiled product per job, x rounded once per
+// rounding mode for all of them (prefill_matmuls).
 void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) {
   auto plain = [&] { Backend::matmuls(x, m, jobs); };
-  if (!fused_ || m <= 0 || m > kGemvMaxRows || jobs.size() < 2 || jobs.size() > 4) return plain();
+  if (!fused_ || m <= 0 || jobs.size() < 2) return plain();
   const int64_t k = jobs[0].w->ne[0];
   for (const MatmulJob& j : jobs) {
     const float* y = j.y;  // an output over x: one by one, as the plain form runs them
     if (j.w->ne[0] != k || !weight_macro(j.w->type) || (x >= y && x < y + m * (j.ldy ? j.ldy : j.w->ne[1])))
       return plain();
   }
+  if (m > kGemvMaxRows) return prefill_matmuls(x, m, k, jobs);
+  if (jobs.size() > 4) return plain();
   DType types[4];  // in the order the jobs first name them (at most 4 jobs: no allocation a decode step)
   int n_types = 0;
   for (const MatmulJob& j : jobs)
@@ -90,6 +93,25 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
            {(size_t)mv_wg_, (size_t)mv_r_}, w[0], w[1], w[2], w[3], (cl_ulong)row_bytes(t, k), n[0], n[1],
            n[2], y[0], y[1], y[2], y[3], ldy[0], ldy[1], ldy[2], ldy[3], xq[ti], (cl_int)k, (cl_int)k,
            n_total);
+  }
+  ar.release(mark);
+}
+
+// Each job's product as matmul runs it (the same kernels, the same bits), x rounded once per rounding mode
+// where matmul would round it once per job: a layer's q, k and v at pp512 took three round_blocks launches of
+// the same rows (H200, qwen3-30b-a3b: 14.3 us each, 2 of the 6 a layer).
+void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::span<const MatmulJob> jobs) {
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  const float* xq[4] = {nullptr, nullptr, nullptr, nullptr};  // x rounded in round_mode 0..3
+  for (const MatmulJob& j : jobs) {
+    const int mode = round_mode(j.w->type);
+    if (mode >= 0 && !xq[mode]) xq[mode] = rounded_activations(j.w->type, x, m, k);
+  }
+  for (const MatmulJob& j : jobs) {
+    const int mode = round_mode(j.w->type);
+    const int64_t n = j.w->ne[1];
+    if (n > 0) gemm(j.w->type, j.w->data, n, k, mode >= 0 ? xq[mode] : x, k, m, j.y, j.ldy ? j.ldy : n);
   }
   ar.release(mark);
 }
