@@ -165,11 +165,16 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 // (kernels_ops.h, kernels_fused.h, the prefill's ops), attention, Gated DeltaNet, and a weight type's matmul
 // program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
 ProgramText ops_program_text(bool correctly_rounded_divide);
-// block_keep: attention_block's kept scores (ATT_BKEEP, att_block_keep).
-ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep);
+// block_keep: attention_block's kept scores (ATT_BKEEP, att_block_keep); block_dims: its dims a query
+// (ATT_BD, att_block_dims).
+ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep, int block_dims = kAttMaxD);
 // attention_block keeps pass 1's scores of up to 512 keys for pass 2 (16 KiB more local memory, 44 in all)
 // where the device has 48 KiB a work-group; elsewhere pass 2 computes them again.
 inline int att_block_keep(uint64_t local_mem) { return local_mem >= 48 * 1024 ? 512 : 0; }
+// attention_block's dims a query for heads of head_dim: 128, 256 or kAttMaxD (ATT_BD).
+inline int att_block_dims(int64_t head_dim) {
+  return head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : kAttMaxD;
+}
 ProgramText gdn_program_text(bool correctly_rounded_divide);
 ProgramText matmul_program_text(DType t, const MatmulBuild& b);
 // Weight types the XMX kernels take (the quantized ones: whole 32-value chunks).
@@ -419,10 +424,10 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (~29 KiB of local memory, 44
-    // with the kept scores: att_block_keep).
+    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 16 KiB of local
+    // memory, 32 with the kept scores of att_block_keep; heads of 512: 28 and 44).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
-      launch(attention_kernel("attention_block"), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
+      launch(attention_block_kernel(a.head_dim), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
              {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
              (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
@@ -548,6 +553,18 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
                                                    att_block_keep(info_.local_mem_bytes));
                    })
         .kernel(kernel);
+  }
+  // attention_block built for heads of head_dim (att_block_dims): a program for each size a model uses.
+  cl_kernel attention_block_kernel(int64_t head_dim) {
+    const int dims = att_block_dims(head_dim);
+    return program(att_block_[dims == 128   ? 0
+                              : dims == 256 ? 1
+                                            : 2],
+                   [&] {
+                     return attention_program_text(info_.correctly_rounded_divide,
+                                                   att_block_keep(info_.local_mem_bytes), dims);
+                   })
+        .kernel("attention_block");
   }
   cl_kernel gdn(const char* kernel) {
     return program(gdn_, [&] { return gdn_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
@@ -885,6 +902,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   size_t pool_cap() const { return std::min<size_t>(size_t(1) << 30, info_.global_mem_bytes / 16); }
   void release_pool();
   std::unique_ptr<Prog> ops_, attention_, gdn_;
+  std::unique_ptr<Prog> att_block_[3];  // attention_block for heads of up to 128, 256, kAttMaxD dims
   std::map<DType, std::unique_ptr<Prog>> matmul_;
   std::vector<Prog*> programs_;
 };

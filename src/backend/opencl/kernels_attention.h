@@ -220,6 +220,16 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 #define ATT_BKEEP 0
 #endif
 #define ATT_BKEEP_ARR (ATT_BKEEP > 0 ? ATT_BKEEP : 1)
+// ATT_BD (the block program's options: 128, 256 or 512, the least that holds the model's head_dim): a query's
+// dims in local memory and a work-item's V accumulators (ATT_BDPT), so a head of 128 takes 4 KiB of q rows
+// a group where ATT_MAXD took 16 (more groups a compute unit) and 16 accumulators where it took 64.
+#ifndef ATT_BD
+#define ATT_BD ATT_MAXD
+#endif
+#define ATT_BDPT (ATT_BD / ATT_WG)
+#if ATT_BD % (2 * ATT_WG) || ATT_BD > ATT_MAXD
+#error "ATT_BD: a multiple of 2 ATT_WG, at most ATT_MAXD"
+#endif
 #define ATT_KS (ATT_WG + 1)
 #if ATT_KC != 32
 #error "attention_block stages a chunk as 4 work-items of 8 dims a key"
@@ -227,7 +237,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
                             int d, int n_kv, float kq_scale, int window) {
-  local float qs[ATT_QB * ATT_MAXD] __attribute__((aligned(16)));
+  local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
   local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
   local float ks[ATT_KC * ATT_KS];
   local float stat[2 * ATT_QB];
@@ -238,7 +248,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
   const long kv_row = (long)n_head_kv * d;
   for (int u = 0; u < ATT_QB; ++u)
     for (int i = lid; i < d; i += ATT_WG)
-      qs[u * ATT_MAXD + i] = u < nq ? round_f16(q[((long)(t0 + u) * n_head + h) * d + i]) : 0.0f;
+      qs[u * ATT_BD + i] = u < nq ? round_f16(q[((long)(t0 + u) * n_head + h) * d + i]) : 0.0f;
   int lo[ATT_QB], hi[ATT_QB];
   int blo = n_kv, bhi = -1;
   for (int u = 0; u < ATT_QB; ++u) {
@@ -282,7 +292,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                               \
         const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                         \
         for (int u = 0; u < ATT_QB; ++u) {                                                        \
-          const float4 q4 = *(local const float4*)(qs + u * ATT_MAXD + i0 + i);                   \
+          const float4 q4 = *(local const float4*)(qs + u * ATT_BD + i0 + i);                   \
           float s = dot[u];                                                                       \
           s += q4.x * k0;                                                                         \
           s += q4.y * k1;                                                                         \
@@ -292,7 +302,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         }                                                                                         \
       }                                                                                           \
       for (; i < nc; ++i)                                                                         \
-        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_MAXD + i0 + i] * kr[i * ATT_KS];    \
+        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_BD + i0 + i] * kr[i * ATT_KS];    \
     }                                                                                             \
     for (int u = 0; u < ATT_QB; ++u)                                                              \
       ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;            \
@@ -335,9 +345,9 @@ kernel void attention_block(global const float* q, global const half* kc, global
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   // Pass 2. Work-item lid owns dims 2 lid + 2 ATT_WG a and the next (acc[u][2 a], acc[u][2 a + 1]).
-  float acc[ATT_QB][ATT_DPT];
+  float acc[ATT_QB][ATT_BDPT];
   for (int u = 0; u < ATT_QB; ++u)
-    for (int a = 0; a < ATT_DPT; ++a) acc[u][a] = 0.0f;
+    for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
   for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
     ATT_BLOCK_SCORES(j0, keep ? 0 : d)
     for (int u = 0; u < ATT_QB; ++u) {
@@ -347,7 +357,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     const int nt = min(ATT_WG, bhi - j0 + 1);
-    for (int a = 0; a < ATT_DPT / 2; ++a) {
+    for (int a = 0; a < ATT_BDPT / 2; ++a) {
       const int dd = 2 * lid + 2 * ATT_WG * a;
       if (dd >= d) break;
       const bool pair = dd + 1 < d;
@@ -385,7 +395,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
 #undef ATT_BKEEP_ARR
   for (int u = 0; u < nq; ++u) {
     global float* o = out + ((long)(t0 + u) * n_head + h) * d;
-    for (int a = 0; a < ATT_DPT / 2; ++a) {
+    for (int a = 0; a < ATT_BDPT / 2; ++a) {
       const int dd = 2 * lid + 2 * ATT_WG * a;
       if (dd < d) o[dd] = acc[u][2 * a];
       if (dd + 1 < d) o[dd + 1] = acc[u][2 * a + 1];
