@@ -556,10 +556,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   }
   // attention_block built for heads of head_dim (att_block_dims): a program for each size a model uses.
   cl_kernel attention_block_kernel(int64_t head_dim) {
-    const int dims = att_block_dims(head_dim);
-    return program(att_block_[dims == 128   ? 0
-                              : dims == 256 ? 1
-                                            : 2],
+    const int dims = att_block_dims(head_dim), slot = dims == 128 ? 0 : dims == 256 ? 1 : 2;
+    return program(att_block_[slot],
                    [&] {
                      return attention_program_text(info_.correctly_rounded_divide,
                                                    att_block_keep(info_.local_mem_bytes), dims);
