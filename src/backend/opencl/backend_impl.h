@@ -427,16 +427,18 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 16 KiB of local
     // memory, 32 with the kept scores of att_block_keep; heads of 512: 28 and 44).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
-      launch(attention_block_kernel(a.head_dim), {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)},
-             {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head,
-             (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
+      launch(attention_kernel("attention_block", a.head_dim),
+             {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,
+             a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim,
+             (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
     }
-    launch(attention_kernel("attention"), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q,
-           a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv,
-           a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)a.head_dim, nullptr,
-           (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr, (cl_int)0, nullptr, nullptr, nullptr,
-           (cl_int)0, nullptr, (cl_int)0, (cl_int)0, 1.0f, 1.0f, (cl_int)0, 0.0f);
+    launch(attention_kernel("attention", a.head_dim), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens},
+           {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv,
+           (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0,
+           (cl_long)0, (cl_int)a.head_dim, nullptr, (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr,
+           (cl_int)0, nullptr, nullptr, nullptr, (cl_int)0, nullptr, (cl_int)0, (cl_int)0, 1.0f, 1.0f,
+           (cl_int)0, 0.0f);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -546,23 +548,16 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   cl_kernel ops(const char* kernel) {
     return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
-  cl_kernel attention_kernel(const char* kernel) {
-    return program(attention_,
-                   [&] {
-                     return attention_program_text(info_.correctly_rounded_divide,
-                                                   att_block_keep(info_.local_mem_bytes));
-                   })
-        .kernel(kernel);
-  }
-  // attention_block built for heads of head_dim (att_block_dims): a program for each size a model uses.
-  cl_kernel attention_block_kernel(int64_t head_dim) {
+  // The attention program built for heads of head_dim (att_block_dims sizes attention_block for them; the
+  // decode kernel does not depend on it): one program for each size a model uses.
+  cl_kernel attention_kernel(const char* kernel, int64_t head_dim) {
     const int dims = att_block_dims(head_dim), slot = dims == 128 ? 0 : dims == 256 ? 1 : 2;
-    return program(att_block_[slot],
+    return program(attention_[slot],
                    [&] {
                      return attention_program_text(info_.correctly_rounded_divide,
                                                    att_block_keep(info_.local_mem_bytes), dims);
                    })
-        .kernel("attention_block");
+        .kernel(kernel);
   }
   cl_kernel gdn(const char* kernel) {
     return program(gdn_, [&] { return gdn_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
@@ -899,8 +894,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   static constexpr size_t kPoolMaxBlock = size_t(256) << 20;
   size_t pool_cap() const { return std::min<size_t>(size_t(1) << 30, info_.global_mem_bytes / 16); }
   void release_pool();
-  std::unique_ptr<Prog> ops_, attention_, gdn_;
-  std::unique_ptr<Prog> att_block_[3];  // attention_block for heads of up to 128, 256, kAttMaxD dims
+  std::unique_ptr<Prog> ops_, gdn_;
+  std::unique_ptr<Prog> attention_[3];  // for heads of up to 128, 256, kAttMaxD dims (attention_kernel)
   std::map<DType, std::unique_ptr<Prog>> matmul_;
   std::vector<Prog*> programs_;
 };

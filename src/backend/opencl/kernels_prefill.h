@@ -278,8 +278,8 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // Products: work-item (tx, ty) = (tid % 32, tid / 32) holds columns 4 tx + c and 128 + 4 tx + c (c < 4) for
 // rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
 // FMA instructions, so local memory keeps up with the FMA units; the dense tile's 8 x 2 has 10 for 16).
-// (Warps of 8 tx x 4 ty, 4 wavefronts a k, were mixed: qwen3-30b-a3b pp512 +1.5 %, qwen3.5-35b-a3b -3.5 %;
-// H200, 2026-12-06. Local memory does not bound these tiles.)
+// (Warps of 8 tx x 4 ty, 4 distinct lines a k instead of 10, were mixed: qwen3-30b-a3b pp512 +1.5 %,
+// qwen3.5-35b-a3b -3.5 %; H200, 2026-12-06.)
 // A warp whose 8 rows are all past nr skips the products (it still loads its share and takes every barrier):
 // an expert's last tile is seldom full (qwen3-30b-a3b synth, pp512: 74 % of the 32-row tiles' rows hold a
 // token, 93 % of the warps' 8 rows), and the FMA issue slots it leaves go to the unit's other groups.
