@@ -341,9 +341,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    // Once persistent launches ran (or were recorded into a replayed step), their barrier's gave-up flag
-    // comes back with every read (in queue order).
-    const bool check = persist_used_;
+    // After persistent launches, their barrier's gave-up flag comes back with the read (in queue order).
+    const bool check = persist_pending_;
     if (check)
       XP_CL(clEnqueueSVMMemcpy, q(), CL_FALSE, &persist_gave_up_, grid_sync_ + 2, sizeof(cl_int), 0, nullptr,
             nullptr);
@@ -859,12 +858,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
-  // Persistent launches (moe_ffn_persist): their work-groups (0: none), grid_sync's 4 ints, whether one was
-  // launched (or recorded into a replayed step), and the gave-up flag as the last read to the host brought
-  // it.
+  // Persistent launches (moe_ffn_persist): their work-groups (0: none), grid_sync's 4 ints, whether one ran
+  // since the last read to the host, and its gave-up flag as that read brought it.
   int persist_groups_ = 0;
   cl_int* grid_sync_ = nullptr;
-  bool persist_used_ = false;
+  bool persist_pending_ = false;
   cl_int persist_gave_up_ = 0;
   void check_persist();  // fused_ops.cpp
   static constexpr int64_t kCounters = 4096;

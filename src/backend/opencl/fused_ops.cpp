@@ -267,7 +267,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
            router_tail ? d : nullptr, (cl_int)router_tail, (cl_int)E, (cl_int)norm_tail, next_w, m.rms_eps,
            cur, (cl_int)next_mode, next_q, shared ? m.shared_down.data : nullptr, (cl_int)shared, (cl_int)n,
            grid_sync_);
-    persist_used_ = true;
+    persist_pending_ = true;
   } else {
     launch(matmul_program(m.gate.type).kernel("moe_gate_up"),
            {groups(F, mv_r_) * mv_wg_, (size_t)(Sx * mv_r_)}, {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data,
@@ -292,6 +292,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
 // A persistent launch's barrier gave up waiting: more groups than were resident at once, so the phases after
 // it ran on partial results. Nothing of the step can be trusted; the run stops and says what to change.
 void OpenclBackend::check_persist() {
+  persist_pending_ = false;
   if (!persist_gave_up_) return;
   fail(
       "{}: a persistent launch's {} work-groups were not all resident at once (its barrier gave up waiting), "
