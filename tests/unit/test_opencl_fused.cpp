@@ -6,15 +6,11 @@
 #include <gtest/gtest.h>
 
 #ifdef XPERT_HAVE_OPENCL
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <random>
-#include <string>
-#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul.h"
@@ -45,19 +41,6 @@ Backend* device_gpu_width() {
     unsetenv("XPERT_OPENCL_OPTS");
     return d;
   }();
-  return b.get();
-}
-
-// The same device with XPERT_OPENCL_OPTS `opts` (one backend per distinct opts, kept for the run).
-Backend* device_with(const std::string& opts) {
-  static std::map<std::string, std::shared_ptr<Backend>> made;
-  if (!device()) return nullptr;
-  auto& b = made[opts];
-  if (!b) {
-    setenv("XPERT_OPENCL_OPTS", opts.c_str(), 1);
-    b = make_opencl_backend(0);
-    unsetenv("XPERT_OPENCL_OPTS");
-  }
   return b.get();
 }
 
@@ -629,7 +612,6 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
     lw.ffn_down_shexp = sh[3]->dev;
   }
   std::vector<float> x = random_vec(n * E, rng), cur(n * E);
-  const std::vector<float> x0 = x;
   const std::vector<float> d = random_vec(n * E, rng), w = random_vec(E, rng), next_w = random_vec(E, rng);
   DeviceBuffer dx = upload(b, x), dd = upload(b, d), dw = upload(b, w), dnw = upload(b, next_w),
                dcur(b, cur.size() * sizeof(float));
@@ -655,9 +637,7 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   const uint64_t e0 = ocl.enqueue_count();
   b.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
                             ptr<float>(dcur), n, ptr<float>(dnw));
-  EXPECT_EQ(ocl.enqueue_count() - e0, ocl.persist_groups() ? 2u : 3u)
-      << "the fused layer: the router, gate/up and down launches alone (gate/up and down in one where "
-         "persistent)";
+  EXPECT_EQ(ocl.enqueue_count() - e0, 3u) << "the fused layer: the router, gate/up and down launches alone";
   b.matmuls(ptr<float>(dcur), n, jobs);  // cur as the layer's last kernel rounded it
   const std::vector<float> y_pre = download<float>(b, dy0, n * 256);
   // Summation order moves the hidden state by ~1e-7, which can flip one int8 rounding of it (~5e-4). Through
@@ -680,60 +660,6 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   b.copy(ptr<float>(dcur2), ptr<float>(dcur), cur.size() * sizeof(float));
   b.matmuls(ptr<float>(dcur2), n, jobs);
   EXPECT_EQ(download<float>(b, dy0, n * 256), y_pre) << "n=" << n;
-  // gate/up and down in one persistent launch (XPERT_OPENCL_OPTS persist: one group taking every group's
-  // work, then where the device is a GPU as many as the default's or two an SM), against two launches
-  // (persist=0): the same bits of x, cur and the next product's rounding, one launch fewer.
-  const std::string width = gpu_width ? "mv_wg=32:mv_r=4:" : "";
-  auto run_layer = [&](Backend& pb) {
-    RandomWeight r2(router, pb), g2(gate, pb), u2(up, pb), d2(down, pb), n2(nxt, pb);
-    LayerWeights pw;
-    pw.ffn_gate_inp = r2.dev, pw.ffn_gate_exps = g2.dev, pw.ffn_up_exps = u2.dev, pw.ffn_down_exps = d2.dev;
-    std::vector<std::unique_ptr<RandomWeight>> sh2;
-    if (shared) {
-      for (auto& s : sh) sh2.push_back(std::make_unique<RandomWeight>(*s, pb));
-      pw.ffn_gate_inp_shexp = sh2[0]->dev, pw.ffn_gate_shexp = sh2[1]->dev, pw.ffn_up_shexp = sh2[2]->dev;
-      pw.ffn_down_shexp = sh2[3]->dev;
-    }
-    DeviceBuffer px = upload(pb, x0), pd = upload(pb, d), pwn = upload(pb, w), pnw = upload(pb, next_w),
-                 pcur(pb, cur.size() * sizeof(float)), py(pb, n * 256 * 4), py1(pb, n * 256 * 4);
-    Weight v0 = n2.dev, v1 = n2.dev;
-    v0.ne[2] = v1.ne[2] = 1;
-    v1.data = static_cast<uint8_t*>(n2.buf.data()) + n2.bytes.size() / 2;
-    const Backend::MatmulJob pj[] = {{&v0, ptr<float>(py)}, {&v1, ptr<float>(py1)}};
-    pb.matmuls(ptr<float>(pd), n, pj);
-    auto& po = dynamic_cast<opencl::OpenclBackend&>(pb);
-    const uint64_t p0 = po.enqueue_count();
-    pb.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, pw, 0, nullptr), ptr<float>(pd), ptr<float>(px),
-                               ptr<float>(pwn), ptr<float>(pcur), n, ptr<float>(pnw));
-    const uint64_t launches = po.enqueue_count() - p0;
-    pb.matmuls(ptr<float>(pcur), n, pj);
-    return std::tuple{launches, download<float>(pb, px, x.size()), download<float>(pb, pcur, cur.size()),
-                      download<float>(pb, py, n * 256)};
-  };
-  const auto [l2, x2, c2, y2] = run_layer(*device_with(width + "persist=0"));
-  EXPECT_EQ(l2, 3u);
-  std::vector<std::string> persist = {"persist=1"};
-  if (ocl.persist_groups() > 1) persist.push_back(fmt::format("persist={}", ocl.persist_groups()));
-  for (const std::string& p : persist) {
-    const auto [l1, x1, c1, y1] = run_layer(*device_with(width + p));
-    EXPECT_EQ(l1, 2u) << p;
-    EXPECT_EQ(x1, x2) << p << " n=" << n;
-    EXPECT_EQ(c1, c2) << p << " n=" << n;
-    EXPECT_EQ(y1, y2) << p << " n=" << n;
-  }
-  if (type == DType::Q4_K && n == 1 && !gpu_width && !shared) {
-    // More groups than any of these devices holds at once: the barrier gives up, and the run stops at the
-    // next read with a message, at every read after it too (nothing computed past it is handed back).
-    Backend& over = *device_with("persist=4096");
-    for (int i = 0; i < 2; ++i) {
-      try {
-        run_layer(over);
-        ADD_FAILURE() << "a persistent launch of 4096 groups read back without an error";
-      } catch (const std::exception& e) {
-        EXPECT_NE(std::string(e.what()).find("were not all resident at once"), std::string::npos) << e.what();
-      }
-    }
-  }
 }
 
 // Qwen3-30B-A3B's routing (128 experts, top-8) on small Q8_0 experts, with exact ties: the router rows of

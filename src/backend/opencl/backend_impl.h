@@ -283,17 +283,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
     zero(counters_, kCounters * sizeof(cl_int));
-    // Persistent launches (moe_ffn_persist): two groups of MV_WG x MV_R an SM on NVIDIA's OpenCL, where any
-    // such group fits twice (<= 255 registers a work-item, kilobytes of local memory); elsewhere only when
-    // asked (switches.h persist).
-    const bool sms = info_.extensions.find("cl_nv_device_attribute_query") != std::string::npos;
-    persist_groups_ = sw.persist >= 0          ? sw.persist
-                      : sms && !info_.is_cpu() ? 2 * (int)info_.compute_units
-                                               : 0;
-    if (persist_groups_) {
-      grid_sync_ = static_cast<cl_int*>(alloc(4 * sizeof(cl_int)));  // grid_sync's count, generation, gave-up
-      zero(grid_sync_, 4 * sizeof(cl_int));
-    }
     fused_ = sw.fused;
     prefill_ = sw.prefill;
     moe_bm_ = sw.moe_bm;
@@ -314,7 +303,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     for (auto& [bytes, p] : pool_) api().clSVMFree(ctx_.get(), p);  // the queue is idle: no XP_CL here
     if (dummy_) api().clSVMFree(ctx_.get(), dummy_);
     if (counters_) api().clSVMFree(ctx_.get(), counters_);
-    if (grid_sync_) api().clSVMFree(ctx_.get(), grid_sync_);
     if (preq_) api().clSVMFree(ctx_.get(), preq_);
     arg_sets_.clear();
     programs_.clear();
@@ -341,15 +329,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    // After persistent launches, their barrier's gave-up flag comes back with the read (in queue order).
-    const bool check = persist_pending_;
-    if (check)
-      XP_CL(clEnqueueSVMMemcpy, q(), CL_FALSE, &persist_gave_up_, grid_sync_ + 2, sizeof(cl_int), 0, nullptr,
-            nullptr);
     XP_CL(clEnqueueSVMMemcpy, q(), CL_TRUE, dst, src, bytes, 0, nullptr, nullptr);
     stats_.read_to_host();
     if (profile_) harvest_profile();
-    if (check) check_persist();
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes && dst != src) ++stats_.enqueues, pre_ = {};
@@ -482,7 +464,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   Act add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
                               const float* next_w, const PartialSum* d_parts) override;
   uint64_t enqueue_count() const { return stats_.enqueues; }  // commands so far (tests count a path's)
-  int persist_groups() const { return persist_groups_; }      // moe_ffn_persist's work-groups (0: not used)
   DecodeFusions* decode_fusions() override { return fused_ ? this : nullptr; }
   // pass_graphs.cpp: decode steps recorded as command buffers (cl_khr_command_buffer), where offered.
   PassGraphs* pass_graphs() override { return cmdbuf_ ? this : nullptr; }
@@ -858,13 +839,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
-  // Persistent launches (moe_ffn_persist): their work-groups (0: none), grid_sync's 4 ints, whether one ran
-  // since the last read to the host, and its gave-up flag as that read brought it.
-  int persist_groups_ = 0;
-  cl_int* grid_sync_ = nullptr;
-  bool persist_pending_ = false;
-  cl_int persist_gave_up_ = 0;
-  void check_persist();  // fused_ops.cpp
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h

@@ -247,58 +247,28 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
     check_mv_aligned(m.gate.type, m.shared_gate.data, curq);
     check_mv_aligned(m.gate.type, m.shared_up.data, curq);
   }
+  launch(matmul_program(m.gate.type).kernel("moe_gate_up"), {groups(F, mv_r_) * mv_wg_, (size_t)(Sx * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row,
+         (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_,
+         (cl_int)(tails_ ? down_mode : -1), hq, shared ? m.shared_gate.data : nullptr,
+         shared ? m.shared_up.data : nullptr, (cl_int)S);
+  const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, Sx, F);
   const bool norm_tail = next_w && tails_;
   // The next norm rounded for the next layer's q/k/v product too (its weights' type as the last matmuls
   // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
   const int next_mode = norm_tail ? preround_block_mode(E) : -1;
   float* next_q = next_mode >= 0 ? preround_buffer(n * E) : nullptr;
-  if (persist_groups_ && tails_ && m.gate.type == m.down.type) {
-    // gate/up and down in one persistent launch: their groups taken in turn by P resident groups, a barrier
-    // across them where the launch boundary was.
-    check_mv_aligned(m.down.type, m.down.data, hq);
-    if (shared) check_mv_aligned(m.down.type, m.shared_down.data, hq);
-    const int64_t P =
-        std::min<int64_t>(persist_groups_, std::max(groups(F, mv_r_) * Sx, groups(E, mv_r_) * n));
-    launch(matmul_program(m.gate.type).kernel("moe_ffn_persist"), {(size_t)P * mv_wg_, (size_t)mv_r_},
-           {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data, m.up.data, (cl_ulong)gate_row,
-           (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E, h, (cl_int)F, counters_,
-           (cl_int)down_mode, hq, shared ? m.shared_gate.data : nullptr, shared ? m.shared_up.data : nullptr,
-           (cl_int)S, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), weights_d, hq, x,
-           router_tail ? d : nullptr, (cl_int)router_tail, (cl_int)E, (cl_int)norm_tail, next_w, m.rms_eps,
-           cur, (cl_int)next_mode, next_q, shared ? m.shared_down.data : nullptr, (cl_int)shared, (cl_int)n,
-           grid_sync_);
-    persist_pending_ = true;
-  } else {
-    launch(matmul_program(m.gate.type).kernel("moe_gate_up"),
-           {groups(F, mv_r_) * mv_wg_, (size_t)(Sx * mv_r_)}, {(size_t)mv_wg_, (size_t)mv_r_}, m.gate.data,
-           m.up.data, (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tasks_d, (cl_int)K, curq, (cl_int)E, h,
-           (cl_int)F, counters_, (cl_int)(tails_ ? down_mode : -1), hq, shared ? m.shared_gate.data : nullptr,
-           shared ? m.shared_up.data : nullptr, (cl_int)S);
-    const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, Sx, F);
-    check_mv_aligned(m.down.type, m.down.data, down_in);
-    if (shared) check_mv_aligned(m.down.type, m.shared_down.data, down_in);
-    launch(matmul_program(m.down.type).kernel("moe_down_add"),
-           {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)}, {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data,
-           (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d, weights_d, (cl_int)K, down_in, (cl_int)F, x,
-           router_tail ? d : nullptr, (cl_int)router_tail, (cl_int)E, counters_, (cl_int)norm_tail, next_w,
-           m.rms_eps, cur, (cl_int)next_mode, next_q, shared ? m.shared_down.data : nullptr, (cl_int)shared);
-  }
+  check_mv_aligned(m.down.type, m.down.data, down_in);
+  if (shared) check_mv_aligned(m.down.type, m.shared_down.data, down_in);
+  launch(matmul_program(m.down.type).kernel("moe_down_add"), {groups(E, mv_r_) * mv_wg_, (size_t)(n * mv_r_)},
+         {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
+         weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail,
+         (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur, (cl_int)next_mode, next_q,
+         shared ? m.shared_down.data : nullptr, (cl_int)shared);
   if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
   return next_w ? Act::of(cur, n, E) : Act{};
-}
-
-// A persistent launch's barrier gave up waiting: more groups than were resident at once, so the phases after
-// it ran on partial results. Nothing of the step can be trusted; the run stops and says what to change.
-void OpenclBackend::check_persist() {
-  persist_pending_ = false;
-  if (!persist_gave_up_) return;
-  fail(
-      "{}: a persistent launch's {} work-groups were not all resident at once (its barrier gave up waiting), "
-      "so "
-      "its results are wrong; run with XPERT_OPENCL_OPTS=persist=0 (separate launches) or fewer groups",
-      name(), persist_groups_);
 }
 
 }  // namespace xpert::opencl

@@ -189,6 +189,30 @@ kernel void qk_norm_rope(global float* q, global float* k, global const float* q
   for (int i = lid; i < d; i += RED_WG) src[i] = hb[i];
 }
 
+// A barrier across every work-group of a launch whose groups are all resident at once (a persistent launch):
+// cnt[0] counts arrivals, cnt[1] is the generation. A group that waits more than 1 << 22 polls gives up and
+// sets cnt[2], after which no group waits (a launch of more groups than fit at once would otherwise hang
+// the device).
+void grid_sync(volatile global int* cnt, int groups) {
+  mem_fence(CLK_GLOBAL_MEM_FENCE);
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
+    const int gen = cnt[1];
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    if (atomic_inc(cnt) == groups - 1) {
+      atomic_xchg(cnt, 0);
+      mem_fence(CLK_GLOBAL_MEM_FENCE);
+      atomic_inc(cnt + 1);
+    } else {
+      int polls = 0;
+      while (cnt[1] == gen && !cnt[2] && ++polls < (1 << 22)) {}
+      if (polls >= (1 << 22)) cnt[2] = 1;
+    }
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+}
+
 // XPERT_OPENCL_OPTS probe: `rounds` rounds of (each group writes data[g], grid_sync, reads its neighbour's
 // with a plain load, grid_sync); bad[g]: the reads that saw a value from before the barrier.
 kernel void grid_sync_probe(volatile global int* cnt, global int* data, global int* bad, int rounds) {
@@ -450,18 +474,13 @@ MV_KERNEL void moe_router_route(global const uchar* w, ulong row_bytes, global c
 // h[s][f] = silu(g) * u. Slots from n_routed on are the shared expert's (shared_gate, shared_up) for token
 // s - n_routed. With mode >= 0, the slot's last group rounds its row into hq for the down product
 // (round_unit; its MV_R rows a block each at a time), so no launch does it.
-// gate_up_group: the body of group (gx_id, s) of gx groups a slot (moe_gate_up's, or a step of moe_ffn_persist's
-// loop); local arrays: buf_all 2 * MV_WG * MV_R floats, rv_all and ri_all MV_WG * MV_R each.
-#define GATE_UP_PARAMS                                                                                          \
-  global const uchar *gate, global const uchar *up, ulong row_bytes, ulong expert_stride, global const int *tasks, \
-      int n_used, global const float *x, int k, global float *h, int n_ff, volatile global int *counters,        \
-      int mode, global float *hq, global const uchar *shared_gate, global const uchar *shared_up, int n_routed
-#define GATE_UP_ARGS                                                                                        \
-  gate, up, row_bytes, expert_stride, tasks, n_used, x, k, h, n_ff, counters, mode, hq, shared_gate, shared_up, \
-      n_routed
-void gate_up_group(int gx_id, int s, int gx, GATE_UP_PARAMS, local float* buf_all, local int* flag,
-                   local float* rv_all, local int* ri_all) {
-  const int ly = get_local_id(1), f = gx_id * MV_R + ly, lid = get_local_id(0);
+MV_KERNEL void moe_gate_up(global const uchar* gate, global const uchar* up, ulong row_bytes, ulong expert_stride,
+                        global const int* tasks, int n_used, global const float* x, int k, global float* h,
+                        int n_ff, volatile global int* counters, int mode, global float* hq,
+                        global const uchar* shared_gate, global const uchar* shared_up, int n_routed) {
+  local float buf_all[2 * MV_WG * MV_R];
+  local int flag;
+  const int ly = get_local_id(1), f = get_group_id(0) * MV_R + ly, s = get_group_id(1), lid = get_local_id(0);
   local float* buf = buf_all + ly * 2 * MV_WG;
   const bool on = f < n_ff, sh = s >= n_routed;
   const ulong off = (sh ? 0 : (ulong)tasks[2 * s + 1] * expert_stride) + (ulong)(on ? f : 0) * row_bytes;
@@ -475,7 +494,7 @@ void gate_up_group(int gx_id, int s, int gx, GATE_UP_PARAMS, local float* buf_al
   if (on && lid == 0) h[(long)s * n_ff + f] = silu_f(buf[0]) * buf[MV_WG];
   // Every group counts and takes the rounding's barriers (PoCL wants no barrier skipped, even on a branch a
   // whole group takes); the slot's last group rounds.
-  const int last = last_group(counters + s, gx, flag);
+  const int last = last_group(counters + s, get_num_groups(0), &flag);
   volatile global const float* hr = h + (long)s * n_ff;
   global float* qr = hq + (long)s * n_ff;
   if (mode >= 2 && last) {
@@ -487,15 +506,12 @@ void gate_up_group(int gx_id, int s, int gx, GATE_UP_PARAMS, local float* buf_al
         if (i0 + u * MV_WG * MV_R < n_ff) qr[i0 + u * MV_WG * MV_R] = round_elem(v[u], mode);
     }
   }
+  local float rv_all[MV_WG * MV_R];
+  local int ri_all[MV_WG * MV_R];
   const int blocks = mode == 0 || mode == 1 ? round_units(n_ff, mode) : 0;
   for (int b0 = 0; b0 < blocks; b0 += MV_R)
     round_block_group_v(hr, qr, mode, b0 + ly, MV_WG, last && b0 + ly < blocks, rv_all + ly * MV_WG,
                         ri_all + ly * MV_WG);
-}
-MV_KERNEL void moe_gate_up(GATE_UP_PARAMS) {
-  local float buf_all[2 * MV_WG * MV_R], rv_all[MV_WG * MV_R];
-  local int flag, ri_all[MV_WG * MV_R];
-  gate_up_group(get_group_id(0), get_group_id(1), get_num_groups(0), GATE_UP_ARGS, buf_all, &flag, rv_all, ri_all);
 }
 
 // Group (g, t), row l: feature f = g * MV_R + l; y[t][f] += (has_d: d[t][f], the residual add moe_router_route
@@ -504,26 +520,17 @@ MV_KERNEL void moe_gate_up(GATE_UP_PARAMS) {
 // has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm), its
 // MV_WG * MV_R work-items over the row, and with next_mode >= 0 also curq[t] = cur[t] rounded for the next
 // matmul (round_unit), so no launch does it.
-// down_add_group: the body of group (gx_id, t) of gx groups a token, n_tok tokens (moe_down_add's, or a step of
-// moe_ffn_persist's loop); local arrays: buf_all MOE_MAX_USED * MV_WG * MV_R floats, ri_all MV_WG * MV_R.
-#define DOWN_PARAMS                                                                                             \
-  global const uchar *down, ulong down_row_bytes, ulong down_stride, global const int *tasks,                  \
-      global const float *weights, int n_used, global const float *hd, int n_ff, global float *y,             \
-      global const float *d, int has_d, int width, volatile global int *counters, int has_norm,                \
-      global const float *norm_w, float eps, global float *cur, int next_mode, global float *curq,             \
-      global const uchar *shared_down, int has_shared
-#define DOWN_ARGS                                                                                           \
-  down, down_row_bytes, down_stride, tasks, weights, n_used, hd, n_ff, y, d, has_d, width, counters, has_norm, \
-      norm_w, eps, cur, next_mode, curq, shared_down, has_shared
-void down_add_group(int gx_id, int t_id, int gx, int n_tok, DOWN_PARAMS, local float* buf_all, local int* flag,
-                    local int* ri_all) {
-  const ulong row_bytes = down_row_bytes, expert_stride = down_stride;
-  global const float* h = hd;
-  const int k = n_ff;
-  const int ly = get_local_id(1), lid = get_local_id(0), f = gx_id * MV_R + ly;
+MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
+                         global const float* weights, int n_used, global const float* h, int k,
+                         global float* y, global const float* d, int has_d, int width, volatile global int* counters,
+                         int has_norm, global const float* norm_w, float eps, global float* cur, int next_mode,
+                         global float* curq, global const uchar* shared_down, int has_shared) {
+  local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
+  local int flag;
+  const int ly = get_local_id(1), lid = get_local_id(0), f = get_group_id(0) * MV_R + ly;
   local float* buf = buf_all + ly * MOE_MAX_USED * MV_WG;
   const bool on = f < width;
-  const long t = t_id, n_routed = (long)n_tok * n_used;
+  const long t = get_group_id(1), n_routed = (long)get_num_groups(1) * n_used;
   const int slots = n_used + has_shared;  // the shared expert's: j == n_used
   // Every slot's products in flight before one reduction of all their sums; then the weighted sum in slot
   // order (as moe_combine).
@@ -560,7 +567,7 @@ void down_add_group(int gx_id, int t_id, int gx, int n_tok, DOWN_PARAMS, local f
     const float res = y[t * width + f];
     y[t * width + f] = acc + (has_d ? d[t * width + f] + res : res);
   }
-  const int last = last_group(counters + t, gx, flag) && has_norm;
+  const int last = last_group(counters + t, get_num_groups(0), &flag) && has_norm;
   // Every group takes the reduction's barriers; only the last one has anything to sum. 8 loads in flight a
   // work-item (volatile loads one at a time would each wait a full trip to L2).
   const int fl = ly * MV_WG + lid, G = MV_WG * MV_R;
@@ -588,48 +595,11 @@ void down_add_group(int gx_id, int t_id, int gx, int n_tok, DOWN_PARAMS, local f
   if (next_mode >= 2 && last)
     for (int i = fl; i < width; i += G) qr[i] = round_elem(cr[i], next_mode);
   // Every group takes the rounding's barriers; the last one rounds, its MV_R rows a block each at a time.
+  local int ri_all[MV_WG * MV_R];
   const int blocks = next_mode <= 1 ? round_units(width, next_mode) : 0;
   for (int b0 = 0; b0 < blocks; b0 += MV_R)
     round_block_group(cr, qr, next_mode, b0 + ly, MV_WG, last && b0 + ly < blocks, buf_all + ly * MV_WG,
                       ri_all + ly * MV_WG);
-}
-MV_KERNEL void moe_down_add(DOWN_PARAMS) {
-  local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
-  local int flag, ri_all[MV_WG * MV_R];
-  down_add_group(get_group_id(0), get_group_id(1), get_num_groups(0), get_num_groups(1), DOWN_ARGS, buf_all, &flag,
-                 ri_all);
-}
-
-// moe_gate_up then moe_down_add in one launch of P groups (a persistent launch: every group resident at once,
-// OpenclBackend::persist_groups_): each phase's groups, in the order of its own launch's, taken by the P groups
-// in turn (group g takes g, g + P, ...), a grid_sync (sync: 3 ints) between the phases for the launch boundary.
-// The down phase's reads of h come after the barrier, through lines no group of this launch loaded before it
-// (gate/up reads them back only through volatile pointers), so no stale L1 line can serve them.
-MV_KERNEL void moe_ffn_persist(GATE_UP_PARAMS, global const uchar* down, ulong down_row_bytes, ulong down_stride,
-                               global const float* weights, global const float* hd, global float* y,
-                               global const float* d, int has_d, int width, int has_norm, global const float* norm_w,
-                               float eps, global float* cur, int next_mode, global float* curq,
-                               global const uchar* shared_down, int has_shared, int n_tok, volatile global int* sync) {
-  local float buf_all[MOE_MAX_USED * MV_WG * MV_R], rv_all[MV_WG * MV_R];
-  local int flag, ri_all[MV_WG * MV_R];
-  const int g = get_group_id(0), P = get_num_groups(0);
-  const int gx_up = (n_ff + MV_R - 1) / MV_R, gx_down = (width + MV_R - 1) / MV_R;
-  const int slots = n_routed + (has_shared ? n_tok : 0);
-  for (int v = g; v < gx_up * slots; v += P) {
-    gate_up_group(v % gx_up, v / gx_up, gx_up, GATE_UP_ARGS, buf_all, &flag, rv_all, ri_all);
-    barrier(CLK_LOCAL_MEM_FENCE);  // the next group's use of the local arrays after this one's
-  }
-  grid_sync(sync, P);
-  // Where the barrier gave up (more groups than were resident), the down phase would read partial results and
-  // could route the next layer out of bounds: it is skipped, and the host stops the run at its next read.
-  local int gave_up;
-  if (get_local_id(0) == 0 && get_local_id(1) == 0) gave_up = sync[2];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (gave_up) return;
-  for (int v = g; v < gx_down * n_tok; v += P) {
-    down_add_group(v % gx_down, v / gx_down, gx_down, n_tok, DOWN_ARGS, buf_all, &flag, ri_all);
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
 }
 )CLC";
 

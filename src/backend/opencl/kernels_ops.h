@@ -98,30 +98,6 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
   return r;
 }
 
-// A barrier across every work-group of a launch whose groups are all resident at once (a persistent launch):
-// cnt[0] counts arrivals, cnt[1] is the generation. A group that waits more than 1 << 22 polls gives up and
-// sets cnt[2], after which no group waits (a launch of more groups than fit at once would otherwise hang
-// the device).
-void grid_sync(volatile global int* cnt, int groups) {
-  mem_fence(CLK_GLOBAL_MEM_FENCE);
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  if (get_local_id(0) == 0 && get_local_id(1) == 0) {
-    const int gen = cnt[1];
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    if (atomic_inc(cnt) == groups - 1) {
-      atomic_xchg(cnt, 0);
-      mem_fence(CLK_GLOBAL_MEM_FENCE);
-      atomic_inc(cnt + 1);
-    } else {
-      int polls = 0;
-      while (cnt[1] == gen && !cnt[2] && ++polls < (1 << 22)) {}
-      if (polls >= (1 << 22)) cnt[2] = 1;
-    }
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-  }
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-}
-
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
 // wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
 // value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep

@@ -64,9 +64,7 @@ Switches read_switches() {
       s.nv_regs = int_value(key, v, 0, 255);
       if (s.nv_regs > 0 && s.nv_regs < 32)
         fail("XPERT_OPENCL_OPTS: nv_regs={}: expected 0 (the compiler's choice) or 32 to 255", v);
-    } else if (key == "persist")
-      s.persist = int_value(key, v, 0, 1 << 16);
-    else if (key == "probe")
+    } else if (key == "probe")
       s.probe = off_value(key, v);
     else if (key == "stats")
       s.stats = off_value(key, v);

@@ -28,12 +28,6 @@
 //                compiler's choice) where the device offers NVIDIA's cl_nv_compiler_options (elsewhere an
 //                error); default 128 there (decode kernels at higher occupancy: qwen3.5 tg128 +3 % on an
 //                H100), nothing elsewhere
-//   persist=N    a MoE decode layer's gate/up and down products in one persistent launch of N work-groups
-//                (moe_ffn_persist: a barrier across the groups where a launch boundary was); 0: two launches.
-//                Default: two groups a compute unit where compute units are NVIDIA's SMs
-//                (cl_nv_device_attribute_query: any group of 128 work-items fits twice in one), off elsewhere
-//                (an Intel GPU's or a CPU's compute units promise no number of groups at once: too many and
-//                the barrier gives up, which stops the run with a message)
 //   probe        log what an enqueue costs (at start; an SVM pointer, an int, a cl_mem argument)
 //   stats        log enqueues and blocking calls per decode step, the step's host time in launches and its
 //                wall time from read to read (at exit)
@@ -53,7 +47,6 @@ struct Switches {
   int arg_sets = 1024;
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default
-  int persist = -1;  // -1: the device's default (OpenclBackend::persist_groups_)
   bool probe = false, stats = false, profile = false;
 };
 
