@@ -192,7 +192,9 @@ kernel void qk_norm_rope(global float* q, global float* k, global const float* q
 // A barrier across every work-group of a launch whose groups are all resident at once (a persistent launch):
 // cnt[0] counts arrivals, cnt[1] is the generation. A group that waits more than 1 << 22 polls gives up and
 // sets cnt[2], after which no group waits (a launch of more groups than fit at once would otherwise hang
-// the device).
+// the device). Only the probe uses it: moe_gate_up and moe_down_add as two phases of one persistent launch
+// lost on an H100 (qwen3 tg128 -10 % at 2 groups an SM, -2 % at 4; 6 were not all resident; 2026-12-06,
+// docs/perf-history/opencl.md): the phases need more warps in flight than a launch can count on resident.
 void grid_sync(volatile global int* cnt, int groups) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
