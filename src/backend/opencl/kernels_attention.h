@@ -292,7 +292,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                               \
         const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                         \
         for (int u = 0; u < ATT_QB; ++u) {                                                        \
-          const float4 q4 = *(local const float4*)(qs + u * ATT_BD + i0 + i);                   \
+          const float4 q4 = *(local const float4*)(qs + u * ATT_BD + i0 + i);                     \
           float s = dot[u];                                                                       \
           s += q4.x * k0;                                                                         \
           s += q4.y * k1;                                                                         \
@@ -302,7 +302,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         }                                                                                         \
       }                                                                                           \
       for (; i < nc; ++i)                                                                         \
-        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_BD + i0 + i] * kr[i * ATT_KS];    \
+        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_BD + i0 + i] * kr[i * ATT_KS];      \
     }                                                                                             \
     for (int u = 0; u < ATT_QB; ++u)                                                              \
       ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;            \
