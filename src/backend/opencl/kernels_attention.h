@@ -210,7 +210,9 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // by dim (ks[dim * ATT_KS + key]: a warp's stores and reads each hit 32 banks), where each work-item reading
 // its own key's row from global memory touched a cache line a work-item; the queries' values and the weights
 // are read from local memory four at a time (a 16-byte read for four FMAs, where it was one read a FMA).
-// H100, qwen3-30b-a3b pp512: 869 -> 414 us a launch (2026-12-05).
+// H100, qwen3-30b-a3b pp512: 869 -> 414 us a launch (2026-12-05). A chunk's K loads are issued before the
+// previous chunk's products, and V is read ATT_VK keys at a time, so the group waits for memory a few times a
+// key tile rather than at every chunk and every 4 keys.
 #define ATT_QB 8
 #define ATT_KC 32
 // ATT_BKEEP (the program's options: 512 where the device has the local memory, else 0): pass 1's scores of
@@ -231,9 +233,28 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 #error "ATT_BD: a multiple of 2 ATT_WG, at most ATT_MAXD"
 #endif
 #define ATT_KS (ATT_WG + 1)
+// Pass 2 of attention_block reads V ATT_VK keys at a time (their loads in flight together: a tile of 64 keys
+// waits for memory 4 times, where 4 keys at a time waited 16).
+#define ATT_VK 16
 #if ATT_KC != 32
 #error "attention_block stages a chunk as 4 work-items of 8 dims a key"
 #endif
+// The K chunk a work-item stages (ATT_BLOCK_SCORES): for r < 4, the 8 halves at off of key j0 + r ATT_WG / 4
+// + lid / 4 as floats, 0 past bhi and past the chunk's n values from off.
+void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, int n, int lid, float8* kn) {
+  for (int r = 0; r < 4; ++r) {
+    const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
+    global const half* kr = kc + kj * kv_row + off;
+    if (kj <= bhi && n >= 8) {
+      kn[r] = vload_half8(0, kr);
+    } else {
+      float k[8];
+      for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
+      kn[r] = vload8(0, k);
+    }
+  }
+}
+
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
                             int d, int n_kv, float kq_scale, int window) {
@@ -261,30 +282,28 @@ kernel void attention_block(global const float* q, global const half* kc, global
   // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys), over the
   // dims below dl (d; 0 where pass 2 takes them from kept: the loop's barriers still in every work-item's
   // path, as PoCL wants). Staging: work-item lid loads dims 8 (lid % 4) .. + 7 of the chunk for keys
-  // lid / 4 + r ATT_WG / 4 (r < 4).
+  // lid / 4 + r ATT_WG / 4 (r < 4). The next chunk's loads are issued before this chunk's products (kn), so
+  // a tile waits for memory once, not once a chunk (the same values staged, the same sums).
 #define ATT_BLOCK_SCORES(j0, dl)                                                                  \
   {                                                                                               \
-    const int j = (j0) + lid;                                                                     \
+    const int j = (j0) + lid, part = 8 * (lid % 4);                                               \
     float dot[ATT_QB];                                                                            \
     for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f;                                               \
+    float8 kn[4];                                                                                 \
+    if ((dl) > 0) att_k_chunk(kc, (j0), bhi, kv_row, hk * d + part, min(ATT_KC, d) - part, lid, kn); \
     for (int i0 = 0; i0 < (dl); i0 += ATT_KC) {                                                   \
-      const int nc = min(ATT_KC, d - i0), part = 8 * (lid % 4);                                   \
+      const int nc = min(ATT_KC, d - i0);                                                         \
       barrier(CLK_LOCAL_MEM_FENCE); /* the last reads of ks (and the stores of qs) done */        \
       for (int r = 0; r < 4; ++r) {                                                               \
-        const int kj = r * (ATT_WG / 4) + lid / 4;                                                \
-        global const half* kr = kc + ((j0) + kj) * kv_row + hk * d + i0 + part;                   \
-        local float* kd = ks + part * ATT_KS + kj;                                                \
-        const bool in = (j0) + kj <= bhi;                                                         \
-        if (in && part + 8 <= nc) {                                                               \
-          const float8 k8 = vload_half8(0, kr);                                                   \
-          kd[0] = k8.s0, kd[ATT_KS] = k8.s1, kd[2 * ATT_KS] = k8.s2, kd[3 * ATT_KS] = k8.s3;      \
-          kd[4 * ATT_KS] = k8.s4, kd[5 * ATT_KS] = k8.s5, kd[6 * ATT_KS] = k8.s6;                 \
-          kd[7 * ATT_KS] = k8.s7;                                                                 \
-        } else {                                                                                  \
-          for (int e = 0; e < 8 && part + e < nc; ++e) kd[e * ATT_KS] = in ? vload_half(e, kr) : 0.0f; \
-        }                                                                                         \
+        local float* kd = ks + part * ATT_KS + r * (ATT_WG / 4) + lid / 4;                        \
+        kd[0] = kn[r].s0, kd[ATT_KS] = kn[r].s1, kd[2 * ATT_KS] = kn[r].s2;                       \
+        kd[3 * ATT_KS] = kn[r].s3, kd[4 * ATT_KS] = kn[r].s4, kd[5 * ATT_KS] = kn[r].s5;          \
+        kd[6 * ATT_KS] = kn[r].s6, kd[7 * ATT_KS] = kn[r].s7;                                     \
       }                                                                                           \
       barrier(CLK_LOCAL_MEM_FENCE);                                                               \
+      if (i0 + ATT_KC < (dl))                                                                     \
+        att_k_chunk(kc, (j0), bhi, kv_row, hk * d + i0 + ATT_KC + part, min(ATT_KC, d - i0 - ATT_KC) - part, \
+                    lid, kn);                                                                     \
       /* every work-item, past bhi too (its scores unused): PoCL 3.1 miscompiled this under if (j <= bhi) */ \
       local const float* kr = ks + lid;                                                           \
       int i = 0;                                                                                  \
@@ -363,6 +382,26 @@ kernel void attention_block(global const float* q, global const half* kc, global
       const bool pair = dd + 1 < d;
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
       int i = 0;
+      for (; i + ATT_VK <= nt; i += ATT_VK) {  // ATT_VK keys' loads in flight, then their products in order
+        float2 v[ATT_VK];
+        for (int e = 0; e < ATT_VK; ++e)
+          v[e] = pair ? vload_half2(0, vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
+        for (int u = 0; u < ATT_QB; ++u) {
+          float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
+          for (int e = 0; e < ATT_VK; e += 4) {
+            const float4 p = *(local const float4*)(ps + u * ATT_WG + i + e);
+            s0 += p.x * v[e].x;
+            s1 += p.x * v[e].y;
+            s0 += p.y * v[e + 1].x;
+            s1 += p.y * v[e + 1].y;
+            s0 += p.z * v[e + 2].x;
+            s1 += p.z * v[e + 2].y;
+            s0 += p.w * v[e + 3].x;
+            s1 += p.w * v[e + 3].y;
+          }
+          acc[u][2 * a] = s0, acc[u][2 * a + 1] = s1;
+        }
+      }
       for (; i + 4 <= nt; i += 4) {
         float2 v[4];
         for (int e = 0; e < 4; ++e)
