@@ -164,34 +164,41 @@ TEST(OpenCLFused, MatmulsMatchCpu) {
     }
 }
 
-// A decode-sized norm whose rows a product reads next (a layer's first norm, the output norm) rounds them in
-// the mode of the last q/k/v product: the product then takes one launch, and gives what it gives when it
-// rounds a copy itself, bit for bit; both match the CPU's norm and product.
+// A norm whose rows a product reads next (a layer's first norm, the output norm) rounds them in the mode of
+// the last q/k/v product: the product then takes no rounding launch, and gives what it gives when it rounds a
+// copy itself, bit for bit; both match the CPU's norm and product.
 TEST(OpenCLFused, NormRoundsForTheNextProduct) {
   DEVICE_OR_SKIP();
   auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
   Threads th;
   std::mt19937 rng(53);
-  const int64_t E = 2048, N = 96, rows = 3;
+  const int64_t E = 2048, N = 96;
   RandomWeight wq(dev, DType::Q4_K, E, N, 1, rng), wk(dev, DType::Q4_K, E, 32, 1, rng);
-  const std::vector<float> x = random_vec(rows * E, rng), w = random_vec(E, rng);
-  DeviceBuffer dx = upload(dev, x), dw = upload(dev, w), dcur(dev, rows * E * 4), dcopy(dev, rows * E * 4),
-               dy(dev, rows * N * 4), dy2(dev, rows * N * 4), dk(dev, rows * 32 * 4), dq(dev, rows * N * 4);
-  // A q/k product first: the norm learns its rounding mode from it.
-  const Backend::MatmulJob jobs[] = {{&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}};
-  dev.matmuls(ptr<float>(dx), rows, jobs);
-  const uint64_t e0 = ocl.enqueue_count();
-  const Act cur = dev.rmsnorm_act(ptr<float>(dx), ptr<float>(dw), ptr<float>(dcur), rows, E, 1e-6f);
-  dev.matmul(wq.dev, cur, ptr<float>(dy));
-  EXPECT_EQ(ocl.enqueue_count() - e0, 2u) << "the norm with its rounding, then the product alone";
-  dev.copy(dcopy.data(), dcur.data(), rows * E * sizeof(float));
-  dev.matmul(wq.dev, ptr<float>(dcopy), rows, ptr<float>(dy2));
-  EXPECT_EQ(download<float>(dev, dy, rows * N), download<float>(dev, dy2, rows * N));
-  std::vector<float> ref_cur(rows * E), ref(rows * N);
-  th.cpu.rmsnorm(x.data(), w.data(), ref_cur.data(), rows, E, 1e-6f);
-  th.cpu.matmul(wq.host, ref_cur.data(), rows, ref.data(), 0);
-  EXPECT_LT(rel_err(download<float>(dev, dcur, ref_cur.size()), ref_cur), 1e-5f);
-  EXPECT_LT(rel_err(download<float>(dev, dy, ref.size()), ref), 1e-4f);
+  // A decode step's rows, and a prefill's (its products tiled, its rounding a launch of every row before).
+  for (const int64_t rows : {3, 40}) {
+    const std::vector<float> x = random_vec(rows * E, rng), w = random_vec(E, rng);
+    DeviceBuffer dx = upload(dev, x), dw = upload(dev, w), dcur(dev, rows * E * 4), dcopy(dev, rows * E * 4),
+                 dy(dev, rows * N * 4), dy2(dev, rows * N * 4), dk(dev, rows * 32 * 4), dq(dev, rows * N * 4);
+    // A q/k product first: the norm learns its rounding mode from it.
+    const Backend::MatmulJob jobs[] = {{&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}};
+    dev.matmuls(ptr<float>(dx), rows, jobs);
+    const uint64_t e0 = ocl.enqueue_count();
+    const Act cur = dev.rmsnorm_act(ptr<float>(dx), ptr<float>(dw), ptr<float>(dcur), rows, E, 1e-6f);
+    dev.matmul(wq.dev, cur, ptr<float>(dy));
+    const uint64_t with_norm = ocl.enqueue_count() - e0;
+    dev.copy(dcopy.data(), dcur.data(), rows * E * sizeof(float));
+    const uint64_t e1 = ocl.enqueue_count();
+    dev.matmul(wq.dev, ptr<float>(dcopy), rows, ptr<float>(dy2));
+    // The product alone rounds its rows in a launch of its own; after the norm it does not.
+    EXPECT_EQ(with_norm, ocl.enqueue_count() - e1)
+        << rows << " rows: the norm with its rounding, the product";
+    EXPECT_EQ(download<float>(dev, dy, rows * N), download<float>(dev, dy2, rows * N)) << rows << " rows";
+    std::vector<float> ref_cur(rows * E), ref(rows * N);
+    th.cpu.rmsnorm(x.data(), w.data(), ref_cur.data(), rows, E, 1e-6f);
+    th.cpu.matmul(wq.host, ref_cur.data(), rows, ref.data(), 0);
+    EXPECT_LT(rel_err(download<float>(dev, dcur, ref_cur.size()), ref_cur), 1e-5f) << rows << " rows";
+    EXPECT_LT(rel_err(download<float>(dev, dy, ref.size()), ref), 1e-4f) << rows << " rows";
+  }
 }
 
 // Q4_K_M gives some layers' v (or Gated DeltaNet qkv) projection Q6_K, the others Q4_K: the products of mixed

@@ -449,10 +449,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     float* weights;
   };
   DeviceRouting route_on_device(const MoeFfn& m, int64_t n, const float* logits_d);
-  // A prefill-sized batch of a layer wholly on the device: routed, grouped and multiplied there
-  // (prefill.cpp).
+  // Whether a prefill-sized batch of a layer runs wholly on the device: routed, grouped and multiplied there
+  // (moe_prefill, prefill.cpp).
   bool moe_prefill_fits(const MoeFfn& m, int64_t n) const;
-  void moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out);
 
   // Fused forms (fused_ops.cpp); XPERT_OPENCL_OPTS=fused=0 turns them off (the plain ops, for comparison).
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
@@ -866,6 +865,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     int mode = -1;
   } pre_;
   DType preround_type_ = DType::F32;  // the weights of the last matmuls() (a layer's q/k/v): none rounded yet
+  // xq_norm: x as the FFN norm rounded it (pre_ when the MoE op began), used where it is in the gate's mode.
+  void moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out,
+                   const Prerounded& xq_norm);
   // The block rounding (mode 0 or 1) that the last matmuls()'s weights take, for rows of n; -1 where they
   // take none or a block does not divide n. A norm writing those rows rounds them in the same launch.
   int preround_block_mode(int64_t n) const {

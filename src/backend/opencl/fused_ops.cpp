@@ -101,6 +101,7 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
 // where matmul would round it once per job: a layer's q, k and v at pp512 took three round_blocks launches of
 // the same rows (H200, qwen3-30b-a3b: 14.3 us each, 2 of the 6 a layer).
 void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::span<const MatmulJob> jobs) {
+  preround_type_ = jobs[0].w->type;  // as matmuls: what the norm before the next q/k/v product rounds for
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const float* xq[4] = {nullptr, nullptr, nullptr, nullptr};  // x rounded in round_mode 0..3
@@ -116,12 +117,13 @@ void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::s
   ar.release(mark);
 }
 
-// A decode-sized norm (a layer's first, the output norm, a dense layer's) also rounds y for the products that
-// read it next, in the mode of the last q/k/v product (preround_block_mode), so their own rounding launch is
-// skipped where the mode matches (rounded_activations finds it).
+// A norm (a layer's first, the output norm, a dense layer's) also rounds y for the products that read it
+// next, in the mode of the last q/k/v product (preround_block_mode), so their own rounding launch is skipped
+// where the mode matches (rounded_activations finds it): at prefill too, where that launch was a round_blocks
+// of every row (H100, qwen3-30b-a3b pp512: 14.3 us, one a layer).
 Act OpenclBackend::add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n,
                                float eps) {
-  const int mode = fused_ && tails_ && rows <= kGemvMaxRows ? preround_block_mode(n) : -1;
+  const int mode = fused_ && tails_ ? preround_block_mode(n) : -1;
   if (!fused_ || (!d && mode < 0)) return Backend::add_rmsnorm(d, x, w, y, rows, n, eps);  // the plain ops
   float* yq = mode >= 0 ? preround_buffer(rows * n) : nullptr;
   add_rmsnorm_round(d, x, w, y, rows, n, eps, yq, mode);

@@ -1,13 +1,13 @@
 // The whole-model OpenCL backend's prefill products (kernels_prefill.h): the register-tiled dense GEMM, and a
 // MoE layer's batch routed and grouped on the device with one grouped GEMM for gate + up (SwiGLU fused) and
-// one for down: per layer, router product, routing, grouping, two activation roundings, gate/up, down and the
-// weighted combine (8 launches, none waiting for the host) instead of the host's routing and one product per
-// expert and matrix (~100 launches on qwen3-30b-a3b at 512 tokens, two round trips). Like a layer wholly on a
-// CUDA GPU, the device's routing is not counted in the routing statistics (m.stats). XPERT_OPENCL_OPTS
-// prefill=0: the earlier kernels and the host's routing (for comparison); moe_bm=32|64: rows per grouped tile
-// (default 32).
-// On a device with cl_intel_subgroup_matrix_multiply_accumulate the three GEMMs of a quantized weight type
-// take the XMX forms once they pass their self-check (prefill_xmx.cpp).
+// one for down: per layer, router product, routing, grouping, the activations' rounding for down (x's is done
+// by the FFN norm's launch), gate/up, down and the weighted combine (7 launches, none waiting for the host)
+// instead of the host's routing and one product per expert and matrix (~100 launches on qwen3-30b-a3b at 512
+// tokens, two round trips). Like a layer wholly on a CUDA GPU, the device's routing is not counted in the
+// routing statistics (m.stats). XPERT_OPENCL_OPTS prefill=0: the earlier kernels and the host's routing (for
+// comparison); moe_bm=32|64: rows per grouped tile (default 32). On a device with
+// cl_intel_subgroup_matrix_multiply_accumulate the three GEMMs of a quantized weight type take the XMX forms
+// once they pass their self-check (prefill_xmx.cpp).
 #include "backend/opencl/backend_impl.h"
 #include "backend/opencl/kernels_prefill.h"
 
@@ -66,8 +66,8 @@ bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
          info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
 }
 
-void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d,
-                                float* out) {
+void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out,
+                                const Prerounded& xq_norm) {
   const int64_t X = m.n_expert, K = m.n_used, E = m.n_embd, F = m.n_ff, S = n * K;
   const int64_t bm = moe_bm_;
   // The XMX forms where the device has them (a first use self-checks them), else the f32 tiles.
@@ -85,6 +85,7 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
   launch(ops("moe_group"), {wg}, {wg}, tasks_d, (cl_int)S, (cl_int)X, (cl_int)bm, row_slot_d, slot_row_d,
          tiles_d, n_tiles_d);
   const char* sfx = bm == 64 ? "_m64" : "_m32";
+  pre_ = xq_norm;  // the launches since wrote only their own outputs, not x
   const float* xq = rounded_activations(m.gate.type, x, n, E);
   float* h = ar.take<float>(S * F);
   const size_t gate_row = row_bytes(m.gate.type, E), down_row = row_bytes(m.down.type, F);
