@@ -86,8 +86,8 @@ void OpenclBackend::moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* o
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* logits_d = ar.take<float>(n * X);
-  const Prerounded xq =
-      pre_;  // the FFN norm's rounding of x, if it made one (the router's launch forgets it)
+  // The FFN norm's rounding of x, if it made one (the router's launch forgets it).
+  const Prerounded xq = pre_;
   matmul(m.router, x, n, logits_d, X);
   if (!m.split && n < kMoeGemmMinRows && m.uniform_seed == 0) {  // (uniform routing: the host's router)
     // Every expert has fewer rows than the tiled kernel takes, so the host's grouping would send each row

@@ -5,9 +5,10 @@
 // instead of the host's routing and one product per expert and matrix (~100 launches on qwen3-30b-a3b at 512
 // tokens, two round trips). Like a layer wholly on a CUDA GPU, the device's routing is not counted in the
 // routing statistics (m.stats). XPERT_OPENCL_OPTS prefill=0: the earlier kernels and the host's routing (for
-// comparison); moe_bm=32|64: rows per grouped tile (default 32). On a device with
-// cl_intel_subgroup_matrix_multiply_accumulate the three GEMMs of a quantized weight type take the XMX forms
-// once they pass their self-check (prefill_xmx.cpp).
+// comparison); moe_bm=32|64: rows per grouped tile (default 32).
+//
+// On a device with cl_intel_subgroup_matrix_multiply_accumulate the three GEMMs of a quantized weight type
+// take the XMX forms once they pass their self-check (prefill_xmx.cpp).
 #include "backend/opencl/backend_impl.h"
 #include "backend/opencl/kernels_prefill.h"
 
