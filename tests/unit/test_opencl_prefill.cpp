@@ -231,11 +231,11 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
 // Qwen3-30B-A3B's heads (32 / 4 of 128) over a prefix, a partial last block of 8 tokens; a sliding window
 // shorter than the block's span of keys, wide heads; blocks of more keys than pass 1 keeps scores for
 // (ATT_BKEEP 512: pass 2 computes them again). Heads of 64 / 128, 256 and 320 take the block program built
-// for 128, 256 and 512 dims a query (att_block_dims).
+// for 128, 256 and 512 dims a query (att_block_dims); heads of 80 end in a partial chunk of K's dims.
 INSTANTIATE_TEST_SUITE_P(Shapes, OpenCLPrefillAttention,
                          ::testing::Values(AttCase{45, 100, 32, 4, 128, 0}, AttCase{30, 70, 4, 1, 256, 20},
                                            AttCase{70, 0, 4, 2, 64, 0}, AttCase{20, 600, 4, 2, 64, 0},
-                                           AttCase{19, 40, 2, 1, 320, 0}),
+                                           AttCase{19, 40, 2, 1, 320, 0}, AttCase{20, 30, 4, 2, 80, 0}),
                          [](const auto& info) {
                            const AttCase& a = info.param;
                            return "t" + std::to_string(a.n_tokens) + "_p" + std::to_string(a.pos0) + "_d" +
