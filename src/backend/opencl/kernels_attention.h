@@ -206,12 +206,13 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // are attention's, in its order (the same bits where there is no sliding window): the scores summed one value
 // at a time; pass 1's running max and sum per work-item over its keys, then a tree; pass 2's weights rounded
 // to f16, each work-item adding its pair of dims' V products key by key (weight 0 past a query's last key).
-// Each work-item reads its own key's row ATT_KC dims at a time into registers (64-byte spans, the next one's
-// loads in flight during this one's products); the queries' values and the weights are read from local memory
-// four at a time (a 16-byte read for four FMAs). A staging of K through local memory (c177069; H100,
-// qwen3-30b-a3b pp512: 869 -> 414 us a launch with the four-at-a-time reads, 2026-12-05) took a local store
-// and a read per value besides the queries' reads. V is read ATT_VK keys at a time, their loads in flight
-// together.
+// The key tile's K comes through local memory ATT_KC dims at a time, read coalesced and stored as floats dim
+// by dim (ks[dim * ATT_KS + key]: a warp's stores and reads each hit 32 banks), where each work-item reading
+// its own key's row from global memory touched a cache line a work-item; the queries' values and the weights
+// are read from local memory four at a time (a 16-byte read for four FMAs, where it was one read a FMA).
+// H100, qwen3-30b-a3b pp512: 869 -> 414 us a launch (2026-12-05). A chunk's K loads are issued before the
+// previous chunk's products, and V is read ATT_VK keys at a time, so the group waits for memory a few times a
+// key tile rather than at every chunk and every 4 keys.
 #define ATT_QB 8
 #define ATT_KC 32
 // ATT_BKEEP (the program's options: 512 where the device has the local memory, else 0): pass 1's scores of
@@ -231,21 +232,24 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 #if ATT_BD % (2 * ATT_WG) || ATT_BD > ATT_MAXD
 #error "ATT_BD: a multiple of 2 ATT_WG, at most ATT_MAXD"
 #endif
+#define ATT_KS (ATT_WG + 1)
 // Pass 2 of attention_block reads V ATT_VK keys at a time (their loads in flight together: a tile of 64 keys
 // waits for memory 4 times, where 4 keys at a time waited 16).
 #define ATT_VK 16
-#if ATT_KC % 8
-#error "attention_block loads a key's chunk 8 halves at a time"
+#if ATT_KC != 32
+#error "attention_block stages a chunk as 4 work-items of 8 dims a key"
 #endif
-// Key kj's chunk of ATT_KC dims from kr (its first), as floats into kn: 0 past bhi and past n values (the
-// chunk's width, d - i0 at the last chunk).
-void att_k_chunk(global const half* kr, int kj, int bhi, int n, float8* kn) {
-  for (int r = 0; r < ATT_KC / 8; ++r) {
-    if (kj <= bhi && 8 * r + 8 <= n) {
-      kn[r] = vload_half8(r, kr);
+// The K chunk a work-item stages (ATT_BLOCK_SCORES): for r < 4, the 8 halves at off of key j0 + r ATT_WG / 4
+// + lid / 4 as floats, 0 past bhi and past the chunk's n values from off.
+void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, int n, int lid, float8* kn) {
+  for (int r = 0; r < 4; ++r) {
+    const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
+    global const half* kr = kc + kj * kv_row + off;
+    if (kj <= bhi && n >= 8) {
+      kn[r] = vload_half8(0, kr);
     } else {
       float k[8];
-      for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && 8 * r + e < n ? vload_half(8 * r + e, kr) : 0.0f;
+      for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
       kn[r] = vload8(0, k);
     }
   }
@@ -256,6 +260,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
                             int d, int n_kv, float kq_scale, int window) {
   local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
   local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
+  local float ks[ATT_KC * ATT_KS];
   local float stat[2 * ATT_QB];
   local float kept[ATT_QB * ATT_BKEEP_ARR];
   const int h = get_group_id(0), lid = get_local_id(0);
@@ -274,41 +279,49 @@ kernel void attention_block(global const float* q, global const half* kc, global
     if (u < nq) blo = min(blo, lo[u]), bhi = max(bhi, hi[u]);
   }
   const int keep = bhi - blo < ATT_BKEEP;  // the same in every work-item
-  barrier(CLK_LOCAL_MEM_FENCE);  // qs whole
   // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys), over the
-  // dims below dl (d; 0 where pass 2 takes them from kept). Work-item lid reads its own key's row ATT_KC dims
-  // at a time into registers (ATT_KC / 8 loads of 16 bytes, a whole 64-byte span of the row, the next chunk's
-  // loads issued before this chunk's products), and the queries' values four at a time from local memory: no
-  // key goes through local memory.
+  // dims below dl (d; 0 where pass 2 takes them from kept: the loop's barriers still in every work-item's
+  // path, as PoCL wants). Staging: work-item lid loads dims 8 (lid % 4) .. + 7 of the chunk for keys
+  // lid / 4 + r ATT_WG / 4 (r < 4). The next chunk's loads are issued before this chunk's products (kn), so
+  // a tile waits for memory once, not once a chunk (the same values staged, the same sums).
 #define ATT_BLOCK_SCORES(j0, dl)                                                                  \
   {                                                                                               \
-    const int j = (j0) + lid;                                                                     \
-    global const half* krow = kc + (long)j * kv_row + hk * d;                                     \
+    const int j = (j0) + lid, part = 8 * (lid % 4);                                               \
     float dot[ATT_QB];                                                                            \
     for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f;                                               \
-    float8 kn[ATT_KC / 8];                                                                        \
-    if ((dl) > 0) att_k_chunk(krow, j, bhi, min(ATT_KC, d), kn);                                  \
+    float8 kn[4];                                                                                 \
+    if ((dl) > 0) att_k_chunk(kc, (j0), bhi, kv_row, hk * d + part, min(ATT_KC, d) - part, lid, kn); \
     for (int i0 = 0; i0 < (dl); i0 += ATT_KC) {                                                   \
       const int nc = min(ATT_KC, d - i0);                                                         \
-      float kv[ATT_KC];                                                                           \
-      for (int r = 0; r < ATT_KC / 8; ++r) vstore8(kn[r], r, kv);                                 \
-      if (i0 + ATT_KC < (dl)) att_k_chunk(krow + i0 + ATT_KC, j, bhi, min(ATT_KC, d - i0 - ATT_KC), kn); \
-      local const float* qc = qs + i0;                                                            \
-      if (nc == ATT_KC) {                                                                         \
-        for (int i = 0; i < ATT_KC; i += 4)                                                       \
-          for (int u = 0; u < ATT_QB; ++u) {                                                      \
-            const float4 q4 = *(local const float4*)(qc + u * ATT_BD + i);                        \
-            float s = dot[u];                                                                     \
-            s += q4.x * kv[i];                                                                    \
-            s += q4.y * kv[i + 1];                                                                \
-            s += q4.z * kv[i + 2];                                                                \
-            s += q4.w * kv[i + 3];                                                                \
-            dot[u] = s;                                                                           \
-          }                                                                                       \
-      } else {                                                                                    \
-        for (int i = 0; i < nc; ++i)                                                              \
-          for (int u = 0; u < ATT_QB; ++u) dot[u] += qc[u * ATT_BD + i] * kv[i];                  \
+      barrier(CLK_LOCAL_MEM_FENCE); /* the last reads of ks (and the stores of qs) done */        \
+      for (int r = 0; r < 4; ++r) {                                                               \
+        local float* kd = ks + part * ATT_KS + r * (ATT_WG / 4) + lid / 4;                        \
+        kd[0] = kn[r].s0, kd[ATT_KS] = kn[r].s1, kd[2 * ATT_KS] = kn[r].s2;                       \
+        kd[3 * ATT_KS] = kn[r].s3, kd[4 * ATT_KS] = kn[r].s4, kd[5 * ATT_KS] = kn[r].s5;          \
+        kd[6 * ATT_KS] = kn[r].s6, kd[7 * ATT_KS] = kn[r].s7;                                     \
       }                                                                                           \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                               \
+      if (i0 + ATT_KC < (dl))                                                                     \
+        att_k_chunk(kc, (j0), bhi, kv_row, hk * d + i0 + ATT_KC + part, min(ATT_KC, d - i0 - ATT_KC) - part, \
+                    lid, kn);                                                                     \
+      /* every work-item, past bhi too (its scores unused): PoCL 3.1 miscompiled this under if (j <= bhi) */ \
+      local const float* kr = ks + lid;                                                           \
+      int i = 0;                                                                                  \
+      for (; i + 4 <= nc; i += 4) {                                                               \
+        const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                               \
+        const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                         \
+        for (int u = 0; u < ATT_QB; ++u) {                                                        \
+          const float4 q4 = *(local const float4*)(qs + u * ATT_BD + i0 + i);                     \
+          float s = dot[u];                                                                       \
+          s += q4.x * k0;                                                                         \
+          s += q4.y * k1;                                                                         \
+          s += q4.z * k2;                                                                         \
+          s += q4.w * k3;                                                                         \
+          dot[u] = s;                                                                             \
+        }                                                                                         \
+      }                                                                                           \
+      for (; i < nc; ++i)                                                                         \
+        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_BD + i0 + i] * kr[i * ATT_KS];      \
     }                                                                                             \
     for (int u = 0; u < ATT_QB; ++u)                                                              \
       ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;            \
