@@ -456,6 +456,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // Fused forms (fused_ops.cpp); XPERT_OPENCL_OPTS=fused=0 turns them off (the plain ops, for comparison).
   void matmuls(const float* x, int64_t m, std::span<const MatmulJob> jobs) override;
   void prefill_matmuls(const float* x, int64_t m, int64_t k, std::span<const MatmulJob> jobs);
+  Act moe_ffn_add_norm(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
+                       const float* next_w, const PartialSum* d_parts);
   Act add_rmsnorm(const float* d, float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                     int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,

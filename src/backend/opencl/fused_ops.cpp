@@ -190,6 +190,26 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   return Act::of(d.out, d.n_seq, q_dim);
 }
 
+// The plain ops' order (Backend::add_rmsnorm_moe_ffn_add) where the fused launches below do not apply (a
+// prefill, experts split with another executor), but the MoE's sum is added to x by the next layer's norm, in
+// its launch (add_rmsnorm_round4 with d), not by a launch of its own: the same sums, one launch fewer a
+// layer.
+Act OpenclBackend::moe_ffn_add_norm(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,
+                                    int64_t n, const float* next_w, const PartialSum* d_parts) {
+  if (!fused_ || !next_w) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w, d_parts);
+  if (d_parts) sum_parts(*d_parts);
+  const int64_t E = m.n_embd;
+  const Act c = add_rmsnorm(d, x, w, cur, n, E, m.rms_eps);
+  Arena& ar = scratch();
+  const size_t mark = ar.mark();
+  float* t = ar.take<float>(n * E);
+  moe_ffn(m, c.x, n, t);
+  if (m.shared_up) add_shared_expert(m, c, t);
+  const Act next = add_rmsnorm(t, x, next_w, cur, n, E, m.rms_eps);
+  ar.release(mark);
+  return next;
+}
+
 // A decode-sized batch of a MoE layer wholly on the device: three launches from the residual add to the next
 // layer's norm (an F32 router: the add and norm in its groups), no host round trip (routing as
 // moe_small_batch, not counted in the routing statistics). A shared expert (Qwen3.5) of the experts' width
@@ -215,7 +235,7 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
                        shared_fits && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
                        weight_macro(m.down.type) && E % block_elems(m.gate.type) == 0 &&
                        F % block_elems(m.down.type) == 0;
-  if (!fusable || d_parts) return Backend::add_rmsnorm_moe_ffn_add(m, d, x, w, cur, n, next_w, d_parts);
+  if (!fusable || d_parts) return moe_ffn_add_norm(m, d, x, w, cur, n, next_w, d_parts);
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   const int mode = round_mode(m.gate.type);
