@@ -114,7 +114,8 @@ TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
-                         ::testing::Values(DType::F32, DType::Q8_0, DType::Q4_K, DType::Q6_K),
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K,
+                                           DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // gemm_tiled's plan (dense_plan): 64-row tiles where they make about two work-groups a compute unit; fewer

@@ -32,8 +32,8 @@ namespace xpert::opencl {
 // Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers (pt_raw: the
 // row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that dequantizes them
 // (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and Q6_K (wide loads);
-// other types are read at dequantization (dequant32). pt_deq gives dequant32's values. Also both tiles' FMAs
-// of one k (PT_FMA8) and their kernels' names (PT_NAME).
+// F32 / F16 / BF16 (16 values); other types are read at dequantization (dequant32). pt_deq gives dequant32's
+// values. Also both tiles' FMAs of one k (PT_FMA8) and their kernels' names (PT_NAME).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
 // A kernel's name in the form being built: n followed by PT_SUF (_m64, _m32).
 #define PT_CAT2(a, b) a##b
@@ -58,7 +58,7 @@ inline constexpr std::string_view kPrefillRawSource = R"CLC(
 typedef struct {
   uint4 h, q;
 } pt_raw;
-pt_raw pt_load(global const uchar* row, int j, int hf) {
+pt_raw pt_load(global const uchar* row, int j, int hf, int k) {
   global const uchar* b = row + (j / 8) * 144;
   pt_raw r;
   r.h = *(global const uint4*)b;
@@ -87,7 +87,7 @@ typedef struct {
   ushort ql[8], qh[8];
   ushort sc, d;
 } pt_raw;
-pt_raw pt_load(global const uchar* row, int j, int hf) {
+pt_raw pt_load(global const uchar* row, int j, int hf, int k) {
   pt_raw r;
   global const uchar* b = row + (j / 8) * 210;
   const int s = j % 8, c = s / 4, g = s % 4;
@@ -110,6 +110,23 @@ void pt_deq(const pt_raw* r, int j, float* w) {
     w[2 * l2] = ds * q0;
     w[2 * l2 + 1] = ds * q1;
   }
+}
+#elif defined(PLAIN)
+#define PT_RAW 1
+// F32, F16, BF16 rows (the router's, a few small products): the 16 values of half hf of chunk j (0 past the
+// row's k), as dequant32 reads them. Read at dequantization, each chunk waited for its loads (H100,
+// qwen3-30b-a3b pp512: the router's 512 x 2048 x 128 product took 44 us a launch, 2026-12-06).
+typedef struct {
+  float v[16];
+} pt_raw;
+pt_raw pt_load(global const uchar* row, int j, int hf, int k) {
+  pt_raw r;
+  const int i0 = 32 * j + 16 * hf;
+  for (int i = 0; i < 16; ++i) r.v[i] = i0 + i < k ? ld_plain(row, i0 + i) : 0.0f;
+  return r;
+}
+void pt_deq(const pt_raw* r, int j, float* w) {
+  for (int i = 0; i < 16; ++i) w[i] = r->v[i];
 }
 #endif
 )CLC";
@@ -184,7 +201,7 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
 #if defined(PT_RAW)
 #define PT_RAW_DECL pt_raw raw_;
 #define PT_RAW_LOAD(jj) \
-  if (wvalid_) raw_ = pt_load(wrow_, (jj), half_);
+  if (wvalid_) raw_ = pt_load(wrow_, (jj), half_, k);
 #define PT_DEQ(row, jj, k, w) pt_deq(&raw_, (jj), (w))
 #else
 #define PT_RAW_DECL
@@ -352,7 +369,7 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 #define PT_RAW_DECL pt_raw raw_[PT_WU];
 #define PT_RAW_LOAD(ss)                                                          \
   for (int u_ = 0; u_ < PT_WU; ++u_)                                              \
-    if (wvalid_[u_]) raw_[u_] = pt_load(wrow_[u_], (ss) >> 1, (ss) & 1);
+    if (wvalid_[u_]) raw_[u_] = pt_load(wrow_[u_], (ss) >> 1, (ss) & 1, k);
 #define PT_DEQ(row, u, ss, k, w) pt_deq(&raw_[u], (ss) >> 1, (w))
 #else
 #define PT_RAW_DECL
