@@ -67,7 +67,7 @@ inline constexpr std::string_view kPrefillXmxSource = R"CLC(
 #if defined(PT_RAW)
 #define XT_PART 16
 void xt_deq(global const uchar* row, int j, int k, int part, float* w) {
-  const pt_raw r = pt_load(row, j, part);
+  const pt_raw r = pt_load(row, j, part, k);
   pt_deq(&r, j, w);
 }
 #else
