@@ -91,10 +91,14 @@ void Backend::moe_ffn_add(const MoeFfn& m, const Act& x, float* y) {
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* t = ar.take<float>(n * E);
-  moe_ffn(m, x.x, n, t);
-  if (m.shared_up) add_shared_expert(m, x, t);
+  moe_ffn_whole(m, x, t);
   add(t, y, y, n * E);
   ar.release(mark);
+}
+
+void Backend::moe_ffn_whole(const MoeFfn& m, const Act& x, float* out) {
+  moe_ffn(m, x.x, x.rows, out);
+  if (m.shared_up) add_shared_expert(m, x, out);
 }
 
 Act Backend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur,

@@ -163,6 +163,9 @@ class Backend {
   // out += sigmoid(x . g) * down(silu(x Wg^T) * (x Wu^T)) for the layer's shared expert, with this
   // backend's plain ops (x: [x.rows][n_embd]).
   void add_shared_expert(const MoeFfn& m, const Act& x, float* out);
+  // out = the layer's whole MoE FFN of x: moe_ffn, plus the shared expert where the layer has one (what
+  // moe_ffn_add adds to y).
+  void moe_ffn_whole(const MoeFfn& m, const Act& x, float* out);
 
   ThreadPool* host_pool_ = nullptr;
   // Derived destructors call this first: the arena frees through the derived class's dealloc.

@@ -645,7 +645,7 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   b.add_rmsnorm_moe_ffn_add(moe_ffn_args(c, lw, 0, nullptr), ptr<float>(dd), ptr<float>(dx), ptr<float>(dw),
                             ptr<float>(dcur), n, ptr<float>(dnw));
   const uint64_t layer_launches = ocl.enqueue_count() - e0;
-  if (n < 16) {
+  if (n < opencl::kMoeGemmMinRows) {
     EXPECT_EQ(layer_launches, 3u) << "the fused layer: the router, gate/up and down launches alone";
   }
   b.matmuls(ptr<float>(dcur), n, jobs);  // cur as the layer's last kernel rounded it
@@ -670,7 +670,7 @@ TEST_P(OpenCLFusedMoe, MatchesCpu) {
   b.copy(ptr<float>(dcur2), ptr<float>(dcur), cur.size() * sizeof(float));
   b.matmuls(ptr<float>(dcur2), n, jobs);
   EXPECT_EQ(download<float>(b, dy0, n * 256), y_pre) << "n=" << n;
-  if (n < 16 || shared) return;
+  if (n < opencl::kMoeGemmMinRows || shared) return;
   // A prefill's rows: the plain ops' order, but the norm rounds x for gate/up and the next norm adds the
   // experts' sum to x in its launch: the MoE's own launches (as it takes them alone, its rounding of x
   // included) and one more, where a launch of its own added the sum before.

@@ -203,8 +203,7 @@ Act OpenclBackend::moe_ffn_add_norm(const MoeFfn& m, const float* d, float* x, c
   Arena& ar = scratch();
   const size_t mark = ar.mark();
   float* t = ar.take<float>(n * E);
-  moe_ffn(m, c.x, n, t);
-  if (m.shared_up) add_shared_expert(m, c, t);
+  moe_ffn_whole(m, c, t);
   const Act next = add_rmsnorm(t, x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);
   return next;
