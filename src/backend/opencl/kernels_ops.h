@@ -414,17 +414,6 @@ kernel void moe_combine(global const float* yg, global const int* slot_row, glob
   }
   out[i] = acc;
 }
-
-// y[r][c] = the sum over s < n_planes of planes[s][r][c], in plane order (gemm_tk's partial sums: planes of
-// plane floats, rows of n).
-kernel void sum_planes(global const float* planes, int n_planes, long plane, int n, int m, global float* y,
-                       int ldy) {
-  const int c = get_global_id(0), r = get_global_id(1);
-  if (c >= n || r >= m) return;
-  float acc = 0.0f;
-  for (int s = 0; s < n_planes; ++s) acc += planes[s * plane + (long)r * n + c];
-  y[(long)r * ldy + c] = acc;
-}
 )CLC";
 
 }  // namespace xpert::opencl

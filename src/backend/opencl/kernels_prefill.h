@@ -16,7 +16,8 @@
 // pp512: 185 ms for the dense products of two passes, in 8 x 8, 8 x 4 and 8 x 2 blocks of 256 columns,
 // against 146 in these; 2026-12-05).
 //   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
-//   gemm_tk         the same split along k into planes of partial sums (a product of few tiles)
+//   gemm_tk         the same split along k into planes of partial sums (a product of few tiles), which each
+//                   tile's last slice adds (gemm_tk_sum)
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
 //                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
 //                   the activation row of grouped row g is token row_slot[g] / k_used of x
@@ -29,13 +30,58 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers (pt_raw: the
-// row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that dequantizes them
-// (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and Q6_K (wide loads);
-// F32 / F16 / BF16 (16 values, 0 past the row's k: pt_load's last argument, which the block types ignore);
-// other types are read at dequantization (dequant32). pt_deq gives dequant32's values. Also both tiles' FMAs
-// of one k (PT_FMA8) and their kernels' names (PT_NAME).
+// Once per matmul program, before the tile texts' forms: gemm_tk_sum; half of a chunk's bytes in registers
+// (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that
+// dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and
+// Q6_K (wide loads); F32 / F16 / BF16 (16 values, 0 past the row's k: pt_load's last argument, which the
+// block types ignore); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
+// Also both tiles' FMAs of one k (PT_FMA8) and their kernels' names (PT_NAME).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
+// Rows m0 .. m0 + bm - 1 (below m) and columns n0 .. n0 + 127 (below n) of y = the sum of the n_planes planes
+// of m x n in plane order (0 + plane 0 + plane 1 ...), by the 256 work-items tid of a group, a plane's loads in
+// flight together (volatile: the other groups' planes, past last_group). float4s where n % 4 == 0.
+void gemm_tk_sum(volatile global const float* planes, int n_planes, int m, int n, int n0, int m0, int bm,
+                 global float* y, int ldy, int tid) {
+  const long plane = (long)m * n;
+  if (n % 4 == 0) {
+    for (int e0 = 0; e0 < bm * 32; e0 += 8 * 256) {  // 8 float4s a work-item at a time
+      float4 acc[8];
+      for (int u = 0; u < 8; ++u) acc[u] = (float4)(0.0f);
+      for (int p = 0; p < n_planes; ++p) {
+        float4 v[8];
+        for (int u = 0; u < 8; ++u) {
+          const int e = e0 + tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
+          v[u] = e < bm * 32 && r < m && c < n ? *(volatile global const float4*)(planes + p * plane + (long)r * n + c)
+                                                : (float4)(0.0f);
+        }
+        for (int u = 0; u < 8; ++u) acc[u] += v[u];
+      }
+      for (int u = 0; u < 8; ++u) {
+        const int e = e0 + tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
+        if (e >= bm * 32 || r >= m || c >= n) continue;
+        global float* yr = y + (long)r * ldy + c;
+        yr[0] = acc[u].x, yr[1] = acc[u].y, yr[2] = acc[u].z, yr[3] = acc[u].w;
+      }
+    }
+    return;
+  }
+  for (int e0 = 0; e0 < bm * 128; e0 += 8 * 256) {
+    float acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
+    for (int p = 0; p < n_planes; ++p) {
+      float v[8];
+      for (int u = 0; u < 8; ++u) {
+        const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
+        v[u] = e < bm * 128 && r < m && c < n ? planes[p * plane + (long)r * n + c] : 0.0f;
+      }
+      for (int u = 0; u < 8; ++u) acc[u] += v[u];
+    }
+    for (int u = 0; u < 8; ++u) {
+      const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
+      if (e < bm * 128 && r < m && c < n) y[(long)r * ldy + c] = acc[u];
+    }
+  }
+}
 // A kernel's name in the form being built: n followed by PT_SUF (_m64, _m32).
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
@@ -251,15 +297,22 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
 
 // A product split along k (prefill.cpp gemm_tiled: products of too few tiles to fill the device): work-group
 // (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of 256 so whole blocks of every
-// weight type: kc_bytes of each row) into plane s of y, m rows of ldy from y + s m ldy; sum_planes adds the
-// planes.
+// weight type: kc_bytes of each row) into plane s of `planes` (m rows of n_out from planes + s m n_out). The
+// tile's last slice to finish (its count in counters[j * groups(0) + i], left at 0) then adds the tile's
+// planes in plane order into y (ldy), gemm_tk_sum: no launch of its own for the sums.
 kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
-                             int kc, ulong kc_bytes, int n_out, global float* y, int ldy, int m) {
+                             int kc, ulong kc_bytes, int n_out, global float* planes, global float* y, int ldy,
+                             int m, volatile global int* counters) {
   local float ws[32 * 128] __attribute__((aligned(16)));
   local float xs[32 * PT_BM] __attribute__((aligned(16)));
+  local int flag;
   const int s = get_group_id(2);
   PT_NAME(gemm_t_group)(w + s * kc_bytes, row_bytes, x + s * kc, ldx, min(kc, k - s * kc), n_out,
-                        y + (long)s * m * ldy, ldy, m, ws, xs);
+                        planes + (long)s * m * n_out, n_out, m, ws, xs);
+  const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
+  if (!last_group(counters + tile, get_num_groups(2), &flag)) return;  // the whole group
+  gemm_tk_sum(planes, get_num_groups(2), m, n_out, get_group_id(0) * 128, get_group_id(1) * PT_BM, PT_BM, y, ldy,
+              get_local_id(1) * 16 + get_local_id(0));
 }
 
 #undef PT_BM
