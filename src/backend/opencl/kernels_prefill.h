@@ -30,58 +30,13 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the tile texts' forms: gemm_tk_sum; half of a chunk's bytes in registers
+// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers
 // (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that
 // dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and
 // Q6_K (wide loads); F32 / F16 / BF16 (16 values, 0 past the row's k: pt_load's last argument, which the
 // block types ignore); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
 // Also both tiles' FMAs of one k (PT_FMA8) and their kernels' names (PT_NAME).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
-// Rows m0 .. m0 + bm - 1 (below m) and columns n0 .. n0 + 127 (below n) of y = the sum of the n_planes planes
-// of m x n in plane order (0 + plane 0 + plane 1 ...), by the 256 work-items tid of a group, a plane's loads in
-// flight together (volatile: the other groups' planes, past last_group). float4s where n % 4 == 0.
-void gemm_tk_sum(volatile global const float* planes, int n_planes, int m, int n, int n0, int m0, int bm,
-                 global float* y, int ldy, int tid) {
-  const long plane = (long)m * n;
-  if (n % 4 == 0) {
-    for (int e0 = 0; e0 < bm * 32; e0 += 8 * 256) {  // 8 float4s a work-item at a time
-      float4 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = (float4)(0.0f);
-      for (int p = 0; p < n_planes; ++p) {
-        float4 v[8];
-        for (int u = 0; u < 8; ++u) {
-          const int e = e0 + tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
-          v[u] = e < bm * 32 && r < m && c < n ? *(volatile global const float4*)(planes + p * plane + (long)r * n + c)
-                                                : (float4)(0.0f);
-        }
-        for (int u = 0; u < 8; ++u) acc[u] += v[u];
-      }
-      for (int u = 0; u < 8; ++u) {
-        const int e = e0 + tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
-        if (e >= bm * 32 || r >= m || c >= n) continue;
-        global float* yr = y + (long)r * ldy + c;
-        yr[0] = acc[u].x, yr[1] = acc[u].y, yr[2] = acc[u].z, yr[3] = acc[u].w;
-      }
-    }
-    return;
-  }
-  for (int e0 = 0; e0 < bm * 128; e0 += 8 * 256) {
-    float acc[8];
-    for (int u = 0; u < 8; ++u) acc[u] = 0.0f;
-    for (int p = 0; p < n_planes; ++p) {
-      float v[8];
-      for (int u = 0; u < 8; ++u) {
-        const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
-        v[u] = e < bm * 128 && r < m && c < n ? planes[p * plane + (long)r * n + c] : 0.0f;
-      }
-      for (int u = 0; u < 8; ++u) acc[u] += v[u];
-    }
-    for (int u = 0; u < 8; ++u) {
-      const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
-      if (e < bm * 128 && r < m && c < n) y[(long)r * ldy + c] = acc[u];
-    }
-  }
-}
 // A kernel's name in the form being built: n followed by PT_SUF (_m64, _m32).
 #define PT_CAT2(a, b) a##b
 #define PT_CAT(a, b) PT_CAT2(a, b)
@@ -295,6 +250,58 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
   PT_NAME(gemm_t_group)(w, row_bytes, x, ldx, k, n_out, y, ldy, m, ws, xs);
 }
 
+// Rows m0 .. m0 + PT_BM - 1 (below m) and columns n0 .. n0 + 127 (below n) of y = the sum of the n_planes planes
+// of m x n in plane order (0 + plane 0 + plane 1 ...), by the 256 work-items tid of a group. Volatile loads
+// (the other groups' planes, past last_group) each take a trip of their own unless batched: 16 float4s a
+// work-item in flight at a time (PT_SUM_P planes of its PT_SUM_U; a plane at a time, the sum cost ~6 us a
+// launch of 8 planes, H100); 16 floats where n % 4 != 0.
+#define PT_SUM_U (PT_BM / 8)
+#define PT_SUM_P (16 / PT_SUM_U)
+void PT_NAME(gemm_tk_sum)(volatile global const float* planes, int n_planes, int m, int n, int n0, int m0,
+                          global float* y, int ldy, int tid) {
+  const long plane = (long)m * n;
+  if (n % 4 == 0) {
+    float4 acc[PT_SUM_U];
+    for (int u = 0; u < PT_SUM_U; ++u) acc[u] = (float4)(0.0f);
+    for (int p0 = 0; p0 < n_planes; p0 += PT_SUM_P) {
+      float4 v[PT_SUM_P][PT_SUM_U];
+      for (int q = 0; q < PT_SUM_P; ++q)
+        for (int u = 0; u < PT_SUM_U; ++u) {
+          const int e = tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
+          v[q][u] = p0 + q < n_planes && r < m && c < n
+                        ? *(volatile global const float4*)(planes + (p0 + q) * plane + (long)r * n + c)
+                        : (float4)(0.0f);
+        }
+      for (int q = 0; q < PT_SUM_P; ++q)
+        for (int u = 0; u < PT_SUM_U; ++u)
+          if (p0 + q < n_planes) acc[u] += v[q][u];
+    }
+    for (int u = 0; u < PT_SUM_U; ++u) {
+      const int e = tid + 256 * u, r = m0 + e / 32, c = n0 + 4 * (e % 32);
+      if (r >= m || c >= n) continue;
+      global float* yr = y + (long)r * ldy + c;
+      yr[0] = acc[u].x, yr[1] = acc[u].y, yr[2] = acc[u].z, yr[3] = acc[u].w;
+    }
+    return;
+  }
+  for (int e0 = 0; e0 < PT_BM * 128; e0 += 16 * 256) {
+    float acc[16];
+    for (int u = 0; u < 16; ++u) acc[u] = 0.0f;
+    for (int p = 0; p < n_planes; ++p) {
+      float v[16];
+      for (int u = 0; u < 16; ++u) {
+        const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
+        v[u] = e < PT_BM * 128 && r < m && c < n ? planes[p * plane + (long)r * n + c] : 0.0f;
+      }
+      for (int u = 0; u < 16; ++u) acc[u] += v[u];
+    }
+    for (int u = 0; u < 16; ++u) {
+      const int e = e0 + tid + 256 * u, r = m0 + e / 128, c = n0 + e % 128;
+      if (e < PT_BM * 128 && r < m && c < n) y[(long)r * ldy + c] = acc[u];
+    }
+  }
+}
+
 // A product split along k (prefill.cpp gemm_tiled: products of too few tiles to fill the device): work-group
 // (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of 256 so whole blocks of every
 // weight type: kc_bytes of each row) into plane s of `planes` (m rows of n_out from planes + s m n_out). The
@@ -311,12 +318,14 @@ kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global cons
                         planes + (long)s * m * n_out, n_out, m, ws, xs);
   const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
   if (!last_group(counters + tile, get_num_groups(2), &flag)) return;  // the whole group
-  gemm_tk_sum(planes, get_num_groups(2), m, n_out, get_group_id(0) * 128, get_group_id(1) * PT_BM, PT_BM, y, ldy,
-              get_local_id(1) * 16 + get_local_id(0));
+  PT_NAME(gemm_tk_sum)(planes, get_num_groups(2), m, n_out, get_group_id(0) * 128, get_group_id(1) * PT_BM, y, ldy,
+                       get_local_id(1) * 16 + get_local_id(0));
 }
 
 #undef PT_BM
 #undef PT_XN
+#undef PT_SUM_U
+#undef PT_SUM_P
 #undef PT_LOAD_B
 #undef PT_LOAD_X
 #undef PT_RAW_DECL
