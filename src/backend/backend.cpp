@@ -86,6 +86,15 @@ void Backend::qk_norm_rope(float* q, float* k, const float* q_norm, const float*
   rope(k, pos, n_tokens, n_head_kv, head_dim, n_rot, freq_base, freq_scale, mode);
 }
 
+void Backend::qk_norm_rope_store_kv(float* q, float* k, const float* v, const QkPrep& p, int64_t n_tokens,
+                                    int64_t n_head, int64_t n_head_kv, int64_t head_dim, void* kc,
+                                    DType k_type, void* vc, DType v_type) {
+  qk_norm_rope(q, k, p.q_norm, p.k_norm, p.pos, n_tokens, n_head, n_head_kv, head_dim, p.n_rot, p.freq_base,
+               p.freq_scale, p.mode, p.eps);
+  store_kv(k, kc, n_tokens * n_head_kv * head_dim, k_type);
+  store_kv(v, vc, n_tokens * n_head_kv * head_dim, v_type);
+}
+
 void Backend::moe_ffn_add(const MoeFfn& m, const Act& x, float* y) {
   const int64_t E = m.n_embd, n = x.rows;
   Arena& ar = scratch();

@@ -98,6 +98,11 @@ class Backend {
   virtual void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                             int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                             float freq_base, float freq_scale, RopeMode mode, float eps);
+  // qk_norm_rope of n_tokens' q and k (p.pos: their positions), then store_kv of their k and v rows
+  // (n_head_kv * head_dim values each) at kc (k_type) and vc (v_type); a backend may do it in one launch.
+  virtual void qk_norm_rope_store_kv(float* q, float* k, const float* v, const QkPrep& p, int64_t n_tokens,
+                                     int64_t n_head, int64_t n_head_kv, int64_t head_dim, void* kc,
+                                     DType k_type, void* vc, DType v_type);
   virtual void swiglu(const float* gate, const float* up, float* y, int64_t n) = 0;  // silu(gate) * up
   virtual void geglu(const float* gate, const float* up, float* y, int64_t n) = 0;   // gelu_tanh(gate) * up
   virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;

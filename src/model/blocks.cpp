@@ -289,15 +289,24 @@ Act attend_segments(const ModelConfig& c, const AttentionLayerParams& p, int64_t
     }
     if (fuse) split_gate();  // the backend declined (and applied nothing): the path below reads a.q
   }
-  if (prep)
+  // One sequence's rows: q and k normalized and rotated, k and v stored, by one op (one launch on OpenCL);
+  // several: q and k of all rows at once, then each sequence's stores.
+  const bool one = ex.segments().size() == 1;
+  if (prep && !one)
     b.qk_norm_rope(a.q, a.k, prep->q_norm, prep->k_norm, prep->pos, ex.n(), c.n_head, c.n_head_kv, c.head_dim,
                    prep->n_rot, prep->freq_base, prep->freq_scale, prep->mode, prep->eps);
   int64_t row = 0;
   for (const BatchSegment& g : ex.segments()) {
     auto* kc = static_cast<uint8_t*>(kv.k(il, g.seq));
     auto* vc = static_cast<uint8_t*>(kv.v(il, g.seq));
-    b.store_kv(a.k + row * kv_dim, kc + (size_t)g.pos0 * kv.row_bytes(0), g.n_tokens * kv_dim, kv.type(0));
-    b.store_kv(a.v + row * kv_dim, vc + (size_t)g.pos0 * kv.row_bytes(1), g.n_tokens * kv_dim, kv.type(1));
+    uint8_t *krow = kc + (size_t)g.pos0 * kv.row_bytes(0), *vrow = vc + (size_t)g.pos0 * kv.row_bytes(1);
+    if (prep && one) {
+      b.qk_norm_rope_store_kv(a.q, a.k, a.v, *prep, g.n_tokens, c.n_head, c.n_head_kv, D, krow, kv.type(0),
+                              vrow, kv.type(1));
+    } else {
+      b.store_kv(a.k + row * kv_dim, krow, g.n_tokens * kv_dim, kv.type(0));
+      b.store_kv(a.v + row * kv_dim, vrow, g.n_tokens * kv_dim, kv.type(1));
+    }
     b.attention({.q = a.q + row * q_dim,
                  .k = kc,
                  .v = vc,

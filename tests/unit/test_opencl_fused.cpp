@@ -123,6 +123,49 @@ TEST_P(OpenCLFusedQkNormRope, MatchesCpu) {
   EXPECT_LT(rel_err(download<float>(dev, dk, k.size()), k), 2e-5f);
 }
 
+// A prefill's q / k norms and RoPE with the k / v stores into the f16 cache in the same launch: the same bits
+// as qk_norm_rope then two store_kv, in one launch instead of three.
+TEST_P(OpenCLFusedQkNormRope, StoresKvInTheSameLaunch) {
+  DEVICE_OR_SKIP();
+  auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
+  const auto [mode, n_rot, norms] = GetParam();
+  std::mt19937 rng(38);
+  const int64_t T = 5, H = 32, Hk = 4, D = 128, n = T * Hk * D;
+  const std::vector<float> q = random_vec(T * H * D, rng), k = random_vec(n, rng), v = random_vec(n, rng);
+  const std::vector<float> qn = random_vec(D, rng), kn = random_vec(D, rng);
+  const std::vector<int32_t> pos = {7, 8, 9, 10, 11};
+  DeviceBuffer dqn = upload(dev, qn), dkn = upload(dev, kn), dp = upload(dev, pos), dv = upload(dev, v);
+  const QkPrep p{.q_norm = norms ? ptr<float>(dqn) : nullptr,
+                 .k_norm = norms ? ptr<float>(dkn) : nullptr,
+                 .pos = ptr<int32_t>(dp),
+                 .n_rot = n_rot,
+                 .freq_base = 1e6f,
+                 .mode = mode};
+  std::vector<std::vector<float>> qk[2];
+  std::vector<std::vector<uint16_t>> cache[2];
+  uint64_t launches[2] = {};
+  for (int fused = 0; fused < 2; ++fused) {
+    DeviceBuffer dq = upload(dev, q), dk = upload(dev, k), dkc(dev, n * 2), dvc(dev, n * 2);
+    const uint64_t e0 = ocl.enqueue_count();
+    if (fused) {
+      dev.qk_norm_rope_store_kv(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv), p, T, H, Hk, D, dkc.data(),
+                                DType::F16, dvc.data(), DType::F16);
+    } else {
+      dev.qk_norm_rope(ptr<float>(dq), ptr<float>(dk), p.q_norm, p.k_norm, p.pos, T, H, Hk, D, n_rot, 1e6f,
+                       1.0f, mode, 1e-6f);
+      dev.store_kv(ptr<float>(dk), dkc.data(), n, DType::F16);
+      dev.store_kv(ptr<float>(dv), dvc.data(), n, DType::F16);
+    }
+    launches[fused] = ocl.enqueue_count() - e0;
+    qk[fused] = {download<float>(dev, dq, q.size()), download<float>(dev, dk, k.size())};
+    cache[fused] = {download<uint16_t>(dev, dkc, n), download<uint16_t>(dev, dvc, n)};
+  }
+  EXPECT_EQ(qk[1], qk[0]);
+  EXPECT_EQ(cache[1], cache[0]);
+  EXPECT_EQ(launches[0], 3u);
+  EXPECT_EQ(launches[1], 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, OpenCLFusedQkNormRope,
                          ::testing::Combine(::testing::Values(RopeMode::normal, RopeMode::neox),
                                             ::testing::Values(128, 64), ::testing::Bool()));

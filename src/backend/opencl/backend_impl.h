@@ -462,6 +462,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   void qk_norm_rope(float* q, float* k, const float* q_norm, const float* k_norm, const int32_t* pos,
                     int64_t n_tokens, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_rot,
                     float freq_base, float freq_scale, RopeMode mode, float eps) override;
+  void qk_norm_rope_store_kv(float* q, float* k, const float* v, const QkPrep& p, int64_t n_tokens,
+                             int64_t n_head, int64_t n_head_kv, int64_t head_dim, void* kc, DType k_type,
+                             void* vc, DType v_type) override;
   Act add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, float* x, const float* w, float* cur, int64_t n,
                               const float* next_w, const PartialSum* d_parts) override;
   uint64_t enqueue_count() const { return stats_.enqueues; }  // commands so far (tests count a path's)
@@ -694,6 +697,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   void elementwise(const char* kernel, int64_t n, const A&... args) {
     if (n > 0) launch(ops(kernel), {(size_t)n}, {}, args...);
   }
+  bool qk_norm_rope_launch(float* q, float* k, const float* v, const QkPrep& p, int64_t n_tokens,
+                           int64_t n_head, int64_t n_head_kv, int64_t head_dim, void* kc, void* vc);
 
   // y[r] (row stride ldy) = x[r] (stride ldx) . w^T for m rows. With tasks (int2: row, expert; m of them),
   // row `row` multiplies expert `expert` (weights at w + expert * expert_stride) instead.

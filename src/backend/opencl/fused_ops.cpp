@@ -152,15 +152,45 @@ void OpenclBackend::qk_norm_rope(float* q, float* k, const float* q_norm, const 
                                  const int32_t* pos, int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
                                  int64_t head_dim, int64_t n_rot, float freq_base, float freq_scale,
                                  RopeMode mode, float eps) {
-  if (!fused_ || head_dim > kAttMaxD || n_rot > head_dim || n_rot % 2)
-    return Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot,
-                                 freq_base, freq_scale, mode, eps);
-  if (n_tokens <= 0) return;
-  const float theta_scale = n_rot >= 2 ? std::pow(freq_base, -2.0f / (float)n_rot) : 1.0f;  // as rope()
-  launch(ops("qk_norm_rope"), {(size_t)(n_head + n_head_kv) * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k,
-         q_norm, (cl_int)(q_norm != nullptr), k_norm, (cl_int)(k_norm != nullptr), pos, (cl_int)n_head,
-         (cl_int)head_dim, (cl_int)(n_rot >= 2 ? n_rot : 0), theta_scale, freq_scale,
-         (cl_int)(mode == RopeMode::neox), eps, (cl_int)head_dim);
+  const QkPrep p{.q_norm = q_norm,
+                 .k_norm = k_norm,
+                 .pos = pos,
+                 .n_rot = n_rot,
+                 .freq_base = freq_base,
+                 .freq_scale = freq_scale,
+                 .mode = mode,
+                 .eps = eps};
+  if (!qk_norm_rope_launch(q, k, nullptr, p, n_tokens, n_head, n_head_kv, head_dim, nullptr, nullptr))
+    Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_tokens, n_head, n_head_kv, head_dim, n_rot, freq_base,
+                          freq_scale, mode, eps);
+}
+
+// The k and v stores ride in the same launch (n_head_kv groups more for v): two launches of store_f16 fewer a
+// layer at prefill.
+void OpenclBackend::qk_norm_rope_store_kv(float* q, float* k, const float* v, const QkPrep& p,
+                                          int64_t n_tokens, int64_t n_head, int64_t n_head_kv,
+                                          int64_t head_dim, void* kc, DType k_type, void* vc, DType v_type) {
+  check_kv_type(k_type);
+  check_kv_type(v_type);
+  not_recordable();  // kc / vc are the step's rows
+  if (!qk_norm_rope_launch(q, k, v, p, n_tokens, n_head, n_head_kv, head_dim, kc, vc))
+    Backend::qk_norm_rope_store_kv(q, k, v, p, n_tokens, n_head, n_head_kv, head_dim, kc, k_type, vc, v_type);
+}
+
+// Group (head, token) of qk_norm_rope: q heads, k heads, then (kc: the stores too) v heads. False where the
+// kernel does not apply (nothing launched).
+bool OpenclBackend::qk_norm_rope_launch(float* q, float* k, const float* v, const QkPrep& p, int64_t n_tokens,
+                                        int64_t n_head, int64_t n_head_kv, int64_t head_dim, void* kc,
+                                        void* vc) {
+  if (!fused_ || head_dim > kAttMaxD || p.n_rot > head_dim || p.n_rot % 2) return false;
+  if (n_tokens <= 0) return true;
+  const float theta_scale = p.n_rot >= 2 ? std::pow(p.freq_base, -2.0f / (float)p.n_rot) : 1.0f;  // as rope()
+  const int64_t heads = n_head + n_head_kv * (kc ? 2 : 1);
+  launch(ops("qk_norm_rope"), {(size_t)heads * kRedWg, (size_t)n_tokens}, {kRedWg, 1}, q, k, p.q_norm,
+         (cl_int)(p.q_norm != nullptr), p.k_norm, (cl_int)(p.k_norm != nullptr), p.pos, (cl_int)n_head,
+         (cl_int)n_head_kv, (cl_int)head_dim, (cl_int)(p.n_rot >= 2 ? p.n_rot : 0), theta_scale, p.freq_scale,
+         (cl_int)(p.mode == RopeMode::neox), p.eps, (cl_int)head_dim, v, kc, vc, (cl_int)(kc != nullptr));
+  return true;
 }
 
 // One launch: each group (head, sequence) normalizes and rotates its q head and its KV head's new k, stores

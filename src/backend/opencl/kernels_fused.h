@@ -5,8 +5,8 @@
 //   add_rmsnorm_round   x += d (optional), y = rmsnorm(x) * w, and y rounded for the next matmul's weight
 //                       type (round_unit) into yq, in one work-group per row.
 //   qk_norm_rope        per (head, token): q and k heads normalized (optional weights) and rotated in place,
-//                       as qk_norm_rope (a decode step's attention kernel does the same itself, with the
-//                       k/v store).
+//                       as qk_norm_rope; with the k and v stores into the f16 cache where asked
+//                       (qk_norm_rope_store_kv; a decode step's attention kernel does the same itself).
 //   empty_kernel(16), empty_kernel_int
 //                       nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
@@ -160,19 +160,23 @@ void add_rmsnorm_round4(global const float* d, int has_d, global float* x, globa
 #pragma OPENCL FP_CONTRACT ON
 
 // Group (hh, t): hh < n_head: q head hh (q_stride floats apart: d, or 2d where a gate sits beside each); then
-// n_head_kv k heads. Each head is normalized (its weights given) then rotated, as rmsnorm then rope.
+// n_head_kv k heads. Each head is normalized (its weights given) then rotated, as rmsnorm then rope. With
+// store: k's heads also go to kc as f16 and n_head_kv groups more store v's heads to vc (rows of n_head_kv d, as
+// store_f16 stores them), so no launch of their own does.
 kernel void qk_norm_rope(global float* q, global float* k, global const float* q_norm, int has_qn,
-                         global const float* k_norm, int has_kn, global const int* pos, int n_head, int d, int n_rot,
-                         float theta_scale, float freq_scale, int neox, float eps, int q_stride) {
+                         global const float* k_norm, int has_kn, global const int* pos, int n_head, int n_head_kv,
+                         int d, int n_rot, float theta_scale, float freq_scale, int neox, float eps, int q_stride,
+                         global const float* v, global half* kc, global half* vc, int store) {
   local float hb[512];
   local float buf[RED_WG];
   const int hh = get_group_id(0), lid = get_local_id(0);
   const long t = get_group_id(1);
-  const int is_q = hh < n_head, h = is_q ? hh : hh - n_head;
-  const int n_head_kv = get_num_groups(0) - n_head;
-  global float* src = is_q ? q + (t * n_head + h) * q_stride : k + (t * n_head_kv + h) * d;
+  const int is_q = hh < n_head, is_v = hh >= n_head + n_head_kv;
+  const int h = is_q ? hh : is_v ? hh - n_head - n_head_kv : hh - n_head;
+  const long kv_at = (t * n_head_kv + h) * d;  // k's or v's head, in k / v and in the cache rows
+  global const float* src = is_q ? q + (t * n_head + h) * q_stride : is_v ? v + kv_at : k + kv_at;
   global const float* nw = is_q ? q_norm : k_norm;
-  const int has_norm = is_q ? has_qn : has_kn;
+  const int has_norm = is_v ? 0 : is_q ? has_qn : has_kn;
   // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
   float s = 0.0f;
   for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
@@ -180,13 +184,17 @@ kernel void qk_norm_rope(global float* q, global float* k, global const float* q
   const float scale = 1.0f / sqrt(s / (float)d + eps);
   for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; i < n_rot / 2; i += RED_WG) {
+  for (int i = lid; !is_v && i < n_rot / 2; i += RED_WG) {
     int a, b;
     const float2 cs = rope_pair(pos[t], i, n_rot, neox, theta_scale, freq_scale, &a, &b);
     rotate_local(hb, a, b, cs);
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  for (int i = lid; i < d; i += RED_WG) src[i] = hb[i];
+  global float* dst = is_q ? q + (t * n_head + h) * q_stride : k + kv_at;
+  for (int i = lid; i < d; i += RED_WG) {
+    if (!is_v) dst[i] = hb[i];
+    if (store && !is_q) vstore_half_rte(hb[i], kv_at + i, is_v ? vc : kc);
+  }
 }
 
 // A barrier across every work-group of a launch whose groups are all resident at once (a persistent launch):
