@@ -447,52 +447,13 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // Column j of a work-item's acc: 4 tx + j, then 128 + 4 tx + j - 4.
 #define PT_COL(tx, j) ((j) < 4 ? 4 * (tx) + (j) : 128 + 4 * (tx) + (j) - 4)
 
-// Rows g0 .. g1 - 1 (at most PT_BM) of h, features c0 .. c0 + 255 (one Q8_K block), rounded into hq as
-// round_unit's mode 1 (the signed value of the largest magnitude, its first occurrence; iscale = -127 / it):
-// four work-items a row, 64 values each, their 16 float4 loads in flight at once (volatile: the other group's
-// half of the block), the row's value by the four in order. scratch: PT_NW floats of local memory. active 0:
-// only the barriers (PoCL wants every group to take them).
-void PT_NAME(round_rows_q8k)(volatile global const float* h, global float* hq, int n_ff, int g0, int g1, int c0,
-                             local float* scratch, int active) {
-  const int tid = get_local_id(0), row = tid / 4, part = tid % 4, g = g0 + row, on = active && g < g1;
-  const long at = (long)g * n_ff + c0 + 64 * part;
-  float4 v[16];
-  for (int u = 0; u < 16; ++u) v[u] = on ? *(volatile global const float4*)(h + at + 4 * u) : (float4)(0.0f);
-  float best = 0.0f, amax = 0.0f;  // in order, a later value wins only with a larger magnitude
-  for (int u = 0; u < 16; ++u) {
-    const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-    for (int c = 0; c < 4; ++c)
-      if (fabs(e[c]) > amax) amax = fabs(e[c]), best = e[c];
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);  // the tile's last reads of its local memory done
-  scratch[tid] = best;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float mx = scratch[4 * row];
-  for (int p = 1; p < 4; ++p)  // the parts in order, likewise
-    if (fabs(scratch[4 * row + p]) > fabs(mx)) mx = scratch[4 * row + p];
-  if (!on) return;
-  global float* qr = hq + at;
-  if (mx == 0.0f) {
-    for (int u = 0; u < 16; ++u) vstore4((float4)(0.0f), u, qr);
-    return;
-  }
-  const float iscale = -127.f / mx, d = 1.0f / iscale;
-  for (int u = 0; u < 16; ++u)
-    vstore4((float4)(min(127.0f, rint(iscale * v[u].x)) * d, min(127.0f, rint(iscale * v[u].y)) * d,
-                     min(127.0f, rint(iscale * v[u].z)) * d, min(127.0f, rint(iscale * v[u].w)) * d),
-            u, qr);
-}
-
 // Work-group (i, t): gate and up features 128 i .. of tile t (tiles: expert, first grouped row, end;
-// n_tiles[0] of them). h: G rows of n_ff. With round_h (n_ff % 256 == 0), the tile's rows of h are also
-// rounded for down as round_unit's mode 1 rounds them (Q8_K blocks of 256) into hq: block j by the last of
-// groups 2j and 2j + 1 (counters[t * groups(0) / 2 + j], left at 0), so no launch does it.
+// n_tiles[0] of them). h: G rows of n_ff.
 kernel __attribute__((reqd_work_group_size(PT_NW, 1, 1)))
 void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ulong row_bytes,
                             ulong expert_stride, global const int* tiles, global const int* n_tiles,
                             global const int* row_slot, int k_used, global const float* x, int ldx, int k,
-                            int n_ff, global float* h, int round_h, volatile global int* counters,
-                            global float* hq) {
+                            int n_ff, global float* h) {
   local float ws[PT_BUFS * 16 * 256] __attribute__((aligned(16)));
   local float xs[PT_BUFS * 16 * PT_BM] __attribute__((aligned(16)));
   const int t = get_group_id(1);
@@ -514,11 +475,6 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
       if (f < n_ff) h[(long)gg * n_ff + f] = silu_f(acc[c][r]) * acc[4 + c][r];
     }
   }
-  if (!round_h) return;  // the same for the whole launch
-  local int flag;
-  const int j = get_group_id(0) / 2;
-  const int last = last_group(counters + t * (get_num_groups(0) / 2) + j, 2, &flag);
-  PT_NAME(round_rows_q8k)((volatile global const float*)h, hq, n_ff, g0, g1, j * 256, ws, last);
 }
 
 // Work-group (i, t): output features 256 i .. of tile t; hq: G rows of k; yg: G rows of n_out.

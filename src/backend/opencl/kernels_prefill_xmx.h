@@ -173,14 +173,12 @@ kernel void XT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
 }
 
 // Work-group (i, t): gate and up features 64 i .. of tile t (tiles: expert, first grouped row, end; n_tiles[0]
-// of them). h: G rows of n_ff. The last three arguments are the f32 tile's (its rounding of h for down), which
-// this form does not do: round_h is always 0 here.
+// of them). h: G rows of n_ff.
 __attribute__((intel_reqd_sub_group_size(XT_SG))) __attribute__((reqd_work_group_size(XT_WG, 1, 1)))
 kernel void XT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ulong row_bytes,
                                    ulong expert_stride, global const int* tiles, global const int* n_tiles,
                                    global const int* row_slot, int k_used, global const float* x, int ldx, int k,
-                                   int n_ff, global float* h, int round_h, volatile global int* counters,
-                                   global float* hq) {
+                                   int n_ff, global float* h) {
   local ushort ws[128 * XT_LD] __attribute__((aligned(16)));
   local ushort xs[XT_BM * XT_LD] __attribute__((aligned(16)));
   XT_EMU_SCRATCH

@@ -1,7 +1,7 @@
 // The whole-model OpenCL backend's prefill products (kernels_prefill.h): the register-tiled dense GEMM, and a
 // MoE layer's batch routed and grouped on the device with one grouped GEMM for gate + up (SwiGLU fused) and
-// one for down: per layer, router product, routing, grouping, gate/up (with h's rounding for down; x's is
-// done by the FFN norm's launch), down and the weighted combine (6 launches, none waiting for the host)
+// one for down: per layer, router product, routing, grouping, the activations' rounding for down (x's is done
+// by the FFN norm's launch), gate/up, down and the weighted combine (7 launches, none waiting for the host)
 // instead of the host's routing and one product per expert and matrix (~100 launches on qwen3-30b-a3b at 512
 // tokens, two round trips). Like a layer wholly on a CUDA GPU, the device's routing is not counted in the
 // routing statistics (m.stats). XPERT_OPENCL_OPTS prefill=0: the earlier kernels and the host's routing (for
@@ -94,15 +94,10 @@ void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, cons
   const TileShape gs = tile_shape(gx, bm), ds = tile_shape(dx, bm);
   const cl_kernel gate_up = (gx ? xmx_program(m.gate.type) : matmul_program(m.gate.type))
                                 .kernel(std::string("moe_gate_up_t") + sfx);
-  // h rounded for down (Q8_K blocks) by the f32 tiles' last groups, not by a launch of its own (the XMX
-  // tiles, XPERT_OPENCL_OPTS tail=0: by the launch).
-  const bool round_h =
-      tails_ && !gx && round_mode(m.down.type) == 1 && F % 256 == 0 && max_tiles * (F / 256) <= kCounters;
-  float* hq_tiles = round_h ? ar.take<float>(S * F) : nullptr;
   launch(gate_up, {groups(F, gs.cols / 2) * gs.wg, (size_t)max_tiles}, {gs.wg, 1}, m.gate.data, m.up.data,
          (cl_ulong)gate_row, (cl_ulong)(gate_row * F), tiles_d, n_tiles_d, row_slot_d, (cl_int)K, xq,
-         (cl_int)E, (cl_int)E, (cl_int)F, h, (cl_int)round_h, counters_, hq_tiles);
-  const float* hq = round_h ? hq_tiles : rounded_activations(m.down.type, h, S, F);
+         (cl_int)E, (cl_int)E, (cl_int)F, h);
+  const float* hq = rounded_activations(m.down.type, h, S, F);
   float* yg = ar.take<float>(S * E);
   const cl_kernel down =
       (dx ? xmx_program(m.down.type) : matmul_program(m.down.type)).kernel(std::string("moe_down_t") + sfx);

@@ -112,8 +112,7 @@ bool OpenclBackend::xmx_self_check(DType t) {
     } else if (kernel == "moe_gate_up_t") {
       launch(kern, {groups(n, ts.cols / 2) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, up_d, (cl_ulong)rb,
              (cl_ulong)(rb * n), tiles_d, n_tiles_d, row_slot_d, (cl_int)1, x_d, (cl_int)k, (cl_int)k,
-             (cl_int)n, y, (cl_int)0, counters_,
-             nullptr);  // h not rounded: the f32 tile's tail, not compared
+             (cl_int)n, y);
     } else {
       launch(kern, {groups(n, ts.cols) * ts.wg, groups(m, bm)}, {ts.wg, 1}, gate_d, (cl_ulong)rb,
              (cl_ulong)(rb * n), tiles_d, n_tiles_d, x_d, (cl_int)k, (cl_int)n, y);

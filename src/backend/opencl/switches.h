@@ -1,8 +1,7 @@
 // XPERT_OPENCL_OPTS: the OpenCL backend's measurement switches in one environment variable, a list of
 // items separated by commas or colons (read when a backend is made), e.g. `fused=0:arg_cache=0:wide=0`:
 //   fused=0      the plain ops instead of the fused decode forms (fused_ops.cpp)
-//   tail=0       the MoE decode kernels' last work-groups neither route, round nor write the next norm, and
-//                the MoE prefill's gate/up tiles do not round h for down (launches of their own do)
+//   tail=0       the MoE decode kernels' last work-groups neither route, round nor write the next norm
 //   arg_cache=0  kernel arguments set before every launch (no kernel object per repeated argument set)
 //   arg_sets=N   kernel objects kept per kernel (default 1024)
 //   wide=0       K-quant blocks read a byte at a time, no block-at-a-time Q4_K / Q6_K matvec
