@@ -30,12 +30,12 @@
 
 namespace xpert::opencl {
 
-// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers
-// (pt_raw: the row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that
-// dequantizes them (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and
-// Q6_K (wide loads); F32 / F16 / BF16 (16 values, 0 past the row's k: pt_load's last argument, which the
-// block types ignore); other types are read at dequantization (dequant32). pt_deq gives dequant32's values.
-// Also both tiles' FMAs of one k (PT_FMA8) and their kernels' names (PT_NAME).
+// Once per matmul program, before the tile texts' forms: half of a chunk's bytes in registers (pt_raw: the
+// row's weights 16 hf .. 16 hf + 15 of the chunk), loaded a step ahead of the math that dequantizes them
+// (pt_deq), so the next step's loads are in flight while this one is multiplied. Q4_K and Q6_K (wide loads);
+// F32 / F16 / BF16 (16 values, 0 past the row's k: pt_load's last argument, which the block types ignore);
+// other types are read at dequantization (dequant32). pt_deq gives dequant32's values. Also both tiles' FMAs
+// of one k (PT_FMA8) and their kernels' names (PT_NAME).
 inline constexpr std::string_view kPrefillRawSource = R"CLC(
 // A kernel's name in the form being built: n followed by PT_SUF (_m64, _m32).
 #define PT_CAT2(a, b) a##b
