@@ -179,7 +179,7 @@ kernel void qk_norm_rope(global float* q, global float* k, global const float* q
   const int has_norm = is_v ? 0 : is_q ? has_qn : has_kn;
   // Every group takes the same barriers (PoCL wants no barrier under a branch, even a uniform one).
   float s = 0.0f;
-  for (int i = lid; i < d; i += RED_WG) s += src[i] * src[i];
+  for (int i = lid; has_norm && i < d; i += RED_WG) s += src[i] * src[i];  // unused without norm weights
   s = wg_sum(s, buf);
   const float scale = 1.0f / sqrt(s / (float)d + eps);
   for (int i = lid; i < d; i += RED_WG) hb[i] = has_norm ? (src[i] * scale) * nw[i] : src[i];
