@@ -124,6 +124,56 @@ TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
   }
 }
 
+// Two products of one type and shape on the same rows (a layer's k and v) through matmuls, where gemm would
+// split each along k: one launch for both (gemm_pair), each product's columns after the first's column
+// groups. With ksplit=4 the pair's slices are each product's alone, so the bits are two matmuls'; the
+// device's own plan (ksplit=0: on CI's two units the pair is not split, so not paired) is checked against
+// the reference. 40 rows (past kGemvMaxRows), 200 features (a partial column tile: the second product's
+// groups start at a whole tile), k 1,024, y rows of 208.
+TEST_P(OpenCLPrefillGemm, PairOfProductsInOneLaunch) {
+  const DType type = GetParam();
+  std::mt19937 rng(97 + (int)type);
+  const int64_t n = 200, k = 1024, m = 40, ldy = n + 8;
+  const std::vector<uint8_t> wq1 = random_weights(type, n, k, rng), wq2 = random_weights(type, n, k, rng);
+  const std::vector<float> x = random_vec(m * k, rng);
+  std::vector<float> ref1(m * n), ref2(m * n);
+  cpu::matmul_reference(type, wq1.data(), n, k, x.data(), m, ref1.data(), n);
+  cpu::matmul_reference(type, wq2.data(), n, k, x.data(), m, ref2.data(), n);
+  for (const int split : {4, 0}) {
+    Backend* d = device_with(fmt::format("ksplit={}", split));
+    if (!d) GTEST_SKIP() << "no OpenCL device with SVM";
+    auto& ocl = dynamic_cast<opencl::OpenclBackend&>(*d);
+    DeviceBuffer w1buf = upload(*d, wq1), w2buf = upload(*d, wq2), xbuf = upload(*d, x);
+    DeviceBuffer y1 = upload(*d, std::vector<float>(m * ldy, 7.0f)),
+                 y2 = upload(*d, std::vector<float>(m * ldy, 7.0f));
+    DeviceBuffer s1 = upload(*d, std::vector<float>(m * ldy, 7.0f)),
+                 s2 = upload(*d, std::vector<float>(m * ldy, 7.0f));
+    const Weight w1{.type = type, .data = w1buf.data(), .ne = {k, n, 1}, .n_bytes = wq1.size()};
+    const Weight w2{.type = type, .data = w2buf.data(), .ne = {k, n, 1}, .n_bytes = wq2.size()};
+    const Backend::MatmulJob jobs[] = {{&w1, ptr<float>(y1), ldy}, {&w2, ptr<float>(y2), ldy}};
+    uint64_t e0 = ocl.enqueue_count();
+    d->matmuls(ptr<float>(xbuf), m, jobs);
+    const uint64_t paired = ocl.enqueue_count() - e0;
+    e0 = ocl.enqueue_count();
+    d->matmul(w1, ptr<float>(xbuf), m, ptr<float>(s1), ldy);
+    d->matmul(w2, ptr<float>(xbuf), m, ptr<float>(s2), ldy);
+    const uint64_t apart = ocl.enqueue_count() - e0;
+    const std::string what = fmt::format("{}, ksplit={}", dtype_name(type), split);
+    const std::vector<float> got1 = download<float>(*d, y1, m * ldy), got2 = download<float>(*d, y2, m * ldy);
+    bool untouched1 = false, untouched2 = false;
+    EXPECT_LT(rel_err(first_columns(got1, m, n, ldy, 7.0f, &untouched1), ref1), 1e-5f) << what;
+    EXPECT_LT(rel_err(first_columns(got2, m, n, ldy, 7.0f, &untouched2), ref2), 1e-5f) << what;
+    EXPECT_TRUE(untouched1 && untouched2) << what << ": a column past n was written";
+    if (split == 4) {
+      EXPECT_EQ(got1, download<float>(*d, s1, m * ldy)) << what;
+      EXPECT_EQ(got2, download<float>(*d, s2, m * ldy)) << what;
+      // matmul rounds x for each product (F32 rows are not rounded); matmuls once, and one launch does both.
+      const uint64_t rounds = type == DType::F32 ? 0 : 1;
+      EXPECT_EQ(apart - paired, rounds + 1) << what << ": " << paired << " against " << apart;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, OpenCLPrefillGemm,
                          ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K,
                                            DType::Q6_K),

@@ -735,8 +735,13 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // of too few tiles for the device split along k (gemm_split, dense_plan).
   void gemm_tiled(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
                   float* y, int64_t ldy);
+  // w2 / y2: a second product of the same shape on the same rows in the same launch (null: none).
   void gemm_split(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m,
-                  float* y, int64_t ldy, DensePlan plan);
+                  float* y, int64_t ldy, DensePlan plan, const void* w2 = nullptr, float* y2 = nullptr);
+  // Two products of the same type and shape on the same rows (a layer's k and v) as one split launch, where
+  // gemm would split each (false: not taken, nothing launched).
+  bool gemm_pair(DType t, const void* w, const void* w2, int64_t n, int64_t k, const float* x, int64_t m,
+                 float* y, float* y2, int64_t ldy);
   // The tiled product of m rows: gemm_tiled, or (XPERT_OPENCL_OPTS prefill=0, a device with less than 24 KiB
   // of local memory or 256 work-items a group) gemm_small, the earlier 64 x 32 tile (gemm_tiled takes it too
   // for products of too few tiles to fill the device that it does not split).

@@ -99,7 +99,9 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
 
 // Each job's product as matmul runs it (the same kernels, the same bits), x rounded once per rounding mode
 // where matmul would round it once per job: a layer's q, k and v at pp512 took three round_blocks launches of
-// the same rows (H200, qwen3-30b-a3b: 14.3 us each, 2 of the 6 a layer).
+// the same rows (H200, qwen3-30b-a3b: 14.3 us each, 2 of the 6 a layer). Two neighbouring jobs of one type
+// and shape that gemm would each split along k (k and v) take one split launch (gemm_pair): the same tiles'
+// sums, fewer and longer slices.
 void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::span<const MatmulJob> jobs) {
   preround_type_ = jobs[0].w->type;  // as matmuls: what the norm before the next q/k/v product rounds for
   Arena& ar = scratch();
@@ -109,10 +111,21 @@ void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::s
     const int mode = round_mode(j.w->type);
     if (mode >= 0 && !xq[mode]) xq[mode] = rounded_activations(j.w->type, x, m, k);
   }
-  for (const MatmulJob& j : jobs) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& j = jobs[i];
     const int mode = round_mode(j.w->type);
-    const int64_t n = j.w->ne[1];
-    if (n > 0) gemm(j.w->type, j.w->data, n, k, mode >= 0 ? xq[mode] : x, k, m, j.y, j.ldy ? j.ldy : n);
+    const int64_t n = j.w->ne[1], ldy = j.ldy ? j.ldy : n;
+    const float* xj = mode >= 0 ? xq[mode] : x;
+    if (n <= 0) continue;
+    if (i + 1 < jobs.size()) {  // the next job of the same type and shape with it, where both would split
+      const MatmulJob& j2 = jobs[i + 1];
+      if (j2.w->type == j.w->type && j2.w->ne[1] == n && (j2.ldy ? j2.ldy : n) == ldy &&
+          gemm_pair(j.w->type, j.w->data, j2.w->data, n, k, xj, m, j.y, j2.y, ldy)) {
+        ++i;
+        continue;
+      }
+    }
+    gemm(j.w->type, j.w->data, n, k, xj, k, m, j.y, ldy);
   }
   ar.release(mark);
 }

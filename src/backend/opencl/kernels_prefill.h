@@ -17,7 +17,7 @@
 // against 146 in these; 2026-12-05).
 //   gemm_t          y[m][n] = x[m][k] . w[n][k]^T (columns: 128 consecutive features)
 //   gemm_tk         the same split along k into planes of partial sums (a product of few tiles), which each
-//                   tile's last slice adds (gemm_tk_sum)
+//                   tile's last slice adds (gemm_tk_sum); two products of one shape (k and v) in one launch
 //   moe_gate_up_t   grouped rows of one expert (a tile of the device-built list, moe_group): columns 0..127
 //                   gate features f0.., 128..255 the same up features; h = silu(gate) * up (SwiGLU fused);
 //                   the activation row of grouped row g is token row_slot[g] / k_used of x
@@ -220,10 +220,10 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
 #define PT_TX(tid) ((((tid) >> 5) & 3) * 4 + ((tid) & 3))
 #define PT_TY(tid) (((tid) >> 7) * 8 + (((tid) >> 2) & 7))
 
-// Work-group (i, j) of 16 x 16: features 128 i .., rows PT_BM j ...; its locals come from the kernel.
+// Work-group (gi, j) of 16 x 16: features 128 gi .., rows PT_BM j ...; its locals come from the kernel.
 void PT_NAME(gemm_t_group)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
-                           int n_out, global float* y, int ldy, int m, local float* ws, local float* xs) {
-  const int n0 = get_group_id(0) * 128, m0 = get_group_id(1) * PT_BM;
+                           int n_out, global float* y, int ldy, int m, local float* ws, local float* xs, int gi) {
+  const int n0 = gi * 128, m0 = get_group_id(1) * PT_BM;
   const int tid = get_local_id(1) * 16 + get_local_id(0), tx = PT_TX(tid), ty = PT_TY(tid);
   global const float* xr[PT_XN];
   for (int i = 0; i < PT_XN; ++i) {
@@ -247,7 +247,7 @@ kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const
                             int n_out, global float* y, int ldy, int m) {
   local float ws[32 * 128] __attribute__((aligned(16)));
   local float xs[32 * PT_BM] __attribute__((aligned(16)));
-  PT_NAME(gemm_t_group)(w, row_bytes, x, ldx, k, n_out, y, ldy, m, ws, xs);
+  PT_NAME(gemm_t_group)(w, row_bytes, x, ldx, k, n_out, y, ldy, m, ws, xs, get_group_id(0));
 }
 
 // Rows m0 .. m0 + PT_BM - 1 (below m) and columns n0 .. n0 + 127 (below n) of y = the sum of the n_planes planes
@@ -302,23 +302,28 @@ void PT_NAME(gemm_tk_sum)(volatile global const float* planes, int n_planes, int
   }
 }
 
-// A product split along k (prefill.cpp gemm_tiled: products of too few tiles to fill the device): work-group
+// A product split along k (prefill.cpp gemm_split: products of too few tiles to fill the device): work-group
 // (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of 256 so whole blocks of every
-// weight type: kc_bytes of each row) into plane s of `planes` (m rows of n_out from planes + s m n_out). The
-// tile's last slice to finish (its count in counters[j * groups(0) + i], left at 0) then adds the tile's
-// planes in plane order into y (ldy), gemm_tk_sum: no launch of its own for the sums.
+// weight type: kc_bytes of each row) into plane s of its product's planes (m rows of n_out from s m n_out).
+// The tile's last slice to finish (its count in counters[j * groups(0) + i], left at 0) then adds the tile's
+// planes in plane order into y (ldy), gemm_tk_sum: no launch of its own for the sums. Two products of the
+// same shape on the same rows (a layer's k and v): column groups i < cols1 are w's into y, the next cols1
+// w2's into y2, its planes after w's (one launch where each took one; w2, y2 unused where groups(0) is cols1).
 kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
                              int kc, ulong kc_bytes, int n_out, global float* planes, global float* y, int ldy,
-                             int m, volatile global int* counters) {
+                             int m, volatile global int* counters, global const uchar* w2, global float* y2,
+                             int cols1) {
   local float ws[32 * 128] __attribute__((aligned(16)));
   local float xs[32 * PT_BM] __attribute__((aligned(16)));
   local int flag;
-  const int s = get_group_id(2);
-  PT_NAME(gemm_t_group)(w + s * kc_bytes, row_bytes, x + s * kc, ldx, min(kc, k - s * kc), n_out,
-                        planes + (long)s * m * n_out, n_out, m, ws, xs);
+  const int s = get_group_id(2), second = get_group_id(0) >= cols1;  // the same in the whole group
+  const int gi = get_group_id(0) - (second ? cols1 : 0);
+  global float* pp = planes + (second ? (long)get_num_groups(2) * m * n_out : 0);
+  PT_NAME(gemm_t_group)((second ? w2 : w) + s * kc_bytes, row_bytes, x + s * kc, ldx, min(kc, k - s * kc), n_out,
+                        pp + (long)s * m * n_out, n_out, m, ws, xs, gi);
   const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
   if (!last_group(counters + tile, get_num_groups(2), &flag)) return;  // the whole group
-  PT_NAME(gemm_tk_sum)(planes, get_num_groups(2), m, n_out, get_group_id(0) * 128, get_group_id(1) * PT_BM, y, ldy,
+  PT_NAME(gemm_tk_sum)(pp, get_num_groups(2), m, n_out, gi * 128, get_group_id(1) * PT_BM, second ? y2 : y, ldy,
                        get_local_id(1) * 16 + get_local_id(0));
 }
 

@@ -41,22 +41,42 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
 
 // plan.bm-row f32 tiles over plan.slices slices of k (gemm_tk_m32 / gemm_tk_m64), each into its plane of
 // partial sums in scratch memory; each tile's last slice adds its planes in order into y (one launch; a
-// launch of sum_planes did it before: 384 of 8 us in two passes of qwen3-30b-a3b at 512 rows, H100).
+// launch of sum_planes did it before: 384 of 8 us in two passes of qwen3-30b-a3b at 512 rows, H100). With
+// w2, the column groups after w's take w2's product into y2.
 void OpenclBackend::gemm_split(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx,
-                               int64_t m, float* y, int64_t ldy, DensePlan plan) {
+                               int64_t m, float* y, int64_t ldy, DensePlan plan, const void* w2, float* y2) {
   const auto [wg, wg1] = dense_tile_group(false, plan.bm);
   const cl_kernel kernel = matmul_program(t).kernel(plan.bm == 32 ? "gemm_tk_m32" : "gemm_tk_m64");
-  const size_t col_groups = groups(n, kDenseTileCols), row_groups = groups(m, plan.bm);
+  const size_t jobs = w2 ? 2 : 1, col_groups = groups(n, kDenseTileCols), row_groups = groups(m, plan.bm);
   if (kernel_max_group(kernel, (int64_t)(wg * wg1)) < (int64_t)(wg * wg1) ||
-      (int64_t)(col_groups * row_groups) > kCounters)  // a count per tile
-    return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+      (int64_t)(jobs * col_groups * row_groups) > kCounters) {  // a count per tile
+    gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+    if (w2) gemm_small(t, w2, n, k, x, ldx, m, y2, ldy);
+    return;
+  }
   Arena& ar = scratch();
   const size_t mark = ar.mark();
-  float* planes = ar.take<float>(plan.slices * m * n);
-  launch(kernel, {col_groups * wg, row_groups * wg1, (size_t)plan.slices}, {wg, wg1, 1}, w,
+  float* planes = ar.take<float>(jobs * plan.slices * m * n);
+  launch(kernel, {jobs * col_groups * wg, row_groups * wg1, (size_t)plan.slices}, {wg, wg1, 1}, w,
          (cl_ulong)row_bytes(t, k), x, (cl_int)ldx, (cl_int)k, (cl_int)plan.kc,
-         (cl_ulong)row_bytes(t, plan.kc), (cl_int)n, planes, y, (cl_int)ldy, (cl_int)m, counters_);
+         (cl_ulong)row_bytes(t, plan.kc), (cl_int)n, planes, y, (cl_int)ldy, (cl_int)m, counters_,
+         w2 ? w2 : w, y2 ? y2 : y, (cl_int)col_groups);
   ar.release(mark);
+}
+
+// Planned as one product of 2 n features (qwen3-30b-a3b's k and v at 512 rows: 64 tiles in 4 slices of 512,
+// where each alone took 32 tiles in 8 slices of 256).
+bool OpenclBackend::gemm_pair(DType t, const void* w, const void* w2, int64_t n, int64_t k, const float* x,
+                              int64_t m, float* y, float* y2, int64_t ldy) {
+  if (!prefill_ || info_.local_mem_bytes < 24 * 1024 || info_.max_work_group_size < 256 || use_xmx(t) ||
+      !q4k_rows_aligned(t, w) || !q4k_rows_aligned(t, w2))
+    return false;
+  check_row(t, k);
+  const int64_t units = std::max<uint32_t>(info_.compute_units, 1);
+  const DensePlan pair = dense_plan(2 * n, m, k, units, ksplit_);
+  if (dense_plan(n, m, k, units, ksplit_).slices < 2 || pair.slices < 2) return false;
+  gemm_split(t, w, n, k, x, k, m, y, ldy, pair, w2, y2);
+  return true;
 }
 
 bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
