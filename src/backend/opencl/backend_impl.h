@@ -168,7 +168,7 @@ ProgramText ops_program_text(bool correctly_rounded_divide);
 // block_keep: attention_block's kept scores (ATT_BKEEP, att_block_keep); block_dims: its dims a query
 // (ATT_BD, att_block_dims).
 ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep, int block_dims = kAttMaxD);
-// attention_block keeps pass 1's scores of up to 512 keys for pass 2 (16 KiB more local memory, 46 in all)
+// attention_block keeps pass 1's scores of up to 512 keys for pass 2 (16 KiB more local memory, 44 in all)
 // where the device has 48 KiB a work-group; elsewhere pass 2 computes them again.
 inline int att_block_keep(uint64_t local_mem) { return local_mem >= 48 * 1024 ? 512 : 0; }
 // attention_block's dims a query for heads of head_dim: 128, 256 or kAttMaxD (ATT_BD).
@@ -424,8 +424,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 18 KiB of local
-    // memory, 34 with the kept scores of att_block_keep; heads of 512: 30 and 46).
+    // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 16 KiB of local
+    // memory, 32 with the kept scores of att_block_keep; heads of 512: 28 and 44).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
       launch(attention_kernel("attention_block", a.head_dim),
              {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,

@@ -206,11 +206,6 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // are attention's, in its order (the same bits where there is no sliding window): the scores summed one value
 // at a time; pass 1's running max and sum per work-item over its keys, then a tree; pass 2's weights rounded
 // to f16, each work-item adding its pair of dims' V products key by key (weight 0 past a query's last key).
-// A key tile is ATT_KT = 2 ATT_WG keys: work-item lid scores keys j0 + lid and j0 + ATT_WG + lid (in that
-// order into its running max and sum, as two tiles of ATT_WG would), so each query value read from local
-// memory serves two keys: per 4 dims 8 float4 reads of the queries and 8 of K for 64 FMAs, where one key a
-// work-item took 8 and 4 for 32 (local memory, not the FMA units, bounded pass 1). The second key's
-// products are skipped where the tile's second half is past the block's last key (uniform in the group).
 // The key tile's K comes through local memory ATT_KC dims at a time, read coalesced and stored as floats dim
 // by dim (ks[dim * ATT_KS + key]: a warp's stores and reads each hit 32 banks), where each work-item reading
 // its own key's row from global memory touched a cache line a work-item; the queries' values and the weights
@@ -219,8 +214,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // previous chunk's products, and V is read ATT_VK keys at a time, so the group waits for memory a few times a
 // key tile rather than at every chunk and every 4 keys.
 #define ATT_QB 8
-#define ATT_KT (2 * ATT_WG)
-#define ATT_KC 16
+#define ATT_KC 32
 // ATT_BKEEP (the program's options: 512 where the device has the local memory, else 0): pass 1's scores of
 // a block whose keys number at most this many are kept in local memory for pass 2, which then neither reads K
 // nor computes the scores again (H200, qwen3-30b-a3b pp512: 288 us a launch, pp512 +4.3 %; 2026-12-06).
@@ -238,20 +232,18 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 #if ATT_BD % (2 * ATT_WG) || ATT_BD > ATT_MAXD
 #error "ATT_BD: a multiple of 2 ATT_WG, at most ATT_MAXD"
 #endif
-// ks's row of a dim: ATT_KT keys and 2 more, so the stores of att_k_chunk's two halves (8 dims apart: 16
-// banks apart) and the reads of consecutive keys each hit 32 banks.
-#define ATT_KS (ATT_KT + 2)
-// Pass 2 of attention_block reads V ATT_VK keys at a time (their loads in flight together: 64 keys wait for
-// memory 4 times, where 4 keys at a time waited 16).
+#define ATT_KS (ATT_WG + 1)
+// Pass 2 of attention_block reads V ATT_VK keys at a time (their loads in flight together: a tile of 64 keys
+// waits for memory 4 times, where 4 keys at a time waited 16).
 #define ATT_VK 16
-#if ATT_KC != 16 || ATT_KT != 2 * ATT_WG
-#error "attention_block stages a chunk as 2 work-items of 8 dims a key, 4 keys a work-item"
+#if ATT_KC != 32
+#error "attention_block stages a chunk as 4 work-items of 8 dims a key"
 #endif
-// The K chunk a work-item stages (ATT_BLOCK_SCORES): for r < 4, the 8 halves at off of key
-// j0 + r ATT_KT / 4 + lid / 2 as floats, 0 past bhi and past the chunk's n values from off.
+// The K chunk a work-item stages (ATT_BLOCK_SCORES): for r < 4, the 8 halves at off of key j0 + r ATT_WG / 4
+// + lid / 4 as floats, 0 past bhi and past the chunk's n values from off.
 void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, int n, int lid, float8* kn) {
   for (int r = 0; r < 4; ++r) {
-    const int kj = j0 + r * (ATT_KT / 4) + lid / 2;
+    const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
     global const half* kr = kc + kj * kv_row + off;
     if (kj <= bhi && n >= 8) {
       kn[r] = vload_half8(0, kr);
@@ -263,22 +255,11 @@ void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, 
   }
 }
 
-// dot += q4 . (k0, k1, k2, k3), one value at a time (a query's 4 dims and a key's).
-#define ATT_DOT4(dot, q4, k0, k1, k2, k3) \
-  {                                       \
-    float s_ = dot;                       \
-    s_ += (q4).x * (k0);                  \
-    s_ += (q4).y * (k1);                  \
-    s_ += (q4).z * (k2);                  \
-    s_ += (q4).w * (k3);                  \
-    dot = s_;                             \
-  }
-
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
                             int d, int n_kv, float kq_scale, int window) {
   local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
-  local float ps[ATT_QB * ATT_KT] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
+  local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
   local float ks[ATT_KC * ATT_KS];
   local float stat[2 * ATT_QB];
   local float kept[ATT_QB * ATT_BKEEP_ARR];
@@ -298,25 +279,23 @@ kernel void attention_block(global const float* q, global const half* kc, global
     if (u < nq) blo = min(blo, lo[u]), bhi = max(bhi, hi[u]);
   }
   const int keep = bhi - blo < ATT_BKEEP;  // the same in every work-item
-  // Scores of keys j0 + lid and j0 + ATT_WG + lid for every query of the block into ps (u ATT_KT + the key's
-  // place in the tile; -INFINITY outside a query's keys), over the dims below dl (d; 0 where pass 2 takes
-  // them from kept: the loop's barriers still in every work-item's path, as PoCL wants). Staging: work-item
-  // lid loads dims 8 (lid % 2) .. + 7 of the chunk for keys lid / 2 + r ATT_KT / 4 (r < 4). The next chunk's
-  // loads are issued before this chunk's products (kn), so a tile waits for memory once, not once a chunk
-  // (the same values staged, the same sums).
+  // Scores of key j0 + lid for every query of the block into ps (-INFINITY outside a query's keys), over the
+  // dims below dl (d; 0 where pass 2 takes them from kept: the loop's barriers still in every work-item's
+  // path, as PoCL wants). Staging: work-item lid loads dims 8 (lid % 4) .. + 7 of the chunk for keys
+  // lid / 4 + r ATT_WG / 4 (r < 4). The next chunk's loads are issued before this chunk's products (kn), so
+  // a tile waits for memory once, not once a chunk (the same values staged, the same sums).
 #define ATT_BLOCK_SCORES(j0, dl)                                                                  \
   {                                                                                               \
-    const int j = (j0) + lid, part = 8 * (lid % 2);                                               \
-    const int two = (j0) + ATT_WG <= bhi; /* the tile's second half holds a key: uniform */       \
-    float dot[ATT_QB], dot2[ATT_QB];                                                              \
-    for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f, dot2[u] = 0.0f;                               \
+    const int j = (j0) + lid, part = 8 * (lid % 4);                                               \
+    float dot[ATT_QB];                                                                            \
+    for (int u = 0; u < ATT_QB; ++u) dot[u] = 0.0f;                                               \
     float8 kn[4];                                                                                 \
     if ((dl) > 0) att_k_chunk(kc, (j0), bhi, kv_row, hk * d + part, min(ATT_KC, d) - part, lid, kn); \
     for (int i0 = 0; i0 < (dl); i0 += ATT_KC) {                                                   \
       const int nc = min(ATT_KC, d - i0);                                                         \
       barrier(CLK_LOCAL_MEM_FENCE); /* the last reads of ks (and the stores of qs) done */        \
       for (int r = 0; r < 4; ++r) {                                                               \
-        local float* kd = ks + part * ATT_KS + r * (ATT_KT / 4) + lid / 2;                        \
+        local float* kd = ks + part * ATT_KS + r * (ATT_WG / 4) + lid / 4;                        \
         kd[0] = kn[r].s0, kd[ATT_KS] = kn[r].s1, kd[2 * ATT_KS] = kn[r].s2;                       \
         kd[3 * ATT_KS] = kn[r].s3, kd[4 * ATT_KS] = kn[r].s4, kd[5 * ATT_KS] = kn[r].s5;          \
         kd[6 * ATT_KS] = kn[r].s6, kd[7 * ATT_KS] = kn[r].s7;                                     \
@@ -327,61 +306,41 @@ kernel void attention_block(global const float* q, global const half* kc, global
                     lid, kn);                                                                     \
       /* every work-item, past bhi too (its scores unused): PoCL 3.1 miscompiled this under if (j <= bhi) */ \
       local const float* kr = ks + lid;                                                           \
-      local const float* kr2 = ks + ATT_WG + lid;                                                 \
-      local const float* qc = qs + i0;                                                            \
       int i = 0;                                                                                  \
-      if (two) {                                                                                  \
-        for (; i + 4 <= nc; i += 4) {                                                             \
-          const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                             \
-          const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                       \
-          const float m0 = kr2[i * ATT_KS], m1 = kr2[(i + 1) * ATT_KS];                           \
-          const float m2 = kr2[(i + 2) * ATT_KS], m3 = kr2[(i + 3) * ATT_KS];                     \
-          for (int u = 0; u < ATT_QB; ++u) {                                                      \
-            const float4 q4 = *(local const float4*)(qc + u * ATT_BD + i);                        \
-            ATT_DOT4(dot[u], q4, k0, k1, k2, k3)                                                  \
-            ATT_DOT4(dot2[u], q4, m0, m1, m2, m3)                                                 \
-          }                                                                                       \
+      for (; i + 4 <= nc; i += 4) {                                                               \
+        const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                               \
+        const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                         \
+        for (int u = 0; u < ATT_QB; ++u) {                                                        \
+          const float4 q4 = *(local const float4*)(qs + u * ATT_BD + i0 + i);                     \
+          float s = dot[u];                                                                       \
+          s += q4.x * k0;                                                                         \
+          s += q4.y * k1;                                                                         \
+          s += q4.z * k2;                                                                         \
+          s += q4.w * k3;                                                                         \
+          dot[u] = s;                                                                             \
         }                                                                                         \
-        for (; i < nc; ++i)                                                                       \
-          for (int u = 0; u < ATT_QB; ++u) {                                                      \
-            dot[u] += qc[u * ATT_BD + i] * kr[i * ATT_KS];                                        \
-            dot2[u] += qc[u * ATT_BD + i] * kr2[i * ATT_KS];                                      \
-          }                                                                                       \
-      } else {                                                                                    \
-        for (; i + 4 <= nc; i += 4) {                                                             \
-          const float k0 = kr[i * ATT_KS], k1 = kr[(i + 1) * ATT_KS];                             \
-          const float k2 = kr[(i + 2) * ATT_KS], k3 = kr[(i + 3) * ATT_KS];                       \
-          for (int u = 0; u < ATT_QB; ++u) {                                                      \
-            const float4 q4 = *(local const float4*)(qc + u * ATT_BD + i);                        \
-            ATT_DOT4(dot[u], q4, k0, k1, k2, k3)                                                  \
-          }                                                                                       \
-        }                                                                                         \
-        for (; i < nc; ++i)                                                                       \
-          for (int u = 0; u < ATT_QB; ++u) dot[u] += qc[u * ATT_BD + i] * kr[i * ATT_KS];         \
       }                                                                                           \
+      for (; i < nc; ++i)                                                                         \
+        for (int u = 0; u < ATT_QB; ++u) dot[u] += qs[u * ATT_BD + i0 + i] * kr[i * ATT_KS];      \
     }                                                                                             \
-    for (int u = 0; u < ATT_QB; ++u) {                                                            \
-      ps[u * ATT_KT + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;            \
-      ps[u * ATT_KT + ATT_WG + lid] =                                                             \
-          j + ATT_WG >= lo[u] && j + ATT_WG <= hi[u] ? dot2[u] * kq_scale : -INFINITY;            \
-    }                                                                                             \
+    for (int u = 0; u < ATT_QB; ++u)                                                              \
+      ps[u * ATT_WG + lid] = j >= lo[u] && j <= hi[u] ? dot[u] * kq_scale : -INFINITY;            \
   }
   // Pass 1, as attention's: work-item lid keeps each query's running max and sum over its keys blo + lid,
   // blo + lid + ATT_WG, ... (the same keys as attention's work-item lid where blo == lo), then a tree per query
   // combines the work-items' pairs (ps: the maxima, ls: the sums).
   float mx[ATT_QB], l[ATT_QB];
   for (int u = 0; u < ATT_QB; ++u) mx[u] = -INFINITY, l[u] = 0.0f;
-  for (int j0 = blo; j0 <= bhi; j0 += ATT_KT) {
+  for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
     ATT_BLOCK_SCORES(j0, d)
-    for (int hf = 0; hf < ATT_KT; hf += ATT_WG)  // key j0 + lid, then j0 + ATT_WG + lid
-      for (int u = 0; u < ATT_QB; ++u) {
-        const float sc = ps[u * ATT_KT + hf + lid];
-        if (keep && j0 + hf + lid <= bhi) kept[u * ATT_BKEEP_ARR + j0 + hf + lid - blo] = sc;
-        if (sc == -INFINITY) continue;
-        const float mnew = max(mx[u], sc);
-        l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
-        mx[u] = mnew;
-      }
+    for (int u = 0; u < ATT_QB; ++u) {
+      const float sc = ps[u * ATT_WG + lid];
+      if (keep && j0 + lid <= bhi) kept[u * ATT_BKEEP_ARR + j0 + lid - blo] = sc;
+      if (sc == -INFINITY) continue;
+      const float mnew = max(mx[u], sc);
+      l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
+      mx[u] = mnew;
+    }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int u = 0; u < ATT_QB; ++u) {
@@ -408,17 +367,15 @@ kernel void attention_block(global const float* q, global const half* kc, global
   float acc[ATT_QB][ATT_BDPT];
   for (int u = 0; u < ATT_QB; ++u)
     for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
-  for (int j0 = blo; j0 <= bhi; j0 += ATT_KT) {
+  for (int j0 = blo; j0 <= bhi; j0 += ATT_WG) {
     ATT_BLOCK_SCORES(j0, keep ? 0 : d)
-    for (int hf = 0; hf < ATT_KT; hf += ATT_WG)
-      for (int u = 0; u < ATT_QB; ++u) {
-        const int jj = j0 + hf + lid;
-        const float s = keep ? (jj <= bhi ? kept[u * ATT_BKEEP_ARR + jj - blo] : -INFINITY)
-                             : ps[u * ATT_KT + hf + lid];
-        ps[u * ATT_KT + hf + lid] = s == -INFINITY ? 0.0f : round_f16(exp(s - stat[u]) * stat[ATT_QB + u]);
-      }
+    for (int u = 0; u < ATT_QB; ++u) {
+      const float s = keep ? (j0 + lid <= bhi ? kept[u * ATT_BKEEP_ARR + j0 + lid - blo] : -INFINITY)
+                           : ps[u * ATT_WG + lid];
+      ps[u * ATT_WG + lid] = s == -INFINITY ? 0.0f : round_f16(exp(s - stat[u]) * stat[ATT_QB + u]);
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int nt = min(ATT_KT, bhi - j0 + 1);
+    const int nt = min(ATT_WG, bhi - j0 + 1);
     for (int a = 0; a < ATT_BDPT / 2; ++a) {
       const int dd = 2 * lid + 2 * ATT_WG * a;
       if (dd >= d) break;
@@ -432,7 +389,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         for (int u = 0; u < ATT_QB; ++u) {
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
           for (int e = 0; e < ATT_VK; e += 4) {
-            const float4 p = *(local const float4*)(ps + u * ATT_KT + i + e);
+            const float4 p = *(local const float4*)(ps + u * ATT_WG + i + e);
             s0 += p.x * v[e].x;
             s1 += p.x * v[e].y;
             s0 += p.y * v[e + 1].x;
@@ -450,7 +407,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         for (int e = 0; e < 4; ++e)
           v[e] = pair ? vload_half2(0, vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
         for (int u = 0; u < ATT_QB; ++u) {
-          const float4 p = *(local const float4*)(ps + u * ATT_KT + i);
+          const float4 p = *(local const float4*)(ps + u * ATT_WG + i);
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
           s0 += p.x * v[0].x;
           s1 += p.x * v[0].y;
@@ -466,15 +423,14 @@ kernel void attention_block(global const float* q, global const half* kc, global
       for (; i < nt; ++i) {
         const float2 v = pair ? vload_half2(0, vr + i * kv_row) : (float2)(vload_half(i * kv_row, vr), 0.0f);
         for (int u = 0; u < ATT_QB; ++u) {
-          acc[u][2 * a] += ps[u * ATT_KT + i] * v.x;
-          acc[u][2 * a + 1] += ps[u * ATT_KT + i] * v.y;
+          acc[u][2 * a] += ps[u * ATT_WG + i] * v.x;
+          acc[u][2 * a + 1] += ps[u * ATT_WG + i] * v.y;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 #undef ATT_BLOCK_SCORES
-#undef ATT_DOT4
 #undef ATT_BKEEP_ARR
   for (int u = 0; u < nq; ++u) {
     global float* o = out + ((long)(t0 + u) * n_head + h) * d;
