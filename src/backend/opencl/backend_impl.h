@@ -193,6 +193,10 @@ inline int tile_bufs_for(uint64_t local_mem, int forced) {
   return two ? 2 : 1;
 }
 
+// dense_plan's unit for weights of type t: whole blocks, and whole 32-value chunks of the tiles (so the F32,
+// F16 and BF16 rows of the router split into slices of 32 values, not 256).
+inline int64_t slice_unit(DType t) { return std::max<int64_t>(32, block_elems(t)); }
+
 // gemm_tiled's launch for a product of n features by m rows, k deep, on `units` compute units (the f32
 // tiles, not XMX): the tile's rows (bm, 32 or 64) and its split of k into slices of kc elements (a multiple
 // of unit: whole blocks of the weight type, slice_unit; the last slice takes what is left). The plan fills
@@ -205,9 +209,6 @@ inline int tile_bufs_for(uint64_t local_mem, int forced) {
 // tiles in 8 slices of 256, where 64 of 32 rows took 4 slices), else 32-row tiles split into about two a
 // unit (at most 16 slices; the router's 128 features). forced (XPERT_OPENCL_OPTS ksplit): 0 plans as above, 1
 // never splits (64-row tiles only from two a unit), N > 1 splits 32-row tiles into N. One slice: no split.
-// dense_plan's unit for weights of type t: whole blocks, and whole 32-value chunks of the tiles (so the F32,
-// F16 and BF16 rows of the router split into slices of 32 values, not 256).
-inline int64_t slice_unit(DType t) { return std::max<int64_t>(32, block_elems(t)); }
 struct DensePlan {
   int64_t bm = 32, slices = 1, kc = 0;
 };
