@@ -112,9 +112,7 @@ TEST_P(OpenCLPrefillGemm, SplitAlongKMatchesReference) {
       EXPECT_EQ(download<float>(*d, ybuf, m * ldy), first) << what << ": the second run differs";
       // The split form is one launch too: each tile's last slice adds the planes.
       if (split == c.slices) {
-        EXPECT_GT(opencl::dense_plan(n, m, k, std::max<uint32_t>(ocl.facts().compute_units, 1), split,
-                                     opencl::slice_unit(type))
-                      .slices,
+        EXPECT_GT(opencl::dense_plan(n, m, k, std::max<uint32_t>(ocl.facts().compute_units, 1), split).slices,
                   1)
             << what;
       }
@@ -192,12 +190,10 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
     int forced;
     opencl::DensePlan want;
     const char* what;
-    int64_t unit = 256;  // slice_unit: Q4_K's; F32's 32
   };
   // qwen3-30b-a3b at 512 rows on an H100's 132 units, then CI's two units, then the switch's forms.
   const Case cases[] = {
-      {128, 512, 2048, 132, 0, {32, 8, 256}, "128 Q4_K features: 8 slices of 256"},
-      {128, 512, 2048, 132, 0, {32, 16, 128}, "the router (128 F32 features): 16 slices of 128", 32},
+      {128, 512, 2048, 132, 0, {32, 8, 256}, "the router (128 features): 8 slices of 256"},
       {1024, 512, 2048, 132, 0, {64, 4, 512}, "k and v as a pair (2 x 512)"},
       {512, 512, 2048, 132, 0, {64, 8, 256}, "k / v (512): 64-row tiles in 8 slices of 256"},
       {512, 40, 2048, 132, 0, {32, 8, 256}, "k / v of 40 rows: 64-row tiles too few"},
@@ -216,7 +212,7 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
       {200, 40, 1000, 132, 4, {32, 4, 256}, "ksplit=4 of 4 blocks: 4 slices of 256"},
   };
   for (const Case& c : cases) {
-    const opencl::DensePlan p = opencl::dense_plan(c.n, c.m, c.k, c.units, c.forced, c.unit);
+    const opencl::DensePlan p = opencl::dense_plan(c.n, c.m, c.k, c.units, c.forced);
     EXPECT_EQ(p.bm, c.want.bm) << c.what;
     EXPECT_EQ(p.slices, c.want.slices) << c.what;
     EXPECT_EQ(p.kc, c.want.kc) << c.what;

@@ -193,17 +193,13 @@ inline int tile_bufs_for(uint64_t local_mem, int forced) {
   return two ? 2 : 1;
 }
 
-// dense_plan's unit for weights of type t: whole blocks, and whole 32-value chunks of the tiles (so the F32,
-// F16 and BF16 rows of the router split into slices of 32 values, not 256).
-inline int64_t slice_unit(DType t) { return std::max<int64_t>(32, block_elems(t)); }
-
 // gemm_tiled's launch for a product of n features by m rows, k deep, on `units` compute units (the f32
 // tiles, not XMX): the tile's rows (bm, 32 or 64) and its split of k into slices of kc elements (a multiple
-// of unit: whole blocks of the weight type, slice_unit; the last slice takes what is left). The plan fills
-// the units and leaves no short last wave (an H100 holds three 32-row groups an SM or two 64-row ones):
-// 64-row tiles where they make about two groups a unit (15/16 of it or more; qwen3's q: 256, where 512 of 32
-// rows were 1.3 waves); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split
-// along k into about two a unit (qwen3's o projection: 128 tiles of 64 rows in 2 slices, where 256 of 32 rows
+// of 256: whole blocks of every weight type; the last slice takes what is left). The plan fills the units
+// and leaves no short last wave (an H100 holds three 32-row groups an SM or two 64-row ones): 64-row tiles
+// where they make about two groups a unit (15/16 of it or more; qwen3's q: 256, where 512 of 32 rows were
+// 1.3 waves); where they are fewer but the 32-row tiles still cover the units, 64-row tiles split along k
+// into about two a unit (qwen3's o projection: 128 tiles of 64 rows in 2 slices, where 256 of 32 rows
 // left a third of the H100 idle); where even the 32-row tiles are fewer than the units, 64-row tiles split
 // into about two a unit where at most 16 slices get there and the rows fill them (qwen3's k and v: 32
 // tiles in 8 slices of 256, where 64 of 32 rows took 4 slices), else 32-row tiles split into about two a
@@ -212,13 +208,13 @@ inline int64_t slice_unit(DType t) { return std::max<int64_t>(32, block_elems(t)
 struct DensePlan {
   int64_t bm = 32, slices = 1, kc = 0;
 };
-inline DensePlan dense_plan(int64_t n, int64_t m, int64_t k, int64_t units, int forced, int64_t unit = 256) {
+inline DensePlan dense_plan(int64_t n, int64_t m, int64_t k, int64_t units, int forced) {
   const int64_t cols = (int64_t)groups(n, kDenseTileCols), g32 = cols * (int64_t)groups(m, 32),
-                g64 = cols * (int64_t)groups(m, 64), full = 2 * units, blocks = (int64_t)groups(k, unit);
+                g64 = cols * (int64_t)groups(m, 64), full = 2 * units, blocks = (int64_t)groups(k, 256);
   auto split = [&](int64_t bm, int64_t want) {
     want = std::min(want, blocks);
     if (want < 2) return DensePlan{bm};
-    const int64_t kc = (blocks + want - 1) / want * unit;
+    const int64_t kc = (blocks + want - 1) / want * 256;
     return DensePlan{bm, (k + kc - 1) / kc, kc};
   };
   if (forced == 1) return {g64 < full ? 32 : 64};

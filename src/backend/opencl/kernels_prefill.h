@@ -303,9 +303,8 @@ void PT_NAME(gemm_tk_sum)(volatile global const float* planes, int n_planes, int
 }
 
 // A product split along k (prefill.cpp gemm_split: products of too few tiles to fill the device): work-group
-// (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of the type's slice_unit so whole
-// blocks and whole 32-value chunks: kc_bytes of each row) into plane s of its product's planes (m rows of
-// n_out from s m n_out).
+// (i, j, s) multiplies slice s of the k (kc of them from s kc, a multiple of 256 so whole blocks of every
+// weight type: kc_bytes of each row) into plane s of its product's planes (m rows of n_out from s m n_out).
 // The tile's last slice to finish (its count in counters[j * groups(0) + i], left at 0) then adds the tile's
 // planes in plane order into y (ldy), gemm_tk_sum: no launch of its own for the sums. Two products of the
 // same shape on the same rows (a layer's k and v): column groups i < cols1 are w's into y, the next cols1

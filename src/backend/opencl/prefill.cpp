@@ -23,7 +23,7 @@ void OpenclBackend::gemm_tiled(DType t, const void* w, int64_t n, int64_t k, con
   if (!q4k_rows_aligned(t, w)) return gemm_small(t, w, n, k, x, ldx, m, y, ldy);
   // The tiles as dense_plan fills the compute units, split along k where they are too few (the f32 tiles;
   // the XMX ones by the earlier rule, never split).
-  const DensePlan plan = dense_plan(n, m, k, (int64_t)units, xmx ? 1 : ksplit_, slice_unit(t));
+  const DensePlan plan = dense_plan(n, m, k, (int64_t)units, xmx ? 1 : ksplit_);
   if (plan.slices > 1) return gemm_split(t, w, n, k, x, ldx, m, y, ldy, plan);
   // Fewer 32-row tiles than a fifth of the compute units (XPERT_OPENCL_OPTS ksplit=1, an XMX device): the
   // earlier 64 x 32 tile's more work-groups finish first (the router: 208 us against 351, H200).
@@ -73,8 +73,8 @@ bool OpenclBackend::gemm_pair(DType t, const void* w, const void* w2, int64_t n,
     return false;
   check_row(t, k);
   const int64_t units = std::max<uint32_t>(info_.compute_units, 1);
-  const DensePlan pair = dense_plan(2 * n, m, k, units, ksplit_, slice_unit(t));
-  if (dense_plan(n, m, k, units, ksplit_, slice_unit(t)).slices < 2 || pair.slices < 2) return false;
+  const DensePlan pair = dense_plan(2 * n, m, k, units, ksplit_);
+  if (dense_plan(n, m, k, units, ksplit_).slices < 2 || pair.slices < 2) return false;
   gemm_split(t, w, n, k, x, k, m, y, ldy, pair, w2, y2);
   return true;
 }

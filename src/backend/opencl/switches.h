@@ -20,7 +20,7 @@
 //   ksplit=N     the dense prefill products' plan (backend_impl.h dense_plan, prefill.cpp gemm_tiled): 0
 //                the device's (default: tiles that fill the compute units, split along k where they are too
 //                few), 1 the earlier rule (never split), N > 1 32-row tiles in N slices of k (as far as k
-//                has slices of whole blocks: 256 values for the K-quants, 32 for the others and F32 / F16 / BF16)
+//                has 256-element slices)
 //   pt_bufs=N    the grouped MoE prefill tiles' steps in local memory: 1 (two barriers a step) or 2 (double
 //                buffered, one barrier a step); default 2 where the device has the local memory (40 KiB a
 //                work-group), else 1
