@@ -100,8 +100,9 @@ void OpenclBackend::matmuls(const float* x, int64_t m, std::span<const MatmulJob
 // Each job's product as matmul runs it (the same kernels, the same bits), x rounded once per rounding mode
 // where matmul would round it once per job: a layer's q, k and v at pp512 took three round_blocks launches of
 // the same rows (H200, qwen3-30b-a3b: 14.3 us each, 2 of the 6 a layer). Two neighbouring jobs of one type
-// and shape that gemm would each split along k (k and v) take one split launch (gemm_pair): the same tiles'
-// sums, fewer and longer slices.
+// and shape that gemm would each split along k (k and v) take one split launch (gemm_pair), planned as one
+// product of both: fewer, longer slices, so their sums may differ from matmul's in the last bits (qwen3-30b-a3b
+// pp512 on an H100: -1.2 to -1.6 ms of two passes' 270).
 void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::span<const MatmulJob> jobs) {
   preround_type_ = jobs[0].w->type;  // as matmuls: what the norm before the next q/k/v product rounds for
   Arena& ar = scratch();
