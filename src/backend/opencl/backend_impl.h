@@ -747,9 +747,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // for products of too few tiles to fill the device that it does not split).
   void gemm(DType t, const void* w, int64_t n, int64_t k, const float* x, int64_t ldx, int64_t m, float* y,
             int64_t ldy) {
-    if (prefill_ && info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256)
-      return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
+    if (prefill_tiles()) return gemm_tiled(t, w, n, k, x, ldx, m, y, ldy);
     gemm_small(t, w, n, k, x, ldx, m, y, ldy);
+  }
+  // The prefill tiles are on and this device runs them: 24 KiB of local memory and 256 work-items a group.
+  bool prefill_tiles() const {
+    return prefill_ && info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
   }
   Prog& xmx_program(DType t) {
     if (!xmx_[t]) {

@@ -116,8 +116,8 @@ void OpenclBackend::prefill_matmuls(const float* x, int64_t m, int64_t k, std::s
     const MatmulJob& j = jobs[i];
     const int mode = round_mode(j.w->type);
     const int64_t n = j.w->ne[1], ldy = j.ldy ? j.ldy : n;
-    const float* xj = mode >= 0 ? xq[mode] : x;
     if (n <= 0) continue;
+    const float* xj = mode >= 0 ? xq[mode] : x;
     if (i + 1 < jobs.size()) {  // the next job of the same type and shape with it, where both would split
       const MatmulJob& j2 = jobs[i + 1];
       if (j2.w->type == j.w->type && j2.w->ne[1] == n && (j2.ldy ? j2.ldy : n) == ldy &&

@@ -68,9 +68,7 @@ void OpenclBackend::gemm_split(DType t, const void* w, int64_t n, int64_t k, con
 // where each alone took 32 tiles in 8 slices of 256).
 bool OpenclBackend::gemm_pair(DType t, const void* w, const void* w2, int64_t n, int64_t k, const float* x,
                               int64_t m, float* y, float* y2, int64_t ldy) {
-  if (!prefill_ || info_.local_mem_bytes < 24 * 1024 || info_.max_work_group_size < 256 || use_xmx(t) ||
-      !q4k_rows_aligned(t, w) || !q4k_rows_aligned(t, w2))
-    return false;
+  if (!prefill_tiles() || use_xmx(t) || !q4k_rows_aligned(t, w) || !q4k_rows_aligned(t, w2)) return false;
   check_row(t, k);
   const int64_t units = std::max<uint32_t>(info_.compute_units, 1);
   const DensePlan pair = dense_plan(2 * n, m, k, units, ksplit_);
@@ -80,12 +78,11 @@ bool OpenclBackend::gemm_pair(DType t, const void* w, const void* w2, int64_t n,
 }
 
 bool OpenclBackend::moe_prefill_fits(const MoeFfn& m, int64_t n) const {
-  return prefill_ && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows &&
+  return prefill_tiles() && !m.split && m.uniform_seed == 0 && n >= kMoeGemmMinRows &&
          m.n_expert <= kGroupMaxExperts && m.gate.type == m.up.type && weight_macro(m.gate.type) &&
          weight_macro(m.down.type) && m.n_embd % block_elems(m.gate.type) == 0 &&
          m.n_ff % block_elems(m.down.type) == 0 && q4k_rows_aligned(m.gate.type, m.gate.data) &&
-         q4k_rows_aligned(m.gate.type, m.up.data) && q4k_rows_aligned(m.down.type, m.down.data) &&
-         info_.local_mem_bytes >= 24 * 1024 && info_.max_work_group_size >= 256;
+         q4k_rows_aligned(m.gate.type, m.up.data) && q4k_rows_aligned(m.down.type, m.down.data);
 }
 
 void OpenclBackend::moe_prefill(const MoeFfn& m, const float* x, int64_t n, const float* logits_d, float* out,
