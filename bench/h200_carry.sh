@@ -28,7 +28,8 @@
 #                                       # OCL_PP=1) of PRESETS (default both), ROUNDS times, with the enqueues
 #                                       # a step; then CUDA's tg128 (and pp512) of each preset, the device time
 #                                       # per kernel (OCL_PROFILE=1; of OCL_PROFILE_BINS, default the first
-#                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32") and the registers
+#                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32"; OCL_PROFILE_VARIANTS,
+#                                       # default `default`), the device's idle gaps, and the registers
 #                                       # and spills ptxas reports for the programs NVIDIA's driver cached
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
@@ -247,7 +248,8 @@ case "${1:-}" in
               rc=$?
               r=$(grep -E '\| *(pp|tg)' <<<"$o" | awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')
               e=$(grep -o 'the last step[^:]*: [0-9]* enqueues' <<<"$o" | tail -1 | grep -o '[0-9]* enqueues')
-              echo "$preset round $round $b $v: ${r:-(rc $rc: $(tail -1 <<<"$o"))}, ${e:-? enqueues} a step ($(date -u +%T))"
+              w=$(grep -o '[0-9]* us of host time in kernel launches, [0-9]* us from read to read' <<<"$o" | tail -1)
+              echo "$preset round $round $b $v: ${r:-(rc $rc: $(tail -1 <<<"$o"))}, ${e:-? enqueues} a step${w:+ ($w)} ($(date -u +%T))"
             done
           done
         done
@@ -255,10 +257,15 @@ case "${1:-}" in
           awk -F'|' '{printf "%s %s ", $(NF-2), $(NF-1)}')"
         # OCL_PROFILE_TESTS: what the profile runs (default tg32; "-p 512 -n 0": the warm-up and one pp512
         # pass); OCL_PROFILE_BINS: whose (default the first of BINS).
+        # OCL_PROFILE_VARIANTS: under which XPERT_OPENCL_OPTS values (default `default`, none).
         for b in ${OCL_PROFILE:+${OCL_PROFILE_BINS:-${bins[0]}}}; do
-          echo "## $preset, $b: device time per kernel (${OCL_PROFILE_TESTS:=-p 0 -n 32})"
-          XPERT_OPENCL_OPTS=profile timeout "${OCL_TIMEOUT:-150}" ".devbin/$b" bench -m "$f" $OCL_PROFILE_TESTS -r 1 \
-            --device opencl:0 2>&1 | grep -E -A40 'device time per kernel' | grep -E '^ +[0-9]|device time'
+          for v in ${OCL_PROFILE_VARIANTS:-default}; do
+            opts=profile
+            [[ $v == default ]] || opts=$v:profile
+            echo "## $preset, $b, $v: device time per kernel (${OCL_PROFILE_TESTS:=-p 0 -n 32})"
+            XPERT_OPENCL_OPTS=$opts timeout "${OCL_TIMEOUT:-150}" ".devbin/$b" bench -m "$f" $OCL_PROFILE_TESTS -r 1 \
+              --device opencl:0 2>&1 | grep -E -A40 'device time per kernel' | grep -E '^ +[0-9]|device time|idle'
+          done
         done
       done
       echo "## registers and spills (ptxas -v of the PTX NVIDIA's driver cached; a file per program text)"

@@ -280,6 +280,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
+    flush_every_ = sw.flush >= 0 ? sw.flush : 0;
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
     zero(counters_, kCounters * sizeof(cl_int));
@@ -688,6 +689,10 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
             nullptr, profile_ ? &ev : nullptr);
       if (ev) pending_.emplace_back(k, ev);
+      if (flush_every_ && ++unflushed_ >= flush_every_) {
+        XP_CL(clFlush, q());
+        unflushed_ = 0;
+      }
     }
     if (stats_on_)
       stats_.launch_us +=
@@ -824,6 +829,11 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   std::vector<std::pair<cl_kernel, cl_event>> pending_;
   std::map<cl_kernel, std::string> labels_;
   std::map<std::string, std::pair<uint64_t, double>> profile_ns_;  // label -> (launches, device ns)
+  struct Idle {  // harvest_profile's gaps between kernels (device ns)
+    double gap_ns = 0, late_ns = 0, across_reads_ns = 0, submit_lag_ns = 0;
+    uint64_t gaps = 0, kernels = 0;
+    cl_ulong last_end = 0;
+  } idle_;
 
   // Commands issued (XPERT_OPENCL_OPTS stats): all of them, and those between the last two reads to the host
   // (a decode step's, from logits read to logits read). With it on, the host time spent in launch() too, and
@@ -853,6 +863,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
+  // clFlush after every flush_every_ launches (XPERT_OPENCL_OPTS flush; 0: the blocking calls alone submit).
+  int flush_every_ = 0, unflushed_ = 0;
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h

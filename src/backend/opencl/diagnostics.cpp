@@ -144,14 +144,30 @@ std::string OpenclBackend::kernel_label(cl_kernel k) {
 }
 
 void OpenclBackend::harvest_profile() {
+  bool first = true;  // the first kernel after a read: its gap spans the read and the host's work
   for (auto& [k, ev] : pending_) {
-    cl_ulong t0 = 0, t1 = 0;
-    if (api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, nullptr) ==
-            CL_SUCCESS &&
-        api().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, nullptr) == CL_SUCCESS) {
+    cl_ulong tq = 0, ts = 0, t0 = 0, t1 = 0;
+    auto at = [&](cl_profiling_info what, cl_ulong* t) {
+      return api().clGetEventProfilingInfo(ev, what, sizeof *t, t, nullptr) == CL_SUCCESS;
+    };
+    if (at(CL_PROFILING_COMMAND_QUEUED, &tq) && at(CL_PROFILING_COMMAND_SUBMIT, &ts) &&
+        at(CL_PROFILING_COMMAND_START, &t0) && at(CL_PROFILING_COMMAND_END, &t1)) {
       auto& [n, ns] = profile_ns_[kernel_label(k)];
       ++n;
       ns += (double)(t1 - t0);
+      Idle& d = idle_;
+      d.submit_lag_ns += ts > tq ? (double)(ts - tq) : 0.0, ++d.kernels;
+      if (d.last_end && t0 > d.last_end) {
+        const double gap = (double)(t0 - d.last_end);
+        if (first) {
+          d.across_reads_ns += gap;
+        } else {
+          d.gap_ns += gap, ++d.gaps;
+          if (ts > d.last_end) d.late_ns += std::min(gap, (double)(ts - d.last_end));
+        }
+      }
+      d.last_end = std::max(d.last_end, t1);
+      first = false;
     }
     api().clReleaseEvent(ev);
   }
@@ -179,6 +195,16 @@ void OpenclBackend::log_stats() {
   for (const auto& [label, v] : rows)
     fmt::print(stderr, "  {:>10.2f} ms {:>8} launches {:>9.2f} us each  {}\n", v.second / 1e6, v.first,
                v.second / 1e3 / (double)v.first, label);
+  // Where the device waited between kernels, by the events' timestamps: a gap whose kernel was submitted
+  // after the previous one ended waited (that long) for the host or the driver to hand it over.
+  const Idle& d = idle_;
+  fmt::print(
+      stderr,
+      "{}: the device idle between kernels: {:.2f} ms in {} gaps between reads ({:.2f} us each), {:.2f} ms "
+      "of it waiting for a later submission; {:.2f} ms across the {} reads; {:.1f} us from queued to "
+      "submitted on average\n",
+      name(), d.gap_ns / 1e6, d.gaps, d.gaps ? d.gap_ns / 1e3 / (double)d.gaps : 0.0, d.late_ns / 1e6,
+      d.across_reads_ns / 1e6, stats_.reads, d.kernels ? d.submit_lag_ns / 1e3 / (double)d.kernels : 0.0);
 }
 
 }  // namespace xpert::opencl
