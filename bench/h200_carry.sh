@@ -31,6 +31,7 @@
 #                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32"; OCL_PROFILE_VARIANTS,
 #                                       # default `default`), the device's idle gaps, and the registers
 #                                       # and spills ptxas reports for the programs NVIDIA's driver cached
+#                                       # (their PTX in $OUT/ocl_ptx.txz)
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
 #   bench/h200_carry.sh prof PRESET N ARGS...  # ncu per-kernel time sums of `xpert bench -m PRESET's file ARGS`
 #                                       # (graphs off, the first N kernels; e.g. `prof qwen3-30b-a3b 2500 -p 512
@@ -276,8 +277,9 @@ case "${1:-}" in
         tr -d '\000' <"$c" >"$W/ptx/$n.ptx"
         /usr/local/cuda/bin/ptxas -arch=sm_90 -v "$W/ptx/$n.ptx" -o /dev/null 2>&1 |
           awk -v f="${n:0:40}" '/Compiling entry/ {k = $0; sub(/.*function ./, "", k); sub(/. for .*/, "", k)}
-            /spill stores/ {s = $5 " B spilled"} /Used [0-9]+ registers/ {print f, k, $5, "registers,", s}'
+            /spill stores/ {s = $5 " B spilled, " $1 " B stack"} /Used [0-9]+ registers/ {print f, k, $5, "registers,", s}'
       done | sort -u
+      tar -cJf "$OUT/ocl_ptx.txz" -C "$W" ptx 2>/dev/null  # the PTX itself, for reading on the development machine
     } 2>&1 | tee "$OUT/oclab.md"
     ;;
   depth)

@@ -819,6 +819,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
                          float* yq, int mode);
   void probe_launches();  // XPERT_OPENCL_OPTS probe: what an enqueue costs here, logged
   void probe_grid_sync();  // (part of probe) what a barrier across one launch's groups costs
+  void probe_floors();     // (part of probe) what a dependent load, fence, barrier or atomic costs in a group
   void log_stats();       // XPERT_OPENCL_OPTS stats: enqueues and blocking calls per step, logged at the end
   // XPERT_OPENCL_OPTS profile: every launch's device time, summed per kernel (and weight type) at each read to
   // the host, logged at the end.

@@ -66,6 +66,7 @@ void OpenclBackend::probe_launches() {
       name(), e1, b1, e16, b16, round_trip);
   arg_sets_.erase(k16);
   probe_grid_sync();
+  probe_floors();
   // What could cut the enqueues further (issue #34): recorded command buffers, subgroups (one line, so that
   // bench/h200_carry.sh's filter of the "empty kernel" lines keeps it).
   auto has = [&](const char* e) { return info_.extensions.find(e) != std::string::npos ? "yes" : "no"; };
@@ -109,6 +110,63 @@ void OpenclBackend::probe_grid_sync() {
     dealloc(cnt);
     if (c[2]) break;
   }
+}
+
+// What one dependent step costs inside a work-group (the floor of a kernel bound by its chain: a norm's tree,
+// a last group's reads of the others' results): the host time of a launch of n steps less that of one step,
+// over n - 1, the best of three each.
+void OpenclBackend::probe_floors() {
+  using clock = std::chrono::steady_clock;
+  auto timed = [&](auto&& run, int steps) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      synchronize();
+      const auto t0 = clock::now();
+      run(steps);
+      synchronize();
+      best = std::min(best, std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+    }
+    return best;
+  };
+  auto per_step = [&](auto&& run) {
+    const int n = 4096;
+    return (timed(run, n) - timed(run, 1)) / (n - 1);
+  };
+  // A cycle of dependent loads through `bytes`, one int a 256-byte line, the lines in a scrambled order (an
+  // odd multiplier permutes a power of two): 128 MiB is past the L2 of the GPUs here, 16 KiB is not.
+  auto cycle = [&](size_t bytes) {
+    const size_t lines = bytes / 256, per = 64;
+    std::vector<int32_t> p(bytes / 4, 0);
+    auto line = [&](size_t i) { return (i * 40503) % lines; };
+    for (size_t i = 0; i < lines; ++i) p[line(i) * per] = (int32_t)(line((i + 1) % lines) * per);
+    void* d = alloc(bytes);
+    copy_from_host(d, p.data(), bytes);
+    return d;
+  };
+  void* far = cycle(size_t(128) << 20);
+  void* near = cycle(size_t(16) << 10);
+  auto* x = static_cast<int32_t*>(alloc(64 * sizeof(int32_t)));
+  zero(x, 64 * sizeof(int32_t));
+  auto chain = [&](void* p) {
+    return per_step([&](int n) { launch(ops("floor_chain"), {1}, {1}, p, (cl_int)n, x); });
+  };
+  auto group = [&](const char* k) {
+    return per_step([&](int n) { launch(ops(k), {64}, {64}, x, (cl_int)n); });
+  };
+  const double load_far = chain(far), load_near = chain(near);
+  const double fence = group("floor_fence"), gbar = group("floor_gbarrier");
+  const double lbar = per_step([&](int n) { launch(ops("floor_lbarrier"), {64}, {64}, x, (cl_int)n); });
+  const double atom = per_step([&](int n) { launch(ops("floor_atomic"), {1}, {1}, x, (cl_int)n, x + 32); });
+  synchronize();
+  dealloc(x);
+  dealloc(near);
+  dealloc(far);
+  fmt::print(stderr,
+             "{}: one dependent step in a work-group: a global load {:.3f} us (through 128 MiB) / {:.3f} us "
+             "(16 KiB); a global store and fence {:.3f} us; a global store and a barrier of 64 with a global "
+             "fence {:.3f} us; a local store, read and two local barriers {:.3f} us; an atomic add "
+             "waiting for the last one's result {:.3f} us\n",
+             name(), load_far, load_near, fence, gbar, lbar, atom);
 }
 
 Kernel OpenclBackend::clone_kernel(cl_kernel k) {

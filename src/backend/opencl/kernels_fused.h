@@ -10,6 +10,8 @@
 //   empty_kernel(16), empty_kernel_int
 //                       nothing (with 1 or 16 arguments, an int alone): what one enqueue costs
 //                       (XPERT_OPENCL_OPTS probe).
+//   floor_chain, floor_fence, floor_gbarrier, floor_lbarrier, floor_atomic
+//                       n steps of one dependent chain in one work-group (XPERT_OPENCL_OPTS probe).
 // kFusedMatmulSource (appended to each weight type's matmul program, after kMatmulSource):
 //   gemv_multi          up to four matrices of one type and width on the same activations (q, k, v; a Gated
 //                       DeltaNet layer's qkv, z, alpha, beta).
@@ -236,6 +238,48 @@ kernel void grid_sync_probe(volatile global int* cnt, global int* data, global i
     grid_sync(cnt, G);
   }
   if (lid == 0) bad[g] = errs;
+}
+
+// XPERT_OPENCL_OPTS probe, the floors of a work-group's dependent chains (probe_floors): n steps of each, one
+// kernel per kind (PoCL wants no barrier under a branch). floor_chain: one work-item's dependent loads (p[i] the
+// next index); floor_fence: a global store, then a global fence; floor_gbarrier: the same with a barrier of the
+// group's 64 with a global fence; floor_lbarrier: a local store and a local barrier; floor_atomic: one
+// work-item's atomic increments, each waiting for the last one's result.
+kernel void floor_chain(global const int* p, int n, global int* out) {
+  int i = 0;
+  for (int j = 0; j < n; ++j) i = p[i];
+  out[0] = i;
+}
+kernel void floor_fence(volatile global int* x, int n) {
+  const int lid = get_local_id(0);
+  for (int j = 0; j < n; ++j) {
+    x[lid] = j;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+  }
+}
+kernel void floor_gbarrier(volatile global int* x, int n) {
+  const int lid = get_local_id(0);
+  for (int j = 0; j < n; ++j) {
+    x[lid] = j;
+    barrier(CLK_GLOBAL_MEM_FENCE);
+  }
+}
+kernel void floor_lbarrier(global int* out, int n) {
+  local int l[64];
+  const int lid = get_local_id(0);
+  int v = 0;
+  for (int j = 0; j < n; ++j) {
+    l[lid] = v + j;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    v += l[(lid + 1) % 64];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  out[lid] = v;
+}
+kernel void floor_atomic(volatile global int* c, int n, global int* out) {
+  int v = 0;
+  for (int j = 0; j < n; ++j) v = atomic_add(c, (v & 1) + 1);
+  out[0] = v;
 }
 
 kernel void empty_kernel(global float* x) {}
