@@ -280,7 +280,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
-    flush_every_ = sw.flush >= 0 ? sw.flush : 0;
     dummy_ = alloc(256);  // bound to optional pointer arguments that are absent
     counters_ = static_cast<cl_int*>(alloc(kCounters * sizeof(cl_int)));  // last_group's, kernels_fused.h
     zero(counters_, kCounters * sizeof(cl_int));
@@ -689,10 +688,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       XP_CL(clEnqueueNDRangeKernel, q(), k, (cl_uint)global.size(), nullptr, g, local.size() ? l : nullptr, 0,
             nullptr, profile_ ? &ev : nullptr);
       if (ev) pending_.emplace_back(k, ev);
-      if (flush_every_ && ++unflushed_ >= flush_every_) {
-        XP_CL(clFlush, q());
-        unflushed_ = 0;
-      }
     }
     if (stats_on_)
       stats_.launch_us +=
@@ -864,8 +859,6 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // The MoE kernels' last work-groups round the gate/up rows and write the next norm (XPERT_OPENCL_OPTS tail=0:
   // two launches more per layer); each kernel resets the counters it used, so one array serves them all.
   bool tails_ = true;
-  // clFlush after every flush_every_ launches (XPERT_OPENCL_OPTS flush; 0: the blocking calls alone submit).
-  int flush_every_ = 0, unflushed_ = 0;
   static constexpr int64_t kCounters = 4096;
   static constexpr int64_t kRouteMax = 4096;  // ROUTE_MAX, kernels_ops.h
   static constexpr int64_t kMoeMaxUsed = 16;  // MOE_MAX_USED, kernels_fused.h

@@ -133,12 +133,15 @@ void OpenclBackend::probe_floors() {
     return (timed(run, n) - timed(run, 1)) / (n - 1);
   };
   // A cycle of dependent loads through `bytes`, one int a 256-byte line, the lines in a scrambled order (an
-  // odd multiplier permutes a power of two): 128 MiB is past the L2 of the GPUs here, 16 KiB is not.
+  // odd multiplier permutes a power of two): 128 MiB is past the L2 of the GPUs here, 16 KiB is not. Each run
+  // starts 8,192 steps further along the cycle, so no run reads lines an earlier one left in a cache (the
+  // 128 MiB cycle has 64 such starts; a chain's probe makes 6 runs).
+  auto line = [](size_t i, size_t lines) { return (i * 40503) % lines; };
   auto cycle = [&](size_t bytes) {
     const size_t lines = bytes / 256, per = 64;
     std::vector<int32_t> p(bytes / 4, 0);
-    auto line = [&](size_t i) { return (i * 40503) % lines; };
-    for (size_t i = 0; i < lines; ++i) p[line(i) * per] = (int32_t)(line((i + 1) % lines) * per);
+    for (size_t i = 0; i < lines; ++i)
+      p[line(i, lines) * per] = (int32_t)(line((i + 1) % lines, lines) * per);
     void* d = alloc(bytes);
     copy_from_host(d, p.data(), bytes);
     return d;
@@ -147,13 +150,17 @@ void OpenclBackend::probe_floors() {
   void* near = cycle(size_t(16) << 10);
   auto* x = static_cast<int32_t*>(alloc(64 * sizeof(int32_t)));
   zero(x, 64 * sizeof(int32_t));
-  auto chain = [&](void* p) {
-    return per_step([&](int n) { launch(ops("floor_chain"), {1}, {1}, p, (cl_int)n, x); });
+  auto chain = [&](void* p, size_t bytes) {
+    size_t run = 0;
+    return per_step([&](int n) {
+      const size_t lines = bytes / 256, start = line((run++ * 8192) % lines, lines) * 64;
+      launch(ops("floor_chain"), {1}, {1}, p, (cl_int)start, (cl_int)n, x);
+    });
   };
   auto group = [&](const char* k) {
     return per_step([&](int n) { launch(ops(k), {64}, {64}, x, (cl_int)n); });
   };
-  const double load_far = chain(far), load_near = chain(near);
+  const double load_far = chain(far, size_t(128) << 20), load_near = chain(near, size_t(16) << 10);
   const double fence = group("floor_fence"), gbar = group("floor_gbarrier");
   const double lbar = per_step([&](int n) { launch(ops("floor_lbarrier"), {64}, {64}, x, (cl_int)n); });
   const double atom = per_step([&](int n) { launch(ops("floor_atomic"), {1}, {1}, x, (cl_int)n, x + 32); });

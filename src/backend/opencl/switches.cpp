@@ -70,8 +70,6 @@ Switches read_switches() {
       s.stats = off_value(key, v);
     else if (key == "profile")
       s.profile = off_value(key, v);
-    else if (key == "flush")
-      s.flush = int_value(key, v, 0, 4096);
     else if (key == "arg_sets")
       s.arg_sets = int_value(key, v, 1, 1 << 20);
     else if (key == "mv_wg") {
@@ -84,7 +82,7 @@ Switches read_switches() {
     } else {
       fail(
           "XPERT_OPENCL_OPTS: unknown item '{}' (fused, tail, arg_cache, arg_sets, wide, mv_wg, mv_r, "
-          "graphs, host_weights, subgroups, prefill, moe_bm, pt_bufs, ksplit, nv_regs, flush, probe, stats, "
+          "graphs, host_weights, subgroups, prefill, moe_bm, pt_bufs, ksplit, nv_regs, probe, stats, "
           "profile)",
           item);
     }

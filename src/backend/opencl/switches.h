@@ -28,7 +28,6 @@
 //                compiler's choice) where the device offers NVIDIA's cl_nv_compiler_options (elsewhere an
 //                error); default 128 there (decode kernels at higher occupancy: qwen3.5 tg128 +3 % on an
 //                H100), nothing elsewhere
-//   flush=N      clFlush after every N kernel launches (0: never, only the blocking calls submit; 1..4096)
 //   probe        log what an enqueue costs (at start; an SVM pointer, an int, a cl_mem argument)
 //   stats        log enqueues and blocking calls per decode step, the step's host time in launches and its
 //                wall time from read to read (at exit)
@@ -46,7 +45,6 @@ struct Switches {
   int pt_bufs = 0;   // 0: the device's (tile_bufs_for)
   int nv_regs = -1;  // -1: kNvRegs where offered; 0: the compiler's choice
   int arg_sets = 1024;
-  int flush = -1;  // -1: the device's default (OpenclBackend::flush_every_)
   int mv_wg = 0;  // 0: the device's default
   int mv_r = 0;   // 0: the device's default
   bool probe = false, stats = false, profile = false;
