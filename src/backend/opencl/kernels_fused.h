@@ -241,10 +241,12 @@ kernel void grid_sync_probe(volatile global int* cnt, global int* data, global i
 }
 
 // XPERT_OPENCL_OPTS probe, the floors of a work-group's dependent chains (probe_floors): n steps of each, one
-// kernel per kind (PoCL wants no barrier under a branch). floor_chain: one work-item's dependent loads (p[i] the
-// next index, from p[start] on); floor_fence: a global store, then a global fence; floor_gbarrier: the same with a barrier of the
-// group's 64 with a global fence; floor_lbarrier: a local store and a local barrier; floor_atomic: one
-// work-item's atomic increments, each waiting for the last one's result.
+// kernel per kind (PoCL wants no barrier under a branch).
+//   floor_chain     one work-item's dependent loads (p[i] the next index, from p[start] on)
+//   floor_fence     a global store, then a global fence
+//   floor_gbarrier  a global store, then a barrier of the group's 64 with a global fence
+//   floor_lbarrier  a local store, a barrier, a neighbour's value read, a barrier
+//   floor_atomic    one work-item's atomic adds, each waiting for the last one's result
 kernel void floor_chain(global const int* p, int start, int n, global int* out) {
   int i = start;
   for (int j = 0; j < n; ++j) i = p[i];
