@@ -146,8 +146,9 @@ void OpenclBackend::probe_floors() {
     copy_from_host(d, p.data(), bytes);
     return d;
   };
-  void* far = cycle(size_t(128) << 20);
-  void* near = cycle(size_t(16) << 10);
+  const size_t far_bytes = size_t(128) << 20, near_bytes = size_t(16) << 10;
+  void* far = cycle(far_bytes);
+  void* near = cycle(near_bytes);
   auto* x = static_cast<int32_t*>(alloc(64 * sizeof(int32_t)));
   zero(x, 64 * sizeof(int32_t));
   auto chain = [&](void* p, size_t bytes) {
@@ -160,9 +161,8 @@ void OpenclBackend::probe_floors() {
   auto group = [&](const char* k) {
     return per_step([&](int n) { launch(ops(k), {64}, {64}, x, (cl_int)n); });
   };
-  const double load_far = chain(far, size_t(128) << 20), load_near = chain(near, size_t(16) << 10);
-  const double fence = group("floor_fence"), gbar = group("floor_gbarrier");
-  const double lbar = per_step([&](int n) { launch(ops("floor_lbarrier"), {64}, {64}, x, (cl_int)n); });
+  const double load_far = chain(far, far_bytes), load_near = chain(near, near_bytes);
+  const double fence = group("floor_fence"), gbar = group("floor_gbarrier"), lbar = group("floor_lbarrier");
   const double atom = per_step([&](int n) { launch(ops("floor_atomic"), {1}, {1}, x, (cl_int)n, x + 32); });
   synchronize();
   dealloc(x);
