@@ -274,7 +274,8 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
   std::vector<float> ref(q.size());
   cpu.attention(in.args(q.data(), in.k.data(), in.v.data(), ref.data(), in.pos.data()));
   std::map<std::string, std::vector<float>> got;
-  for (const std::string opts : {"", "prefill=0"}) {
+  // wide=0: the same kernels reading the f16 cache with vload_halfN instead of 4- to 16-byte words.
+  for (const std::string opts : {"", "prefill=0", "wide=0", "prefill=0:wide=0"}) {
     Backend& dev = *device_with(opts);
     DeviceBuffer dq = upload(dev, q), dk = upload(dev, in.k), dv = upload(dev, in.v),
                  dp = upload(dev, in.pos);
@@ -289,6 +290,22 @@ TEST_P(OpenCLPrefillAttention, MatchesCpuAndPerTokenKernel) {
   // t45_p100_d128_w0: above 1e-6, then 1.48e-5 against a bound of 1e-5, 2026-12-04), still 4x under the
   // bound against the CPU.
   EXPECT_LT(rel_err(got[""], got["prefill=0"]), 5e-5f);
+  // Read in words or with vload_halfN, the same values in the same sums: the same bits.
+  EXPECT_EQ(got[""], got["wide=0"]);
+  EXPECT_EQ(got["prefill=0"], got["prefill=0:wide=0"]);
+}
+
+// The wide form of the attention program only where each of its words is aligned: both caches 16-byte
+// aligned, heads and slots a multiple of 8 halves.
+TEST(OpenCLPrefillWideLoads, OnlyWhereAligned) {
+  alignas(16) static const uint16_t cache[64] = {};
+  EXPECT_TRUE(opencl::att_wide_loads(cache, cache + 16, 128, 8 * 1024));
+  EXPECT_TRUE(opencl::att_wide_loads(cache, cache, 80));
+  EXPECT_FALSE(opencl::att_wide_loads(cache + 4, cache, 128));            // k 8-byte aligned only
+  EXPECT_FALSE(opencl::att_wide_loads(cache, cache + 1, 128));            // v 2-byte aligned only
+  EXPECT_FALSE(opencl::att_wide_loads(cache, cache, 33));                 // odd heads
+  EXPECT_FALSE(opencl::att_wide_loads(cache, cache, 36));                 // heads of 4-half words
+  EXPECT_FALSE(opencl::att_wide_loads(cache, cache, 128, 8 * 1024 + 4));  // slots 4 halves off
 }
 
 // Qwen3-30B-A3B's heads (32 / 4 of 128) over a prefix, a partial last block of 8 tokens; a sliding window

@@ -166,14 +166,21 @@ ProgramText xmx_program_text(const std::string& matmul_options, int sub_group);
 // program (kernels_matmul.h, the fused matvecs, the prefill tiles) for mv_wg work-items a row, mv_r rows.
 ProgramText ops_program_text(bool correctly_rounded_divide);
 // block_keep: attention_block's kept scores (ATT_BKEEP, att_block_keep); block_dims: its dims a query
-// (ATT_BD, att_block_dims).
-ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep, int block_dims = kAttMaxD);
+// (ATT_BD, att_block_dims); wide_loads: the cache read in 4- to 16-byte words (att_wide_loads).
+ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep, int block_dims = kAttMaxD,
+                                   bool wide_loads = true);
 // attention_block keeps pass 1's scores of up to 512 keys for pass 2 (16 KiB more local memory, 44 in all)
 // where the device has 48 KiB a work-group; elsewhere pass 2 computes them again.
 inline int att_block_keep(uint64_t local_mem) { return local_mem >= 48 * 1024 ? 512 : 0; }
 // attention_block's dims a query for heads of head_dim: 128, 256 or kAttMaxD (ATT_BD).
 inline int att_block_dims(int64_t head_dim) {
   return head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : kAttMaxD;
+}
+// Whether the attention kernels may read the f16 cache k / v in words of up to 16 bytes (kernels_attention.h
+// ld_h8): both caches 16-byte aligned, and every head's row and slot starting 8 halves apart.
+inline bool att_wide_loads(const void* k, const void* v, int64_t head_dim, int64_t slot_halves = 0) {
+  const auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return at16(k) && at16(v) && head_dim % 8 == 0 && slot_halves % 8 == 0;
 }
 ProgramText gdn_program_text(bool correctly_rounded_divide);
 ProgramText matmul_program_text(DType t, const MatmulBuild& b);
@@ -424,16 +431,17 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
+    const bool wide = att_wide_loads(a.k, a.v, a.head_dim);
     // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 16 KiB of local
     // memory, 32 with the kept scores of att_block_keep; heads of 512: 28 and 44).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
-      launch(attention_kernel("attention_block", a.head_dim),
+      launch(attention_kernel("attention_block", a.head_dim, wide),
              {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,
              a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim,
              (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
     }
-    launch(attention_kernel("attention", a.head_dim), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens},
+    launch(attention_kernel("attention", a.head_dim, wide), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens},
            {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv,
            (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0,
            (cl_long)0, (cl_int)a.head_dim, nullptr, (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr,
@@ -553,13 +561,15 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
   // The attention program built for heads of head_dim (att_block_dims sizes attention_block for them; the
-  // decode kernel does not depend on it): one program for each size a model uses.
-  cl_kernel attention_kernel(const char* kernel, int64_t head_dim) {
+  // decode kernel does not depend on it) and for the cache's alignment (wide: att_wide_loads, and the switch
+  // wide on): one program for each form a model uses.
+  cl_kernel attention_kernel(const char* kernel, int64_t head_dim, bool wide) {
     const int dims = att_block_dims(head_dim), slot = dims == 128 ? 0 : dims == 256 ? 1 : 2;
-    return program(attention_[slot],
+    wide = wide && wide_loads_;
+    return program(attention_[slot][wide],
                    [&] {
                      return attention_program_text(info_.correctly_rounded_divide,
-                                                   att_block_keep(info_.local_mem_bytes), dims);
+                                                   att_block_keep(info_.local_mem_bytes), dims, wide);
                    })
         .kernel(kernel);
   }
@@ -918,7 +928,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   size_t pool_cap() const { return std::min<size_t>(size_t(1) << 30, info_.global_mem_bytes / 16); }
   void release_pool();
   std::unique_ptr<Prog> ops_, gdn_;
-  std::unique_ptr<Prog> attention_[3];  // for heads of up to 128, 256, kAttMaxD dims (attention_kernel)
+  std::unique_ptr<Prog> attention_[3][2];  // for heads of up to 128, 256, kAttMaxD dims, read narrow / wide
   std::map<DType, std::unique_ptr<Prog>> matmul_;
   std::vector<Prog*> programs_;
 };

@@ -28,6 +28,37 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
 #endif
 
+// The f16 cache's values 2, 4 or 8 at a time from p. NVIDIA's OpenCL splits vload_half2 / 4 / 8 into 2-byte
+// loads (no wider global load in either attention kernel's PTX, 2026-12-06), so this program reads a 4-, 8- or
+// 16-byte word and converts each half from a register: the same values. The host builds it only where every
+// such p is aligned to its word (att_wide_loads: the cache's rows and heads 16-byte aligned); NO_WIDE_LOADS
+// (elsewhere, and the switch wide=0) reads with vload_halfN. An alignment test a load cost more than it saved:
+// each load sat in a branch of its own, so a key tile's loads were no longer in flight together
+// (attention_block 242 -> 365 us a launch, H100, qwen3-30b-a3b pp512).
+#ifdef NO_WIDE_LOADS
+#define ld_h2(p) vload_half2(0, (p))
+#define ld_h4(p) vload_half4(0, (p))
+#define ld_h8(p) vload_half8(0, (p))
+#else
+float att_h(uint bits) {  // the half in the low 16 bits of bits
+  const ushort u = (ushort)bits;
+  return vload_half(0, (const half*)&u);
+}
+float2 ld_h2(global const half* p) {
+  const uint w = *(global const uint*)p;
+  return (float2)(att_h(w), att_h(w >> 16));
+}
+float4 ld_h4(global const half* p) {
+  const uint2 w = *(global const uint2*)p;
+  return (float4)(att_h(w.x), att_h(w.x >> 16), att_h(w.y), att_h(w.y >> 16));
+}
+float8 ld_h8(global const half* p) {
+  const uint4 w = *(global const uint4*)p;
+  return (float8)(att_h(w.x), att_h(w.x >> 16), att_h(w.y), att_h(w.y >> 16), att_h(w.z), att_h(w.z >> 16),
+                  att_h(w.w), att_h(w.w >> 16));
+}
+#endif
+
 // q.k * kq_scale, k read from the f16 cache: up to 128 halves loaded at once (32 loads in flight, not one
 // trip to memory per value; a head of 128 in one trip), then summed in the order of one value at a time (the
 // same bits as that loop).
@@ -37,7 +68,7 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   while (i + 4 <= d) {
     const int n4 = min(32, (d - i) / 4);
     float4 k[32];
-    for (int u = 0; u < 32; ++u) k[u] = u < n4 ? vload_half4(0, kr + i + 4 * u) : (float4)(0.0f);
+    for (int u = 0; u < 32; ++u) k[u] = u < n4 ? ld_h4(kr + i + 4 * u) : (float4)(0.0f);
     for (int u = 0; u < n4; ++u) {
       dot += qs[i + 4 * u] * k[u].x;
       dot += qs[i + 4 * u + 1] * k[u].y;
@@ -168,7 +199,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
         float2 vv[32];
         for (int u = 0; u < 32; ++u)
           vv[u] = i0 + u >= nt ? (float2)(0.0f)
-                  : pair       ? vload_half2(0, vr + (i0 + u) * kv_row)
+                  : pair       ? ld_h2(vr + (i0 + u) * kv_row)
                                : (float2)(vload_half((i0 + u) * kv_row, vr), 0.0f);
         for (int u = 0; u < 32; ++u)
           if (i0 + u < nt) {
@@ -246,7 +277,7 @@ void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, 
     const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
     global const half* kr = kc + kj * kv_row + off;
     if (kj <= bhi && n >= 8) {
-      kn[r] = vload_half8(0, kr);
+      kn[r] = ld_h8(kr);
     } else {
       float k[8];
       for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
@@ -385,7 +416,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
       for (; i + ATT_VK <= nt; i += ATT_VK) {  // ATT_VK keys' loads in flight, then their products in order
         float2 v[ATT_VK];
         for (int e = 0; e < ATT_VK; ++e)
-          v[e] = pair ? vload_half2(0, vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
+          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
         for (int u = 0; u < ATT_QB; ++u) {
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
           for (int e = 0; e < ATT_VK; e += 4) {
@@ -405,7 +436,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
       for (; i + 4 <= nt; i += 4) {
         float2 v[4];
         for (int e = 0; e < 4; ++e)
-          v[e] = pair ? vload_half2(0, vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
+          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
         for (int u = 0; u < ATT_QB; ++u) {
           const float4 p = *(local const float4*)(ps + u * ATT_WG + i);
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
@@ -421,7 +452,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
         }
       }
       for (; i < nt; ++i) {
-        const float2 v = pair ? vload_half2(0, vr + i * kv_row) : (float2)(vload_half(i * kv_row, vr), 0.0f);
+        const float2 v = pair ? ld_h2(vr + i * kv_row) : (float2)(vload_half(i * kv_row, vr), 0.0f);
         for (int u = 0; u < ATT_QB; ++u) {
           acc[u][2 * a] += ps[u * ATT_WG + i] * v.x;
           acc[u][2 * a + 1] += ps[u * ATT_WG + i] * v.y;

@@ -4,7 +4,8 @@
 //   tail=0       the MoE decode kernels' last work-groups neither route, round nor write the next norm
 //   arg_cache=0  kernel arguments set before every launch (no kernel object per repeated argument set)
 //   arg_sets=N   kernel objects kept per kernel (default 1024)
-//   wide=0       K-quant blocks read a byte at a time, no block-at-a-time Q4_K / Q6_K matvec
+//   wide=0       K-quant blocks read a byte at a time, no block-at-a-time Q4_K / Q6_K matvec; the attention
+//                kernels read the f16 cache with vload_halfN (not in 4- to 16-byte words)
 //   mv_wg=N      work-items per matrix row in the matvecs (a power of two, 2..256; default 32 on a GPU,
 //                4 on a CPU device)
 //   mv_r=N       matrix rows per work-group of the fused matvecs (1, 2, 4, 8 or 16; default 4 on a GPU, 1 on
