@@ -32,9 +32,10 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 // loads (no wider global load in either attention kernel's PTX, 2026-12-06), so this program reads a 4-, 8- or
 // 16-byte word and converts each half from a register: the same values. The host builds it only where every
 // such p is aligned to its word (att_wide_loads: the cache's rows and heads 16-byte aligned); NO_WIDE_LOADS
-// (elsewhere, and the switch wide=0) reads with vload_halfN. An alignment test a load cost more than it saved:
-// each load sat in a branch of its own, so a key tile's loads were no longer in flight together
-// (attention_block 242 -> 365 us a launch, H100, qwen3-30b-a3b pp512).
+// (elsewhere, and the switch wide=0) reads with vload_halfN. H100, pp512: attention_block 242.7 -> 214.6 us a
+// launch (qwen3-30b-a3b), 287.2 -> 241.2 (qwen3.5-35b-a3b); the decode kernel unchanged (2026-12-06). An
+// alignment test a load instead lost (242 -> 365 us): each load sat in a branch of its own, so a key tile's
+// loads were no longer in flight together.
 #ifdef NO_WIDE_LOADS
 #define ld_h2(p) vload_half2(0, (p))
 #define ld_h4(p) vload_half4(0, (p))
