@@ -25,8 +25,9 @@
 #   bench/h200_carry.sh oclab           # the whole model through NVIDIA's OpenCL alone (opencl:0 is the GPU):
 #                                       # BINS (builds in .devbin, default xpert) x VARIANTS (XPERT_OPENCL_OPTS
 #                                       # values; `default`, the default, for none) in turn, tg128 (and pp512 with
-#                                       # OCL_PP=1) of PRESETS (default both), ROUNDS times, with the enqueues
-#                                       # a step; then CUDA's tg128 (and pp512) of each preset, the device time
+#                                       # OCL_PP=1; OCL_TESTS: other bench arguments for both backends, e.g.
+#                                       # "-p 0 -n 32 -d 0,4096") of PRESETS (default both), ROUNDS times,
+#                                       # with the enqueues a step; then CUDA's tg128 (and pp512) of each preset, the device time
 #                                       # per kernel (OCL_PROFILE=1; of OCL_PROFILE_BINS, default the first
 #                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32"; OCL_PROFILE_VARIANTS,
 #                                       # default `default`), the device's idle gaps, and the registers
@@ -236,6 +237,7 @@ case "${1:-}" in
     export OCL_ICD_VENDORS=$icd OCL_ICD_FILENAMES=$OCL_LIB XDG_CACHE_HOME=$W/cache
     bins=(${BINS:-xpert})
     if [[ -n ${OCL_PP:-} ]]; then tests="-p 512 -n 128"; else tests="-p 0 -n 128"; fi
+    tests=${OCL_TESTS:-$tests}  # OCL_TESTS: the bench arguments of both backends' runs instead (e.g. "-p 0 -n 32 -d 0,4096")
     {
       for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
         f=$(synth "$preset" | tail -1)
