@@ -27,10 +27,11 @@
 #                                       # values; `default`, the default, for none) in turn, tg128 (and pp512 with
 #                                       # OCL_PP=1; OCL_TESTS: other bench arguments for both backends, e.g.
 #                                       # "-p 0 -n 32 -d 0,4096") of PRESETS (default both), ROUNDS times,
-#                                       # with the enqueues a step; then CUDA's tg128 (and pp512) of each preset, the device time
-#                                       # per kernel (OCL_PROFILE=1; of OCL_PROFILE_BINS, default the first
-#                                       # binary; OCL_PROFILE_TESTS, default "-p 0 -n 32"; OCL_PROFILE_VARIANTS,
-#                                       # default `default`), the device's idle gaps, and the registers
+#                                       # with the enqueues a step; then CUDA's tg128 (and pp512) of each
+#                                       # preset, the device time per kernel (OCL_PROFILE=1; of
+#                                       # OCL_PROFILE_BINS, default the first binary; OCL_PROFILE_TESTS,
+#                                       # default "-p 0 -n 32"; OCL_PROFILE_VARIANTS, default `default`),
+#                                       # the device's idle gaps, and the registers
 #                                       # and spills ptxas reports for the programs NVIDIA's driver cached
 #                                       # (their PTX in $OUT/ocl_ptx.txz)
 #   bench/h200_carry.sh depth [DEPTHS]  # tg at depth, qwen3.5-35b-a3b, f16 and q8_0 KV, both engines
@@ -237,7 +238,7 @@ case "${1:-}" in
     export OCL_ICD_VENDORS=$icd OCL_ICD_FILENAMES=$OCL_LIB XDG_CACHE_HOME=$W/cache
     bins=(${BINS:-xpert})
     if [[ -n ${OCL_PP:-} ]]; then tests="-p 512 -n 128"; else tests="-p 0 -n 128"; fi
-    tests=${OCL_TESTS:-$tests}  # OCL_TESTS: the bench arguments of both backends' runs instead (e.g. "-p 0 -n 32 -d 0,4096")
+    tests=${OCL_TESTS:-$tests}  # both backends' bench arguments
     {
       for preset in ${PRESETS:-qwen3-30b-a3b qwen3.5-35b-a3b}; do
         f=$(synth "$preset" | tail -1)

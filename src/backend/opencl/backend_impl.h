@@ -177,7 +177,7 @@ inline int att_block_dims(int64_t head_dim) {
   return head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : kAttMaxD;
 }
 // Whether the attention kernels may read the f16 cache k / v in words of up to 16 bytes (kernels_attention.h
-// ld_h8): both caches 16-byte aligned, and every head's row and slot starting 8 halves apart.
+// ld_h8): both caches 16-byte aligned, and each head's row and each slot starting on a multiple of 8 halves.
 inline bool att_wide_loads(const void* k, const void* v, int64_t head_dim, int64_t slot_halves = 0) {
   const auto at16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return at16(k) && at16(v) && head_dim % 8 == 0 && slot_halves % 8 == 0;
