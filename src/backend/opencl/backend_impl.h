@@ -431,22 +431,21 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
       fail("{}: attention with head_dim {} > {} is not supported", name(), a.head_dim, kAttMaxD);
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
       fail("{}: {} query heads do not share {} KV heads evenly", name(), a.n_head, a.n_head_kv);
-    const bool wide = att_wide_loads(a.k, a.v, a.head_dim);
     // Prefill: kAttQb tokens a work-group, each K / V row read once for them (heads of 128: 16 KiB of local
     // memory, 32 with the kept scores of att_block_keep; heads of 512: 28 and 44).
     if (a.n_tokens > 1 && prefill_ && info_.local_mem_bytes >= 32 * 1024) {
-      launch(attention_kernel("attention_block", a.head_dim, wide),
+      launch(attention_kernel("attention_block", a.head_dim, a.k, a.v),
              {(size_t)a.n_head * kAttWg, groups(a.n_tokens, kAttQb)}, {kAttWg, 1}, a.q, a.k, a.v, a.out,
              a.pos, (cl_int)a.n_tokens, (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim,
              (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window);
       return;
     }
-    launch(attention_kernel("attention", a.head_dim, wide), {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens},
-           {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos, (cl_int)a.n_head, (cl_int)a.n_head_kv,
-           (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale, (cl_int)a.sliding_window, nullptr, (cl_int)0,
-           (cl_long)0, (cl_int)a.head_dim, nullptr, (cl_int)0, (cl_int)0, (cl_int)-1, nullptr, nullptr,
-           (cl_int)0, nullptr, nullptr, nullptr, (cl_int)0, nullptr, (cl_int)0, (cl_int)0, 1.0f, 1.0f,
-           (cl_int)0, 0.0f);
+    launch(attention_kernel("attention", a.head_dim, a.k, a.v),
+           {(size_t)a.n_head * kAttWg, (size_t)a.n_tokens}, {kAttWg, 1}, a.q, a.k, a.v, a.out, a.pos,
+           (cl_int)a.n_head, (cl_int)a.n_head_kv, (cl_int)a.head_dim, (cl_int)a.n_kv, a.kq_scale,
+           (cl_int)a.sliding_window, nullptr, (cl_int)0, (cl_long)0, (cl_int)a.head_dim, nullptr, (cl_int)0,
+           (cl_int)0, (cl_int)-1, nullptr, nullptr, (cl_int)0, nullptr, nullptr, nullptr, (cl_int)0, nullptr,
+           (cl_int)0, (cl_int)0, 1.0f, 1.0f, (cl_int)0, 0.0f);
   }
 
   void moe_ffn(const MoeFfn& m, const float* x, int64_t n, float* out) override;
@@ -561,11 +560,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     return program(ops_, [&] { return ops_program_text(info_.correctly_rounded_divide); }).kernel(kernel);
   }
   // The attention program built for heads of head_dim (att_block_dims sizes attention_block for them; the
-  // decode kernel does not depend on it) and for the cache's alignment (wide: att_wide_loads, and the switch
-  // wide on): one program for each form a model uses.
-  cl_kernel attention_kernel(const char* kernel, int64_t head_dim, bool wide) {
+  // decode kernel does not depend on it) and for caches k / v of slots slot_halves apart: read in words where
+  // att_wide_loads allows and the switch wide is on. One program for each form a model uses.
+  cl_kernel attention_kernel(const char* kernel, int64_t head_dim, const void* k, const void* v,
+                             int64_t slot_halves = 0) {
     const int dims = att_block_dims(head_dim), slot = dims == 128 ? 0 : dims == 256 ? 1 : 2;
-    wide = wide && wide_loads_;
+    const bool wide = wide_loads_ && att_wide_loads(k, v, head_dim, slot_halves);
     return program(attention_[slot][wide],
                    [&] {
                      return attention_program_text(info_.correctly_rounded_divide,

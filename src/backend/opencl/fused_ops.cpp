@@ -223,14 +223,14 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   const int64_t q_dim = d.n_head * d.head_dim;
   const int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
-  const bool wide = att_wide_loads(d.k_cache, d.v_cache, d.head_dim, slot_halves);
-  launch(attention_kernel("attention", d.head_dim, wide), {(size_t)d.n_head * kAttWg, (size_t)d.n_seq},
-         {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv,
-         (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale, (cl_int)d.sliding_window, d.slots, (cl_int)1,
-         slot_halves, (cl_int)q_stride, d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr),
-         (cl_int)mode, outq, counters_, (cl_int)1, d.k, d.v, p ? p->q_norm : nullptr,
-         (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr, (cl_int)(p && p->k_norm), (cl_int)n_rot,
-         theta_scale, p ? p->freq_scale : 1.0f, (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f);
+  launch(attention_kernel("attention", d.head_dim, d.k_cache, d.v_cache, slot_halves),
+         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
+         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
+         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves, (cl_int)q_stride, d.gate,
+         (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_, (cl_int)1, d.k,
+         d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
+         (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
+         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f);
   if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
   return Act::of(d.out, d.n_seq, q_dim);
 }

@@ -41,22 +41,18 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ld_h4(p) vload_half4(0, (p))
 #define ld_h8(p) vload_half8(0, (p))
 #else
-float att_h(uint bits) {  // the half in the low 16 bits of bits
-  const ushort u = (ushort)bits;
-  return vload_half(0, (const half*)&u);
-}
 float2 ld_h2(global const half* p) {
   const uint w = *(global const uint*)p;
-  return (float2)(att_h(w), att_h(w >> 16));
+  return (float2)(h2f(w), h2f(w >> 16));
 }
 float4 ld_h4(global const half* p) {
   const uint2 w = *(global const uint2*)p;
-  return (float4)(att_h(w.x), att_h(w.x >> 16), att_h(w.y), att_h(w.y >> 16));
+  return (float4)(h2f(w.x), h2f(w.x >> 16), h2f(w.y), h2f(w.y >> 16));
 }
 float8 ld_h8(global const half* p) {
   const uint4 w = *(global const uint4*)p;
-  return (float8)(att_h(w.x), att_h(w.x >> 16), att_h(w.y), att_h(w.y >> 16), att_h(w.z), att_h(w.z >> 16),
-                  att_h(w.w), att_h(w.w >> 16));
+  return (float8)(h2f(w.x), h2f(w.x >> 16), h2f(w.y), h2f(w.y >> 16), h2f(w.z), h2f(w.z >> 16),
+                  h2f(w.w), h2f(w.w >> 16));
 }
 #endif
 

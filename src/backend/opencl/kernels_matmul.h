@@ -131,11 +131,6 @@ void k4_scale_min(uint4 h, int j, float* sc, float* mn) {
     *mn = (k4_sbyte(h, j + 4) >> 4) | ((k4_sbyte(h, j) >> 6) << 4);
   }
 }
-// An f16 in the low 16 bits of a word, as a float.
-float h2f(uint bits) {
-  const ushort u = (ushort)bits;
-  return vload_half(0, (const half*)&u);
-}
 
 // Floats k0 .. k0 + 3 of activation row xr, 0 past k (all 0 without a row: xr null).
 float4 ld_x4(global const float* xr, int k0, int k) {

@@ -20,6 +20,12 @@ float round_f16(float x) {
   return vload_half(0, (const half*)&h);
 }
 
+// An f16 in the low 16 bits of a word, as a float (a word read whole, its halves converted from a register).
+float h2f(uint bits) {
+  const ushort u = (ushort)bits;
+  return vload_half(0, (const half*)&u);
+}
+
 // Sum of v over n work-items of the group (n a power of two, lid the caller's flat index; every one gets it);
 // buf: n floats.
 float grp_sum(float v, local float* buf, int lid, int n) {
