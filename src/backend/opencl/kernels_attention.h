@@ -78,6 +78,18 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   return dot * kq_scale;
 }
 
+// Row x (d values) as a decode step prepares it, with qk_norm_rope's sums: y = x normalized (weights w)
+// where has_n, else x. Every work-item of the group calls it (wg_sum's barriers; red: RED_WG floats).
+void att_norm_row(global const float* x, global const float* w, int has_n, int d, float eps, local float* y,
+                  local float* red) {
+  const int lid = get_local_id(0);
+  float ss = 0.0f;
+  for (int i = lid; has_n && i < d; i += ATT_WG) ss += x[i] * x[i];
+  ss = wg_sum(ss, red);
+  const float sc = 1.0f / sqrt(ss / (float)d + eps);
+  for (int i = lid; i < d; i += ATT_WG) y[i] = has_n ? (x[i] * sc) * w[i] : x[i];
+}
+
 // q head (t, h) at q + (t * n_head + h) * q_stride; with has_gate, the output is multiplied by sigmoid(gate)
 // (Qwen3.5's gated attention: gate head (t, h) at gate + (t * n_head + h) * gate_stride).
 //
@@ -111,19 +123,8 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   // Every group takes the same barriers, store or not (PoCL wants no barrier under a branch).
   global const float* kr = store ? k_new + (t * n_head_kv + hk) * d : qr;
   global const float* vr = store ? v_new + (t * n_head_kv + hk) * d : qr;
-  float sq = 0.0f, sk = 0.0f;
-  for (int i = lid; store && i < d; i += ATT_WG) {
-    sq += qr[i] * qr[i];
-    sk += kr[i] * kr[i];
-  }
-  sq = wg_sum(sq, ps);
-  sk = wg_sum(sk, ps);
-  const float scq = 1.0f / sqrt(sq / (float)d + eps), sck = 1.0f / sqrt(sk / (float)d + eps);
-  const int nq = store && has_qn, nk = store && has_kn;
-  for (int i = lid; i < d; i += ATT_WG) {
-    qs[i] = nq ? (qr[i] * scq) * q_norm[i] : qr[i];
-    kb[i] = nk ? (kr[i] * sck) * k_norm[i] : kr[i];
-  }
+  att_norm_row(qr, q_norm, store && has_qn, d, eps, qs, ps);
+  att_norm_row(kr, k_norm, store && has_kn, d, eps, kb, ps);
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; store && i < n_rot / 2; i += ATT_WG) {
     int a, b;
@@ -283,6 +284,87 @@ void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, 
   }
 }
 
+// Pass 1's tree (attention_block, attention_split): the work-items' running max mx[u] and sum l[u] of each
+// query combined pairwise, the query's max and sum left in ps[u ATT_WG] and ls[u ATT_WG].
+void att_block_tree(const float* mx, const float* l, local float* ps, local float* ls, int lid) {
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int u = 0; u < ATT_QB; ++u) {
+    ps[u * ATT_WG + lid] = mx[u];
+    ls[u * ATT_WG + lid] = l[u];
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = ATT_WG / 2; s > 0; s >>= 1) {
+    if (lid < s)
+      for (int u = 0; u < ATT_QB; ++u) {
+        const int i = u * ATT_WG + lid;
+        const float ma = ps[i], mb = ps[i + s], m = max(ma, mb);
+        if (m > -INFINITY) ls[i] = ls[i] * exp(ma - m) + ls[i + s] * exp(mb - m);
+        ps[i] = m;
+      }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+
+// Pass 2's products of a key tile (attention_block, attention_merge): acc[u] += ps[u]'s weights times V's
+// rows j0 .. j0 + nt - 1, work-item lid owning dims 2 lid + 2 ATT_WG a and the next (acc[u][2 a], acc[u][2 a
+// + 1]), key by key in order.
+#define ATT_BLOCK_V(j0, ntiles)                                                                          \
+  {                                                                                                      \
+    const int nt = (ntiles);                                                                             \
+    for (int a = 0; a < ATT_BDPT / 2; ++a) {                                                             \
+      const int dd = 2 * lid + 2 * ATT_WG * a;                                                           \
+      if (dd >= d) break;                                                                                \
+      const bool pair = dd + 1 < d;                                                                      \
+      global const half* vr = vc + (long)(j0) * kv_row + hk * d + dd;                                    \
+      int i = 0;                                                                                         \
+      for (; i + ATT_VK <= nt; i += ATT_VK) { /* ATT_VK keys' loads in flight, then the products */      \
+        float2 v[ATT_VK];                                                                                \
+        for (int e = 0; e < ATT_VK; ++e)                                                                 \
+          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f); \
+        for (int u = 0; u < ATT_QB; ++u) {                                                               \
+          float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];                                              \
+          for (int e = 0; e < ATT_VK; e += 4) {                                                          \
+            const float4 p = *(local const float4*)(ps + u * ATT_WG + i + e);                            \
+            s0 += p.x * v[e].x;                                                                          \
+            s1 += p.x * v[e].y;                                                                          \
+            s0 += p.y * v[e + 1].x;                                                                      \
+            s1 += p.y * v[e + 1].y;                                                                      \
+            s0 += p.z * v[e + 2].x;                                                                      \
+            s1 += p.z * v[e + 2].y;                                                                      \
+            s0 += p.w * v[e + 3].x;                                                                      \
+            s1 += p.w * v[e + 3].y;                                                                      \
+          }                                                                                              \
+          acc[u][2 * a] = s0, acc[u][2 * a + 1] = s1;                                                    \
+        }                                                                                                \
+      }                                                                                                  \
+      for (; i + 4 <= nt; i += 4) {                                                                      \
+        float2 v[4];                                                                                     \
+        for (int e = 0; e < 4; ++e)                                                                      \
+          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f); \
+        for (int u = 0; u < ATT_QB; ++u) {                                                               \
+          const float4 p = *(local const float4*)(ps + u * ATT_WG + i);                                  \
+          float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];                                              \
+          s0 += p.x * v[0].x;                                                                            \
+          s1 += p.x * v[0].y;                                                                            \
+          s0 += p.y * v[1].x;                                                                            \
+          s1 += p.y * v[1].y;                                                                            \
+          s0 += p.z * v[2].x;                                                                            \
+          s1 += p.z * v[2].y;                                                                            \
+          s0 += p.w * v[3].x;                                                                            \
+          s1 += p.w * v[3].y;                                                                            \
+          acc[u][2 * a] = s0, acc[u][2 * a + 1] = s1;                                                    \
+        }                                                                                                \
+      }                                                                                                  \
+      for (; i < nt; ++i) {                                                                              \
+        const float2 v = pair ? ld_h2(vr + i * kv_row) : (float2)(vload_half(i * kv_row, vr), 0.0f);     \
+        for (int u = 0; u < ATT_QB; ++u) {                                                               \
+          acc[u][2 * a] += ps[u * ATT_WG + i] * v.x;                                                     \
+          acc[u][2 * a + 1] += ps[u * ATT_WG + i] * v.y;                                                 \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+  }
+
 kernel void attention_block(global const float* q, global const half* kc, global const half* vc,
                             global float* out, global const int* pos, int n_tokens, int n_head, int n_head_kv,
                             int d, int n_kv, float kq_scale, int window) {
@@ -370,22 +452,7 @@ kernel void attention_block(global const float* q, global const half* kc, global
       mx[u] = mnew;
     }
   }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int u = 0; u < ATT_QB; ++u) {
-    ps[u * ATT_WG + lid] = mx[u];
-    ls[u * ATT_WG + lid] = l[u];
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = ATT_WG / 2; s > 0; s >>= 1) {
-    if (lid < s)
-      for (int u = 0; u < ATT_QB; ++u) {
-        const int i = u * ATT_WG + lid;
-        const float ma = ps[i], mb = ps[i + s], m = max(ma, mb);
-        if (m > -INFINITY) ls[i] = ls[i] * exp(ma - m) + ls[i + s] * exp(mb - m);
-        ps[i] = m;
-      }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
+  att_block_tree(mx, l, ps, ls, lid);
   if (lid < ATT_QB) {
     stat[lid] = ps[lid * ATT_WG];
     stat[ATT_QB + lid] = ls[lid * ATT_WG] > 0.0f ? 1.0f / ls[lid * ATT_WG] : 0.0f;
@@ -403,63 +470,9 @@ kernel void attention_block(global const float* q, global const half* kc, global
       ps[u * ATT_WG + lid] = s == -INFINITY ? 0.0f : round_f16(exp(s - stat[u]) * stat[ATT_QB + u]);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    const int nt = min(ATT_WG, bhi - j0 + 1);
-    for (int a = 0; a < ATT_BDPT / 2; ++a) {
-      const int dd = 2 * lid + 2 * ATT_WG * a;
-      if (dd >= d) break;
-      const bool pair = dd + 1 < d;
-      global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
-      int i = 0;
-      for (; i + ATT_VK <= nt; i += ATT_VK) {  // ATT_VK keys' loads in flight, then their products in order
-        float2 v[ATT_VK];
-        for (int e = 0; e < ATT_VK; ++e)
-          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
-        for (int u = 0; u < ATT_QB; ++u) {
-          float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
-          for (int e = 0; e < ATT_VK; e += 4) {
-            const float4 p = *(local const float4*)(ps + u * ATT_WG + i + e);
-            s0 += p.x * v[e].x;
-            s1 += p.x * v[e].y;
-            s0 += p.y * v[e + 1].x;
-            s1 += p.y * v[e + 1].y;
-            s0 += p.z * v[e + 2].x;
-            s1 += p.z * v[e + 2].y;
-            s0 += p.w * v[e + 3].x;
-            s1 += p.w * v[e + 3].y;
-          }
-          acc[u][2 * a] = s0, acc[u][2 * a + 1] = s1;
-        }
-      }
-      for (; i + 4 <= nt; i += 4) {
-        float2 v[4];
-        for (int e = 0; e < 4; ++e)
-          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f);
-        for (int u = 0; u < ATT_QB; ++u) {
-          const float4 p = *(local const float4*)(ps + u * ATT_WG + i);
-          float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];
-          s0 += p.x * v[0].x;
-          s1 += p.x * v[0].y;
-          s0 += p.y * v[1].x;
-          s1 += p.y * v[1].y;
-          s0 += p.z * v[2].x;
-          s1 += p.z * v[2].y;
-          s0 += p.w * v[3].x;
-          s1 += p.w * v[3].y;
-          acc[u][2 * a] = s0, acc[u][2 * a + 1] = s1;
-        }
-      }
-      for (; i < nt; ++i) {
-        const float2 v = pair ? ld_h2(vr + i * kv_row) : (float2)(vload_half(i * kv_row, vr), 0.0f);
-        for (int u = 0; u < ATT_QB; ++u) {
-          acc[u][2 * a] += ps[u * ATT_WG + i] * v.x;
-          acc[u][2 * a + 1] += ps[u * ATT_WG + i] * v.y;
-        }
-      }
-    }
+    ATT_BLOCK_V(j0, min(ATT_WG, bhi - j0 + 1))
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-#undef ATT_BLOCK_SCORES
-#undef ATT_BKEEP_ARR
   for (int u = 0; u < nq; ++u) {
     global float* o = out + ((long)(t0 + u) * n_head + h) * d;
     for (int a = 0; a < ATT_BDPT / 2; ++a) {

@@ -34,7 +34,7 @@ ProgramText ops_program_text(bool correctly_rounded_divide) {
 // The decode kernel rounds its output for the projection as ops' round_blocks does.
 ProgramText attention_program_text(bool correctly_rounded_divide, int block_keep, int block_dims,
                                    bool wide_loads) {
-  return {with_common({kAttentionSource}),
+  return {with_common({kAttentionSource, kAttentionSplitSource}),
           fmt::format("-DATT_BKEEP={} -DATT_BD={}{}{}", block_keep, block_dims,
                       wide_loads ? "" : " -DNO_WIDE_LOADS",
                       correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "")};

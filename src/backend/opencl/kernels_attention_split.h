@@ -1,0 +1,198 @@
+// OpenCL C of a decode step's attention over many keys (OpenclBackend::decode_attention's form 1): the keys
+// of each sequence split into n_ch chunks, a work-group per (KV head, its query heads ATT_QB at a time,
+// sequence, chunk), so a deep step keeps every compute unit busy and reads each K / V row once for the query
+// heads that share it. `attention` (kernels_attention.h) gave a query head one group: 32 groups for
+// qwen3-30b-a3b, each reading its KV head's rows alone, 2.29 ms a launch at depth 4096 on an H100 (8.8 t/s
+// against CUDA's 478; 2026-12-06).
+//
+// Two launches, so that the weights stay those of the CPU: normalized by the softmax's global max and sum,
+// then rounded to f16, before they multiply V.
+//   attention_split: the step's prep (as attention's: q / k norms, RoPE, the new k / v rows stored), then
+//     each key's score (attention_block's staged sums: the CPU's order) into scores, and the chunk's max and
+//     sum into ml.
+//   attention_merge: the max and sum over the chunks, each key's weight, the chunk's V sums into parts; the
+//     last group of a (KV head, query heads, sequence) adds the chunks' parts in order into out (the gate,
+//     and out rounded for the projection, as attention does).
+// Against the one-group kernel only the sum of the softmax and the V sums add in another order (chunk by
+// chunk): ~1e-7 apart. Uses kernels_attention.h's ATT_BLOCK_SCORES, att_block_tree and ATT_BLOCK_V.
+#pragma once
+#include <string_view>
+
+namespace xpert::opencl {
+
+inline constexpr std::string_view kAttentionSplitSource = R"CLC(
+// A chunk's keys: a multiple of ATT_WG, at least ATT_SPLIT_MIN (fewer chunks than the grid's where the
+// sequence is short; the others idle).
+#define ATT_SPLIT_MIN 128
+// The geometry both launches share: group 0 = (KV head hk, query heads h0 .. h0 + nq - 1 of it), group 1 the
+// sequence t, group 2 the chunk c of the keys lo .. hi (sliding window: lo > 0): keys c0 .. c1, tiles of
+// ATT_WG keys; n_used chunks hold keys (the last holds hi, the step's new row).
+typedef struct {
+  int hk, h0, nq, unit, c0, c1, n_used, lo, hi, p;
+  long t;
+} AttSplit;
+
+AttSplit att_split(global const int* pos, int n_head, int n_head_kv, int window, int n_ch) {
+  AttSplit s;
+  const int gqa = n_head / n_head_kv, n_hg = (gqa + ATT_QB - 1) / ATT_QB, g = get_group_id(0) % n_hg;
+  s.hk = get_group_id(0) / n_hg;
+  s.h0 = s.hk * gqa + g * ATT_QB;
+  s.nq = min(ATT_QB, gqa - g * ATT_QB);
+  s.t = get_group_id(1);
+  s.unit = s.t * n_head_kv * n_hg + get_group_id(0);
+  s.p = pos[s.t];
+  s.lo = window > 0 ? max(0, s.p - window + 1) : 0;
+  s.hi = s.p;
+  const int n = s.hi - s.lo + 1;
+  const int per = max(ATT_SPLIT_MIN, ((n + n_ch - 1) / n_ch + ATT_WG - 1) / ATT_WG * ATT_WG);
+  s.n_used = (n + per - 1) / per;
+  s.c0 = s.lo + get_group_id(2) * per;
+  s.c1 = min(s.hi, s.c0 + per - 1);
+  return s;
+}
+
+// scores: [n_seq][n_head][sc_stride] (key j at j); ml: [n_seq][n_head][n_ch] (the chunk's max, sum).
+kernel void attention_split(global const float* q, global half* kc, global half* vc, global const int* pos,
+                            int n_head, int n_head_kv, int d, float kq_scale, int window,
+                            global const int* slots, long slot_stride, int q_stride, global const float* k_new,
+                            global const float* v_new, global const float* q_norm, int has_qn,
+                            global const float* k_norm, int has_kn, int n_rot, float theta_scale,
+                            float freq_scale, int neox, float eps, global float* scores, int sc_stride,
+                            global float2* ml, int n_ch) {
+  local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
+  local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
+  local float ks[ATT_KC * ATT_KS];
+  local float kb[ATT_BD];
+  const int lid = get_local_id(0);
+  const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch);
+  const int hk = s.hk, p = s.p;
+  const long kv_row = (long)n_head_kv * d;
+  kc += (long)slots[s.t] * slot_stride;
+  vc += (long)slots[s.t] * slot_stride;
+  // The prep, as attention's (the same sums): the chunk that holds the new row stores it (every group of
+  // that chunk the same bits) and reads it back after its own writes.
+  const int stores = s.c0 <= s.hi && s.hi <= s.c1;
+  global const float* kr = k_new + (s.t * n_head_kv + hk) * d;
+  global const float* vr = v_new + (s.t * n_head_kv + hk) * d;
+  att_norm_row(kr, k_norm, has_kn, d, eps, kb, ps);
+  for (int u = 0; u < ATT_QB; ++u)
+    att_norm_row(q + (s.t * n_head + s.h0 + min(u, s.nq - 1)) * q_stride, q_norm, has_qn, d, eps,
+                 qs + u * ATT_BD, ps);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; i < n_rot / 2; i += ATT_WG) {
+    int a, b;
+    const float2 cs = rope_pair(p, i, n_rot, neox, theta_scale, freq_scale, &a, &b);
+    for (int u = 0; u < ATT_QB; ++u) rotate_local(qs + u * ATT_BD, a, b, cs);
+    rotate_local(kb, a, b, cs);
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = lid; i < d; i += ATT_WG) {
+    if (stores) {
+      vstore_half_rte(kb[i], (long)p * kv_row + (long)hk * d + i, kc);
+      vstore_half_rte(vr[i], (long)p * kv_row + (long)hk * d + i, vc);
+    }
+    for (int u = 0; u < ATT_QB; ++u) qs[u * ATT_BD + i] = u < s.nq ? round_f16(qs[u * ATT_BD + i]) : 0.0f;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+
+  // Pass 1 over the chunk's keys, as attention_block's (ATT_BLOCK_SCORES wants lo, hi and bhi): each key's
+  // score into scores, the running max and sum per work-item, then the tree.
+  int lo[ATT_QB], hi[ATT_QB];
+  for (int u = 0; u < ATT_QB; ++u) lo[u] = s.c0, hi[u] = u < s.nq ? s.c1 : -1;
+  const int bhi = s.c1;
+  float mx[ATT_QB], l[ATT_QB];
+  for (int u = 0; u < ATT_QB; ++u) mx[u] = -INFINITY, l[u] = 0.0f;
+  for (int j0 = s.c0; j0 <= bhi; j0 += ATT_WG) {
+    ATT_BLOCK_SCORES(j0, d)
+    for (int u = 0; u < s.nq; ++u) {
+      const float sc = ps[u * ATT_WG + lid];
+      if (j0 + lid > bhi) continue;
+      scores[(s.t * n_head + s.h0 + u) * sc_stride + j0 + lid] = sc;
+      const float mnew = max(mx[u], sc);
+      l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
+      mx[u] = mnew;
+    }
+  }
+  att_block_tree(mx, l, ps, ls, lid);
+  if (lid < s.nq)
+    ml[(s.t * n_head + s.h0 + lid) * n_ch + get_group_id(2)] = (float2)(ps[lid * ATT_WG], ls[lid * ATT_WG]);
+}
+
+// parts: [n_seq][n_head][n_ch][d], the chunks' V sums. out_mode as attention's; blocks (modes 0, 1) only
+// where the group's heads hold whole blocks (the host's att_split_rounds).
+kernel void attention_merge(global const half* vc, global float* out, global const int* pos, int n_head,
+                            int n_head_kv, int d, int window, global const int* slots, long slot_stride,
+                            global const float* scores, int sc_stride, global const float2* ml, int n_ch,
+                            global float* parts, global const float* gate, int gate_stride, int has_gate,
+                            int out_mode, global float* outq, volatile global int* counters) {
+  local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16)));
+  local float stat[2 * ATT_QB], rv[ATT_WG];
+  local int ri[ATT_WG], flag;
+  const int lid = get_local_id(0);
+  const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch);
+  const int hk = s.hk;
+  const long kv_row = (long)n_head_kv * d;
+  vc += (long)slots[s.t] * slot_stride;
+  // Every group of a query the same max and sum: the chunks' in order.
+  if (lid < s.nq) {
+    global const float2* m = ml + (s.t * n_head + s.h0 + lid) * n_ch;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int c = 0; c < s.n_used; ++c) mx = max(mx, m[c].x);
+    for (int c = 0; c < s.n_used; ++c)
+      if (m[c].x > -INFINITY) sum += m[c].y * exp(m[c].x - mx);
+    stat[lid] = mx;
+    stat[ATT_QB + lid] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float acc[ATT_QB][ATT_BDPT];
+  for (int u = 0; u < ATT_QB; ++u)
+    for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
+  for (int j0 = s.c0; j0 <= s.c1; j0 += ATT_WG) {
+    const int j = j0 + lid;
+    for (int u = 0; u < ATT_QB; ++u)
+      ps[u * ATT_WG + lid] =
+          u < s.nq && j <= s.c1
+              ? round_f16(exp(scores[(s.t * n_head + s.h0 + u) * sc_stride + j] - stat[u]) * stat[ATT_QB + u])
+              : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ATT_BLOCK_V(j0, min(ATT_WG, s.c1 - j0 + 1))
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const long c = get_group_id(2);
+  for (int u = 0; u < s.nq; ++u) {
+    global float* o = parts + ((s.t * n_head + s.h0 + u) * n_ch + c) * d;
+    for (int a = 0; a < ATT_BDPT / 2; ++a) {
+      const int dd = 2 * lid + 2 * ATT_WG * a;
+      if (dd < d) o[dd] = acc[u][2 * a];
+      if (dd + 1 < d) o[dd + 1] = acc[u][2 * a + 1];
+    }
+  }
+  // The last group of the unit adds the chunks' parts in order (8 loads in flight: volatile loads are not
+  // batched by the compiler), each work-item its own dims.
+  const int last = last_group(counters + s.unit, n_ch, &flag);
+  for (int u = 0; last && u < s.nq; ++u) {
+    const long row = (s.t * n_head + s.h0 + u) * d;
+    volatile global const float* pr = parts + row * n_ch;
+    for (int dd = lid; dd < d; dd += ATT_WG) {
+      float sum = 0.0f;
+      for (int c0 = 0; c0 < s.n_used; c0 += 8) {
+        float v[8];
+        for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? pr[(c0 + e) * d + dd] : 0.0f;
+        for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum += v[e];
+      }
+      if (has_gate) sum *= sigmoid_f(gate[(s.t * n_head + s.h0 + u) * gate_stride + dd]);
+      out[row + dd] = sum;
+      if (out_mode >= 2) outq[row + dd] = round_elem(sum, out_mode);
+    }
+  }
+  if (out_mode == 0 || out_mode == 1) {  // the group's heads hold whole blocks; every group the barriers
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    const long row = (s.t * n_head + s.h0) * d;
+    const int len = out_mode == 0 ? 32 : 256;
+    for (int b = 0; b < s.nq * d / len; ++b)
+      round_block_group_v(out + row, outq + row, out_mode, b, ATT_WG, last, rv, ri);
+  }
+}
+)CLC";
+
+}  // namespace xpert::opencl
