@@ -238,11 +238,8 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
            d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
            (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
            (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, scores, (cl_int)d.n_ctx, ml,
-           (cl_int)n_ch);
-    launch(attention_kernel("attention_merge", d.head_dim, d.k_cache, d.v_cache, slot_halves), {g0, g1, g2},
-           {kAttWg, 1, 1}, d.v_cache, d.out, d.pos, (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim,
-           (cl_int)d.sliding_window, d.slots, slot_halves, scores, (cl_int)d.n_ctx, ml, (cl_int)n_ch, parts,
-           d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_);
+           (cl_int)n_ch, d.out, parts, d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq,
+           counters_);
     ar.release(mark);
     if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
     return Act::of(d.out, d.n_seq, q_dim);

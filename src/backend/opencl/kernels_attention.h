@@ -12,7 +12,8 @@
 // most ATT_KEEP keys, computed again past that) and adds each normalized weight, rounded to f16 as the CPU
 // (and llama.cpp's f16 V product) rounds it, times V (each work-item owns head_dim / ATT_WG output dims, in
 // pairs, head_dim <= ATT_MAXD). Two passes, but the output matches the CPU's to ~1e-6, so a model's routing
-// near-ties resolve the same way on both.
+// near-ties resolve the same way on both. A decode step over 512 keys or more takes the split form instead
+// (kernels_attention_split.h).
 #pragma once
 #include <string_view>
 

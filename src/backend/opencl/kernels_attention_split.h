@@ -58,11 +58,16 @@ kernel void attention_split(global const float* q, global half* kc, global half*
                             global const float* v_new, global const float* q_norm, int has_qn,
                             global const float* k_norm, int has_kn, int n_rot, float theta_scale,
                             float freq_scale, int neox, float eps, global float* scores, int sc_stride,
-                            global float2* ml, int n_ch) {
+                            global float2* ml, int n_ch, global float* out, global float* parts,
+                            global const float* gate,
+                            int gate_stride, int has_gate, int out_mode, global float* outq,
+                            volatile global int* counters) {
   local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
   local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
   local float ks[ATT_KC * ATT_KS];
   local float kb[ATT_BD];
+  local float stat[2 * ATT_QB];
+  local int flag;
   const int lid = get_local_id(0);
   const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch);
   const int hk = s.hk, p = s.p;
@@ -133,8 +138,79 @@ kernel void attention_split(global const float* q, global half* kc, global half*
     }
   }
   att_block_tree(mx, l, ps, ls, lid);
+  if (lid < ATT_QB) {
+    stat[lid] = ps[lid * ATT_WG];
+    stat[ATT_QB + lid] = ls[lid * ATT_WG];
+  }
   if (lid < s.nq)
     ml[(s.t * n_head + s.h0 + lid) * n_ch + get_group_id(2)] = (float2)(ps[lid * ATT_WG], ls[lid * ATT_WG]);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  // Pass 2: the chunk's weights exp(s - its max), not rounded (the CPU's tiled path), times V; each
+  // work-item reads back its own keys' scores.
+  float acc[ATT_QB][ATT_BDPT];
+  for (int u = 0; u < ATT_QB; ++u)
+    for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
+  for (int j0 = s.c0; j0 <= s.c1; j0 += ATT_WG) {
+    const int j = j0 + lid;
+    for (int u = 0; u < ATT_QB; ++u)
+      ps[u * ATT_WG + lid] =
+          u < s.nq && j <= s.c1 ? exp(scores[(s.t * n_head + s.h0 + u) * sc_stride + j] - stat[u]) : 0.0f;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ATT_BLOCK_V(j0, min(ATT_WG, s.c1 - j0 + 1))
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const long c = get_group_id(2);
+  for (int u = 0; u < s.nq; ++u) {
+    global float* o = parts + ((s.t * n_head + s.h0 + u) * n_ch + c) * d;
+    for (int a = 0; a < ATT_BDPT / 2; ++a) {
+      const int dd = 2 * lid + 2 * ATT_WG * a;
+      if (dd < d) o[dd] = acc[u][2 * a];
+      if (dd + 1 < d) o[dd + 1] = acc[u][2 * a + 1];
+    }
+  }
+  const int last = last_group(counters + s.unit, n_ch, &flag);
+  // The last group: each chunk's factor exp(m_c - M) into ls, the sum L, then the parts scaled and added.
+  if (last && lid < s.nq) {
+    volatile global const float2* m = (volatile global const float2*)(ml + (s.t * n_head + s.h0 + lid) * n_ch);
+    float mxx = -INFINITY, sum = 0.0f;
+    for (int cc = 0; cc < s.n_used; ++cc) mxx = max(mxx, m[cc].x);
+    for (int cc = 0; cc < s.n_used; ++cc) {
+      const float f = m[cc].x > -INFINITY ? exp(m[cc].x - mxx) : 0.0f;
+      ls[lid * ATT_WG + cc] = f;
+      sum += m[cc].y * f;
+    }
+    stat[ATT_QB + lid] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  volatile global const float* pr = parts + (s.t * n_head + s.h0) * d * n_ch;
+  for (int dd = lid; last && dd < d; dd += ATT_WG) {
+    float sum[ATT_QB];
+    for (int u = 0; u < ATT_QB; ++u) sum[u] = 0.0f;
+    for (int c0 = 0; c0 < s.n_used; c0 += 8) {
+      float v[ATT_QB][8];
+      for (int u = 0; u < ATT_QB; ++u)
+        for (int e = 0; e < 8; ++e)
+          v[u][e] = u < s.nq && c0 + e < s.n_used ? pr[((long)u * n_ch + c0 + e) * d + dd] : 0.0f;
+      for (int u = 0; u < ATT_QB; ++u)
+        for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum[u] += v[u][e] * ls[u * ATT_WG + c0 + e];
+    }
+    for (int u = 0; u < s.nq; ++u) {
+      const long row = (s.t * n_head + s.h0 + u) * d;
+      float o = sum[u] * stat[ATT_QB + u];
+      if (has_gate) o *= sigmoid_f(gate[(s.t * n_head + s.h0 + u) * gate_stride + dd]);
+      out[row + dd] = o;
+      if (out_mode >= 2) outq[row + dd] = round_elem(o, out_mode);
+    }
+  }
+  if (out_mode == 0 || out_mode == 1) {
+    local float* rv = ps;
+    local int* ri = (local int*)ls;
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    const long row = (s.t * n_head + s.h0) * d;
+    const int len = out_mode == 0 ? 32 : 256;
+    for (int b = 0; b < s.nq * d / len; ++b)
+      round_block_group_v(out + row, outq + row, out_mode, b, ATT_WG, last, rv, ri);
+  }
 }
 
 // parts: [n_seq][n_head][n_ch][d], the chunks' V sums. out_mode as attention's; blocks (modes 0, 1) only
