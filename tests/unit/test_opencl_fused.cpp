@@ -14,7 +14,6 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/ops.h"
 #include "backend/opencl/backend_impl.h"
 #include "backend/opencl/discovery.h"
 #include "backend/opencl/opencl_backend.h"
@@ -528,21 +527,18 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     uint16_t* vs = vc.data() + slots[s] * slot_elems;
     th.cpu.store_kv(k.data() + s * kv_row, ks + pos[s] * kv_row, kv_row, DType::F16);
     th.cpu.store_kv(v.data() + s * kv_row, vs + pos[s] * kv_row, kv_row, DType::F16);
-    // The CPU's short path at every depth: the kernels take its steps (its tiled path leaves the weights
-    // unrounded).
-    cpu::attention_plain({.q = q.data() + s * H * D,
-                          .k = ks,
-                          .v = vs,
-                          .out = ref.data() + s * H * D,
-                          .pos = &pos[s],
-                          .n_tokens = 1,
-                          .n_head = H,
-                          .n_head_kv = Hk,
-                          .head_dim = D,
-                          .n_kv = pos[s] + 1,
-                          .kq_scale = kq_scale,
-                          .sliding_window = c.window},
-                         th.pool);
+    th.cpu.attention({.q = q.data() + s * H * D,
+                      .k = ks,
+                      .v = vs,
+                      .out = ref.data() + s * H * D,
+                      .pos = &pos[s],
+                      .n_tokens = 1,
+                      .n_head = H,
+                      .n_head_kv = Hk,
+                      .head_dim = D,
+                      .n_kv = pos[s] + 1,
+                      .kq_scale = kq_scale,
+                      .sliding_window = c.window});
   }
   if (c.gated) th.cpu.mul_sigmoid(ref.data(), gate.data(), (int64_t)ref.size());
   DecodeFusions* f = dev.decode_fusions();
@@ -554,9 +550,9 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                     .freq_base = 1e6f,
                     .mode = c.mode,
                     .eps = 1e-6f};
+  // From 1024 keys (the CPU's tiled path, split-K at decode) the step's keys split into chunks.
   const int32_t max_pos = *std::max_element(pos.begin(), pos.end());
-  const bool split = f->decode_attention_form(max_pos) == 1;
-  EXPECT_EQ(split, max_pos + 1 >= opencl::kAttSplitKeys);
+  EXPECT_EQ(f->decode_attention_form(max_pos), max_pos + 1 >= cpu::kAttentionTiledMinKeys ? 1 : 0);
   auto attend = [&](DType out_type) {
     dev.copy_from_host(dq.data(), q0.data(), q0.size() * sizeof(float));
     dev.copy_from_host(dqg.data(), qg.data(), qg.size() * sizeof(float));
@@ -586,15 +582,9 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
                                                       .gate_stride = c.gated ? 2 * D : 0,
                                                       .q_stride = c.gated ? 2 * D : 0,
                                                       .out_type = out_type});
-    // The norms, RoPE, the k/v store, the attention (and out's rounding for the projection): one launch;
-    // past opencl::kAttSplitKeys keys two (the keys split into chunks, then merged), where the merge can
-    // round out for the projection (always for an F32 one).
-    const uint64_t launches = dynamic_cast<opencl::OpenclBackend&>(dev).enqueue_count() - e0;
-    if (!split) {
-      EXPECT_EQ(launches, 1u);
-    } else if (out_type == DType::F32) {
-      EXPECT_EQ(launches, 2u);
-    }
+    // The norms, RoPE, the k/v store, the attention (and out's rounding for the projection): one launch, the
+    // keys split into chunks or not.
+    EXPECT_EQ(dynamic_cast<opencl::OpenclBackend&>(dev).enqueue_count() - e0, 1u);
     return r;
   };
   ASSERT_TRUE(attend(DType::F32));
@@ -632,11 +622,13 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},               // partial rotary
         DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32},        // window
         DecodeCase{16, 2, 256, 64, 256, {1, 0}, {3, 130}, true, RopeMode::neox, 0, true},  // Qwen3.5 gated
-        // Past kAttSplitKeys: the keys in chunks (qwen3-30b-a3b's heads; three sequences, one short).
+        DecodeCase{8, 2, 64, 64, 1000, {0}, {900}, true, RopeMode::neox},  // scores kept past 512 keys
+        // From 1024 keys, split into chunks (qwen3-30b-a3b's heads; the short two as one chunk, the CPU's
+        // short path's steps).
         DecodeCase{32, 4, 128, 128, 1600, {2, 0, 1}, {1500, 40, 700}, true, RopeMode::neox},
-        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},  // Qwen3.5, gated
-        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},     // window, MQA
-        DecodeCase{32, 2, 64, 32, 800, {0, 1}, {799, 600}, true, RopeMode::normal}));  // 16 heads a KV head
+        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},     // Qwen3.5, gated
+        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},        // window: 300 keys
+        DecodeCase{32, 2, 64, 32, 1200, {0, 1}, {1199, 600}, true, RopeMode::normal}));  // 16 heads a KV head
 
 // The FFN half of a decode step (or a prefill, PrefillRows) of a qwen3moe layer: x += d; cur = norm(x);
 // x += experts(cur); cur = next norm(x). With `shared`, a Qwen3.5 layer's: a sigmoid-gated shared expert of

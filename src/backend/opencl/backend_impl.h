@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/moe.h"
+#include "backend/cpu/ops.h"
 #include "backend/experts.h"
 #include "backend/gated_delta_net.h"
 #include "backend/opencl/cl_api.h"
@@ -61,8 +62,9 @@ inline std::array<size_t, 2> dense_tile_group(bool xmx, int64_t bm) {
   return xmx ? std::array<size_t, 2>{(size_t)(kXmxWgRows * bm), 1} : std::array<size_t, 2>{16, 16};
 }
 constexpr int kAttWg = 64, kAttMaxD = 512, kAttQb = 8;  // kernels_attention.h
-// decode_attention splits the keys of a step this deep into chunks, at most kAttMaxChunks of them.
-constexpr int64_t kAttSplitKeys = 512, kAttMaxChunks = 64;
+// decode_attention splits the keys of a step this deep into chunks (where the CPU takes its tiled path), at
+// most kAttMaxChunks of them.
+constexpr int64_t kAttSplitKeys = cpu::kAttentionTiledMinKeys, kAttMaxChunks = 64;
 constexpr int kGdnMaxDk = 512;              // kernels_gdn.h
 constexpr int kGdnMaxWg = 1024;             // GDN_MAXWG, kernels_gdn.h: the recurrent kernel's group at most
 constexpr int kGdnNr = 16;                  // GDN_NR, kernels_gdn.h: state rows a work-item of it holds
@@ -490,8 +492,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     return std::nullopt;  // so no parts to sum either
   }
   void sum_parts(const PartialSum& p) override;
-  // Form 1 (a step whose deepest sequence has kAttSplitKeys keys or more): the keys split into chunks,
-  // attention_split then attention_merge (kernels_attention_split.h); form 0: one launch of attention.
+  // Form 1 (a step whose deepest sequence has kAttSplitKeys keys or more): the keys split into chunks
+  // (attention_split, kernels_attention_split.h); form 0: attention, a group per query head.
   int decode_attention_form(int32_t max_pos) const override { return max_pos + 1 >= kAttSplitKeys ? 1 : 0; }
   // The chunks of form 1's grid for d (0: form 1 does not apply; out rounded as mode for the projection).
   int64_t att_split_chunks(const DecodeAttention& d, int mode) const;

@@ -224,7 +224,7 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   const int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
   if (const int64_t n_ch = att_split_chunks(d, mode)) {
-    // Form 1: a group per (KV head, 8 of its query heads, sequence, chunk of keys), two launches.
+    // Form 1: a group per (KV head, 8 of its query heads, sequence, chunk of keys).
     const int64_t n_hg = (d.n_head / d.n_head_kv + kAttQb - 1) / kAttQb;
     const size_t g0 = d.n_head_kv * n_hg * kAttWg, g1 = d.n_seq, g2 = n_ch;
     Arena& ar = scratch();
@@ -237,9 +237,9 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
            (cl_int)d.head_dim, d.kq_scale, (cl_int)d.sliding_window, d.slots, slot_halves, (cl_int)q_stride,
            d.k, d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
            (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
-           (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, scores, (cl_int)d.n_ctx, ml,
-           (cl_int)n_ch, d.out, parts, d.gate, (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq,
-           counters_);
+           (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f, (cl_int)cpu::kAttentionTiledMinKeys,
+           scores, (cl_int)d.n_ctx, ml, (cl_int)n_ch, parts, d.out, d.gate, (cl_int)d.gate_stride,
+           (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_);
     ar.release(mark);
     if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
     return Act::of(d.out, d.n_seq, q_dim);

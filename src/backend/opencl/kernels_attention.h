@@ -12,7 +12,7 @@
 // most ATT_KEEP keys, computed again past that) and adds each normalized weight, rounded to f16 as the CPU
 // (and llama.cpp's f16 V product) rounds it, times V (each work-item owns head_dim / ATT_WG output dims, in
 // pairs, head_dim <= ATT_MAXD). Two passes, but the output matches the CPU's to ~1e-6, so a model's routing
-// near-ties resolve the same way on both. A decode step over 512 keys or more takes the split form instead
+// near-ties resolve the same way on both. A decode step over 1024 keys or more takes the split form instead
 // (kernels_attention_split.h).
 #pragma once
 #include <string_view>
@@ -23,8 +23,9 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #define ATT_WG 64
 #define ATT_MAXD 512
 #define ATT_DPT (ATT_MAXD / ATT_WG)
-// Pass 1's scores are kept in local memory for pass 2 where a query has at most ATT_KEEP keys.
-#define ATT_KEEP 512
+// Pass 1's scores are kept in local memory for pass 2 where a query has at most ATT_KEEP keys: every decode
+// step that takes this kernel (deeper ones take the split form, kernels_attention_split.h).
+#define ATT_KEEP 1024
 #if ATT_WG != RED_WG
 #error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
 #endif

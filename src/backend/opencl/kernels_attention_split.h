@@ -1,20 +1,18 @@
-// OpenCL C of a decode step's attention over many keys (OpenclBackend::decode_attention's form 1): the keys
-// of each sequence split into n_ch chunks, a work-group per (KV head, its query heads ATT_QB at a time,
-// sequence, chunk), so a deep step keeps every compute unit busy and reads each K / V row once for the query
-// heads that share it. `attention` (kernels_attention.h) gave a query head one group: 32 groups for
-// qwen3-30b-a3b, each reading its KV head's rows alone, 2.29 ms a launch at depth 4096 on an H100 (8.8 t/s
-// against CUDA's 478; 2026-12-06).
+// OpenCL C of a decode step's attention over many keys (OpenclBackend::decode_attention's form 1, a step
+// whose deepest sequence sees kAttentionTiledMinKeys keys or more): the keys of each sequence split into
+// chunks, a work-group per (KV head, its query heads ATT_QB at a time, sequence, chunk), so a deep step keeps
+// every compute unit busy and reads each K / V row once for the query heads that share it. `attention`
+// (kernels_attention.h) gives a query head one group: 32 groups for qwen3-30b-a3b, each reading its KV
+// head's rows alone, 2.29 ms a launch at depth 4096 on an H100 (8.8 t/s against CUDA's 478; 2026-12-06).
 //
-// Two launches, so that the weights stay those of the CPU: normalized by the softmax's global max and sum,
-// then rounded to f16, before they multiply V.
-//   attention_split: the step's prep (as attention's: q / k norms, RoPE, the new k / v rows stored), then
-//     each key's score (attention_block's staged sums: the CPU's order) into scores, and the chunk's max and
-//     sum into ml.
-//   attention_merge: the max and sum over the chunks, each key's weight, the chunk's V sums into parts; the
-//     last group of a (KV head, query heads, sequence) adds the chunks' parts in order into out (the gate,
-//     and out rounded for the projection, as attention does).
-// Against the one-group kernel only the sum of the softmax and the V sums add in another order (chunk by
-// chunk): ~1e-7 apart. Uses kernels_attention.h's ATT_BLOCK_SCORES, att_block_tree and ATT_BLOCK_V.
+// One launch, the CPU's tiled path's steps (cpu/ops_attn.cpp: split-K at decode, q rounded to f16, the
+// weights not): each group the step's prep (as attention's: q / k norms, RoPE, the new k / v rows stored),
+// then each key's score (attention_block's staged sums) and the chunk's max m_c and sum l_c, then its V sums
+// with the weights exp(s - m_c); the last group of a (KV head, query heads, sequence) scales each chunk's sums
+// by exp(m_c - M), adds them in chunk order and divides by the sum L (the gate, and out rounded for the
+// projection, as attention does). A sequence that sees fewer than tiled_min keys (a short one beside a deep
+// one) takes the CPU's short path's steps instead: one chunk, its weights normalized and rounded to f16.
+// Uses kernels_attention.h's ATT_BLOCK_SCORES, att_block_tree and ATT_BLOCK_V.
 #pragma once
 #include <string_view>
 
@@ -24,15 +22,16 @@ inline constexpr std::string_view kAttentionSplitSource = R"CLC(
 // A chunk's keys: a multiple of ATT_WG, at least ATT_SPLIT_MIN (fewer chunks than the grid's where the
 // sequence is short; the others idle).
 #define ATT_SPLIT_MIN 128
-// The geometry both launches share: group 0 = (KV head hk, query heads h0 .. h0 + nq - 1 of it), group 1 the
-// sequence t, group 2 the chunk c of the keys lo .. hi (sliding window: lo > 0): keys c0 .. c1, tiles of
-// ATT_WG keys; n_used chunks hold keys (the last holds hi, the step's new row).
+// The geometry of a group: group 0 = (KV head hk, query heads h0 .. h0 + nq - 1 of it), group 1 the sequence
+// t, group 2 the chunk of the keys lo .. hi (sliding window: lo > 0): keys c0 .. c1, tiles of ATT_WG keys;
+// n_used chunks hold keys (the last holds hi, the step's new row). exact: fewer than tiled_min keys, in one
+// chunk.
 typedef struct {
-  int hk, h0, nq, unit, c0, c1, n_used, lo, hi, p;
+  int hk, h0, nq, unit, c0, c1, n_used, p, exact;
   long t;
 } AttSplit;
 
-AttSplit att_split(global const int* pos, int n_head, int n_head_kv, int window, int n_ch) {
+AttSplit att_split(global const int* pos, int n_head, int n_head_kv, int window, int n_ch, int tiled_min) {
   AttSplit s;
   const int gqa = n_head / n_head_kv, n_hg = (gqa + ATT_QB - 1) / ATT_QB, g = get_group_id(0) % n_hg;
   s.hk = get_group_id(0) / n_hg;
@@ -41,27 +40,27 @@ AttSplit att_split(global const int* pos, int n_head, int n_head_kv, int window,
   s.t = get_group_id(1);
   s.unit = s.t * n_head_kv * n_hg + get_group_id(0);
   s.p = pos[s.t];
-  s.lo = window > 0 ? max(0, s.p - window + 1) : 0;
-  s.hi = s.p;
-  const int n = s.hi - s.lo + 1;
-  const int per = max(ATT_SPLIT_MIN, ((n + n_ch - 1) / n_ch + ATT_WG - 1) / ATT_WG * ATT_WG);
+  const int lo = window > 0 ? max(0, s.p - window + 1) : 0, n = s.p - lo + 1;
+  s.exact = n < tiled_min;
+  const int per = s.exact ? n : max(ATT_SPLIT_MIN, ((n + n_ch - 1) / n_ch + ATT_WG - 1) / ATT_WG * ATT_WG);
   s.n_used = (n + per - 1) / per;
-  s.c0 = s.lo + get_group_id(2) * per;
-  s.c1 = min(s.hi, s.c0 + per - 1);
+  s.c0 = lo + get_group_id(2) * per;
+  s.c1 = min(s.p, s.c0 + per - 1);
   return s;
 }
 
-// scores: [n_seq][n_head][sc_stride] (key j at j); ml: [n_seq][n_head][n_ch] (the chunk's max, sum).
+// scores: [n_seq][n_head][sc_stride] (key j at j; each work-item reads back its own); ml: [n_seq][n_head][n_ch]
+// (a chunk's max, sum); parts: [n_seq][n_head][n_ch][d] (its V sums). out_mode as attention's; blocks (modes 0,
+// 1) only where the group's heads hold whole blocks (the host's att_split_chunks).
 kernel void attention_split(global const float* q, global half* kc, global half* vc, global const int* pos,
                             int n_head, int n_head_kv, int d, float kq_scale, int window,
                             global const int* slots, long slot_stride, int q_stride, global const float* k_new,
                             global const float* v_new, global const float* q_norm, int has_qn,
                             global const float* k_norm, int has_kn, int n_rot, float theta_scale,
-                            float freq_scale, int neox, float eps, global float* scores, int sc_stride,
-                            global float2* ml, int n_ch, global float* out, global float* parts,
-                            global const float* gate,
-                            int gate_stride, int has_gate, int out_mode, global float* outq,
-                            volatile global int* counters) {
+                            float freq_scale, int neox, float eps, int tiled_min, global float* scores,
+                            int sc_stride, global float2* ml, int n_ch, global float* parts, global float* out,
+                            global const float* gate, int gate_stride, int has_gate, int out_mode,
+                            global float* outq, volatile global int* counters) {
   local float qs[ATT_QB * ATT_BD] __attribute__((aligned(16)));
   local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16))), ls[ATT_QB * ATT_WG];
   local float ks[ATT_KC * ATT_KS];
@@ -69,20 +68,20 @@ kernel void attention_split(global const float* q, global half* kc, global half*
   local float stat[2 * ATT_QB];
   local int flag;
   const int lid = get_local_id(0);
-  const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch);
+  const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch, tiled_min);
   const int hk = s.hk, p = s.p;
-  const long kv_row = (long)n_head_kv * d;
+  const long kv_row = (long)n_head_kv * d, row0 = s.t * n_head + s.h0;  // row0: the group's first q head
   kc += (long)slots[s.t] * slot_stride;
   vc += (long)slots[s.t] * slot_stride;
   // The prep, as attention's (the same sums): the chunk that holds the new row stores it (every group of
   // that chunk the same bits) and reads it back after its own writes.
-  const int live = s.c0 <= s.hi, stores = live && s.hi <= s.c1;  // no keys: only the barriers
+  const int live = s.c0 <= p, stores = live && p <= s.c1;  // no keys: only the barriers
   global const float* kr = k_new + (s.t * n_head_kv + hk) * d;
   global const float* vr = v_new + (s.t * n_head_kv + hk) * d;
-  // The rows' sums of squares (row ATT_QB: k's) in one tree over ks, each row's the same as wg_sum's (one
-  // tree a row waited for its loads and barriers nine times: 41 us a launch at depth 4096, H200).
+  // The rows' sums of squares (row ATT_QB: k's) in one tree over ks, each row's the same as wg_sum's (a tree
+  // a row waited for its loads and barriers nine times).
   global const float* xr[ATT_QB + 1];
-  for (int u = 0; u < ATT_QB; ++u) xr[u] = q + (s.t * n_head + s.h0 + min(u, s.nq - 1)) * q_stride;
+  for (int u = 0; u < ATT_QB; ++u) xr[u] = q + (row0 + min(u, s.nq - 1)) * q_stride;
   xr[ATT_QB] = kr;
   for (int u = 0; u <= ATT_QB; ++u) {
     float ss = 0.0f;
@@ -120,7 +119,7 @@ kernel void attention_split(global const float* q, global half* kc, global half*
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
 
   // Pass 1 over the chunk's keys, as attention_block's (ATT_BLOCK_SCORES wants lo, hi and bhi): each key's
-  // score into scores, the running max and sum per work-item, then the tree.
+  // score into scores, the running max and sum per work-item, then the tree: the chunk's m_c and l_c.
   int lo[ATT_QB], hi[ATT_QB];
   for (int u = 0; u < ATT_QB; ++u) lo[u] = s.c0, hi[u] = u < s.nq ? s.c1 : -1;
   const int bhi = s.c1;
@@ -131,37 +130,39 @@ kernel void attention_split(global const float* q, global half* kc, global half*
     for (int u = 0; u < s.nq; ++u) {
       const float sc = ps[u * ATT_WG + lid];
       if (j0 + lid > bhi) continue;
-      scores[(s.t * n_head + s.h0 + u) * sc_stride + j0 + lid] = sc;
+      scores[(row0 + u) * sc_stride + j0 + lid] = sc;
       const float mnew = max(mx[u], sc);
       l[u] = l[u] * exp(mx[u] - mnew) + exp(sc - mnew);
       mx[u] = mnew;
     }
   }
   att_block_tree(mx, l, ps, ls, lid);
+  // exact: the weights normalized and rounded (the short path's), the chunk's pair (0, 1) so that the last
+  // group's scaling leaves its sums as they are.
   if (lid < ATT_QB) {
-    stat[lid] = ps[lid * ATT_WG];
-    stat[ATT_QB + lid] = ls[lid * ATT_WG];
+    const float m = ps[lid * ATT_WG], sum = ls[lid * ATT_WG];
+    stat[lid] = m;
+    stat[ATT_QB + lid] = s.exact ? (sum > 0.0f ? 1.0f / sum : 0.0f) : 1.0f;
+    if (lid < s.nq && live)
+      ml[(row0 + lid) * n_ch + get_group_id(2)] = s.exact ? (float2)(0.0f, 1.0f) : (float2)(m, sum);
   }
-  if (lid < s.nq)
-    ml[(s.t * n_head + s.h0 + lid) * n_ch + get_group_id(2)] = (float2)(ps[lid * ATT_WG], ls[lid * ATT_WG]);
   barrier(CLK_LOCAL_MEM_FENCE);
-  // Pass 2: the chunk's weights exp(s - its max), not rounded (the CPU's tiled path), times V; each
-  // work-item reads back its own keys' scores.
+  // Pass 2: each work-item's keys' weights (its own scores read back), times V.
   float acc[ATT_QB][ATT_BDPT];
   for (int u = 0; u < ATT_QB; ++u)
     for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
   for (int j0 = s.c0; j0 <= s.c1; j0 += ATT_WG) {
     const int j = j0 + lid;
-    for (int u = 0; u < ATT_QB; ++u)
-      ps[u * ATT_WG + lid] =
-          u < s.nq && j <= s.c1 ? exp(scores[(s.t * n_head + s.h0 + u) * sc_stride + j] - stat[u]) : 0.0f;
+    for (int u = 0; u < ATT_QB; ++u) {
+      const float w = u < s.nq && j <= s.c1 ? exp(scores[(row0 + u) * sc_stride + j] - stat[u]) : 0.0f;
+      ps[u * ATT_WG + lid] = s.exact ? round_f16(w * stat[ATT_QB + u]) : w;
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
     ATT_BLOCK_V(j0, min(ATT_WG, s.c1 - j0 + 1))
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  const long c = get_group_id(2);
   for (int u = 0; u < s.nq; ++u) {
-    global float* o = parts + ((s.t * n_head + s.h0 + u) * n_ch + c) * d;
+    global float* o = parts + ((row0 + u) * n_ch + get_group_id(2)) * d;
     for (int a = 0; a < ATT_BDPT / 2; ++a) {
       const int dd = 2 * lid + 2 * ATT_WG * a;
       if (dd < d) o[dd] = acc[u][2 * a];
@@ -169,20 +170,32 @@ kernel void attention_split(global const float* q, global half* kc, global half*
     }
   }
   const int last = last_group(counters + s.unit, n_ch, &flag);
-  // The last group: each chunk's factor exp(m_c - M) into ls, the sum L, then the parts scaled and added.
+  // The last group: query u's chunks' pairs (work-item u, 8 read at a time: volatile loads are not batched
+  // by the compiler) into ps / ls, then M, each chunk's factor exp(m_c - M) (into ls) and 1 / L.
   if (last && lid < s.nq) {
-    volatile global const float2* m = (volatile global const float2*)(ml + (s.t * n_head + s.h0 + lid) * n_ch);
-    float mxx = -INFINITY, sum = 0.0f;
-    for (int cc = 0; cc < s.n_used; ++cc) mxx = max(mxx, m[cc].x);
-    for (int cc = 0; cc < s.n_used; ++cc) {
-      const float f = m[cc].x > -INFINITY ? exp(m[cc].x - mxx) : 0.0f;
-      ls[lid * ATT_WG + cc] = f;
-      sum += m[cc].y * f;
+    volatile global const float2* m = (volatile global const float2*)(ml + (row0 + lid) * n_ch);
+    float mmax = -INFINITY;
+    for (int c0 = 0; c0 < s.n_used; c0 += 8) {
+      float2 v[8];
+      for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? m[c0 + e] : (float2)(-INFINITY, 0.0f);
+      for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) {
+        ps[lid * ATT_WG + c0 + e] = v[e].x;
+        ls[lid * ATT_WG + c0 + e] = v[e].y;
+        mmax = max(mmax, v[e].x);
+      }
+    }
+    float sum = 0.0f;
+    for (int c = 0; c < s.n_used; ++c) {
+      const float f = exp(ps[lid * ATT_WG + c] - mmax);
+      sum += ls[lid * ATT_WG + c] * f;
+      ls[lid * ATT_WG + c] = f;
     }
     stat[ATT_QB + lid] = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
   barrier(CLK_LOCAL_MEM_FENCE);
-  volatile global const float* pr = parts + (s.t * n_head + s.h0) * d * n_ch;
+  // Then each work-item its own dims of every head: the chunks' sums scaled and added in chunk order, 8
+  // chunks of every head's loads in flight at once.
+  volatile global const float* pr = parts + row0 * d * n_ch;
   for (int dd = lid; last && dd < d; dd += ATT_WG) {
     float sum[ATT_QB];
     for (int u = 0; u < ATT_QB; ++u) sum[u] = 0.0f;
@@ -195,110 +208,17 @@ kernel void attention_split(global const float* q, global half* kc, global half*
         for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum[u] += v[u][e] * ls[u * ATT_WG + c0 + e];
     }
     for (int u = 0; u < s.nq; ++u) {
-      const long row = (s.t * n_head + s.h0 + u) * d;
-      float o = sum[u] * stat[ATT_QB + u];
-      if (has_gate) o *= sigmoid_f(gate[(s.t * n_head + s.h0 + u) * gate_stride + dd]);
-      out[row + dd] = o;
-      if (out_mode >= 2) outq[row + dd] = round_elem(o, out_mode);
-    }
-  }
-  if (out_mode == 0 || out_mode == 1) {
-    local float* rv = ps;
-    local int* ri = (local int*)ls;
-    barrier(CLK_GLOBAL_MEM_FENCE);
-    const long row = (s.t * n_head + s.h0) * d;
-    const int len = out_mode == 0 ? 32 : 256;
-    for (int b = 0; b < s.nq * d / len; ++b)
-      round_block_group_v(out + row, outq + row, out_mode, b, ATT_WG, last, rv, ri);
-  }
-}
-
-// parts: [n_seq][n_head][n_ch][d], the chunks' V sums. out_mode as attention's; blocks (modes 0, 1) only
-// where the group's heads hold whole blocks (the host's att_split_rounds).
-kernel void attention_merge(global const half* vc, global float* out, global const int* pos, int n_head,
-                            int n_head_kv, int d, int window, global const int* slots, long slot_stride,
-                            global const float* scores, int sc_stride, global const float2* ml, int n_ch,
-                            global float* parts, global const float* gate, int gate_stride, int has_gate,
-                            int out_mode, global float* outq, volatile global int* counters) {
-  local float ps[ATT_QB * ATT_WG] __attribute__((aligned(16)));
-  local float stat[2 * ATT_QB], rv[ATT_WG];
-  local int ri[ATT_WG], flag;
-  const int lid = get_local_id(0);
-  const AttSplit s = att_split(pos, n_head, n_head_kv, window, n_ch);
-  const int hk = s.hk;
-  const long kv_row = (long)n_head_kv * d;
-  vc += (long)slots[s.t] * slot_stride;
-  // Every group of a query the same max and sum: the chunks' pairs combined in order, online, read 8 at a
-  // time (work-item u < nq: query u's).
-  if (lid < s.nq) {
-    global const float2* m = ml + (s.t * n_head + s.h0 + lid) * n_ch;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int c0 = 0; c0 < s.n_used; c0 += 8) {
-      float2 v[8];
-      for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? m[c0 + e] : (float2)(-INFINITY, 0.0f);
-      for (int e = 0; e < 8; ++e)
-        if (v[e].x > -INFINITY) {
-          const float mnew = max(mx, v[e].x);
-          sum = sum * exp(mx - mnew) + v[e].y * exp(v[e].x - mnew);
-          mx = mnew;
-        }
-    }
-    stat[lid] = mx;
-    stat[ATT_QB + lid] = sum > 0.0f ? 1.0f / sum : 0.0f;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float acc[ATT_QB][ATT_BDPT];
-  for (int u = 0; u < ATT_QB; ++u)
-    for (int a = 0; a < ATT_BDPT; ++a) acc[u][a] = 0.0f;
-  for (int j0 = s.c0; j0 <= s.c1; j0 += ATT_WG) {
-    const int j = j0 + lid;
-    for (int u = 0; u < ATT_QB; ++u)
-      ps[u * ATT_WG + lid] =
-          u < s.nq && j <= s.c1
-              ? round_f16(exp(scores[(s.t * n_head + s.h0 + u) * sc_stride + j] - stat[u]) * stat[ATT_QB + u])
-              : 0.0f;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    ATT_BLOCK_V(j0, min(ATT_WG, s.c1 - j0 + 1))
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  const long c = get_group_id(2);
-  for (int u = 0; u < s.nq; ++u) {
-    global float* o = parts + ((s.t * n_head + s.h0 + u) * n_ch + c) * d;
-    for (int a = 0; a < ATT_BDPT / 2; ++a) {
-      const int dd = 2 * lid + 2 * ATT_WG * a;
-      if (dd < d) o[dd] = acc[u][2 * a];
-      if (dd + 1 < d) o[dd + 1] = acc[u][2 * a + 1];
-    }
-  }
-  // The last group of the unit adds the chunks' parts in order, each work-item its own dims of every head:
-  // 8 chunks of the heads' loads in flight at once (volatile loads are not batched by the compiler; a head
-  // at a time, 8 chunks a trip, waited 64 trips at depth 4096: attention_merge 75.5 us a launch, H200).
-  const int last = last_group(counters + s.unit, n_ch, &flag);
-  volatile global const float* pr = parts + (s.t * n_head + s.h0) * d * n_ch;
-  for (int dd = lid; last && dd < d; dd += ATT_WG) {
-    float sum[ATT_QB];
-    for (int u = 0; u < ATT_QB; ++u) sum[u] = 0.0f;
-    for (int c0 = 0; c0 < s.n_used; c0 += 8) {
-      float v[ATT_QB][8];
-      for (int u = 0; u < ATT_QB; ++u)
-        for (int e = 0; e < 8; ++e)
-          v[u][e] = u < s.nq && c0 + e < s.n_used ? pr[((long)u * n_ch + c0 + e) * d + dd] : 0.0f;
-      for (int u = 0; u < ATT_QB; ++u)
-        for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum[u] += v[u][e];
-    }
-    for (int u = 0; u < s.nq; ++u) {
-      const long row = (s.t * n_head + s.h0 + u) * d;
-      const float o = has_gate ? sum[u] * sigmoid_f(gate[(s.t * n_head + s.h0 + u) * gate_stride + dd]) : sum[u];
-      out[row + dd] = o;
-      if (out_mode >= 2) outq[row + dd] = round_elem(o, out_mode);
+      const float o = sum[u] * stat[ATT_QB + u];
+      const float og = has_gate ? o * sigmoid_f(gate[(row0 + u) * gate_stride + dd]) : o;
+      out[(row0 + u) * d + dd] = og;
+      if (out_mode >= 2) outq[(row0 + u) * d + dd] = round_elem(og, out_mode);
     }
   }
   if (out_mode == 0 || out_mode == 1) {  // the group's heads hold whole blocks; every group the barriers
-    barrier(CLK_GLOBAL_MEM_FENCE);
-    const long row = (s.t * n_head + s.h0) * d;
+    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
     const int len = out_mode == 0 ? 32 : 256;
     for (int b = 0; b < s.nq * d / len; ++b)
-      round_block_group_v(out + row, outq + row, out_mode, b, ATT_WG, last, rv, ri);
+      round_block_group_v(out + row0 * d, outq + row0 * d, out_mode, b, ATT_WG, last, ps, (local int*)ls);
   }
 }
 )CLC";
