@@ -618,16 +618,17 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, OpenCLFusedDecodeAttention,
     ::testing::Values(
         DecodeCase{32, 4, 128, 128, 256, {2, 0, 1}, {5, 70, 200}, true, RopeMode::neox},
-        DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},                    // tiny_llama
-        DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},               // partial rotary
-        DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32},        // window
+        DecodeCase{4, 2, 16, 16, 64, {0}, {20}, false, RopeMode::normal},                  // tiny_llama
+        DecodeCase{8, 2, 64, 32, 96, {1, 0}, {0, 95}, true, RopeMode::normal},             // partial rotary
+        DecodeCase{4, 1, 256, 256, 128, {0, 1}, {40, 127}, true, RopeMode::neox, 32},      // window
         DecodeCase{16, 2, 256, 64, 256, {1, 0}, {3, 130}, true, RopeMode::neox, 0, true},  // Qwen3.5 gated
         DecodeCase{8, 2, 64, 64, 1000, {0}, {900}, true, RopeMode::neox},  // scores kept past 512 keys
         // From 1024 keys, split into chunks (qwen3-30b-a3b's heads; the short two as one chunk, the CPU's
         // short path's steps).
         DecodeCase{32, 4, 128, 128, 1600, {2, 0, 1}, {1500, 40, 700}, true, RopeMode::neox},
-        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},     // Qwen3.5, gated
-        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},        // window: 300 keys
+        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},    // Qwen3.5, gated
+        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},       // window: not split
+        DecodeCase{4, 1, 64, 64, 1700, {0}, {1699}, false, RopeMode::normal, 1200},      // window: split
         DecodeCase{32, 2, 64, 32, 1200, {0, 1}, {1199, 600}, true, RopeMode::normal}));  // 16 heads a KV head
 
 // The FFN half of a decode step (or a prefill, PrefillRows) of a qwen3moe layer: x += d; cur = norm(x);

@@ -257,11 +257,15 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
 }
 
 // About four groups a compute unit (each at least ATT_SPLIT_MIN keys; a short sequence idles the rest), where
-// the merge's last group can round its heads' output for the projection itself: whole blocks.
+// the last group of a unit can round its heads' output for the projection itself (whole blocks). Not for a
+// sliding window shorter than kAttSplitKeys (Gemma 3's local layers): every row would be one chunk of the
+// short path, slower than attention's group a query head.
 int64_t OpenclBackend::att_split_chunks(const DecodeAttention& d, int mode) const {
   const int64_t gqa = d.n_head / d.n_head_kv, n_hg = (gqa + kAttQb - 1) / kAttQb;
   const int64_t units = d.n_seq * d.n_head_kv * n_hg;
-  if (decode_attention_form(d.max_pos) != 1 || units > kCounters) return 0;
+  if (decode_attention_form(d.max_pos) != 1 || units > kCounters ||
+      (d.sliding_window > 0 && d.sliding_window < kAttSplitKeys))
+    return 0;
   if (mode == 0 || mode == 1) {
     int64_t unit = 1;
     round_mode(d.out_type, &unit);
