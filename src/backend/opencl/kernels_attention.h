@@ -307,7 +307,7 @@ void att_block_tree(const float* mx, const float* l, local float* ps, local floa
   }
 }
 
-// Pass 2's products of a key tile (attention_block, attention_merge): acc[u] += ps[u]'s weights times V's
+// Pass 2's products of a key tile (attention_block, attention_split): acc[u] += ps[u]'s weights times V's
 // rows j0 .. j0 + nt - 1, work-item lid owning dims 2 lid + 2 ATT_WG a and the next (acc[u][2 a], acc[u][2 a
 // + 1]), key by key in order.
 #define ATT_BLOCK_V(j0, ntiles)                                                                          \
