@@ -497,6 +497,10 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   int decode_attention_form(int32_t max_pos) const override { return max_pos + 1 >= kAttSplitKeys ? 1 : 0; }
   // The chunks of form 1's grid for d (0: form 1 does not apply; out rounded as mode for the projection).
   int64_t att_split_chunks(const DecodeAttention& d, int mode) const;
+  // Form 1's groups of up to kAttQb query heads a KV head.
+  static int64_t att_head_groups(const DecodeAttention& d) {
+    return (d.n_head / d.n_head_kv + kAttQb - 1) / kAttQb;
+  }
   bool fuses_attention_gate() const override { return true; }
   void gated_delta_net(const GdnShape& s, const GdnLayerParams& p, const GdnLayerInputs& in,
                        float* conv_state, float* ssm_state, float* out) override;

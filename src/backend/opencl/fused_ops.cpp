@@ -225,8 +225,7 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
   if (const int64_t n_ch = att_split_chunks(d, mode)) {
     // Form 1: a group per (KV head, 8 of its query heads, sequence, chunk of keys).
-    const int64_t n_hg = (d.n_head / d.n_head_kv + kAttQb - 1) / kAttQb;
-    const size_t g0 = d.n_head_kv * n_hg * kAttWg, g1 = d.n_seq, g2 = n_ch;
+    const size_t g0 = d.n_head_kv * att_head_groups(d) * kAttWg, g1 = d.n_seq, g2 = n_ch;
     Arena& ar = scratch();
     const size_t mark = ar.mark();
     float* scores = ar.take<float>(d.n_seq * d.n_head * d.n_ctx);
@@ -241,17 +240,16 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
            scores, (cl_int)d.n_ctx, ml, (cl_int)n_ch, parts, d.out, d.gate, (cl_int)d.gate_stride,
            (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_);
     ar.release(mark);
-    if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
-    return Act::of(d.out, d.n_seq, q_dim);
+  } else {
+    launch(attention_kernel("attention", d.head_dim, d.k_cache, d.v_cache, slot_halves),
+           {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
+           (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
+           (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves, (cl_int)q_stride, d.gate,
+           (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_, (cl_int)1, d.k,
+           d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
+           (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
+           (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f);
   }
-  launch(attention_kernel("attention", d.head_dim, d.k_cache, d.v_cache, slot_halves),
-         {(size_t)d.n_head * kAttWg, (size_t)d.n_seq}, {kAttWg, 1}, d.q, d.k_cache, d.v_cache, d.out, d.pos,
-         (cl_int)d.n_head, (cl_int)d.n_head_kv, (cl_int)d.head_dim, (cl_int)d.n_ctx, d.kq_scale,
-         (cl_int)d.sliding_window, d.slots, (cl_int)1, slot_halves, (cl_int)q_stride, d.gate,
-         (cl_int)d.gate_stride, (cl_int)(d.gate != nullptr), (cl_int)mode, outq, counters_, (cl_int)1, d.k,
-         d.v, p ? p->q_norm : nullptr, (cl_int)(p && p->q_norm), p ? p->k_norm : nullptr,
-         (cl_int)(p && p->k_norm), (cl_int)n_rot, theta_scale, p ? p->freq_scale : 1.0f,
-         (cl_int)(p && p->mode == RopeMode::neox), p ? p->eps : 0.0f);
   if (mode >= 0) pre_ = {d.out, outq, d.n_seq, q_dim, mode};
   return Act::of(d.out, d.n_seq, q_dim);
 }
@@ -261,7 +259,7 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
 // sliding window shorter than kAttSplitKeys (Gemma 3's local layers): every row would be one chunk of the
 // short path, slower than attention's group a query head.
 int64_t OpenclBackend::att_split_chunks(const DecodeAttention& d, int mode) const {
-  const int64_t gqa = d.n_head / d.n_head_kv, n_hg = (gqa + kAttQb - 1) / kAttQb;
+  const int64_t gqa = d.n_head / d.n_head_kv, n_hg = att_head_groups(d);
   const int64_t units = d.n_seq * d.n_head_kv * n_hg;
   if (decode_attention_form(d.max_pos) != 1 || units > kCounters ||
       (d.sliding_window > 0 && d.sliding_window < kAttSplitKeys))
@@ -273,7 +271,7 @@ int64_t OpenclBackend::att_split_chunks(const DecodeAttention& d, int mode) cons
     if (gqa % hpu || (n_hg > 1 && kAttQb % hpu)) return 0;
   }
   const int64_t want = std::max<int64_t>(4, 4 * (int64_t)info_.compute_units / units);
-  return std::clamp<int64_t>(want, 1, std::min<int64_t>(kAttMaxChunks, (d.n_ctx + kAttWg - 1) / kAttWg));
+  return std::min({want, kAttMaxChunks, (d.n_ctx + kAttWg - 1) / kAttWg});
 }
 
 // The plain ops' order (Backend::add_rmsnorm_moe_ffn_add) where the fused launches below do not apply (a
