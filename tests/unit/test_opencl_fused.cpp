@@ -587,19 +587,23 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
     EXPECT_EQ(dynamic_cast<opencl::OpenclBackend&>(dev).enqueue_count() - e0, 1u);
     return r;
   };
-  ASSERT_TRUE(attend(DType::F32));
   // Each sequence: a row of the CPU's short path (rounded weights) within 2e-4 (a weight on a rounding
   // boundary may flip), one of its tiled path (kAttentionTiledMinKeys keys or more: weights not rounded, so
-  // only the sums' order differs) within 2e-5, which rounded weights would miss (~2e-4).
-  const std::vector<float> got = download<float>(dev, dout, ref.size());
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t keys = c.window > 0 ? std::min<int64_t>(c.window, pos[s] + 1) : pos[s] + 1;
-    const auto row = [&](const std::vector<float>& x) {
-      return std::vector<float>(x.begin() + s * H * D, x.begin() + (s + 1) * H * D);
-    };
-    EXPECT_LT(rel_err(row(got), row(ref)), keys >= cpu::kAttentionTiledMinKeys ? 2e-5f : 2e-4f)
-        << "sequence " << s << ", " << keys << " keys";
-  }
+  // only the sums' order differs) within 2e-5, which rounded weights would miss (~2e-4). The same whatever
+  // the projection's type (out_type only adds out's rounding for it).
+  auto expect_out = [&](DType out_type) {
+    const std::vector<float> got = download<float>(dev, dout, ref.size());
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t keys = c.window > 0 ? std::min<int64_t>(c.window, pos[s] + 1) : pos[s] + 1;
+      const auto row = [&](const std::vector<float>& x) {
+        return std::vector<float>(x.begin() + s * H * D, x.begin() + (s + 1) * H * D);
+      };
+      EXPECT_LT(rel_err(row(got), row(ref)), keys >= cpu::kAttentionTiledMinKeys ? 2e-5f : 2e-4f)
+          << "sequence " << s << ", " << keys << " keys, out_type " << dtype_name(out_type);
+    }
+  };
+  ASSERT_TRUE(attend(DType::F32));
+  expect_out(DType::F32);
   // The caches: the new rows (a rounding boundary may flip one f16 ulp), every other row untouched.
   const std::vector<uint16_t> got_k = download<uint16_t>(dev, dkc, kc.size()),
                               got_v = download<uint16_t>(dev, dvc, vc.size());
@@ -607,15 +611,22 @@ TEST_P(OpenCLFusedDecodeAttention, MatchesCpu) {
   EXPECT_EQ(got_v, vc);
   // Told the output projection's type, the step also rounds out for it in the same launch (blocks across
   // heads: the last group of the heads a block spans): the projection then takes one launch, no rounding of
-  // its own, and gives what it gives when it rounds a copy of out itself, bit for bit.
+  // its own, and gives what it gives when it rounds a copy of out itself, bit for bit. The split form rounds
+  // only blocks that lie in one group's heads (up to 8 query heads of one KV head); elsewhere the projection
+  // rounds for itself (two launches).
   auto& ocl = dynamic_cast<opencl::OpenclBackend&>(dev);
+  const int64_t gqa = H / Hk;
+  const bool split =
+      max_pos + 1 >= cpu::kAttentionTiledMinKeys && !(c.window > 0 && c.window < cpu::kAttentionTiledMinKeys);
   for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16}) {
-    const int64_t unit = opencl::block_elems(t);
+    const int64_t unit = opencl::block_elems(t), hpu = std::max<int64_t>(1, unit / D);
     if ((H * D) % unit) continue;
-    const bool tail = (D % unit == 0 || unit % D == 0) && H % std::max<int64_t>(1, unit / D) == 0;
+    const bool tail = (D % unit == 0 || unit % D == 0) && H % hpu == 0 &&
+                      (!split || (gqa % hpu == 0 && (gqa <= 8 || 8 % hpu == 0)));
     RandomWeight wo(dev, t, H * D, 64, 1, rng);
     DeviceBuffer dy(dev, S * 64 * 4), dy2(dev, S * 64 * 4), dcopy(dev, q.size() * sizeof(float));
     ASSERT_TRUE(attend(t));
+    expect_out(t);
     const uint64_t e0 = ocl.enqueue_count();
     dev.matmul(wo.dev, ptr<float>(dout), S, ptr<float>(dy));
     EXPECT_EQ(ocl.enqueue_count() - e0, tail ? 1u : 2u) << dtype_name(t);
@@ -637,10 +648,12 @@ INSTANTIATE_TEST_SUITE_P(
         // From 1024 keys, split into chunks (qwen3-30b-a3b's heads; the short two as one chunk, the CPU's
         // short path's steps).
         DecodeCase{32, 4, 128, 128, 1600, {2, 0, 1}, {1500, 40, 700}, true, RopeMode::neox},
-        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},    // Qwen3.5, gated
-        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},       // window: not split
-        DecodeCase{4, 1, 64, 64, 1700, {0}, {1699}, false, RopeMode::normal, 1200},      // window: split
-        DecodeCase{32, 2, 64, 32, 1200, {0, 1}, {1199, 600}, true, RopeMode::normal}));  // 16 heads a KV head
+        DecodeCase{16, 2, 256, 64, 1100, {0}, {1024}, true, RopeMode::neox, 0, true},  // Qwen3.5, gated
+        DecodeCase{4, 1, 64, 64, 1300, {0}, {1299}, false, RopeMode::normal, 300},     // window: not split
+        DecodeCase{4, 1, 64, 64, 1700, {0}, {1699}, false, RopeMode::normal, 1200},    // window: split
+        DecodeCase{32, 2, 64, 32, 1200, {0, 1}, {1199, 600}, true, RopeMode::normal},  // 16 heads a KV head
+        // Qwen2.5-7B's 7 query heads a KV head: Q4_K's blocks (two heads of 128) span two KV heads' groups.
+        DecodeCase{14, 2, 128, 128, 1100, {1, 0}, {1030, 500}, true, RopeMode::neox}));
 
 // The FFN half of a decode step (or a prefill, PrefillRows) of a qwen3moe layer: x += d; cur = norm(x);
 // x += experts(cur); cur = next norm(x). With `shared`, a Qwen3.5 layer's: a sigmoid-gated shared expert of

@@ -495,8 +495,9 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   // Form 1 (a step whose deepest sequence has kAttSplitKeys keys or more): the keys split into chunks
   // (attention_split, kernels_attention_split.h); form 0: attention, a group per query head.
   int decode_attention_form(int32_t max_pos) const override { return max_pos + 1 >= kAttSplitKeys ? 1 : 0; }
-  // The chunks of form 1's grid for d (0: form 1 does not apply; out rounded as mode for the projection).
-  int64_t att_split_chunks(const DecodeAttention& d, int mode) const;
+  // The chunks of form 1's grid for d (0: form 1 does not apply); *mode: out rounded for the projection as
+  // head_round_mode says, -1 where a group's heads do not hold whole blocks.
+  int64_t att_split_chunks(const DecodeAttention& d, int* mode) const;
   // Form 1's groups of up to kAttQb query heads a KV head.
   static int64_t att_head_groups(const DecodeAttention& d) {
     return (d.n_head / d.n_head_kv + kAttQb - 1) / kAttQb;

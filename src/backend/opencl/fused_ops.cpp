@@ -221,9 +221,10 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   const float theta_scale = n_rot ? std::pow(p->freq_base, -2.0f / (float)n_rot) : 1.0f;
   const cl_long slot_halves = d.slot_stride / 2;
   const int64_t q_dim = d.n_head * d.head_dim;
-  const int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
+  int mode = head_round_mode(d.out_type, d.n_seq, d.n_head, d.head_dim);
+  const int64_t n_ch = att_split_chunks(d, &mode);
   float* outq = mode >= 0 ? preround_buffer(d.n_seq * q_dim) : nullptr;
-  if (const int64_t n_ch = att_split_chunks(d, mode)) {
+  if (n_ch) {
     // Form 1: a group per (KV head, 8 of its query heads, sequence, chunk of keys).
     const size_t g0 = d.n_head_kv * att_head_groups(d) * kAttWg, g1 = d.n_seq, g2 = n_ch;
     Arena& ar = scratch();
@@ -254,21 +255,24 @@ std::optional<Act> OpenclBackend::decode_attention(const DecodeAttention& d) {
   return Act::of(d.out, d.n_seq, q_dim);
 }
 
-// About four groups a compute unit (each at least ATT_SPLIT_MIN keys; a short sequence idles the rest), where
-// the last group of a unit can round its heads' output for the projection itself (whole blocks). Not for a
-// sliding window shorter than kAttSplitKeys (Gemma 3's local layers): every row would be one chunk of the
-// short path, slower than attention's group a query head.
-int64_t OpenclBackend::att_split_chunks(const DecodeAttention& d, int mode) const {
+// About four groups a compute unit (each at least ATT_SPLIT_MIN keys; a short sequence idles the rest). Not
+// for a sliding window shorter than kAttSplitKeys (Gemma 3's local layers): every row would be one chunk of
+// the short path, slower than attention's group a query head. The last group of a unit rounds its heads'
+// output for the projection (*mode) only where they hold whole blocks; elsewhere (a block across two KV
+// heads' units: Qwen2.5-7B's 7 query heads a KV head, Llama 3.2 3B's 3, with Q4_K's blocks of two heads of
+// 128) *mode becomes -1 and the projection rounds for itself, a launch where `attention` (2.3 ms at 4096
+// keys) took it along.
+int64_t OpenclBackend::att_split_chunks(const DecodeAttention& d, int* mode) const {
   const int64_t gqa = d.n_head / d.n_head_kv, n_hg = att_head_groups(d);
   const int64_t units = d.n_seq * d.n_head_kv * n_hg;
   if (decode_attention_form(d.max_pos) != 1 || units > kCounters ||
       (d.sliding_window > 0 && d.sliding_window < kAttSplitKeys))
     return 0;
-  if (mode == 0 || mode == 1) {
+  if (*mode == 0 || *mode == 1) {
     int64_t unit = 1;
     round_mode(d.out_type, &unit);
     const int64_t hpu = d.head_dim >= unit ? 1 : unit / d.head_dim;
-    if (gqa % hpu || (n_hg > 1 && kAttQb % hpu)) return 0;
+    if (gqa % hpu || (n_hg > 1 && kAttQb % hpu)) *mode = -1;
   }
   const int64_t want = std::max<int64_t>(4, 4 * (int64_t)info_.compute_units / units);
   return std::min({want, kAttMaxChunks, (d.n_ctx + kAttWg - 1) / kAttWg});
