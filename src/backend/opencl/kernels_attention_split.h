@@ -16,7 +16,10 @@
 //
 // A first form in two launches (the weights normalized and rounded at every depth) ran depth 4096 at 105.1
 // t/s, depth 16384 at 73.5, from 8.9 and 2.3 (H200, 2026-12-06; 117 us a layer, latency rather than
-// bandwidth). This one drops its second launch, its scores' round trip and its second prep: not measured yet.
+// bandwidth). This one drops its second launch, its scores' round trip and its second prep: 117.2 and 85.5
+// t/s, 94 us a launch at depth 4096 (an H100, 2026-12-07; CUDA 474.5 and 394.9). ATT_SPLIT_MIN 64 ran the
+// same, 256 lost at depth 4096 (106.5). As the form of every step it took 55 us a launch at depth 0, where
+// `attention` takes 27: short steps stay with `attention`.
 #pragma once
 #include <string_view>
 
