@@ -839,6 +839,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   void probe_launches();  // XPERT_OPENCL_OPTS probe: what an enqueue costs here, logged
   void probe_grid_sync();  // (part of probe) what a barrier across one launch's groups costs
   void probe_floors();     // (part of probe) what a dependent load, fence, barrier or atomic costs in a group
+  void probe_code();       // (part of probe) what fetching a kernel's code costs a launch
   void log_stats();       // XPERT_OPENCL_OPTS stats: enqueues and blocking calls per step, logged at the end
   // XPERT_OPENCL_OPTS profile: every launch's device time, summed per kernel (and weight type) at each read to
   // the host, logged at the end.
@@ -941,7 +942,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   static constexpr size_t kPoolMaxBlock = size_t(256) << 20;
   size_t pool_cap() const { return std::min<size_t>(size_t(1) << 30, info_.global_mem_bytes / 16); }
   void release_pool();
-  std::unique_ptr<Prog> ops_, gdn_;
+  std::unique_ptr<Prog> ops_, gdn_, probe_code_;
   std::unique_ptr<Prog> attention_[3][2];  // for heads of up to 128, 256, kAttMaxD dims, read narrow / wide
   std::map<DType, std::unique_ptr<Prog>> matmul_;
   std::vector<Prog*> programs_;

@@ -67,6 +67,7 @@ void OpenclBackend::probe_launches() {
   arg_sets_.erase(k16);
   probe_grid_sync();
   probe_floors();
+  probe_code();
   // What could cut the enqueues further (issue #34): recorded command buffers, subgroups (one line, so that
   // bench/h200_carry.sh's filter of the "empty kernel" lines keeps it).
   auto has = [&](const char* e) { return info_.extensions.find(e) != std::string::npos ? "yes" : "no"; };
@@ -174,6 +175,40 @@ void OpenclBackend::probe_floors() {
              "fence {:.3f} us; a local store, read and two local barriers {:.3f} us; an atomic add "
              "waiting for the last one's result {:.3f} us\n",
              name(), load_far, load_near, fence, gbar, lbar, atom);
+}
+
+// What fetching a kernel's code costs a launch (kProbeCodeSource): 32 groups of 64 (as many as the decode
+// attention of qwen3-30b-a3b) run 2,048 multiply-adds a work-item, one launch at a time, waited for, the best
+// of 64: from ~32 KB of straight-line code, the eight copies in turn (cold) or one copy again and again
+// (hot), and from a loop. cold - hot: what fetching the code from where the last launches left it costs.
+void OpenclBackend::probe_code() {
+  using clock = std::chrono::steady_clock;
+  Prog& p = program(probe_code_, [] { return ProgramText{std::string(kProbeCodeSource), ""}; });
+  const size_t n = 32 * 64;
+  auto* o = static_cast<float*>(alloc(n * 4 * sizeof(float)));
+  zero(o, n * 4 * sizeof(float));
+  auto best = [&](const char* base, bool rotate) {
+    double b = 1e30;
+    for (int i = 0; i < 64; ++i) {
+      cl_kernel k = p.kernel(fmt::format("{}{}", base, rotate ? i % 8 : 0));
+      synchronize();
+      const auto t0 = clock::now();
+      launch(k, {n}, {64}, o, 0.999f, 0.001f, (cl_int)64);
+      synchronize();
+      b = std::min(b, std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+    }
+    return b;
+  };
+  best("floor_code", true);  // builds the kernels, warms the clocks
+  const double cold = best("floor_code", true), hot = best("floor_code", false),
+               loop = best("floor_loop", true);
+  dealloc(o);
+  fmt::print(
+      stderr,
+      "{}: a launch of 32 groups of 64, 2,048 multiply-adds a work-item, waited for: {:.2f} us from ~32 KB "
+      "of straight-line code (eight copies in turn), {:.2f} us from one copy again and again, {:.2f} us "
+      "from a loop; fetching the code: {:.3f} us a KB\n",
+      name(), cold, hot, loop, (cold - hot) / 32);
 }
 
 Kernel OpenclBackend::clone_kernel(cl_kernel k) {

@@ -291,6 +291,34 @@ kernel void empty_kernel16(global float* a, global float* b, global float* c, gl
                            int i5, int i6, float x) {}
 )CLC";
 
+// XPERT_OPENCL_OPTS probe alone builds this program (probe_code): what fetching a kernel's code costs. The
+// decode kernels are tens of KB of mostly straight-line code each (their loads unrolled to be in flight
+// together), run once a launch by a few warps an SM.
+//   floor_code0..7  2,048 multiply-adds a work-item (512 rounds of a float4's), unrolled: ~32 KB of
+//                   straight-line code; eight copies, so a launch need not find its code where the last left
+//                   it
+//   floor_loop0..7  the same arithmetic as a loop over n rounds of 8 (n = 64): a few hundred bytes of code
+inline constexpr std::string_view kProbeCodeSource = R"CLC(
+#define FC1 x = fma(x, a, b);
+#define FC8 FC1 FC1 FC1 FC1 FC1 FC1 FC1 FC1
+#define FC64 FC8 FC8 FC8 FC8 FC8 FC8 FC8 FC8
+#define FC512 FC64 FC64 FC64 FC64 FC64 FC64 FC64 FC64
+#define FLOOR_CODE(N)                                                        \
+  kernel void floor_code##N(global float4* o, float a, float b, int n) {     \
+    float4 x = o[get_global_id(0)] + (float)N;                               \
+    FC512                                                                    \
+    o[get_global_id(0)] = x;                                                 \
+  }                                                                          \
+  kernel void floor_loop##N(global float4* o, float a, float b, int n) {     \
+    float4 x = o[get_global_id(0)] + (float)N;                               \
+    for (int i = 0; i < n; ++i) {                                            \
+      FC8                                                                    \
+    }                                                                        \
+    o[get_global_id(0)] = x;                                                 \
+  }
+FLOOR_CODE(0) FLOOR_CODE(1) FLOOR_CODE(2) FLOOR_CODE(3) FLOOR_CODE(4) FLOOR_CODE(5) FLOOR_CODE(6) FLOOR_CODE(7)
+)CLC";
+
 inline constexpr std::string_view kFusedMatmulSource = R"CLC(
 #define MOE_MAX_USED 16
 // mv_partial: this work-item's part of row . xr (k values); mv_partial2: of two rows on the same activations.
