@@ -2,8 +2,16 @@
 # The SASS of the CUDA kernels in one source file, on the development machine (its toolkit has nvcc and ptxas
 # but no cuobjdump or nvdisasm: they come from NVIDIA's PyPI wheels, unpacked once into $SASS_TOOLS).
 #   bench/sass.sh SOURCE [REGEX]    # e.g. bench/sass.sh src/backend/cuda/matmul_decode.cu 'matvec_kernel.*E12ELi1ELi2E'
-#   bench/sass.sh PROGRAM.bin [REGEX]  # an OpenCL program NVIDIA's driver cached (PTX; h200_carry.sh ocl returns
-#                                      # them in $OUT/ocl_ptx.tar): ptxas' registers and spills, and the SASS
+#   bench/sass.sh PROGRAM.bin [REGEX]  # an OpenCL program NVIDIA's driver cached (PTX; h200_carry.sh oclab returns
+#                                      # them in $OUT/ocl_ptx.txz): ptxas' registers and spills, each kernel's
+#                                      # code size (its .text section), and the SASS
+#   bench/sass.sh PROGRAM.cl [REGEX]   # OpenCL C (a program's whole text; CL_OPTS: its -D options) through
+#                                      # clang-15 and libclc (apt-get install clang-15 llvm-15 libclc-15) to PTX,
+#                                      # then as above: an estimate of a variant's code size before a GPU run
+#                                      # (NVIDIA's compiler differs: the decode attention 85 KB here, 93 there).
+#                                      # The attention program's text: kClCommonSource, kAttentionSource and
+#                                      # kAttentionSplitSource one after the other (program_texts.cpp), options
+#                                      # -DATT_BKEEP=512 -DATT_BD=128 for heads of 128
 # Compiles SOURCE for sm_90 with build-gpu's flags (build-gpu/compile_commands.json: configure with
 # -DCMAKE_EXPORT_COMPILE_COMMANDS=ON), prints ptxas' registers per kernel, and writes the SASS of the kernels
 # whose mangled names match REGEX (all without one) to $OUT/FILE.sass.
@@ -21,12 +29,25 @@ if [[ ! -x $tools/nvdisasm || ! -x $tools/cuobjdump ]]; then
   chmod +x "$tools/cuobjdump" "$tools/nvdisasm"
   rm -rf "$tmp"
 fi
-if [[ $src == *.bin || $src == *.ptx ]]; then  # OpenCL C compiled by NVIDIA's driver: PTX, NUL-terminated
+if [[ $src == *.bin || $src == *.ptx || $src == *.cl ]]; then  # OpenCL C compiled by NVIDIA's driver: PTX, NUL-terminated
   base=$(basename "$src"); base=${base%.*}
-  tr -d '\000' <"$src" >"$out/$base.ptx"
+  if [[ $src == *.cl ]]; then
+    clc=/usr/lib/clc/nvptx64--nvidiacl.bc
+    [[ -s $clc ]] || { echo "no $clc: apt-get install clang-15 llvm-15 libclc-15" >&2; exit 1; }
+    # shellcheck disable=SC2086  # CL_OPTS: several options
+    clang-15 -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -O3 ${CL_OPTS:-} -Xclang -finclude-default-header \
+      -emit-llvm -c "$src" -o "$out/$base.bc"
+    llvm-link-15 "$out/$base.bc" "$clc" -o "$out/$base.linked.bc" 2>/dev/null
+    opt-15 -O3 "$out/$base.linked.bc" -o "$out/$base.opt.bc"
+    llc-15 -march=nvptx64 -mcpu=sm_80 -mattr=+ptx75 "$out/$base.opt.bc" -o "$out/$base.ptx"
+  else
+    tr -d '\000' <"$src" >"$out/$base.ptx"
+  fi
   /usr/local/cuda/bin/ptxas -arch=sm_90 -v "$out/$base.ptx" -o "$out/$base.cubin" 2>&1 |
     awk '/Compiling entry/ {n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n)}
          /spill stores/ {s = $5 " spill stores"} /Used [0-9]+ registers/ {print $5, s, n}' | grep -E "$regex" || true
+  readelf -S -W "$out/$base.cubin" 2>/dev/null | sed -n 's/.* \.text\.\([^ ]*\) *[A-Z]* *[0-9a-f]* *[0-9a-f]* *\([0-9a-f]*\) .*/\1 \2/p' |
+    while read -r k size; do echo "$k: $((16#$size)) bytes of code"; done | grep -E "$regex" || true
   "$tools/nvdisasm" --print-code "$out/$base.cubin" >"$out/$base.all.sass"
   awk -v re="$regex" '/^\.text\./ {keep = ($0 ~ re)} keep' "$out/$base.all.sass" >"$out/$base.sass"
   echo "SASS: $out/$base.sass ($(grep -c '^\.text\.' "$out/$base.sass") kernels)"
