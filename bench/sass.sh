@@ -29,7 +29,7 @@ if [[ ! -x $tools/nvdisasm || ! -x $tools/cuobjdump ]]; then
   chmod +x "$tools/cuobjdump" "$tools/nvdisasm"
   rm -rf "$tmp"
 fi
-if [[ $src == *.bin || $src == *.ptx || $src == *.cl ]]; then  # OpenCL C compiled by NVIDIA's driver: PTX, NUL-terminated
+if [[ $src == *.bin || $src == *.ptx || $src == *.cl ]]; then  # the PTX of NVIDIA's driver (NUL-terminated), or OpenCL C
   base=$(basename "$src"); base=${base%.*}
   if [[ $src == *.cl ]]; then
     clc=/usr/lib/clc/nvptx64--nvidiacl.bc
