@@ -180,7 +180,8 @@ void OpenclBackend::probe_floors() {
 // What fetching a kernel's code costs a launch (kProbeCodeSource): 32 groups of 64 (as many as the decode
 // attention of qwen3-30b-a3b) run 2,048 multiply-adds a work-item, one launch at a time, waited for, the best
 // of 64: from ~32 KB of straight-line code, the eight copies in turn (cold) or one copy again and again
-// (hot), and from a loop. cold - hot: what fetching the code from where the last launches left it costs.
+// (hot), and from a loop. cold - hot: what fetching the code from where the last launches left it costs;
+// cold - loop: the same with whatever a launch fetches anew every time (a driver may flush the SM's caches).
 void OpenclBackend::probe_code() {
   using clock = std::chrono::steady_clock;
   Prog& p = program(probe_code_, [] { return ProgramText{std::string(kProbeCodeSource), ""}; });
@@ -207,8 +208,8 @@ void OpenclBackend::probe_code() {
       stderr,
       "{}: a launch of 32 groups of 64, 2,048 multiply-adds a work-item, waited for: {:.2f} us from ~32 KB "
       "of straight-line code (eight copies in turn), {:.2f} us from one copy again and again, {:.2f} us "
-      "from a loop; fetching the code: {:.3f} us a KB\n",
-      name(), cold, hot, loop, (cold - hot) / 32);
+      "from a loop; fetching the code: {:.3f} us a KB against the hot copy, {:.3f} against the loop\n",
+      name(), cold, hot, loop, (cold - hot) / 32, (cold - loop) / 32);
 }
 
 Kernel OpenclBackend::clone_kernel(cl_kernel k) {
