@@ -2,11 +2,30 @@
 // XPERT_OPENCL_OPTS (switches.h) probe (what an enqueue costs), stats (enqueues and blocking calls per decode
 // step), profile (device time per kernel and weight type, from profiling events).
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "backend/opencl/backend_impl.h"
 
 namespace xpert::opencl {
+
+namespace {
+// The shortest of reps runs of run(r), each from an idle device until the device is idle again (host time,
+// µs).
+template <typename Run>
+double best_waited_us(Backend& b, int reps, Run&& run) {
+  using clock = std::chrono::steady_clock;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    b.synchronize();
+    const auto t0 = clock::now();
+    run(r);
+    b.synchronize();
+    best = std::min(best, std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+  }
+  return best;
+}
+}  // namespace
 
 void OpenclBackend::probe_launches() {
   using clock = std::chrono::steady_clock;
@@ -117,18 +136,7 @@ void OpenclBackend::probe_grid_sync() {
 // a last group's reads of the others' results): the host time of a launch of n steps less that of one step,
 // over n - 1, the best of three each.
 void OpenclBackend::probe_floors() {
-  using clock = std::chrono::steady_clock;
-  auto timed = [&](auto&& run, int steps) {
-    double best = 1e30;
-    for (int r = 0; r < 3; ++r) {
-      synchronize();
-      const auto t0 = clock::now();
-      run(steps);
-      synchronize();
-      best = std::min(best, std::chrono::duration<double, std::micro>(clock::now() - t0).count());
-    }
-    return best;
-  };
+  auto timed = [&](auto&& run, int steps) { return best_waited_us(*this, 3, [&](int) { run(steps); }); };
   auto per_step = [&](auto&& run) {
     const int n = 4096;
     return (timed(run, n) - timed(run, 1)) / (n - 1);
@@ -183,22 +191,15 @@ void OpenclBackend::probe_floors() {
 // (hot), and from a loop. cold - hot: what fetching the code from where the last launches left it costs;
 // cold - loop: the same with whatever a launch fetches anew every time (a driver may flush the SM's caches).
 void OpenclBackend::probe_code() {
-  using clock = std::chrono::steady_clock;
   Prog& p = program(probe_code_, [] { return ProgramText{std::string(kProbeCodeSource), ""}; });
   const size_t n = 32 * 64;
   auto* o = static_cast<float*>(alloc(n * 4 * sizeof(float)));
   zero(o, n * 4 * sizeof(float));
   auto best = [&](const char* base, bool rotate) {
-    double b = 1e30;
-    for (int i = 0; i < 64; ++i) {
-      cl_kernel k = p.kernel(fmt::format("{}{}", base, rotate ? i % 8 : 0));
-      synchronize();
-      const auto t0 = clock::now();
-      launch(k, {n}, {64}, o, 0.999f, 0.001f, (cl_int)64);
-      synchronize();
-      b = std::min(b, std::chrono::duration<double, std::micro>(clock::now() - t0).count());
-    }
-    return b;
+    std::array<cl_kernel, 8> k;
+    for (int c = 0; c < 8; ++c) k[c] = p.kernel(fmt::format("{}{}", base, rotate ? c : 0));
+    return best_waited_us(*this, 64,
+                          [&](int i) { launch(k[i % 8], {n}, {64}, o, 0.999f, 0.001f, (cl_int)64); });
   };
   best("floor_code", true);  // builds the kernels, warms the clocks
   const double cold = best("floor_code", true), hot = best("floor_code", false),
