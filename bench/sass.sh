@@ -33,7 +33,9 @@ if [[ $src == *.bin || $src == *.ptx || $src == *.cl ]]; then  # the PTX of NVID
   base=$(basename "$src"); base=${base%.*}
   if [[ $src == *.cl ]]; then
     clc=/usr/lib/clc/nvptx64--nvidiacl.bc
-    [[ -s $clc ]] || { echo "no $clc: apt-get install clang-15 llvm-15 libclc-15" >&2; exit 1; }
+    for t in clang-15 llvm-link-15 opt-15 llc-15 "$clc"; do
+      [[ -s $t ]] || command -v "$t" >/dev/null || { echo "no $t: apt-get install clang-15 llvm-15 libclc-15" >&2; exit 1; }
+    done
     # shellcheck disable=SC2086  # CL_OPTS: several options
     clang-15 -x cl -cl-std=CL1.2 -target nvptx64-nvidia-nvcl -O3 ${CL_OPTS:-} -Xclang -finclude-default-header \
       -emit-llvm -c "$src" -o "$out/$base.bc"
