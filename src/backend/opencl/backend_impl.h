@@ -136,6 +136,11 @@ inline bool q4k_rows_aligned(DType t, const void* w) {
   return t != DType::Q4_K || reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
+// A kernel argument of local memory: n bytes for the launch (a `local` pointer parameter).
+struct LocalBytes {
+  size_t n;
+};
+
 // How a device's matmul programs are built, whatever the weight type.
 struct MatmulBuild {
   int mv_wg = 32;  // MV_WG: work-items a matrix row in the matvecs
@@ -650,6 +655,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   template <typename T>
   requires std::is_arithmetic_v<T>
   void set_arg(cl_kernel k, cl_uint i, T v) { XP_CL(clSetKernelArg, k, i, sizeof(T), &v); }
+  void set_arg(cl_kernel k, cl_uint i, LocalBytes b) { XP_CL(clSetKernelArg, k, i, b.n, nullptr); }
   // The bytes a kernel argument is set from (an absent pointer: the dummy's address).
   void key_arg(std::string& key, const void* p) {
     p = p ? p : dummy_;
@@ -658,6 +664,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   template <typename T>
   requires std::is_arithmetic_v<T>
   void key_arg(std::string& key, T v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void key_arg(std::string& key, LocalBytes b) { key_arg(key, b.n); }
   // A kernel object of k's function whose arguments already hold these values, so a decode step that repeats
   // the last one's launches sets no argument (XPERT_OPENCL_OPTS arg_cache=0: off). Made when an argument set comes
   // a second time (making one costs ~80 ms on PoCL: a prefill of a new length would pay it at every launch);

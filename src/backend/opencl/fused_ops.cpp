@@ -362,7 +362,8 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
          (cl_int)(tails_ ? down_mode : -1), hq, shared ? m.shared_gate.data : nullptr,
          shared ? m.shared_up.data : nullptr, (cl_int)S);
   const float* down_in = tails_ ? hq : rounded_activations(m.down.type, h, Sx, F);
-  const bool norm_tail = next_w && tails_;
+  // The norm's row in local memory (moe_down_add's `row`), beside its own ~9 KB.
+  const bool norm_tail = next_w && tails_ && E * (int64_t)sizeof(float) <= (int64_t)info_.local_mem_bytes / 2;
   // The next norm rounded for the next layer's q/k/v product too (its weights' type as the last matmuls
   // saw it), so that product's rounding launch is skipped (rounded_activations finds it).
   const int next_mode = norm_tail ? preround_block_mode(E) : -1;
@@ -373,7 +374,8 @@ Act OpenclBackend::add_rmsnorm_moe_ffn_add(const MoeFfn& m, const float* d, floa
          {(size_t)mv_wg_, (size_t)mv_r_}, m.down.data, (cl_ulong)down_row, (cl_ulong)(down_row * E), tasks_d,
          weights_d, (cl_int)K, down_in, (cl_int)F, x, router_tail ? d : nullptr, (cl_int)router_tail,
          (cl_int)E, counters_, (cl_int)norm_tail, next_w, m.rms_eps, cur, (cl_int)next_mode, next_q,
-         shared ? m.shared_down.data : nullptr, (cl_int)shared);
+         shared ? m.shared_down.data : nullptr, (cl_int)shared,
+         LocalBytes{(size_t)(norm_tail ? E : 1) * sizeof(float)});
   if (next_mode >= 0) pre_ = {cur, next_q, n, E, next_mode};
   if (next_w && !norm_tail) rmsnorm(x, next_w, cur, n, E, m.rms_eps);
   ar.release(mark);

@@ -602,13 +602,13 @@ MV_KERNEL void moe_gate_up(global const uchar* gate, global const uchar* up, ulo
 // left, first) + sum over token t's slots s of weights[s] * (h[s] . down_e[f]), e = tasks[2s + 1], then (has_shared)
 // weights[n_routed + t] * (h[n_routed + t] . shared_down[f]), n_routed = n_used * tokens. With
 // has_norm, token t's last group then writes cur[t] = rmsnorm(y[t]) * norm_w (the next layer's norm), its
-// MV_WG * MV_R work-items over the row, and with next_mode >= 0 also curq[t] = cur[t] rounded for the next
-// matmul (round_unit), so no launch does it.
+// MV_WG * MV_R work-items over the row (held in row, width floats of local memory), and with next_mode >= 0
+// also curq[t] = cur[t] rounded for the next matmul (round_unit), so no launch does it.
 MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong expert_stride, global const int* tasks,
                          global const float* weights, int n_used, global const float* h, int k,
                          global float* y, global const float* d, int has_d, int width, volatile global int* counters,
                          int has_norm, global const float* norm_w, float eps, global float* cur, int next_mode,
-                         global float* curq, global const uchar* shared_down, int has_shared) {
+                         global float* curq, global const uchar* shared_down, int has_shared, local float* row) {
   local float buf_all[MOE_MAX_USED * MV_WG * MV_R];
   local int flag;
   const int ly = get_local_id(1), lid = get_local_id(0), f = get_group_id(0) * MV_R + ly;
@@ -652,8 +652,9 @@ MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong exp
     y[t * width + f] = acc + (has_d ? d[t * width + f] + res : res);
   }
   const int last = last_group(counters + t, get_num_groups(0), &flag) && has_norm;
-  // Every group takes the reduction's barriers; only the last one has anything to sum. 8 loads in flight a
-  // work-item (volatile loads one at a time would each wait a full trip to L2).
+  // The last group reads y[t] once, 8 loads in flight a work-item (volatile loads one at a time would each wait
+  // a full trip to L2), into local memory; the norm and the rounding then work from there. Every group takes
+  // the tail's barriers; only the last one has anything to do. row: width floats (with has_norm).
   const int fl = ly * MV_WG + lid, G = MV_WG * MV_R;
   volatile global const float* yr = y + t * width;
   float sq = 0.0f;
@@ -661,29 +662,36 @@ MV_KERNEL void moe_down_add(global const uchar* down, ulong row_bytes, ulong exp
     for (int i0 = fl; i0 < width; i0 += 8 * G) {
       float v[8];
       for (int u = 0; u < 8; ++u) v[u] = i0 + u * G < width ? yr[i0 + u * G] : 0.0f;
-      for (int u = 0; u < 8; ++u) sq += v[u] * v[u];
+      for (int u = 0; u < 8; ++u) {
+        sq += v[u] * v[u];
+        if (i0 + u * G < width) row[i0 + u * G] = v[u];
+      }
     }
   sq = grp_sum(sq, buf_all, fl, G);
   const float scale = 1.0f / sqrt(sq / (float)width + eps);
   global float* cr = cur + t * width;
-  if (last)
+  if (last)  // each work-item's own entries of row, as the loop above wrote them
     for (int i0 = fl; i0 < width; i0 += 8 * G) {
-      float v[8];
-      for (int u = 0; u < 8; ++u) v[u] = i0 + u * G < width ? yr[i0 + u * G] : 0.0f;
-      for (int u = 0; u < 8; ++u)
-        if (i0 + u * G < width) cr[i0 + u * G] = (v[u] * scale) * norm_w[i0 + u * G];
+      float w[8];
+      for (int u = 0; u < 8; ++u) w[u] = i0 + u * G < width ? norm_w[i0 + u * G] : 0.0f;
+      for (int u = 0; u < 8; ++u) {
+        if (i0 + u * G >= width) break;
+        const float c = (row[i0 + u * G] * scale) * w[u];
+        row[i0 + u * G] = c;
+        cr[i0 + u * G] = c;
+      }
     }
   if (next_mode < 0) return;  // the same for every group
-  barrier(CLK_GLOBAL_MEM_FENCE);  // the group's writes of cur[t] seen by the whole group
+  barrier(CLK_LOCAL_MEM_FENCE);  // the whole row in local memory for the rounding
   global float* qr = curq + t * width;
   if (next_mode >= 2 && last)
-    for (int i = fl; i < width; i += G) qr[i] = round_elem(cr[i], next_mode);
+    for (int i = fl; i < width; i += G) qr[i] = round_elem(row[i], next_mode);
   // Every group takes the rounding's barriers; the last one rounds, its MV_R rows a block each at a time.
   local int ri_all[MV_WG * MV_R];
   const int blocks = next_mode <= 1 ? round_units(width, next_mode) : 0;
   for (int b0 = 0; b0 < blocks; b0 += MV_R)
-    round_block_group(cr, qr, next_mode, b0 + ly, MV_WG, last && b0 + ly < blocks, buf_all + ly * MV_WG,
-                      ri_all + ly * MV_WG);
+    round_block_group_l(row, qr, next_mode, b0 + ly, MV_WG, last && b0 + ly < blocks, buf_all + ly * MV_WG,
+                        ri_all + ly * MV_WG);
 }
 )CLC";
 

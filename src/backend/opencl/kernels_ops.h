@@ -105,40 +105,41 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
 }
 
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
-// wg entries of local memory): the largest magnitude (mode 1: its first occurrence) by a reduction, then a
-// value per work-item. active 0: the group only takes the barriers (kernels where only some groups round keep
-// every barrier on every group). QUAL: xr's address space, volatile where it holds other groups' results.
-// Loads go 8 at a time (volatile loads are not batched by the compiler: one at a time, each would wait its trip
-// to L2).
+// wg entries of local memory): the largest magnitude (mode 1: its first occurrence, kept signed) by a
+// reduction, then a value per work-item. active 0: the group only takes the barriers (kernels where only some
+// groups round keep every barrier on every group). QUAL: xr's address space, volatile where it holds other
+// groups' results. Loads go 8 at a time (volatile loads are not batched by the compiler: one at a time, each
+// would wait its trip to L2), and where a work-item's share fits those 8 (len <= 8 wg: a GPU's groups) the
+// block is read once: the rounding takes the values and the largest from registers and local memory.
 #define ROUND_BLOCK_GROUP(NAME, QUAL)                                                                         \
   void NAME(QUAL const float* xr, global float* yr, int mode, int b, int wg, int active, local float* rv, \
             local int* ri) {                                                                                  \
-    const int lid = get_local_id(0), len = mode == 0 ? 32 : 256, i0 = b * len;                                \
+    const int lid = get_local_id(0), len = mode == 0 ? 32 : 256, i0 = b * len, kept = len <= 8 * wg;          \
+    float v[8];                                                                                               \
     float best = 0.0f;                                                                                        \
     int bi = len;                                                                                             \
     if (active)                                                                                               \
       for (int i = lid; i < len; i += 8 * wg) {                                                               \
-        float v[8];                                                                                           \
-        for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? fabs(xr[i0 + i + u * wg]) : 0.0f;             \
+        for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? xr[i0 + i + u * wg] : 0.0f;                    \
         for (int u = 0; u < 8; ++u)                                                                           \
-          if (v[u] > best) best = v[u], bi = i + u * wg;                                                      \
+          if (fabs(v[u]) > fabs(best)) best = v[u], bi = i + u * wg;                                          \
       }                                                                                                       \
     rv[lid] = best;                                                                                           \
     ri[lid] = bi;                                                                                             \
     barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
     for (int s = wg / 2; s > 0; s >>= 1) {                                                                    \
-      if (lid < s && (rv[lid + s] > rv[lid] || (rv[lid + s] == rv[lid] && ri[lid + s] < ri[lid])))            \
-        rv[lid] = rv[lid + s], ri[lid] = ri[lid + s];                                                         \
+      if (lid < s) {                                                                                          \
+        const float a = fabs(rv[lid]), c = fabs(rv[lid + s]);                                                 \
+        if (c > a || (c == a && ri[lid + s] < ri[lid])) rv[lid] = rv[lid + s], ri[lid] = ri[lid + s];         \
+      }                                                                                                       \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
-    const float amax = rv[0];                                                                                 \
-    const int idx = ri[0];                                                                                    \
+    const float mx = rv[0], amax = fabs(mx);                                                                  \
     barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
     if (!active) return;                                                                                      \
-    const float mx = amax == 0.0f ? 0.0f : xr[i0 + idx];                                                     \
     for (int i = lid; i < len; i += 8 * wg) {                                                                 \
-      float v[8];                                                                                             \
-      for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? xr[i0 + i + u * wg] : 0.0f;                      \
+      if (!kept)                                                                                              \
+        for (int u = 0; u < 8; ++u) v[u] = i + u * wg < len ? xr[i0 + i + u * wg] : 0.0f;                     \
       for (int u = 0; u < 8; ++u) {                                                                           \
         if (i + u * wg >= len) break;                                                                         \
         float q;                                                                                              \
