@@ -13,6 +13,9 @@
 #     gu       `moe_gate_up` without the rounding of its rows for down (the slot's last group)
 #     route    `moe_router_route`'s top-k without its k argmax trees (experts 0 .. k-1 taken)
 #     all      att, down, gu and route together
+#     downcnt  `moe_down_add` with its tail's work cut but every group's count and barriers kept (`last` 0 at
+#              run time: get_local_size(2) is never 7)
+#     gucnt    the same for `moe_gate_up`
 set -euo pipefail
 build=${1:-build-dev}
 out=${2:-/tmp/xpert-ablate}
@@ -22,7 +25,7 @@ files=(src/backend/opencl/kernels_attention.h src/backend/opencl/kernels_fused.h
 git diff --quiet -- "${files[@]}" || { echo "uncommitted edits in ${files[*]}: commit or stash them first" >&2; exit 1; }
 mkdir -p "$out"
 trap 'git checkout -- "${files[@]}"' EXIT
-for name in att attsync down gu route all; do
+for name in att attsync down gu route all downcnt gucnt; do
   python3 - "$name" <<'EOF'
 import sys
 name = sys.argv[1]
@@ -42,6 +45,9 @@ edits = {
                "    }\n    wsum += p[j];\n    continue;\n    float best = -1.0f;")],
 }
 edits["all"] = edits["att"] + edits["down"] + edits["gu"] + edits["route"]
+never = " && get_local_size(2) == 7;"  # 0 at run time, not to the compiler
+edits["downcnt"] = [(F, edits["down"][0][1], edits["down"][0][1].replace(";", never))]
+edits["gucnt"] = [(F, edits["gu"][0][1], edits["gu"][0][1].replace(";", never))]
 for path, old, new in edits[name]:
     s = open(path).read()
     if s.count(old) != 1:
