@@ -3,7 +3,8 @@
 # last work-group does once the others are done) or another step, so a profile against main's gives what
 # that part costs a launch. Their outputs are wrong by construction: the script reverts each edit after its
 # build; never commit one.
-#   bench/ocl_ablate.sh [BUILD] [OUTDIR]   # BUILD: build-dev (`cmake --preset dev`); OUTDIR: /tmp/xpert-ablate
+#   bench/ocl_ablate.sh [BUILD] [OUTDIR] [NAME ...]   # BUILD: build-dev (`cmake --preset dev`); OUTDIR:
+#                                                     # /tmp/xpert-ablate; NAMEs: those builds alone
 # Builds OUTDIR/NAME for each NAME below, then:
 #   bench/h200_prepare.sh devbin build-dev att=OUTDIR/att ...        (the carry, .lcpbin/devbin.txz)
 #   XPERT_OPENCL_OPTS=profile .devbin/NAME bench -m FILE -p 0 -n 32 -r 1 --device opencl:0   (on the GPU)
@@ -16,6 +17,12 @@
 #     downcnt  `moe_down_add` with its tail's work cut but every group's count and barriers kept (`last` 0 at
 #              run time: get_local_size(2) is never 7)
 #     gucnt    the same for `moe_gate_up`
+#     attnone  `attention` returning at once (the launch's floor: its 32 groups of 64 on qwen3-30b-a3b)
+#     attpro   `attention` returning after its prologue (q and k norms, RoPE, the k/v store and its barrier)
+#     attp1    `attention` returning after pass 1 (the scores, the running max and sum, their tree), its
+#              max and sum written so the pass is kept
+#     routenone `moe_router_route` returning at once (its launch's floor)
+#     gemvnone `gemv_multi` returning at once (its launch's floor)
 set -euo pipefail
 build=${1:-build-dev}
 out=${2:-/tmp/xpert-ablate}
@@ -25,7 +32,9 @@ files=(src/backend/opencl/kernels_attention.h src/backend/opencl/kernels_fused.h
 git diff --quiet -- "${files[@]}" || { echo "uncommitted edits in ${files[*]}: commit or stash them first" >&2; exit 1; }
 mkdir -p "$out"
 trap 'git checkout -- "${files[@]}"' EXIT
-for name in att attsync down gu route all downcnt gucnt; do
+names=(att attsync down gu route all downcnt gucnt attnone attpro attp1 routenone gemvnone)
+if (($# > 2)); then names=("${@:3}"); fi
+for name in "${names[@]}"; do
   python3 - "$name" <<'EOF'
 import sys
 name = sys.argv[1]
@@ -46,6 +55,16 @@ edits = {
 }
 edits["all"] = edits["att"] + edits["down"] + edits["gu"] + edits["route"]
 never = " && get_local_size(2) == 7;"  # 0 at run time, not to the compiler
+pro = "    qs[i] = round_f16(qs[i]);\n  }\n  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);\n"
+p1 = "  mx = ps[0];\n  l = ls[0];\n  barrier(CLK_LOCAL_MEM_FENCE);\n"
+edits["attnone"] = [(A, "  const int p = pos[t];\n  if (use_slots) {",
+                     "  const int p = pos[t];\n  if (get_local_size(2) != 7) return;\n  if (use_slots) {")]
+edits["routenone"] = [(F, "  const long t = get_group_id(1);\n  global const float* xr = x + t * k;",
+                       "  const long t = get_group_id(1);\n  if (get_local_size(2) != 7) return;\n  global const float* xr = x + t * k;")]
+edits["gemvnone"] = [(F, "  int f = get_group_id(0) * MV_R + get_local_id(1);\n",
+                      "  if (get_local_size(2) != 7) return;\n  int f = get_group_id(0) * MV_R + get_local_id(1);\n")]
+edits["attpro"] = [(A, pro, pro + "  if (get_local_size(2) != 7) return;\n")]
+edits["attp1"] = [(A, p1, p1 + "  if (lid == 0) out[(t * n_head + h) * d] = mx + l;\n  if (get_local_size(2) != 7) return;\n")]
 edits["downcnt"] = [(F, edits["down"][0][1], edits["down"][0][1].replace(";", never))]
 edits["gucnt"] = [(F, edits["gu"][0][1], edits["gu"][0][1].replace(";", never))]
 for path, old, new in edits[name]:

@@ -67,7 +67,7 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   while (i + 4 <= d) {
     const int n4 = min(32, (d - i) / 4);
     float4 k[32];
-    for (int u = 0; u < 32; ++u) k[u] = u < n4 ? ld_h4(kr + i + 4 * u) : (float4)(0.0f);
+    for (int u = 0; u < 32; ++u) k[u] = ld_h4(kr + i + 4 * min(u, n4 - 1));  // no branch: all in flight
     for (int u = 0; u < n4; ++u) {
       dot += qs[i + 4 * u] * k[u].x;
       dot += qs[i + 4 * u + 1] * k[u].y;
@@ -196,11 +196,11 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
       float v0 = acc[2 * a], v1 = acc[2 * a + 1];
       global const half* vr = vc + (long)j0 * kv_row + hk * d + dd;
       for (int i0 = 0; i0 < nt; i0 += 32) {
-        float2 vv[32];
-        for (int u = 0; u < 32; ++u)
-          vv[u] = i0 + u >= nt ? (float2)(0.0f)
-                  : pair       ? ld_h2(vr + (i0 + u) * kv_row)
-                               : (float2)(vload_half((i0 + u) * kv_row, vr), 0.0f);
+        float2 vv[32];  // past the tile's last key its row again (unused): no load under a branch
+        if (pair)
+          for (int u = 0; u < 32; ++u) vv[u] = ld_h2(vr + min(i0 + u, nt - 1) * kv_row);
+        else
+          for (int u = 0; u < 32; ++u) vv[u] = (float2)(vload_half(min(i0 + u, nt - 1) * kv_row, vr), 0.0f);
         for (int u = 0; u < 32; ++u)
           if (i0 + u < nt) {
             v0 += ps[i0 + u] * vv[u].x;
