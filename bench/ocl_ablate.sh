@@ -21,7 +21,6 @@
 #     attpro   `attention` returning after its prologue (q and k norms, RoPE, the k/v store and its barrier)
 #     attp1    `attention` returning after pass 1 (the scores, the running max and sum, their tree), its
 #              max and sum written so the pass is kept
-#     routenone `moe_router_route` returning at once (its launch's floor)
 #     gemvnone `gemv_multi` returning at once (its launch's floor)
 set -euo pipefail
 build=${1:-build-dev}
@@ -32,7 +31,7 @@ files=(src/backend/opencl/kernels_attention.h src/backend/opencl/kernels_fused.h
 git diff --quiet -- "${files[@]}" || { echo "uncommitted edits in ${files[*]}: commit or stash them first" >&2; exit 1; }
 mkdir -p "$out"
 trap 'git checkout -- "${files[@]}"' EXIT
-names=(att attsync down gu route all downcnt gucnt attnone attpro attp1 routenone gemvnone)
+names=(att attsync down gu route all downcnt gucnt attnone attpro attp1 gemvnone)
 if (($# > 2)); then names=("${@:3}"); fi
 for name in "${names[@]}"; do
   python3 - "$name" <<'EOF'
@@ -59,8 +58,6 @@ pro = "    qs[i] = round_f16(qs[i]);\n  }\n  barrier(CLK_LOCAL_MEM_FENCE | CLK_G
 p1 = "  mx = ps[0];\n  l = ls[0];\n  barrier(CLK_LOCAL_MEM_FENCE);\n"
 edits["attnone"] = [(A, "  const int p = pos[t];\n  if (use_slots) {",
                      "  const int p = pos[t];\n  if (get_local_size(2) != 7) return;\n  if (use_slots) {")]
-edits["routenone"] = [(F, "  const long t = get_group_id(1);\n  global const float* xr = x + t * k;",
-                       "  const long t = get_group_id(1);\n  if (get_local_size(2) != 7) return;\n  global const float* xr = x + t * k;")]
 edits["gemvnone"] = [(F, "  int f = get_group_id(0) * MV_R + get_local_id(1);\n",
                       "  if (get_local_size(2) != 7) return;\n  int f = get_group_id(0) * MV_R + get_local_id(1);\n")]
 edits["attpro"] = [(A, pro, pro + "  if (get_local_size(2) != 7) return;\n")]
