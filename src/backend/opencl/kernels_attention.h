@@ -273,12 +273,16 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
 // The K chunk a work-item stages (ATT_BLOCK_SCORES): for r < 4, the 8 halves at off of key j0 + r ATT_WG / 4
 // + lid / 4 as floats, 0 past bhi and past the chunk's n values from off.
 void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, int n, int lid, float8* kn) {
+  if (n >= 8) {  // the 4 loads unbranched (a key past bhi reads bhi's row, then 0): all in flight
+    float8 t[4];
+    for (int r = 0; r < 4; ++r) t[r] = ld_h8(kc + max(min(j0 + r * (ATT_WG / 4) + lid / 4, bhi), 0) * kv_row + off);
+    for (int r = 0; r < 4; ++r) kn[r] = j0 + r * (ATT_WG / 4) + lid / 4 <= bhi ? t[r] : (float8)(0.0f);
+    return;
+  }
   for (int r = 0; r < 4; ++r) {
     const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
     global const half* kr = kc + kj * kv_row + off;
-    if (kj <= bhi && n >= 8) {
-      kn[r] = ld_h8(kr);
-    } else {
+    {
       float k[8];
       for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
       kn[r] = vload8(0, k);
@@ -307,6 +311,14 @@ void att_block_tree(const float* mx, const float* l, local float* ps, local floa
   }
 }
 
+// n keys' V pairs from row i of vr into v, pair (both dims) or not decided once: a choice in each load put
+// each in a branch of its own, waiting its own trip (NVIDIA's OpenCL).
+#define ATT_V_LOADS(v, n, i)                                                               \
+  if (pair)                                                                                \
+    for (int e = 0; e < (n); ++e) v[e] = ld_h2(vr + ((i) + e) * kv_row);                   \
+  else                                                                                     \
+    for (int e = 0; e < (n); ++e) v[e] = (float2)(vload_half(((i) + e) * kv_row, vr), 0.0f);
+
 // Pass 2's products of a key tile (attention_block, attention_split): acc[u] += ps[u]'s weights times V's
 // rows j0 .. j0 + nt - 1, work-item lid owning dims 2 lid + 2 ATT_WG a and the next (acc[u][2 a], acc[u][2 a
 // + 1]), key by key in order.
@@ -321,8 +333,7 @@ void att_block_tree(const float* mx, const float* l, local float* ps, local floa
       int i = 0;                                                                                         \
       for (; i + ATT_VK <= nt; i += ATT_VK) { /* ATT_VK keys' loads in flight, then the products */      \
         float2 v[ATT_VK];                                                                                \
-        for (int e = 0; e < ATT_VK; ++e)                                                                 \
-          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f); \
+        ATT_V_LOADS(v, ATT_VK, i)                                                                        \
         for (int u = 0; u < ATT_QB; ++u) {                                                               \
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];                                              \
           for (int e = 0; e < ATT_VK; e += 4) {                                                          \
@@ -341,8 +352,7 @@ void att_block_tree(const float* mx, const float* l, local float* ps, local floa
       }                                                                                                  \
       for (; i + 4 <= nt; i += 4) {                                                                      \
         float2 v[4];                                                                                     \
-        for (int e = 0; e < 4; ++e)                                                                      \
-          v[e] = pair ? ld_h2(vr + (i + e) * kv_row) : (float2)(vload_half((i + e) * kv_row, vr), 0.0f); \
+        ATT_V_LOADS(v, 4, i)                                                                             \
         for (int u = 0; u < ATT_QB; ++u) {                                                               \
           const float4 p = *(local const float4*)(ps + u * ATT_WG + i);                                  \
           float s0 = acc[u][2 * a], s1 = acc[u][2 * a + 1];                                              \

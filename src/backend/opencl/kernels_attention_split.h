@@ -184,7 +184,8 @@ kernel void attention_split(global const float* q, global half* kc, global half*
     float mmax = -INFINITY;
     for (int c0 = 0; c0 < s.n_used; c0 += 8) {
       float2 v[8];
-      for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? m[c0 + e] : (float2)(-INFINITY, 0.0f);
+      for (int e = 0; e < 8; ++e) v[e] = m[min(c0 + e, s.n_used - 1)];  // unbranched: all 8 in flight
+      for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? v[e] : (float2)(-INFINITY, 0.0f);
       for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) {
         ps[lid * ATT_WG + c0 + e] = v[e].x;
         ls[lid * ATT_WG + c0 + e] = v[e].y;
@@ -210,7 +211,9 @@ kernel void attention_split(global const float* q, global half* kc, global half*
       float v[ATT_QB][8];
       for (int u = 0; u < ATT_QB; ++u)
         for (int e = 0; e < 8; ++e)
-          v[u][e] = u < s.nq && c0 + e < s.n_used ? pr[((long)u * n_ch + c0 + e) * d + dd] : 0.0f;
+          v[u][e] = pr[((long)min(u, s.nq - 1) * n_ch + min(c0 + e, s.n_used - 1)) * d + dd];  // unbranched
+      for (int u = 0; u < ATT_QB; ++u)
+        for (int e = 0; e < 8; ++e) v[u][e] = u < s.nq && c0 + e < s.n_used ? v[u][e] : 0.0f;
       for (int u = 0; u < ATT_QB; ++u)
         for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum[u] += v[u][e] * ls[u * ATT_WG + c0 + e];
     }
