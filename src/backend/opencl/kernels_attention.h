@@ -27,7 +27,7 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 // step that takes this kernel (deeper ones take the split form, kernels_attention_split.h).
 #define ATT_KEEP 1024
 #if ATT_WG != RED_WG
-#error "the attention kernel's norms sum by wg_sum over RED_WG work-items"
+#error "the attention kernel's norms sum as wg_sum does: a tree over RED_WG work-items"
 #endif
 
 // The f16 cache's values 2, 4 or 8 at a time from p. NVIDIA's OpenCL splits vload_half2 / 4 / 8 into 2-byte
@@ -80,18 +80,6 @@ float score(local const float* qs, global const half* kr, int d, float kq_scale)
   return dot * kq_scale;
 }
 
-// Row x (d values) as a decode step prepares it, with qk_norm_rope's sums: y = x normalized (weights w)
-// where has_n, else x. Every work-item of the group calls it (wg_sum's barriers; red: RED_WG floats).
-void att_norm_row(global const float* x, global const float* w, int has_n, int d, float eps, local float* y,
-                  local float* red) {
-  const int lid = get_local_id(0);
-  float ss = 0.0f;
-  for (int i = lid; has_n && i < d; i += ATT_WG) ss += x[i] * x[i];
-  ss = wg_sum(ss, red);
-  const float sc = 1.0f / sqrt(ss / (float)d + eps);
-  for (int i = lid; i < d; i += ATT_WG) y[i] = has_n ? (x[i] * sc) * w[i] : x[i];
-}
-
 // q head (t, h) at q + (t * n_head + h) * q_stride; with has_gate, the output is multiplied by sigmoid(gate)
 // (Qwen3.5's gated attention: gate head (t, h) at gate + (t * n_head + h) * gate_stride).
 //
@@ -99,7 +87,7 @@ void att_norm_row(global const float* x, global const float* w, int has_n, int d
 // (n_rot > 0) its q head and its KV head's new k (k_new), as qk_norm_rope does with the same sums, and stores
 // that k and v_new as f16 at row pos[t] of the slot, before it reads the cache. The n_head / n_head_kv groups
 // of one KV head write the same bits to the same row; each reads it back only after its own writes (barrier):
-// no group depends on another's. wg_sum's trees need ATT_WG == RED_WG.
+// no group depends on another's. Its norms' tree is wg_sum's only with ATT_WG == RED_WG.
 kernel void attention(global const float* q, global half* kc, global half* vc, global float* out,
                       global const int* pos, int n_head, int n_head_kv, int d, int n_kv, float kq_scale,
                       int window, global const int* slots, int use_slots, long slot_stride, int q_stride,
@@ -125,8 +113,36 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   // Every group takes the same barriers, store or not (PoCL wants no barrier under a branch).
   global const float* kr = store ? k_new + (t * n_head_kv + hk) * d : qr;
   global const float* vr = store ? v_new + (t * n_head_kv + hk) * d : qr;
-  att_norm_row(qr, q_norm, store && has_qn, d, eps, qs, ps);
-  att_norm_row(kr, k_norm, store && has_kn, d, eps, kb, ps);
+  // q and k normalized with qk_norm_rope's sums, in one tree of pairs (ps, ls), every row's load issued before
+  // it: v's row and the two norms' weights staged in kept (free until pass 1) where they fit.
+  const int nq = store && has_qn, nk = store && has_kn, stage_w = 3 * d <= ATT_KEEP;
+  local float *vs = kept, *wqs = kept + d, *wks = kept + 2 * d;
+  float sq = 0.0f, sk = 0.0f;
+  for (int i = lid; i < d; i += ATT_WG) {
+    const float a = qr[i], b = kr[i];
+    qs[i] = a;
+    kb[i] = b;
+    vs[i] = vr[i];
+    if (stage_w && nq) wqs[i] = q_norm[i];
+    if (stage_w && nk) wks[i] = k_norm[i];
+    sq += a * a;
+    sk += b * b;
+  }
+  ps[lid] = sq;
+  ls[lid] = sk;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = ATT_WG / 2; s > 0; s >>= 1) {
+    if (lid < s) {
+      ps[lid] += ps[lid + s];
+      ls[lid] += ls[lid + s];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float scq = 1.0f / sqrt(ps[0] / (float)d + eps), sck = 1.0f / sqrt(ls[0] / (float)d + eps);
+  for (int i = lid; i < d; i += ATT_WG) {  // each work-item's own entries
+    if (nq) qs[i] = (qs[i] * scq) * (stage_w ? wqs[i] : q_norm[i]);
+    if (nk) kb[i] = (kb[i] * sck) * (stage_w ? wks[i] : k_norm[i]);
+  }
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int i = lid; store && i < n_rot / 2; i += ATT_WG) {
     int a, b;
@@ -138,7 +154,7 @@ kernel void attention(global const float* q, global half* kc, global half* vc, g
   for (int i = lid; i < d; i += ATT_WG) {
     if (store) {
       vstore_half_rte(kb[i], (long)p * kv_row + (long)hk * d + i, kc);
-      vstore_half_rte(vr[i], (long)p * kv_row + (long)hk * d + i, vc);
+      vstore_half_rte(vs[i], (long)p * kv_row + (long)hk * d + i, vc);
     }
     qs[i] = round_f16(qs[i]);
   }
@@ -282,11 +298,9 @@ void att_k_chunk(global const half* kc, int j0, int bhi, long kv_row, long off, 
   for (int r = 0; r < 4; ++r) {
     const int kj = j0 + r * (ATT_WG / 4) + lid / 4;
     global const half* kr = kc + kj * kv_row + off;
-    {
-      float k[8];
-      for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
-      kn[r] = vload8(0, k);
-    }
+    float k[8];
+    for (int e = 0; e < 8; ++e) k[e] = kj <= bhi && e < n ? vload_half(e, kr) : 0.0f;
+    kn[r] = vload8(0, k);
   }
 }
 
