@@ -371,7 +371,8 @@ TEST(OpenCLFused, MatvecSumsBySubgroupsWhereOffered) {
 }
 
 // The GPU-width K-quant matvecs on rows whose block count does not divide by the work-items' share of a
-// block (Q4_K: teams of 8 work-items take every fourth block; 3 and 5 blocks leave teams idle or uneven).
+// block (Q4_K: teams of 8 work-items take every fourth block; 3 and 5 blocks leave teams idle or uneven; 17
+// take a lane's blocks 4 at a time, then one).
 TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
   DEVICE_OR_SKIP();
   (void)dev;
@@ -379,7 +380,7 @@ TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
   std::mt19937 rng(43);
   Backend& gpu = *device_gpu_width();
   for (DType t : {DType::Q4_K, DType::Q6_K})
-    for (int64_t k : {768, 1280}) {
+    for (int64_t k : {768, 1280, 4352}) {
       RandomWeight w(gpu, t, k, 96, 1, rng);
       for (int64_t m : {1, 2}) {
         const std::vector<float> x = random_vec(m * k, rng);
