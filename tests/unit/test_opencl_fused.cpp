@@ -372,7 +372,7 @@ TEST(OpenCLFused, MatvecSumsBySubgroupsWhereOffered) {
 
 // The GPU-width K-quant matvecs on rows whose block count does not divide by the work-items' share of a
 // block (Q4_K: teams of 8 work-items take every fourth block; 3 and 5 blocks leave teams idle or uneven; 17
-// take a lane's blocks 4 at a time, then one).
+// give one team 5 blocks and the others 4, as a row of 4096 gives each 4).
 TEST(OpenCLFused, MatvecOfUnevenBlockCountsMatchesCpu) {
   DEVICE_OR_SKIP();
   (void)dev;

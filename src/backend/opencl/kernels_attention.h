@@ -29,6 +29,9 @@ inline constexpr std::string_view kAttentionSource = R"CLC(
 #if ATT_WG != RED_WG
 #error "the attention kernel's norms sum as wg_sum does: a tree over RED_WG work-items"
 #endif
+#if ATT_MAXD > ATT_KEEP
+#error "the attention kernel stages v's row in kept"
+#endif
 
 // The f16 cache's values 2, 4 or 8 at a time from p. NVIDIA's OpenCL splits vload_half2 / 4 / 8 into 2-byte
 // loads (no wider global load in either attention kernel's PTX, 2026-12-06), so this program reads a 4-, 8- or
