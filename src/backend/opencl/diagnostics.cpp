@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "backend/opencl/backend_impl.h"
+#include "backend/opencl/kernels_probe.h"
 
 namespace xpert::opencl {
 

@@ -3,6 +3,7 @@
 // (tests/unit/test_opencl_intel.cpp) compiles exactly what a device would.
 #include "backend/opencl/backend_impl.h"
 #include "backend/opencl/kernels_prefill.h"
+#include "backend/opencl/kernels_probe.h"
 
 namespace xpert::opencl {
 
@@ -27,7 +28,7 @@ std::string with_common(std::initializer_list<std::string_view> parts) {
 
 // Activation scales divide by amax: correctly rounded, the rounding matches the CPU's bit for bit.
 ProgramText ops_program_text(bool correctly_rounded_divide) {
-  return {with_common({kOpsSource, kFusedOpsSource, kPrefillOpsSource}),
+  return {with_common({kOpsSource, kFusedOpsSource, kProbeSource, kPrefillOpsSource}),
           correctly_rounded_divide ? "-cl-fp32-correctly-rounded-divide-sqrt" : ""};
 }
 
