@@ -184,8 +184,8 @@ kernel void attention_split(global const float* q, global half* kc, global half*
     float mmax = -INFINITY;
     for (int c0 = 0; c0 < s.n_used; c0 += 8) {
       float2 v[8];
-      for (int e = 0; e < 8; ++e) v[e] = m[min(c0 + e, s.n_used - 1)];  // unbranched: all 8 in flight
-      for (int e = 0; e < 8; ++e) v[e] = c0 + e < s.n_used ? v[e] : (float2)(-INFINITY, 0.0f);
+      // unbranched, all 8 in flight: past n_used the last chunk's pair again, never used
+      for (int e = 0; e < 8; ++e) v[e] = m[min(c0 + e, s.n_used - 1)];
       for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) {
         ps[lid * ATT_WG + c0 + e] = v[e].x;
         ls[lid * ATT_WG + c0 + e] = v[e].y;
@@ -202,7 +202,8 @@ kernel void attention_split(global const float* q, global half* kc, global half*
   }
   barrier(CLK_LOCAL_MEM_FENCE);
   // Then each work-item its own dims of every head: the chunks' sums scaled and added in chunk order, 8
-  // chunks of every head's loads in flight at once.
+  // chunks of every head's loads in flight at once, unbranched (a head past nq or a chunk past n_used reads
+  // the last one's again; the sums leave those out, and a head past nq is never written).
   volatile global const float* pr = parts + row0 * d * n_ch;
   for (int dd = lid; last && dd < d; dd += ATT_WG) {
     float sum[ATT_QB];
@@ -212,8 +213,6 @@ kernel void attention_split(global const float* q, global half* kc, global half*
       for (int u = 0; u < ATT_QB; ++u)
         for (int e = 0; e < 8; ++e)
           v[u][e] = pr[((long)min(u, s.nq - 1) * n_ch + min(c0 + e, s.n_used - 1)) * d + dd];  // unbranched
-      for (int u = 0; u < ATT_QB; ++u)
-        for (int e = 0; e < 8; ++e) v[u][e] = u < s.nq && c0 + e < s.n_used ? v[u][e] : 0.0f;
       for (int u = 0; u < ATT_QB; ++u)
         for (int e = 0; e < 8 && c0 + e < s.n_used; ++e) sum[u] += v[u][e] * ls[u * ATT_WG + c0 + e];
     }
