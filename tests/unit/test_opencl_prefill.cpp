@@ -68,6 +68,15 @@ TEST_P(OpenCLPrefillGemm, MatchesReference) {
         first_columns(download<float>(dev, ybuf, m * ldy), m, n, ldy, 7.0f, &untouched);
     EXPECT_TRUE(untouched) << m << " rows: a column past n was written";
     EXPECT_LT(rel_err(packed, ref), 1e-5f) << dtype_name(type) << ", " << m << " rows";
+    // One local-memory buffer (pt_bufs=1) or two (the default where they fit): the same sums, the same bits.
+    Backend& one = *device_with("pt_bufs=1");
+    DeviceBuffer wb1 = upload(one, wq), xb1 = upload(one, x),
+                 yb1 = upload(one, std::vector<float>(m * ldy, 7.0f));
+    Weight w1 = w;
+    w1.data = wb1.data();
+    one.matmul(w1, ptr<float>(xb1), m, ptr<float>(yb1), ldy);
+    EXPECT_EQ(download<float>(one, yb1, m * ldy), download<float>(dev, ybuf, m * ldy))
+        << dtype_name(type) << ", " << m << " rows, pt_bufs=1";
   }
 }
 
@@ -219,10 +228,16 @@ TEST(OpenCLPrefillGemm, PlanFillsTheUnits) {
   }
 }
 
-// The MoE prefill tiles' buffers: two where the device's local memory holds them (the _m64 form's 40 KiB:
-// NVIDIA's 48 KiB, an Intel GPU's 64), else one; pt_bufs=1 always one, pt_bufs=2 two or a refusal (0).
+// The prefill tiles' buffers: two where the device's local memory holds them (the MoE _m64 form's 40 KiB,
+// the dense one's 48: NVIDIA's 48 KiB, an Intel GPU's 64), else one; pt_bufs=1 always one, pt_bufs=2 two or
+// a refusal (0).
 TEST(OpenCLPrefillMoeTiles, TwoBuffersWhereTheyFit) {
   EXPECT_EQ(opencl::kTwoTileBufsBytes, 40u * 1024);
+  // The dense tiles' two buffers: the _m64 form's 48 KiB (NVIDIA's whole work-group).
+  EXPECT_EQ(opencl::kTwoDenseBufsBytes, 48u * 1024);
+  EXPECT_EQ(opencl::tile_bufs_for(48 * 1024, 0, opencl::kTwoDenseBufsBytes), 2);
+  EXPECT_EQ(opencl::tile_bufs_for(40 * 1024, 0, opencl::kTwoDenseBufsBytes), 1);
+  EXPECT_EQ(opencl::tile_bufs_for(40 * 1024, 2, opencl::kTwoDenseBufsBytes), 0);
   EXPECT_EQ(opencl::tile_bufs_for(48 * 1024, 0), 2);
   EXPECT_EQ(opencl::tile_bufs_for(40 * 1024, 0), 2);
   EXPECT_EQ(opencl::tile_bufs_for(32 * 1024, 0), 1);

@@ -154,14 +154,16 @@ struct MatmulBuild {
   int sub_group = 0;
   // -cl-nv-maxrregcount (NVIDIA's cl_nv_compiler_options): registers a work-item at most. 0: the compiler's.
   int max_registers = 0;
-  // PT_BUFS: the grouped MoE prefill tiles' steps in local memory, 1 or 2 (kernels_prefill.h).
+  // PT_BUFS / PT_DBUFS: the grouped MoE / dense prefill tiles' steps in local memory, 1 or 2
+  // (kernels_prefill.h).
   int tile_bufs = 1;
+  int dense_bufs = 1;
 };
 
 // A weight type's matmul program's build options.
 inline std::string matmul_options(DType t, const MatmulBuild& b) {
-  return fmt::format("-D{} -DMV_WG={} -DMV_R={} -DPT_BUFS={}{}{}{}{}", weight_macro(t), b.mv_wg, b.mv_r,
-                     b.tile_bufs, b.wide_loads ? "" : " -DNO_WIDE_LOADS",
+  return fmt::format("-D{} -DMV_WG={} -DMV_R={} -DPT_BUFS={} -DPT_DBUFS={}{}{}{}{}", weight_macro(t), b.mv_wg,
+                     b.mv_r, b.tile_bufs, b.dense_bufs, b.wide_loads ? "" : " -DNO_WIDE_LOADS",
                      b.correctly_rounded_divide ? " -cl-fp32-correctly-rounded-divide-sqrt" : "",
                      b.sub_group ? fmt::format(" -DMV_SG={}", b.sub_group) : "",
                      b.max_registers ? fmt::format(" -cl-nv-maxrregcount={}", b.max_registers) : "");
@@ -199,13 +201,15 @@ bool xmx_weight_type(DType t);
 
 inline size_t groups(int64_t n, int64_t per) { return (size_t)((n + per - 1) / per); }
 
-// The grouped MoE prefill tiles' buffers (kernels_prefill.h PT_BUFS) on a device of local_mem bytes of local
-// memory a work-group: two where they fit (kTwoTileBufsBytes, the _m64 form's), else one; forced
-// (XPERT_OPENCL_OPTS pt_bufs) 1 or 2 as asked, 0 where two do not fit.
+// The prefill tiles' buffers (kernels_prefill.h PT_BUFS: the grouped MoE tiles, PT_DBUFS: the dense ones) on
+// a device of local_mem bytes of local memory a work-group: two where the _m64 form's fit (two_bytes:
+// kTwoTileBufsBytes, kTwoDenseBufsBytes), else one; forced (XPERT_OPENCL_OPTS pt_bufs) 1 or 2 as asked, 0
+// where two do not fit.
 inline constexpr uint64_t kTwoTileBufsBytes = 2 * 16 * (256 + 64) * sizeof(float);
-inline int tile_bufs_for(uint64_t local_mem, int forced) {
+inline constexpr uint64_t kTwoDenseBufsBytes = 2 * 32 * (128 + 64) * sizeof(float);
+inline int tile_bufs_for(uint64_t local_mem, int forced, uint64_t two_bytes = kTwoTileBufsBytes) {
   if (forced == 1) return 1;
-  const bool two = local_mem >= kTwoTileBufsBytes;
+  const bool two = local_mem >= two_bytes;
   if (forced == 2) return two ? 2 : 0;
   return two ? 2 : 1;
 }
@@ -289,11 +293,12 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
            sw.nv_regs, info_.name);
     max_registers_ = sw.nv_regs >= 0 ? sw.nv_regs : info_.nv_compiler_options ? kNvRegs : 0;
     tile_bufs_ = tile_bufs_for(info_.local_mem_bytes, sw.pt_bufs);
-    if (!tile_bufs_)
+    dense_bufs_ = tile_bufs_for(info_.local_mem_bytes, sw.pt_bufs, kTwoDenseBufsBytes);
+    if (!tile_bufs_ || !dense_bufs_)
       fail(
-          "XPERT_OPENCL_OPTS: pt_bufs=2: {} has {} KiB of local memory a work-group, two buffers of the MoE "
+          "XPERT_OPENCL_OPTS: pt_bufs=2: {} has {} KiB of local memory a work-group, two buffers of the "
           "prefill tiles need {} KiB",
-          info_.name, info_.local_mem_bytes / 1024, kTwoTileBufsBytes / 1024);
+          info_.name, info_.local_mem_bytes / 1024, kTwoDenseBufsBytes / 1024);
     arg_cache_ = sw.arg_cache;
     max_arg_sets_ = sw.arg_sets;
     tails_ = sw.tail;
@@ -533,7 +538,8 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
             .correctly_rounded_divide = info_.correctly_rounded_divide,
             .sub_group = mv_sg_,
             .max_registers = max_registers_,
-            .tile_bufs = tile_bufs_};
+            .tile_bufs = tile_bufs_,
+            .dense_bufs = dense_bufs_};
   }
   // Tests: the XMX kernels on a device without the extension (PoCL), over an emulation of its builtins in
   // OpenCL C (prelude, put before the program's source; options added to its build options) at subgroups of
@@ -909,6 +915,7 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
   int mv_sg_ = 0;  // MV_SG, kernels_matmul.h
   int max_registers_ = 0;  // the matmul programs' -cl-nv-maxrregcount (kNvRegs, XPERT_OPENCL_OPTS nv_regs)
   int tile_bufs_ = 1;      // the MoE prefill tiles' buffers (tile_bufs_for, XPERT_OPENCL_OPTS pt_bufs)
+  int dense_bufs_ = 1;     // the dense prefill tiles' (the same, kTwoDenseBufsBytes)
   // A row set already rounded for a matmul (the MoE layer's last kernel rounds the next layer's input): x's
   // m rows of k rounded in mode `mode` are at q, until the next command (any launch or copy forgets it).
   struct Prerounded {

@@ -134,6 +134,9 @@ void pt_deq(const pt_raw* r, int j, float* w) {
 )CLC";
 
 inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
+#ifndef PT_DBUFS
+#define PT_DBUFS 1
+#endif
 #define PT_BM (16 * PT_RM)
 #define PT_XN (PT_BM / 32)
 
@@ -146,7 +149,11 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
 // (tid >> 3) + 32 i, eight work-items a row's 128 bytes.
 // Products: work-item tid holds columns 4 tx + c, 64 + 4 tx + c and rows PT_RM ty + r with tx, ty such that a
 // warp of 32 spans 4 tx x 8 ty: its reads of local memory per k are 64 + 64 bytes of ws and 32 PT_RM bytes of xs.
-#define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                              \
+// PT_DBUFS 2 (a device with the local memory for two chunks: 40 KiB at _m32, 48 at _m64; gemm_tk's flag then
+// lives in xs, free once the tile is done): each chunk's weights and activations go to the other buffer,
+// stored right after this chunk's products, so a chunk takes one barrier instead of two (H100, qwen3-30b-a3b
+// pp512: gemm_tk_m64 206.2 -> 195.4 us a launch, gemm_t_m64 291.7 -> 284.9; 2026-12-07).
+#define PT_TILE_MM(wa, wb, row_bytes, na, nb, k, xr, ws, xs, acc)                                             \
   {                                                                                                           \
     const int tid_ = get_local_id(1) * 16 + get_local_id(0);                                                  \
     const int tx_ = PT_TX(tid_), ty_ = PT_TY(tid_);                                                           \
@@ -160,41 +167,56 @@ inline constexpr std::string_view kPrefillDenseTileSource = R"CLC(
     float4 xv_[PT_XN];                                                                                        \
     PT_RAW_LOAD(0)                                                                                            \
     PT_LOAD_X(xr, k, 0)                                                                                       \
+    if (chunks_ > 0) PT_DSTORE(ws, xs, 0, 0)                                                                  \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                             \
     for (int j_ = 0; j_ < chunks_; ++j_) {                                                                    \
-      float wv_[16];                                                                                          \
-      if (wvalid_) {                                                                                          \
-        PT_DEQ(wrow_, j_, (k), wv_);                                                                          \
-      } else {                                                                                                \
-        for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                       \
-      }                                                                                                       \
-      for (int i_ = 0; i_ < 16; ++i_) (ws)[(16 * half_ + i_) * 128 + wr_] = wv_[i_];                          \
-      for (int it_ = 0; it_ < PT_XN; ++it_) {                                                                 \
-        (xs)[(4 * xp_ + 0) * PT_BM + xm_ + 32 * it_] = xv_[it_].x;                                            \
-        (xs)[(4 * xp_ + 1) * PT_BM + xm_ + 32 * it_] = xv_[it_].y;                                            \
-        (xs)[(4 * xp_ + 2) * PT_BM + xm_ + 32 * it_] = xv_[it_].z;                                            \
-        (xs)[(4 * xp_ + 3) * PT_BM + xm_ + 32 * it_] = xv_[it_].w;                                            \
-      }                                                                                                       \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
-      if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                    \
+      local const float* wsb_ = (ws) + (j_ % PT_DBUFS) * 32 * 128;                                            \
+      local const float* xsb_ = (xs) + (j_ % PT_DBUFS) * 32 * PT_BM;                                          \
+      if (j_ + 1 < chunks_) { /* the next chunk's loads, in flight during the products */                     \
         PT_RAW_LOAD(j_ + 1)                                                                                   \
         PT_LOAD_X(xr, k, j_ + 1)                                                                              \
       }                                                                                                       \
       _Pragma("unroll 8") for (int kk_ = 0; kk_ < 32; ++kk_) {                                                \
-        const float4 a0_ = *(local const float4*)((ws) + kk_ * 128 + 4 * tx_);                                \
-        const float4 a1_ = *(local const float4*)((ws) + kk_ * 128 + 64 + 4 * tx_);                           \
-        PT_LOAD_B((xs) + kk_ * PT_BM + PT_RM * ty_)                                                           \
+        const float4 a0_ = *(local const float4*)(wsb_ + kk_ * 128 + 4 * tx_);                                \
+        const float4 a1_ = *(local const float4*)(wsb_ + kk_ * 128 + 64 + 4 * tx_);                           \
+        PT_LOAD_B(xsb_ + kk_ * PT_BM + PT_RM * ty_)                                                           \
         PT_FMA8(a0_, a1_, b_, acc, PT_RM)                                                                     \
       }                                                                                                       \
+      PT_DONE_BUF_BARRIER                                                                                     \
+      if (j_ + 1 < chunks_) PT_DSTORE(ws, xs, (j_ + 1) % PT_DBUFS, j_ + 1)                                    \
       barrier(CLK_LOCAL_MEM_FENCE);                                                                           \
     }                                                                                                         \
   }
+// Chunk jj's weights, dequantized, and activations (in raw_ / xv_) into buffer bf of ws / xs; inside
+// PT_TILE_MM only (its locals: wrow_, wvalid_, half_, wr_, xv_, xp_, xm_).
+#define PT_DSTORE(ws, xs, bf, jj)                                                                             \
+  {                                                                                                           \
+    float wv_[16];                                                                                            \
+    if (wvalid_) {                                                                                            \
+      PT_DEQ(wrow_, (jj), (k), wv_);                                                                          \
+    } else {                                                                                                  \
+      for (int i_ = 0; i_ < 16; ++i_) wv_[i_] = 0.0f;                                                         \
+    }                                                                                                         \
+    for (int i_ = 0; i_ < 16; ++i_) (ws)[(bf) * 32 * 128 + (16 * half_ + i_) * 128 + wr_] = wv_[i_];          \
+    for (int it_ = 0; it_ < PT_XN; ++it_) {                                                                   \
+      (xs)[(bf) * 32 * PT_BM + (4 * xp_ + 0) * PT_BM + xm_ + 32 * it_] = xv_[it_].x;                          \
+      (xs)[(bf) * 32 * PT_BM + (4 * xp_ + 1) * PT_BM + xm_ + 32 * it_] = xv_[it_].y;                          \
+      (xs)[(bf) * 32 * PT_BM + (4 * xp_ + 2) * PT_BM + xm_ + 32 * it_] = xv_[it_].z;                          \
+      (xs)[(bf) * 32 * PT_BM + (4 * xp_ + 3) * PT_BM + xm_ + 32 * it_] = xv_[it_].w;                          \
+    }                                                                                                         \
+  }
+#if PT_DBUFS == 1
+#define PT_DONE_BUF_BARRIER barrier(CLK_LOCAL_MEM_FENCE); /* the products read the buffer the next chunk fills */
+#else
+#define PT_DONE_BUF_BARRIER
+#endif
 #if PT_RM == 4
-#define PT_LOAD_B(p)                               \
-  const float4 b4_ = *(local const float4*)(p); \
+#define PT_LOAD_B(p)                                                                                          \
+  const float4 b4_ = *(local const float4*)(p);                                                               \
   const float b_[4] = {b4_.x, b4_.y, b4_.z, b4_.w};
 #else
-#define PT_LOAD_B(p)                               \
-  const float2 b2_ = *(local const float2*)(p); \
+#define PT_LOAD_B(p)                                                                                          \
+  const float2 b2_ = *(local const float2*)(p);                                                               \
   const float b_[2] = {b2_.x, b2_.y};
 #endif
 // This work-item's float4s of the activation rows xr[] for chunk jj (0 past k or without a row).
@@ -245,8 +267,8 @@ void PT_NAME(gemm_t_group)(global const uchar* w, ulong row_bytes, global const 
 
 kernel void PT_NAME(gemm_t)(global const uchar* w, ulong row_bytes, global const float* x, int ldx, int k,
                             int n_out, global float* y, int ldy, int m) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
+  local float ws[PT_DBUFS * 32 * 128] __attribute__((aligned(16)));
+  local float xs[PT_DBUFS * 32 * PT_BM] __attribute__((aligned(16)));
   PT_NAME(gemm_t_group)(w, row_bytes, x, ldx, k, n_out, y, ldy, m, ws, xs, get_group_id(0));
 }
 
@@ -313,16 +335,15 @@ kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global cons
                              int kc, ulong kc_bytes, int n_out, global float* planes, global float* y, int ldy,
                              int m, volatile global int* counters, global const uchar* w2, global float* y2,
                              int cols1) {
-  local float ws[32 * 128] __attribute__((aligned(16)));
-  local float xs[32 * PT_BM] __attribute__((aligned(16)));
-  local int flag;
+  local float ws[PT_DBUFS * 32 * 128] __attribute__((aligned(16)));
+  local float xs[PT_DBUFS * 32 * PT_BM] __attribute__((aligned(16)));
   const int s = get_group_id(2), second = get_group_id(0) >= cols1;  // the same in the whole group
   const int gi = get_group_id(0) - (second ? cols1 : 0);
   global float* pp = planes + (second ? (long)get_num_groups(2) * m * n_out : 0);
   PT_NAME(gemm_t_group)((second ? w2 : w) + s * kc_bytes, row_bytes, x + s * kc, ldx, min(kc, k - s * kc), n_out,
                         pp + (long)s * m * n_out, n_out, m, ws, xs, gi);
   const int tile = get_group_id(1) * get_num_groups(0) + get_group_id(0);
-  if (!last_group(counters + tile, get_num_groups(2), &flag)) return;  // the whole group
+  if (!last_group(counters + tile, get_num_groups(2), (local int*)xs)) return;  // the whole group; xs is free
   PT_NAME(gemm_tk_sum)(pp, get_num_groups(2), m, n_out, gi * 128, get_group_id(1) * PT_BM, second ? y2 : y, ldy,
                        get_local_id(1) * 16 + get_local_id(0));
 }
@@ -337,6 +358,8 @@ kernel void PT_NAME(gemm_tk)(global const uchar* w, ulong row_bytes, global cons
 #undef PT_RAW_LOAD
 #undef PT_DEQ
 #undef PT_TILE_MM
+#undef PT_DSTORE
+#undef PT_DONE_BUF_BARRIER
 #undef PT_TX
 #undef PT_TY
 )CLC";

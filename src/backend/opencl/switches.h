@@ -22,9 +22,9 @@
 //                the device's (default: tiles that fill the compute units, split along k where they are too
 //                few), 1 the earlier rule (never split), N > 1 32-row tiles in N slices of k (as far as k
 //                has 256-element slices)
-//   pt_bufs=N    the grouped MoE prefill tiles' steps in local memory: 1 (two barriers a step) or 2 (double
-//                buffered, one barrier a step); default 2 where the device has the local memory (40 KiB a
-//                work-group), else 1
+//   pt_bufs=N    the prefill tiles' steps in local memory: 1 (two barriers a step) or 2 (double buffered, one
+//                barrier a step); default 2 for each form where the device has its local memory (the grouped
+//                MoE tiles 40 KiB a work-group, the dense ones 48), else 1
 //   nv_regs=N    the matmul programs' registers a work-item at most (-cl-nv-maxrregcount=N, 32..255; 0 the
 //                compiler's choice) where the device offers NVIDIA's cl_nv_compiler_options (elsewhere an
 //                error); default 128 there (decode kernels at higher occupancy: qwen3.5 tg128 +3 % on an
