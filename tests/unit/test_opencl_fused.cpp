@@ -216,31 +216,47 @@ TEST(OpenCLFused, NormRoundsForTheNextProduct) {
   Threads th;
   std::mt19937 rng(53);
   const int64_t E = 2048, N = 96;
-  RandomWeight wq(dev, DType::Q4_K, E, N, 1, rng), wk(dev, DType::Q4_K, E, 32, 1, rng);
-  // A decode step's rows, and a prefill's (its products tiled, its rounding a launch of every row before).
-  for (const int64_t rows : {3, 40}) {
-    const std::vector<float> x = random_vec(rows * E, rng), w = random_vec(E, rng);
-    DeviceBuffer dx = upload(dev, x), dw = upload(dev, w), dcur(dev, rows * E * 4), dcopy(dev, rows * E * 4),
-                 dy(dev, rows * N * 4), dy2(dev, rows * N * 4), dk(dev, rows * 32 * 4), dq(dev, rows * N * 4);
-    // A q/k product first: the norm learns its rounding mode from it.
-    const Backend::MatmulJob jobs[] = {{&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}};
-    dev.matmuls(ptr<float>(dx), rows, jobs);
-    const uint64_t e0 = ocl.enqueue_count();
-    const Act cur = dev.rmsnorm_act(ptr<float>(dx), ptr<float>(dw), ptr<float>(dcur), rows, E, 1e-6f);
-    dev.matmul(wq.dev, cur, ptr<float>(dy));
-    const uint64_t with_norm = ocl.enqueue_count() - e0;
-    dev.copy(dcopy.data(), dcur.data(), rows * E * sizeof(float));
-    const uint64_t e1 = ocl.enqueue_count();
-    dev.matmul(wq.dev, ptr<float>(dcopy), rows, ptr<float>(dy2));
-    // The product alone rounds its rows in a launch of its own; after the norm it does not.
-    EXPECT_EQ(with_norm, ocl.enqueue_count() - e1)
-        << rows << " rows: the norm with its rounding, the product";
-    EXPECT_EQ(download<float>(dev, dy, rows * N), download<float>(dev, dy2, rows * N)) << rows << " rows";
-    std::vector<float> ref_cur(rows * E), ref(rows * N);
-    th.cpu.rmsnorm(x.data(), w.data(), ref_cur.data(), rows, E, 1e-6f);
-    th.cpu.matmul(wq.host, ref_cur.data(), rows, ref.data(), 0);
-    EXPECT_LT(rel_err(download<float>(dev, dcur, ref_cur.size()), ref_cur), 1e-5f) << rows << " rows";
-    EXPECT_LT(rel_err(download<float>(dev, dy, ref.size()), ref), 1e-4f) << rows << " rows";
+  // Q4_K rounds x by 256 (Q8_K), Q8_0 by 32; the prefill's rounding launch (round_blocks: a team of
+  // work-items a block) and the norm's (a work-group a row) are written apart, so their bits are compared.
+  for (const DType type : {DType::Q4_K, DType::Q8_0}) {
+    RandomWeight wq(dev, type, E, N, 1, rng), wk(dev, type, E, 32, 1, rng);
+    // A decode step's rows, and a prefill's (its products tiled, its rounding a launch of every row before).
+    for (const int64_t rows : {3, 40}) {
+      std::vector<float> x = random_vec(rows * E, rng);
+      const std::vector<float> w = random_vec(E, rng);
+      // Awkward blocks in every row: all zeros, the largest magnitude twice with both signs (the first is
+      // kept), tiny and huge values.
+      for (int64_t r = 0; r < rows; ++r) {
+        float* xr = x.data() + r * E;
+        for (int64_t i = 0; i < 256; ++i) xr[i] = 0.0f;
+        xr[300] = -1.5f, xr[301] = 1.5f;
+        for (int64_t i = 320; i < 352; ++i) xr[i] *= 1e-30f;
+        for (int64_t i = 512; i < 544; ++i) xr[i] *= 1e4f;
+      }
+      DeviceBuffer dx = upload(dev, x), dw = upload(dev, w), dcur(dev, rows * E * 4),
+                   dcopy(dev, rows * E * 4), dy(dev, rows * N * 4), dy2(dev, rows * N * 4),
+                   dk(dev, rows * 32 * 4), dq(dev, rows * N * 4);
+      // A q/k product first: the norm learns its rounding mode from it.
+      const Backend::MatmulJob jobs[] = {{&wq.dev, ptr<float>(dq)}, {&wk.dev, ptr<float>(dk)}};
+      dev.matmuls(ptr<float>(dx), rows, jobs);
+      const uint64_t e0 = ocl.enqueue_count();
+      const Act cur = dev.rmsnorm_act(ptr<float>(dx), ptr<float>(dw), ptr<float>(dcur), rows, E, 1e-6f);
+      dev.matmul(wq.dev, cur, ptr<float>(dy));
+      const uint64_t with_norm = ocl.enqueue_count() - e0;
+      dev.copy(dcopy.data(), dcur.data(), rows * E * sizeof(float));
+      const uint64_t e1 = ocl.enqueue_count();
+      dev.matmul(wq.dev, ptr<float>(dcopy), rows, ptr<float>(dy2));
+      // The product alone rounds its rows in a launch of its own; after the norm it does not.
+      EXPECT_EQ(with_norm, ocl.enqueue_count() - e1)
+          << dtype_name(type) << ", " << rows << " rows: the norm with its rounding, the product";
+      EXPECT_EQ(download<float>(dev, dy, rows * N), download<float>(dev, dy2, rows * N))
+          << dtype_name(type) << ", " << rows << " rows";
+      std::vector<float> ref_cur(rows * E), ref(rows * N);
+      th.cpu.rmsnorm(x.data(), w.data(), ref_cur.data(), rows, E, 1e-6f);
+      th.cpu.matmul(wq.host, ref_cur.data(), rows, ref.data(), 0);
+      EXPECT_LT(rel_err(download<float>(dev, dcur, ref_cur.size()), ref_cur), 1e-5f) << rows << " rows";
+      EXPECT_LT(rel_err(download<float>(dev, dy, ref.size()), ref), 1e-4f) << rows << " rows";
+    }
   }
 }
 

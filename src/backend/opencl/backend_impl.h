@@ -40,6 +40,7 @@ namespace xpert::opencl {
 
 // Must match the kernel sources.
 constexpr int kRedWg = 64;  // RED_WG, kernels_ops.h
+constexpr int kRoundTeam = 8;             // ROUND_TEAM, kernels_ops.h
 constexpr int kNormWg = 256, kNormJ = 8;  // NORM_WG, NORM_J, kernels_fused.h
 constexpr int kMvRows = 4;  // MV_MR, kernels_matmul.h
 constexpr int kTileN = 64, kTileM = 32;
@@ -625,11 +626,13 @@ class OpenclBackend final : public Backend, public DecodeFusions, public PassGra
     check_row(t, k);
     if (pre_.x == x && pre_.rows == m && pre_.k == k && pre_.mode == mode) return pre_.q;
     float* xq = scratch().take<float>(m * k);
-    if (mode <= 1)  // a block per work-group
-      launch(ops("round_blocks"), {(size_t)(k / unit) * kRedWg, (size_t)m}, {kRedWg, 1}, x, (cl_int)k, xq,
-             (cl_int)mode);
-    else
+    if (mode <= 1) {  // a block per team of kRoundTeam work-items
+      const int64_t blocks = m * (k / unit);
+      launch(ops("round_blocks"), {groups(blocks, kRedWg / kRoundTeam) * kRedWg}, {kRedWg}, x,
+             (cl_long)blocks, xq, (cl_int)mode);
+    } else {
       launch(ops("round_activations"), {(size_t)k, (size_t)m}, {}, x, (cl_int)k, xq, (cl_int)mode);
+    }
     return xq;
   }
   // How a decode kernel writing rows of n_head heads of head_dim rounds them for the projection of type t
