@@ -26,8 +26,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The matmul programs' build on an Intel GPU: 32 work-items a row, in subgroups of 16.
-const opencl::MatmulBuild kIntelGpu = {.mv_wg = 32, .mv_r = 4, .sub_group = 16};
+// The matmul programs' build on an Intel GPU: 32 work-items a row, in subgroups of 16; the prefill tiles in
+// two local-memory buffers (64 KiB a work-group: tile_bufs_for).
+const opencl::MatmulBuild kIntelGpu = {
+    .mv_wg = 32,
+    .mv_r = 4,
+    .sub_group = 16,
+    .tile_bufs = opencl::tile_bufs_for(64 * 1024, 0),
+    .dense_bufs = opencl::tile_bufs_for(64 * 1024, 0, opencl::kTwoDenseBufsBytes)};
 
 // Compiles each program with ocloc for the devices named (a comma-separated list: one front end, a binary per
 // device); fails with the compiler's log where one does not build.
