@@ -391,12 +391,9 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // A warp whose 8 rows are all past nr skips the products (it still loads its share and takes every barrier):
 // an expert's last tile is seldom full (qwen3-30b-a3b synth, pp512: 74 % of the 32-row tiles' rows hold a
 // token, 93 % of the warps' 8 rows), and the FMA issue slots it leaves go to the unit's other groups.
-// A full tile (nr = PT_BM: no warp to skip) takes warps of 8 tx x 4 ty instead (PT_GX / PT_GY): per k a warp
-// reads 4 lines of local memory, not 10 (the same sums, so the same bits).
 #define PT_TILE_MM(wa, wb, row_bytes, na, nb, nr, k, xr, ws, xs, acc)                                         \
   {                                                                                                           \
-    const int tid_ = get_local_id(0), full_ = (nr) == PT_BM;                                                  \
-    const int tx_ = PT_GX(tid_, full_), ty_ = PT_GY(tid_, full_);                                             \
+    const int tid_ = get_local_id(0), tx_ = tid_ & 31, ty_ = tid_ >> 5;                                       \
     const int xm_ = tid_ % PT_BM, xp_ = tid_ / PT_BM;                                                         \
     for (int j_ = 0; j_ < 8; ++j_)                                                                            \
       for (int r_ = 0; r_ < 8; ++r_) acc[j_][r_] = 0.0f;                                                      \
@@ -475,10 +472,6 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
     for (int i_ = 0; i_ < 16; ++i_) (w)[i_] = w32_[16 * ((ss) & 1) + i_];    \
   }
 #endif
-// Work-item tid's tx / ty (its columns 4 tx + c, 128 + 4 tx + c and rows 8 ty + r): a warp of 32 tx x 1 ty, or
-// in a full tile (full, uniform in the group) 8 tx x 4 ty.
-#define PT_GX(tid, full) ((full) ? 8 * (((tid) >> 5) & 3) + ((tid) & 7) : (tid) & 31)
-#define PT_GY(tid, full) ((full) ? 4 * ((tid) >> 7) + (((tid) >> 3) & 3) : (tid) >> 5)
 // Column j of a work-item's acc: 4 tx + j, then 128 + 4 tx + j - 4.
 #define PT_COL(tx, j) ((j) < 4 ? 4 * (tx) + (j) : 128 + 4 * (tx) + (j) - 4)
 
@@ -495,8 +488,7 @@ void PT_NAME(moe_gate_up_t)(global const uchar* gate, global const uchar* up, ul
   if (t >= n_tiles[0]) return;  // the whole group: before any barrier
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int f0 = get_group_id(0) * 128;
-  const int tid = get_local_id(0), full = g1 - g0 == PT_BM;
-  const int tx = PT_GX(tid, full), ty = PT_GY(tid, full);
+  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? x + (long)(row_slot[g] / k_used) * ldx : 0;
   const ulong off = (ulong)e * expert_stride + (ulong)f0 * row_bytes;
@@ -524,8 +516,7 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
   if (t >= n_tiles[0]) return;
   const int e = tiles[4 * t], g0 = tiles[4 * t + 1], g1 = tiles[4 * t + 2];
   const int n0 = get_group_id(0) * 256;
-  const int tid = get_local_id(0), full = g1 - g0 == PT_BM;
-  const int tx = PT_GX(tid, full), ty = PT_GY(tid, full);
+  const int tid = get_local_id(0), tx = tid & 31, ty = tid >> 5;
   const int g = g0 + tid % PT_BM;
   global const float* xr = g < g1 ? hq + (long)g * k : 0;
   global const uchar* we = down + (ulong)e * expert_stride;
@@ -548,8 +539,6 @@ void PT_NAME(moe_down_t)(global const uchar* down, ulong row_bytes, ulong expert
 #undef PT_RAW_LOAD
 #undef PT_DEQ
 #undef PT_COL
-#undef PT_GX
-#undef PT_GY
 #undef PT_TILE_MM
 #undef PT_STORE
 #undef PT_ONE_BUF_BARRIER
