@@ -60,31 +60,28 @@ float round_elem(float x, int mode) {
   const uint h = (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 64 : (u + (0x7fff + ((u >> 16) & 1))) >> 16;
   return as_float(h << 16);
 }
+// v, of a block (modes 0, 1) whose largest magnitude is mx (mode 1: its first occurrence, kept signed), rounded
+// as round_unit rounds it: the one formula of every block rounding.
+float round_value(float v, int mode, float mx) {
+  const float amax = fabs(mx);
+  if (mode == 0) {
+    const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;
+    return rint(v * id) * d;
+  }
+  if (amax == 0.0f) return 0.0f;
+  const float iscale = -127.f / mx, d = 1.0f / iscale;
+  return min(127.0f, rint(iscale * v)) * d;
+}
 void round_unit(global const float* xr, global float* yr, int mode, int b) {
   if (mode >= 2) {
     yr[b] = round_elem(xr[b], mode);
-  } else if (mode == 0) {
-    const int i0 = b * 32;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = max(amax, fabs(xr[i0 + i]));
-    const float d = round_f16(amax / 127.f);
-    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-    for (int i = 0; i < 32; ++i) yr[i0 + i] = rint(xr[i0 + i] * id) * d;
-  } else {
-    const int i0 = b * 256;
-    float mx = 0.0f, amax = 0.0f;
-    for (int i = 0; i < 256; ++i)
-      if (fabs(xr[i0 + i]) > amax) {
-        amax = fabs(xr[i0 + i]);
-        mx = xr[i0 + i];
-      }
-    if (amax == 0.0f) {
-      for (int i = 0; i < 256; ++i) yr[i0 + i] = 0.0f;
-      return;
-    }
-    const float iscale = -127.f / mx, d = 1.0f / iscale;
-    for (int i = 0; i < 256; ++i) yr[i0 + i] = min(127.0f, rint(iscale * xr[i0 + i])) * d;
+    return;
   }
+  const int len = mode == 0 ? 32 : 256, i0 = b * len;
+  float mx = 0.0f;
+  for (int i = 0; i < len; ++i)  // the first of the largest magnitude, signed
+    if (fabs(xr[i0 + i]) > fabs(mx)) mx = xr[i0 + i];
+  for (int i = 0; i < len; ++i) yr[i0 + i] = round_value(xr[i0 + i], mode, mx);
 }
 // The last of `total` work-groups to pass here (after its work-items wrote the group's results) gets 1, the
 // others 0, every work-item of a group the same; the last resets *cnt for the next launch. Its reads of the
@@ -102,19 +99,6 @@ int last_group(volatile global int* cnt, int total, local int* flag) {
   const int r = *flag;
   mem_fence(CLK_GLOBAL_MEM_FENCE);
   return r;
-}
-
-// v, of a block (modes 0, 1) whose largest magnitude is mx (mode 1: its first occurrence, kept signed), rounded
-// as round_unit rounds it.
-float round_value(float v, int mode, float mx) {
-  const float amax = fabs(mx);
-  if (mode == 0) {
-    const float d = round_f16(amax / 127.f), id = amax != 0.0f ? 127.f / amax : 0.0f;
-    return rint(v * id) * d;
-  }
-  if (amax == 0.0f) return 0.0f;
-  const float iscale = -127.f / mx, d = 1.0f / iscale;
-  return min(127.0f, rint(iscale * v)) * d;
 }
 
 // Block b (modes 0, 1) of row xr rounded as round_unit rounds it, by the wg work-items of a group (rv, ri:
