@@ -387,7 +387,9 @@ inline constexpr std::string_view kPrefillTileSource = R"CLC(
 // rows 8 ty + r (r < 8): per k, four 16-byte reads of local memory for 64 FMAs (a warp: 16 wavefronts for 64
 // FMA instructions, so local memory keeps up with the FMA units; the dense tile's 8 x 2 has 10 for 16).
 // (Warps of 8 tx x 4 ty, 4 distinct lines a k instead of 10, were mixed: qwen3-30b-a3b pp512 +1.5 %,
-// qwen3.5-35b-a3b -3.5 %; H200, 2026-12-06.)
+// qwen3.5-35b-a3b -3.5 %; H200, 2026-12-06. Taken in full tiles only, moe_gate_up_t stayed at 1,153 us a
+// launch and moe_down_t went 561 -> 551: pp512 +0.3 to +0.7 %, within the runs' spread; H100, 2026-12-07. So
+// the local memory's lines are not what bounds these tiles.)
 // A warp whose 8 rows are all past nr skips the products (it still loads its share and takes every barrier):
 // an expert's last tile is seldom full (qwen3-30b-a3b synth, pp512: 74 % of the 32-row tiles' rows hold a
 // token, 93 % of the warps' 8 rows), and the FMA issue slots it leaves go to the unit's other groups.
